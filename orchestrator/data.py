@@ -1,0 +1,111 @@
+"""Prompt datasets: local files, saved or hub `datasets`, or the built-in toy task; chat templates; batches."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import DataConfig
+from orchestrator.toy import toy_dataset
+
+
+class DataError(ValueError):
+    """The dataset cannot serve prompts; the message names the path or column."""
+
+
+def load_rows(cfg: DataConfig, seed: int = 0) -> list[dict[str, Any]]:
+    """All rows as dicts. Prompt datasets for RL are small (thousands of rows), so they live in memory."""
+    if cfg.path == "toy":
+        rows = toy_dataset(seed=seed)
+    else:
+        rows = _load_datasets(cfg)
+    if not rows:
+        raise DataError(f"data.path {cfg.path!r}: no rows")
+    if cfg.prompt_column not in rows[0]:
+        raise DataError(
+            f"data.prompt_column {cfg.prompt_column!r} not in dataset {cfg.path!r} (columns: {sorted(rows[0])})"
+        )
+    return rows
+
+
+def _load_datasets(cfg: DataConfig) -> list[dict[str, Any]]:
+    import datasets
+
+    p = Path(cfg.path)
+    try:
+        if p.is_file():
+            kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}.get(p.suffix)
+            if kind is None:
+                raise DataError(f"data.path {cfg.path!r}: unsupported file type {p.suffix!r} (jsonl, json, parquet, csv)")
+            ds = datasets.load_dataset(kind, data_files=str(p), split="train")
+        elif p.is_dir() and any((p / f).exists() for f in ("dataset_info.json", "dataset_dict.json")):
+            ds = datasets.load_from_disk(str(p))
+            if isinstance(ds, datasets.DatasetDict):
+                ds = ds[cfg.split]
+        else:
+            ds = datasets.load_dataset(cfg.path, split=cfg.split)
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - surface any loader failure with the field named
+        raise DataError(f"data.path {cfg.path!r}: cannot load ({type(err).__name__}: {err})") from err
+    return [dict(r) for r in ds]
+
+
+def is_conversational(prompt: Any) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and "role" in prompt[0]
+
+
+class PromptSource:
+    """Serves prompts `k` at a time, epoch after epoch, shuffled per epoch if asked; tokenizes them once."""
+
+    def __init__(self, rows: list[dict[str, Any]], tokenizer: Any, cfg: DataConfig, seed: int = 0):
+        self.rows, self.cfg, self.tokenizer = rows, cfg, tokenizer
+        self._rng = random.Random(seed)
+        self._order: list[int] = []
+        self._cursor = 0
+        self.epoch = 0
+        self.served = 0
+        self._new_epoch(first=True)
+
+    def _new_epoch(self, first: bool = False) -> None:
+        self._order = list(range(len(self.rows)))
+        if self.cfg.shuffle_dataset:
+            self._rng.shuffle(self._order)
+        self._cursor = 0
+        if not first:
+            self.epoch += 1
+
+    @property
+    def epoch_progress(self) -> float:
+        """Fractional epochs served (TRL's trainer_state.epoch)."""
+        return self.served / len(self.rows)
+
+    def encode(self, prompt: Any) -> list[int]:
+        if is_conversational(prompt):
+            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def next_batch(self, k: int) -> list[dict[str, Any]]:
+        """k rows, each with `prompt_ids` added."""
+        out = []
+        for _ in range(k):
+            if self._cursor >= len(self._order):
+                self._new_epoch()
+            row = dict(self.rows[self._order[self._cursor]])
+            self._cursor += 1
+            row["prompt_ids"] = self.encode(row[self.cfg.prompt_column])
+            out.append(row)
+        self.served += k
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "cursor": self._cursor, "order": self._order, "served": self.served,
+                "rng": self._rng.getstate()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.epoch, self._cursor, self.served = state["epoch"], state["cursor"], state["served"]
+        self._order = list(state["order"])
+        rng = state["rng"]
+        self._rng.setstate((rng[0], tuple(rng[1]), rng[2]))

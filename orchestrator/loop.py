@@ -1,0 +1,154 @@
+"""The training loop: one call per phase on the run's named groups, each phase timed.
+
+    rows     = run.prompts.next_batch(...)          driver
+    rollouts = generate(run, rows)                  GeneratorGroup (vLLM)
+    scored   = score(run, rollouts)                 RewardPool -> RewardWorkers
+    batch    = advantages(run, rollouts, scored)    driver: gates, weights, schedules, GRPO advantages
+    stats    = train(run, batch)                    Learner (pushes global_step to the reward pool)
+    sync(run)                                       Learner -> generators, weights in place
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+
+from orchestrator.data import is_conversational
+from orchestrator.grpo import compute_advantages
+from orchestrator.metrics import PhaseTimer, reward_metrics
+from orchestrator.run import Run
+
+
+@dataclass
+class Rollouts:
+    """One generation batch, flat in completion order (rows of one prompt contiguous, G per group)."""
+
+    prompts: list[Any]  # raw prompt per completion (text or messages), repeated G times
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    completions: list[Any]  # text, or [{"role": "assistant", "content": text}] for conversational prompts
+    sampling_logprobs: list[list[float]]
+    truncated: list[bool]
+    columns: dict[str, list[Any]]  # every dataset column except the prompt, per completion
+    policy_version: int  # learner step whose weights generated the batch
+    group_size: int
+
+
+def generate(run: Run, rows: list[dict[str, Any]]) -> Rollouts:
+    g = run.cfg.generation
+    groups = run.generators.call_sharded(
+        "generate", [r["prompt_ids"] for r in rows], n=g.num_generations, max_tokens=g.max_completion_length,
+        temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
+    )
+    pcol = run.cfg.data.prompt_column
+    out = Rollouts([], [], [], [], [], [], {}, run.policy_version, g.num_generations)
+    cols = [c for c in rows[0] if c not in (pcol, "prompt_ids")]
+    out.columns = {c: [] for c in cols}
+    for row, samples in zip(rows, groups, strict=True):
+        chat = is_conversational(row[pcol])
+        for s in samples:
+            out.prompts.append(row[pcol])
+            out.prompt_ids.append(row["prompt_ids"])
+            out.completion_ids.append(s["completion_ids"])
+            out.completions.append([{"role": "assistant", "content": s["text"]}] if chat else s["text"])
+            out.sampling_logprobs.append(s["logprobs"])
+            out.truncated.append(s["finish_reason"] == "length")
+            for c in cols:
+                out.columns[c].append(row[c])
+    return out
+
+
+def score(run: Run, rollouts: Rollouts) -> dict[str, Any]:
+    batch = {
+        "prompts": rollouts.prompts, "completions": rollouts.completions, "completion_ids": rollouts.completion_ids,
+        "columns": rollouts.columns, "group_size": rollouts.group_size,
+    }
+    return ray.get(run.reward_pool.score.remote(batch, run.cfg.cluster.reward_chunk_groups))
+
+
+def advantages(run: Run, rollouts: Rollouts, scored: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+    """Gates, scheduled weights and GRPO advantages at the step the batch was scored under."""
+    g = run.cfg.grpo
+    raw = torch.tensor(scored["scores"], dtype=torch.float32).T  # [N, K], NaN = None
+    agg = run.aggregator(raw, scored["global_step"])
+    adv = compute_advantages(
+        agg.gated, agg.weights, rollouts.group_size, g.scale_rewards, g.multi_objective_aggregation
+    )
+    metrics = reward_metrics(
+        run.aggregator.names, raw, agg.gated, agg.weights, adv.total, adv.advantages, adv.zero_std
+    )
+    metrics.update({f"gates/{k}/closed_frac": v for k, v in agg.gate_closed.items()})
+    for name in run.aggregator.names:
+        metrics[f"rewards/{name}/timeouts"] = scored["timeouts"][name]
+        metrics[f"rewards/{name}/errors"] = scored["errors"][name]
+        metrics[f"rewards/{name}/latency_s"] = scored["latency_s"][name]
+    metrics.update({f"reward_fn/{k}": v for k, v in scored["metrics"].items()})  # users' log_metric values
+    lengths = torch.tensor([len(c) for c in rollouts.completion_ids], dtype=torch.float32)
+    metrics.update({
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": sum(rollouts.truncated) / len(rollouts.truncated),
+        "policy_version": rollouts.policy_version,
+        "reward_global_step": scored["global_step"],
+    })
+    batch = {
+        "prompt_ids": rollouts.prompt_ids, "completion_ids": rollouts.completion_ids,
+        "sampling_logprobs": rollouts.sampling_logprobs, "advantages": adv.advantages.tolist(),
+        "truncated": rollouts.truncated,
+    }
+    return batch, metrics
+
+
+def train(run: Run, batch: dict[str, Any]) -> dict[str, float]:
+    state = {"max_steps": run.cfg.grpo.max_steps, "epoch": run.prompts.epoch_progress}
+    (stats,) = run.learner.call("train_step", batch, reward_state=state)
+    run.global_step = int(stats["global_step"])
+    return stats
+
+
+def sync(run: Run) -> None:
+    (learner,) = run.learner.handles
+    blob = learner.export_weights.remote()  # an ObjectRef: each generator pulls it from the object store
+    run.generators.call("load_weights", blob)
+    run.policy_version = run.global_step
+
+
+def log_step(run: Run, timer: PhaseTimer, rollouts: Rollouts, reward_m: dict, train_m: dict) -> None:
+    tokens = sum(len(c) for c in rollouts.completion_ids)
+    gen_s = timer.seconds.get("generate", 0.0)
+    m = {**reward_m, **train_m, **timer.metrics(), "tokens_per_s": tokens / gen_s if gen_s else 0.0}
+    run.logger.log(run.global_step, m)
+
+
+def maybe_checkpoint(run: Run, final: bool = False) -> None:
+    every = run.cfg.grpo.save_steps
+    if every is None or not (final or run.global_step % every == 0):
+        return
+    path = run.run_dir / f"checkpoint-{run.global_step}"
+    run.learner.call("save_checkpoint", str(path), extra={"data": run.prompts.state()})
+
+
+def run_sync(run: Run) -> list[dict[str, Any]]:
+    """Synchronous GRPO: generate -> score -> advantages -> train -> sync, one step at a time."""
+    g = run.cfg.generation
+    prompts_per_step = g.generation_batch_size // g.num_generations
+    while run.global_step < run.cfg.grpo.max_steps:
+        timer = PhaseTimer()
+        rows = run.prompts.next_batch(prompts_per_step)
+        with timer("generate"):
+            rollouts = generate(run, rows)
+        with timer("reward"):
+            scored = score(run, rollouts)
+        batch, reward_m = advantages(run, rollouts, scored)
+        with timer("train"):
+            train_m = train(run, batch)
+        with timer("sync"):
+            sync(run)
+        log_step(run, timer, rollouts, reward_m, train_m)
+        maybe_checkpoint(run)
+    maybe_checkpoint(run, final=True)
+    return run.logger.history

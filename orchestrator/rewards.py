@@ -1,0 +1,124 @@
+"""Combining several rewards: schedules over steps, gates, weights (pure; no Ray).
+
+The reward pool returns a raw matrix `raw [N, K]` (N completions, K reward functions, NaN = the function
+returned None, "no opinion"). This module turns it into what GRPO's advantage code consumes:
+
+    gated [N, K]   raw with gates applied (a closed gate replaces the gated reward by its fill value)
+    weights [K]    weight_k * schedule_k(step)
+
+and the advantage math itself (TRL's sum_then_normalize / normalize_then_sum) lives in `grpo.py`.
+
+Gate semantics, per sample i, for a reward B with `gate: {reward: A, threshold: t, fill: f}`:
+    if gated[i, A] < t  then gated[i, B] = f   (else B keeps its raw value, None included)
+A gate whose gating value is None (NaN) is not applied: "no opinion" on A says nothing about B.
+Gates chain (A gates B, B gates C): they are applied in dependency order, so when A closes B's gate, B takes
+its fill value and C's gate is then checked against that fill. Cycles are rejected by the config.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from orchestrator.config import (
+    ConstantSchedule,
+    CosineSchedule,
+    LinearSchedule,
+    PiecewiseSchedule,
+    RewardConfig,
+    ScheduledFloat,
+)
+
+
+def schedule_value(value: ScheduledFloat, step: int) -> float:
+    """The value of a number or a schedule at optimizer step `step`."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, ConstantSchedule):
+        return value.value
+    if isinstance(value, (LinearSchedule, CosineSchedule)):
+        frac = min(max((step - value.start_step) / (value.end_step - value.start_step), 0.0), 1.0)
+        if isinstance(value, CosineSchedule):
+            frac = (1 - math.cos(math.pi * frac)) / 2  # 0 -> 1 along half a cosine
+        return value.start + (value.end - value.start) * frac
+    if isinstance(value, PiecewiseSchedule):
+        current = value.steps[0][1]
+        for start, v in value.steps:
+            if step >= start:
+                current = v
+        return current
+    raise TypeError(f"not a schedule: {value!r}")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Reward column `gated` is replaced by `fill` where column `gating` is below `threshold`."""
+
+    gated: int
+    gating: int
+    threshold: float
+    fill: float
+
+
+def gate_order(gates: Sequence[Gate]) -> list[Gate]:
+    """Gates sorted so that a reward's own gate is applied before it gates another (chains A -> B -> C)."""
+    by_gated = {g.gated: g for g in gates}
+
+    def depth(g: Gate) -> int:
+        d, node = 0, g.gating
+        while node in by_gated:
+            d, node = d + 1, by_gated[node].gating
+            if d > len(gates):
+                raise ValueError("gates form a cycle")
+        return d
+
+    return sorted(gates, key=depth)
+
+
+def apply_gates(raw: torch.Tensor, gates: Sequence[Gate]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply gates to raw [N, K]; returns (gated [N, K], closed [N, len(gates)] bool, in the given order)."""
+    out = raw.clone()
+    closed = torch.zeros(raw.shape[0], len(gates), dtype=torch.bool)
+    index = {id(g): j for j, g in enumerate(gates)}
+    for g in gate_order(gates):
+        # NaN < t is False, so a None gating value leaves the gate open (documented above).
+        shut = out[:, g.gating] < g.threshold
+        out[:, g.gated] = torch.where(shut, torch.full_like(out[:, g.gated], g.fill), out[:, g.gated])
+        closed[:, index[id(g)]] = shut
+    return out, closed
+
+
+@dataclass
+class Aggregated:
+    gated: torch.Tensor  # [N, K] after gates
+    weights: torch.Tensor  # [K] at this step
+    gate_closed: dict[str, float]  # "gated<-gating" -> fraction of samples whose gate was closed
+
+
+class RewardAggregator:
+    """Weights, schedules and gates of a run's reward list, evaluated at a given optimizer step."""
+
+    def __init__(self, rewards: Sequence[RewardConfig]):
+        self.names = [r.name for r in rewards]
+        self._rewards = list(rewards)
+        col = {n: k for k, n in enumerate(self.names)}
+        self._gate_specs = [(col[r.name], col[r.gate.reward], r.gate) for r in rewards if r.gate is not None]
+
+    def weights(self, step: int) -> torch.Tensor:
+        w = [r.weight * (schedule_value(r.schedule, step) if r.schedule is not None else 1.0) for r in self._rewards]
+        return torch.tensor(w, dtype=torch.float32)
+
+    def gates(self, step: int) -> list[Gate]:
+        return [Gate(b, a, schedule_value(g.threshold, step), g.fill) for b, a, g in self._gate_specs]
+
+    def __call__(self, raw: torch.Tensor, step: int) -> Aggregated:
+        gates = self.gates(step)
+        gated, closed = apply_gates(raw, gates)
+        fractions = {
+            f"{self.names[g.gated]}<-{self.names[g.gating]}": closed[:, j].float().mean().item()
+            for j, g in enumerate(gates)
+        }
+        return Aggregated(gated=gated, weights=self.weights(step), gate_closed=fractions)

