@@ -4,56 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from typing import Any
 
 from orchestrator.config import ConfigError, load_config
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator.cluster import init_ray, new_run_name
-    from orchestrator.data import DataError
-    from orchestrator.run import prepare
+    from orchestrator.api import train
 
-    cfg = load_config(args.config, args.overrides)
-    name = args.name or cfg.name or new_run_name()
-    try:
-        prepared = prepare(cfg, name)  # reward imports, model/tokenizer, dataset: before Ray starts
-    except DataError as err:
-        raise ConfigError(str(err)) from None
-    print(f"rayward run {name!r}: logs and checkpoints in {prepared.run_dir}", flush=True)
-    info = init_ray(cfg.cluster, name)
-    if info.get("dashboard_url"):
-        print(f"rayward run {name!r}: Ray dashboard http://{info['dashboard_url']}", flush=True)
-    return _train(prepared)
-
-
-def _train(prepared: Any) -> int:
-    import ray
-
-    from orchestrator.loop import run_sync
-    from orchestrator.run import build_run, shutdown_run
-
-    t0 = time.time()
-    run = build_run(prepared)
-    try:
-        if prepared.cfg.logging.check_logprob_parity:
-            from orchestrator.parity import logprob_parity
-
-            gap = logprob_parity(run)
-            print(f"rayward: generator-learner logprob parity after sync: max abs diff {gap:.2e}", flush=True)
-        history = run_sync(run)
-    finally:
-        shutdown_run(run)
-        ray.shutdown()
-    first = [h["reward"] for h in history[:5] if h.get("reward") is not None]
-    last = [h["reward"] for h in history[-5:] if h.get("reward") is not None]
-    if first and last:
-        print(
-            f"rayward: done in {time.time() - t0:.0f}s; mean reward first 5 steps {sum(first) / len(first):.3f} "
-            f"-> last 5 steps {sum(last) / len(last):.3f}",
-            flush=True,
-        )
+    train(load_config(args.config, args.overrides), args.name)
     return 0
 
 

@@ -193,7 +193,7 @@ class GRPOConfig(_Section):
     """Upper clip range (DAPO clip-higher); for cispo the absolute cap on the IS weight."""
     delta: float | None = Field(None, gt=1)
     """Two-sided clipping (INTELLECT-2): cap on the unclipped ratio."""
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo"] = "dapo"
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"] = "dapo"
     """Loss aggregation, with TRL's exact normalisers."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """Ratio per token, or per sequence (GSPO, length-mean of log-ratios)."""
@@ -390,7 +390,8 @@ def _format_errors(err: ValidationError) -> str:
 
 
 def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply dotted `key.sub=value` overrides (values parsed as YAML; list items by index: rewards.0.weight=2)."""
+    """Apply dotted `key.sub=value` overrides (values parsed as YAML; list items by index: rewards.0.weight=2;
+    the index one past the end appends: rewards.1={name: x, function: m:f})."""
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -401,8 +402,12 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             if isinstance(node, list):
-                if not part.isdigit() or int(part) >= len(node):
+                if not part.isdigit() or int(part) > len(node):
                     raise ConfigError(f"override {key!r}: {'.'.join(parts[:i]) or '<root>'} has no item {part!r}")
+                if int(part) == len(node):  # one past the end appends (e.g. add a reward from the CLI)
+                    node.append(value if last else {})
+                    node = node if last else node[-1]
+                    continue
                 if last:
                     node[int(part)] = value
                 else:

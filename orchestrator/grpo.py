@@ -170,10 +170,8 @@ def grpo_loss(
     current_gradient_accumulation_steps; 1 in eval); ``steps_per_generation`` defaults to it, as in TRL.
     Returns (loss, metrics) with TRL's metric names, per micro-batch (average them over micro-batches).
     """
-    eps_low, eps_high = (
-        epsilon,
-        (epsilon if epsilon_high is None else epsilon_high),
-    )  # also cispo's cap (T:946)
+    eps_low = epsilon
+    eps_high = epsilon if epsilon_high is None else epsilon_high  # the fallback also applies to cispo (T:946)
     spg = grad_accum_steps if steps_per_generation is None else steps_per_generation
     mask = mask.to(logp.dtype)
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]

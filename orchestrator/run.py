@@ -154,18 +154,19 @@ def build_run(p: Prepared) -> Run:
     from actors.group import ActorGroup
     from actors.learner import Learner
     from actors.reward_pool import RewardPool
-    from orchestrator.cluster import actor_options, run_sys_path
+    from orchestrator.cluster import actor_options, namespace, run_sys_path
 
     cfg, c, gen = p.cfg, p.cfg.cluster, p.cfg.generation
+    ns = namespace(p.name)  # explicit, so `rayward scale NAME` finds the actors whatever the driver's namespace
     state = {"global_step": 0, "max_steps": cfg.grpo.max_steps, "epoch": 0.0}
     reward_pool = (
         ray.remote(RewardPool)
-        .options(name=f"{p.name}/reward-pool", num_cpus=0, max_concurrency=1000, lifetime=None)
+        .options(name=f"{p.name}/reward-pool", namespace=ns, num_cpus=0, max_concurrency=1000)
         .remote(
             p.specs,
             run_name=p.name,
             num_workers=c.num_reward_workers,
-            worker_options=actor_options(c.reward_worker),
+            worker_options=actor_options(c.reward_worker, namespace=ns),
             sys_path=run_sys_path(),
             trainer_state=state,
         )
@@ -175,7 +176,7 @@ def build_run(p: Prepared) -> Run:
         c.num_generators,
         run_name=p.name,
         role="generator",
-        options=actor_options(c.generator),
+        options=actor_options(c.generator, namespace=ns),
         args=(p.model_path,),
         kwargs=dict(
             dtype=cfg.model.dtype,
@@ -190,7 +191,7 @@ def build_run(p: Prepared) -> Run:
         1,
         run_name=p.name,
         role="learner",
-        options=actor_options(c.learner),
+        options=actor_options(c.learner, namespace=ns),
         kwargs={**learner_kwargs(cfg, p.model_path), "reward_pool": reward_pool},
     )
     logger = MetricsLogger(
