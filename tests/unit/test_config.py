@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from orchestrator.config import ConfigError, RunConfig, apply_overrides, load_config, parse_config
 
@@ -90,7 +91,7 @@ def test_load_config_errors(tmp_path):
 
 def test_config_is_frozen_and_documented():
     cfg = parse_config(MINIMAL)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         cfg.grpo.max_steps = 3
     from orchestrator.config import config_reference
 
