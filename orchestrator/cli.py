@@ -18,8 +18,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_scale(args: argparse.Namespace) -> int:
     import ray
 
+    from orchestrator.auth import prepare_client_auth
     from orchestrator.cluster import namespace
 
+    prepare_client_auth()
     ray.init(address=args.address or "auto", namespace=namespace(args.run), log_to_driver=False)
     try:
         pool = ray.get_actor(f"{args.run}/reward-pool")
