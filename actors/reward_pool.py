@@ -233,6 +233,7 @@ class RewardPool:
             "global_step": int(state.get("global_step", 0)),
             "workers": sorted({r["worker"] for r in results}),
             "scored_at_step": [r["global_step"] for r in results],
+            "pool": self.stats(),
         }
 
     # --- curriculum ---------------------------------------------------------------------------------------

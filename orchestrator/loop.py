@@ -86,6 +86,9 @@ def advantages(run: Run, rollouts: Rollouts, scored: dict[str, Any]) -> tuple[di
         metrics[f"rewards/{name}/errors"] = scored["errors"][name]
         metrics[f"rewards/{name}/latency_s"] = scored["latency_s"][name]
     metrics.update({f"reward_fn/{k}": v for k, v in scored["metrics"].items()})  # users' log_metric values
+    pool = scored["pool"]
+    metrics.update({f"reward_pool/{k}": pool[k] for k in ("workers", "retries", "replaced", "queue_depth")})
+    metrics["reward_pool/workers_used"] = len(scored["workers"])
     lengths = torch.tensor([len(c) for c in rollouts.completion_ids], dtype=torch.float32)
     metrics.update({
         "completions/mean_length": lengths.mean().item(),

@@ -98,3 +98,17 @@ def test_config_is_frozen_and_documented():
     rows = config_reference()
     assert all(doc for _, _, doc in rows), [k for k, _, d in rows if not d]
     assert any(k == "generation.num_generations" for k, _, _ in rows)
+
+
+def test_readme_config_reference_is_current():
+    import io
+    from contextlib import redirect_stdout
+
+    from orchestrator.cli import main
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("<!-- config-reference:start -->\n")[1].split("<!-- config-reference:end -->")[0]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        main(["config-reference"])
+    assert section == buf.getvalue(), "README config reference is stale: regenerate with `rayward config-reference`"

@@ -84,3 +84,21 @@ def test_aggregator_weights_follow_schedules_and_gate_thresholds():
     early, late = agg(raw, 0), agg(raw, 5)
     assert early.gated[:, 2].tolist() == [1.0, 1.0] and early.gate_closed == {"style<-correct": 0.0}
     assert late.gated[:, 2].tolist() == [0.0, 1.0] and late.gate_closed == {"style<-correct": 0.5}
+
+
+def test_readme_worked_example():
+    """README's worked example: configs/letter-curriculum.yaml at step 12."""
+    from pathlib import Path
+
+    from orchestrator.config import load_config
+    from orchestrator.grpo import compute_advantages
+
+    cfg = load_config(Path(__file__).parents[2] / "configs" / "letter-curriculum.yaml")
+    agg = RewardAggregator(cfg.rewards)
+    raw = torch.tensor([[1.0, 1.0, 1 / 1.5], [0.5, 1.0, 0.8], [0.0, 0.0, 0.8]])  # letter, starts, brevity
+    out = agg(raw, 12)
+    assert out.weights.tolist() == pytest.approx([1.0, 0.3, 0.3])
+    assert out.gated[:, 2].tolist() == pytest.approx([1 / 1.5, 0.8, 0.0])
+    total = compute_advantages(out.gated, out.weights, 3, "group", "sum_then_normalize").total
+    assert total.tolist() == pytest.approx([1.5, 1.04, 0.0])
+    assert agg(raw, 9).weights[2] == 0.0  # brevity off before step 10
