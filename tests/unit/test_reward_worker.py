@@ -122,3 +122,25 @@ def test_load_errors_name_the_reward(tmp_path):
     f.write_text("def r(completions, **kw):\n    return [len(c) for c in completions]\n")
     fn = load_reward_function(RewardSpec("r", f"{f}:r"))
     assert fn(completions=["abc"]) == [3]
+
+
+def test_sequence_classification_reward_model(tiny_model_path, tmp_path):
+    """A reward given as a model path scores prompt + completion with logits[:, 0], as TRL does."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny_model_path, num_labels=1)
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_config(config)
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    rm.config.pad_token_id = tok.pad_token_id
+    rm.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    w = worker(RewardSpec("rm", model=str(tmp_path / "rm")))
+    c = chunk(["a short answer", "another, longer answer here"])
+    got = w.score(c)["scores"][0]
+    with torch.no_grad():
+        for p, comp, g in zip(c["prompts"], c["completions"], got, strict=True):
+            ids = tok(p + comp, add_special_tokens=False, return_tensors="pt")
+            assert g == pytest.approx(rm(**ids).logits[0, 0].item(), abs=1e-4)
+    assert got[0] != got[1]

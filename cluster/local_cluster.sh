@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# A multi-node Ray cluster on this one machine, for trying rayward's placement (reward nodes, scaling).
+#   local_cluster.sh up [--reward-nodes N] [--generator-node] [--base-port P]   head + N reward nodes
+#   local_cluster.sh status                                                    address, nodes, resources
+#   local_cluster.sh down                                                      stops only this script's nodes
+# Each node is `ray start --block` in the background with its own ports (a block of 20000-29999) and temp dir;
+# PIDs live in $RAYWARD_CLUSTER_DIR (default /tmp/rayward-cluster-$USER). Never uses `ray stop`, which would
+# kill every Ray process on the machine. Token auth stays on (needs ~/.ray/auth_token or RAY_AUTH_TOKEN[_PATH]).
+set -euo pipefail
+
+STATE=${RAYWARD_CLUSTER_DIR:-/tmp/rayward-cluster-${USER:-$(id -un)}}
+RAY=${RAY:-ray}
+export RAY_AUTH_MODE=token RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 RAY_USAGE_STATS_ENABLED=0
+
+port_free() { python3 -c "import socket,sys;s=socket.socket();s.bind(('127.0.0.1',int(sys.argv[1])))" "$1" 2>/dev/null; }
+
+start_node() {  # start_node <index> <label> <extra ray start args...>
+  local i=$1 label=$2; shift 2
+  local p=$((BASE + 10 + i * 10)) w=$((BASE + 100 + i * 100))
+  setsid "$RAY" start --block --node-ip-address 127.0.0.1 --temp-dir "$STATE/tmp" --disable-usage-stats \
+    --node-manager-port $p --object-manager-port $((p + 1)) --dashboard-agent-listen-port $((p + 2)) \
+    --dashboard-agent-grpc-port $((p + 3)) --runtime-env-agent-port $((p + 4)) --metrics-export-port $((p + 5)) \
+    --min-worker-port $w --max-worker-port $((w + 99)) "$@" >"$STATE/node-$i-$label.log" 2>&1 &
+  echo "$! $label" >>"$STATE/pids"
+}
+
+up() {
+  local reward=2 gen=0
+  BASE=""
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --reward-nodes) reward=$2; shift 2 ;;
+      --generator-node) gen=1; shift ;;
+      --base-port) BASE=$2; shift 2 ;;
+      *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+  done
+  [ -s "$STATE/pids" ] && { echo "already up ($STATE/pids); run '$0 down' first" >&2; exit 1; }
+  mkdir -p "$STATE/tmp"
+  local nodes=$((1 + reward + gen)) tries=0
+  while :; do  # a base port whose whole block is free (other people run clusters here too)
+    [ -n "$BASE" ] || BASE=$((20000 + RANDOM % 9000))
+    local ok=1
+    for q in $BASE $((BASE + 1)) $((BASE + 2)) $(seq $((BASE + 10)) $((BASE + 9 + nodes * 10))) \
+             $(seq $((BASE + 100)) 25 $((BASE + 99 + nodes * 100))); do port_free "$q" || { ok=0; break; }; done
+    [ $ok = 1 ] && break
+    tries=$((tries + 1)); [ $tries -lt 20 ] || { echo "no free port block found" >&2; exit 1; }
+    BASE=""
+  done
+  echo "$BASE" >"$STATE/base_port"
+  start_node 0 head --head --port "$BASE" --dashboard-host 127.0.0.1 --dashboard-port $((BASE + 1)) \
+    --ray-client-server-port $((BASE + 2)) --num-cpus 2
+  for _ in $(seq 60); do "$RAY" status --address "127.0.0.1:$BASE" >/dev/null 2>&1 && break; sleep 1; done
+  for i in $(seq 1 "$reward"); do
+    start_node "$i" reward --address "127.0.0.1:$BASE" --num-cpus 2 --resources '{"reward_node": 8}'
+  done
+  [ $gen = 1 ] && start_node $((reward + 1)) generator --address "127.0.0.1:$BASE" --num-cpus 2 \
+    --resources '{"generator_node": 1}'
+  for _ in $(seq 60); do  # wait until every node has joined
+    [ "$("$RAY" list nodes --address "http://127.0.0.1:$((BASE + 1))" --filter state=ALIVE 2>/dev/null |
+         grep -c ALIVE)" -ge "$nodes" ] && break
+    sleep 1
+  done
+  status
+  cat <<EOF
+
+Point rayward at it (token auth on: clients need RAY_AUTH_MODE=token; rayward sets it when it finds the token):
+  rayward run configs/demo.yaml cluster.address=127.0.0.1:$BASE \\
+      'cluster.reward_worker={num_cpus: 0.25, resources: {reward_node: 1}}' --name demo
+  rayward scale demo --reward-workers 6 --address 127.0.0.1:$BASE
+EOF
+}
+
+status() {
+  [ -s "$STATE/pids" ] || { echo "not running ($STATE)"; return 0; }
+  BASE=$(cat "$STATE/base_port")
+  echo "address:   127.0.0.1:$BASE      (cluster.address=127.0.0.1:$BASE)"
+  echo "dashboard: http://127.0.0.1:$((BASE + 1))"
+  while read -r pid label; do
+    if kill -0 "$pid" 2>/dev/null; then echo "  $label pid $pid: running"; else echo "  $label pid $pid: exited"; fi
+  done <"$STATE/pids"
+  RAY_AUTH_MODE=token "$RAY" status --address "127.0.0.1:$BASE" 2>/dev/null | sed -n '/Resources/,$p' || true
+}
+
+down() {
+  [ -s "$STATE/pids" ] || { echo "not running ($STATE)"; return 0; }
+  tac "$STATE/pids" | while read -r pid _; do kill -TERM "$pid" 2>/dev/null || true; done
+  for _ in $(seq 20); do
+    alive=0
+    while read -r pid _; do kill -0 "$pid" 2>/dev/null && alive=1; done <"$STATE/pids"
+    [ $alive = 0 ] && break
+    sleep 0.5
+  done
+  # Each node is its own process group (setsid): take down whatever of ours is left, and only that.
+  while read -r pid _; do kill -KILL -- "-$pid" 2>/dev/null || true; done <"$STATE/pids"
+  rm -f "$STATE/pids" "$STATE/base_port"
+  echo "stopped (logs in $STATE)"
+}
+
+case ${1:-} in
+  up) shift; up "$@" ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: $0 up [--reward-nodes N] [--generator-node] [--base-port P] | status | down" >&2; exit 2 ;;
+esac
