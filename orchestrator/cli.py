@@ -1,4 +1,5 @@
-"""`rayward` command line: run | scale | tiny-model | rewards | config-reference."""
+"""`rayward` command line: run | scale | tiny-model | rewards | config-reference, and on a (remote) Ray cluster
+through the Jobs API: submit | status | logs | stop | list."""
 
 from __future__ import annotations
 
@@ -57,6 +58,54 @@ def _cmd_config_reference(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from orchestrator import jobs
+
+    def go() -> int:
+        address = jobs.normalize_address(args.address)
+        sub = jobs.build_submission(
+            args.config, args.overrides, name=args.name, working_dir=args.working_dir,
+            extra_excludes=args.exclude, extra_env=args.env, max_file_mib=args.max_file_mib,
+            ship_rayward=not args.no_ship_rayward, entrypoint_num_cpus=args.entrypoint_num_cpus,
+        )
+        if args.dry_run:
+            import json
+
+            print(json.dumps(sub.public(), indent=2))
+            return 0
+        return jobs.submit(sub, address, follow=args.follow)
+
+    return jobs.guarded("submit", go)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from orchestrator import jobs
+
+    return jobs.guarded(
+        "status", lambda: jobs.status(jobs.normalize_address(args.address), args.run, as_json=args.json)
+    )
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    from orchestrator import jobs
+
+    return jobs.guarded("logs", lambda: jobs.logs(jobs.normalize_address(args.address), args.run, follow=args.follow))
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from orchestrator import jobs
+
+    return jobs.guarded("stop", lambda: jobs.stop(jobs.normalize_address(args.address), args.run, wait_s=args.wait))
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from orchestrator import jobs
+
+    return jobs.guarded(
+        "list", lambda: jobs.list_runs(jobs.normalize_address(args.address), show_all=args.all, as_json=args.json)
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rayward", description="GRPO training on Ray: vLLM generators, reward pool, learner")
     sub = p.add_subparsers(dest="command", required=True)
@@ -82,6 +131,46 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("config-reference", help="print every config field (markdown)").set_defaults(
         func=_cmd_config_reference
     )
+
+    from orchestrator.jobs import DEFAULT_MAX_FILE_MIB, default_address
+
+    addr_help = "Ray dashboard / Jobs API URL (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS or http://127.0.0.1:8265)"
+    j = sub.add_parser("submit", help="submit a run to a Ray cluster through the Jobs API")
+    j.add_argument("config", help="YAML config (validated here before anything is uploaded)")
+    j.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_steps=10")
+    j.add_argument("--name", help="run name (default: config name or generated); the job id is rayward-NAME")
+    j.add_argument("--address", default=default_address(), help=addr_help)
+    j.add_argument("--working-dir", default=".", help="directory shipped as the job's working_dir (default: .)")
+    j.add_argument("--exclude", action="append", default=[], help="extra gitignore-style exclude (repeatable)")
+    j.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra env var for the run")
+    j.add_argument("--max-file-mib", type=float, default=DEFAULT_MAX_FILE_MIB, help="skip larger files in the upload")
+    j.add_argument("--no-ship-rayward", action="store_true", help="use the image's installed rayward instead of "
+                   "shipping this client's orchestrator/ and actors/ as py_modules")
+    j.add_argument("--entrypoint-num-cpus", type=float, help="CPUs reserved for the driver")
+    j.add_argument("--dry-run", action="store_true", help="print the job (entrypoint, runtime_env) and exit")
+    j.add_argument("-f", "--follow", action="store_true", help="stream the logs until the run ends")
+    j.set_defaults(func=_cmd_submit)
+
+    for cmd, fn, text in (
+        ("status", _cmd_status, "a submitted run's status, and its actors while it runs"),
+        ("logs", _cmd_logs, "a submitted run's driver log"),
+        ("stop", _cmd_stop, "stop a submitted run"),
+    ):
+        c = sub.add_parser(cmd, help=text)
+        c.add_argument("run", help="run name (or a submission id)")
+        c.add_argument("--address", default=default_address(), help=addr_help)
+        if cmd == "status":
+            c.add_argument("--json", action="store_true", help="one JSON object")
+        if cmd == "logs":
+            c.add_argument("-f", "--follow", action="store_true", help="stream until the run ends; exit 0 iff it succeeded")
+        if cmd == "stop":
+            c.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the job to stop")
+        c.set_defaults(func=fn)
+    ls = sub.add_parser("list", help="runs submitted to the cluster")
+    ls.add_argument("--address", default=default_address(), help=addr_help)
+    ls.add_argument("--all", action="store_true", help="every job, not only rayward runs")
+    ls.add_argument("--json", action="store_true", help="a JSON list")
+    ls.set_defaults(func=_cmd_list)
     return p
 
 

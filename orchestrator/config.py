@@ -213,6 +213,12 @@ class GRPOConfig(_Section):
     """Upper cap C_max of the IS ratio."""
     vllm_importance_sampling_clip_min: float | None = Field(None, ge=0)
     """Lower bound C_min of the IS ratio (mask modes)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose weighted total reward has zero spread (std, not mean: such
+    groups have zero advantage and teach nothing) and refill with new prompts."""
+    max_refill_rounds: int = Field(3, ge=0)
+    """With dynamic_sampling: at most this many extra generation rounds per step; if the batch is still short,
+    the step trains on the groups it has (and logs it)."""
     save_steps: int | None = Field(None, ge=1)
     """Save a checkpoint (policy weights, optimizer, run state) every this many optimizer steps, and at the end."""
 

@@ -17,9 +17,12 @@ import ray
 import torch
 
 from orchestrator.data import is_conversational
-from orchestrator.grpo import compute_advantages
+from orchestrator.grpo import compute_advantages, nanstd
 from orchestrator.metrics import PhaseTimer, reward_metrics
 from orchestrator.run import Run
+
+# A group whose total-reward std is at or below this is "zero spread" (identical rewards up to float noise).
+STD_ZERO_TOL = 1e-6
 
 
 @dataclass
@@ -69,6 +72,71 @@ def score(run: Run, rollouts: Rollouts) -> dict[str, Any]:
     return ray.get(run.reward_pool.score.remote(batch, run.cfg.cluster.reward_chunk_groups))
 
 
+def _totals(run: Run, scored: dict[str, Any], group_size: int) -> torch.Tensor:
+    """The weighted, gated total per sample [N] (NaN if every reward had no opinion)."""
+    raw = torch.tensor(scored["scores"], dtype=torch.float32).T
+    agg = run.aggregator(raw, scored["global_step"])
+    return compute_advantages(agg.gated, agg.weights, group_size, "none", "sum_then_normalize").total
+
+
+def take_groups(r: Rollouts, scored: dict[str, Any], groups: list[int]) -> tuple[Rollouts, dict[str, Any]]:
+    """The given groups (by index) of a batch and of its scores."""
+    g = r.group_size
+    idx = [gi * g + j for gi in groups for j in range(g)]
+    pick = lambda xs: [xs[i] for i in idx]  # noqa: E731
+    sub = Rollouts(
+        pick(r.prompts), pick(r.prompt_ids), pick(r.completion_ids), pick(r.completions), pick(r.sampling_logprobs),
+        pick(r.truncated), {c: pick(v) for c, v in r.columns.items()}, r.policy_version, g,
+    )
+    return sub, {**scored, "scores": [pick(col) for col in scored["scores"]]}
+
+
+def join(a: tuple[Rollouts, dict[str, Any]], b: tuple[Rollouts, dict[str, Any]]) -> tuple[Rollouts, dict[str, Any]]:
+    (ra, sa), (rb, sb) = a, b
+    r = Rollouts(
+        ra.prompts + rb.prompts, ra.prompt_ids + rb.prompt_ids, ra.completion_ids + rb.completion_ids,
+        ra.completions + rb.completions, ra.sampling_logprobs + rb.sampling_logprobs, ra.truncated + rb.truncated,
+        {c: ra.columns[c] + rb.columns[c] for c in ra.columns}, ra.policy_version, ra.group_size,
+    )
+    s = {**sb, "scores": [x + y for x, y in zip(sa["scores"], sb["scores"], strict=True)],
+         "workers": sorted(set(sa["workers"]) | set(sb["workers"]))}
+    for key in ("timeouts", "errors"):
+        s[key] = {n: sa[key][n] + sb[key][n] for n in sa[key]}
+    return r, s
+
+
+def keep_all(run: Run, rollouts: Rollouts, scored: dict, timer: PhaseTimer) -> tuple[Rollouts, dict, dict]:
+    return rollouts, scored, {}
+
+
+def dynamic_sampling(run: Run, rollouts: Rollouts, scored: dict, timer: PhaseTimer) -> tuple[Rollouts, dict, dict]:
+    """DAPO: keep groups whose total reward has non-zero std; refill with new prompts for at most
+    max_refill_rounds extra rounds; never drop an accepted group; train on what there is if still short."""
+    g, target = rollouts.group_size, run.cfg.generation.generation_batch_size // rollouts.group_size
+    kept: tuple[Rollouts, dict] | None = None
+    seen = accepted = rounds = 0
+    while True:
+        std = nanstd(_totals(run, scored, g).view(-1, g), dim=1)  # [groups]; NaN if < 2 scorable samples
+        good = [i for i, s in enumerate(std.tolist()) if s == s and s > STD_ZERO_TOL][: target - accepted]
+        seen, accepted = seen + len(std), accepted + len(good)
+        if good:
+            part = take_groups(rollouts, scored, good)
+            kept = part if kept is None else join(kept, part)
+        if accepted >= target or rounds >= run.cfg.grpo.max_refill_rounds:
+            break
+        rounds += 1
+        rows = run.prompts.next_batch(target - accepted)
+        with timer("generate"):
+            rollouts = generate(run, rows)
+        with timer("reward"):
+            scored = score(run, rollouts)
+    if kept is None:  # nothing had spread: train on the last batch (all advantages 0) so the run moves on
+        kept = (rollouts, scored)
+    info = {"dynamic_sampling/pass_rate": accepted / seen, "dynamic_sampling/accepted_groups": accepted,
+            "dynamic_sampling/refill_rounds": rounds, "dynamic_sampling/filled": float(accepted >= target)}
+    return kept[0], kept[1], info
+
+
 def advantages(run: Run, rollouts: Rollouts, scored: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
     """Gates, scheduled weights and GRPO advantages at the step the batch was scored under."""
     g = run.cfg.grpo
@@ -95,6 +163,7 @@ def advantages(run: Run, rollouts: Rollouts, scored: dict[str, Any]) -> tuple[di
         "completions/min_length": lengths.min().item(),
         "completions/max_length": lengths.max().item(),
         "completions/clipped_ratio": sum(rollouts.truncated) / len(rollouts.truncated),
+        "batch/groups": len(rollouts.completion_ids) // rollouts.group_size,
         "policy_version": rollouts.policy_version,
         "reward_global_step": scored["global_step"],
     })
@@ -146,7 +215,9 @@ def run_sync(run: Run) -> list[dict[str, Any]]:
             rollouts = generate(run, rows)
         with timer("reward"):
             scored = score(run, rollouts)
+        rollouts, scored, filter_m = run.select_groups(run, rollouts, scored, timer)
         batch, reward_m = advantages(run, rollouts, scored)
+        reward_m.update(filter_m)
         with timer("train"):
             train_m = train(run, batch)
         with timer("sync"):

@@ -143,6 +143,8 @@ class Run:
     logger: MetricsLogger
     global_step: int = 0  # optimizer steps done (the learner's)
     policy_version: int = 0  # learner step whose weights the generators hold
+    # Group selection between scoring and advantages: loop.keep_all, or loop.dynamic_sampling (DAPO).
+    select_groups: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -197,9 +199,12 @@ def build_run(p: Prepared) -> Run:
     logger = MetricsLogger(
         p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress, max_steps=cfg.grpo.max_steps
     )
+    from orchestrator import loop
+
     return Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
         reward_pool=reward_pool, aggregator=RewardAggregator(cfg.rewards), logger=logger,
+        select_groups=loop.dynamic_sampling if cfg.grpo.dynamic_sampling else loop.keep_all,
     )
 
 

@@ -1,0 +1,137 @@
+"""Step metrics on Ray's Prometheus endpoint (ray.util.metrics), next to the reward pool's own gauges.
+
+`RayMetricsExporter(run_name).export(step, metrics)` takes the per-step dict the loop logs (keys as in
+orchestrator/loop.py and metrics.py) and sets a few Gauges, with the run name and the reward / gate / phase
+names as tag values (never in metric names: Ray silently drops metrics whose name is not
+^[a-zA-Z_:][a-zA-Z0-9_:]*$). Each node's metrics agent serves them with Ray's `ray_` prefix on its
+metrics export port (`ray start --metrics-export-port`), e.g. `ray_rayward_global_step{run="demo"}`;
+cluster/grafana-dashboard.json charts them. Exports every ~10 s (Ray's metrics_report_interval_ms).
+
+Outside a Ray session export() does nothing, so MetricsLogger can call it unconditionally. It never raises:
+a metrics problem must not stop training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+# gauge name -> (description, tag keys besides "run")
+GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "rayward_global_step": ("optimizer steps done by the learner", ()),
+    "rayward_policy_version": ("learner step whose weights generated the step's batch", ()),
+    "rayward_reward": ("mean weighted total reward of the step's batch", ()),
+    "rayward_reward_std": ("std of the weighted total reward of the step's batch", ()),
+    "rayward_reward_fn_mean": ("mean raw score per reward function (None excluded)", ("reward",)),
+    "rayward_reward_fn_latency_s": ("slowest chunk's seconds in each reward function this step", ("reward",)),
+    "rayward_reward_fn_timeouts": ("reward calls past timeout_s this step", ("reward",)),
+    "rayward_reward_fn_errors": ("reward calls that raised this step", ("reward",)),
+    "rayward_gate_closed_frac": ("fraction of samples whose gate was closed (gate = gated<-gating)", ("gate",)),
+    "rayward_phase_seconds": ("wall seconds per loop phase this step (generate, reward, train, sync, step)", ("phase",)),
+    "rayward_tokens_per_s": ("completion tokens generated per second of the generate phase", ()),
+    "rayward_weight_sync_s": ("seconds to push the learner's weights to the generators", ()),
+    "rayward_logprob_gap_max": ("max |logp_generator - logp_learner| over the batch's tokens", ()),
+    "rayward_logprob_gap_mean": ("mean per-sequence |logp_generator - logp_learner|", ()),
+    "rayward_loss": ("training loss of the step", ()),
+    "rayward_kl": ("KL to the reference policy (beta > 0)", ()),
+    "rayward_entropy": ("mean token entropy of the policy on the batch", ()),
+    "rayward_completion_mean_length": ("mean completion length in tokens", ()),
+    "rayward_completion_clipped_ratio": ("fraction of completions cut at max_completion_length", ()),
+}
+
+# step-dict key -> gauge (untagged besides run)
+SCALARS: dict[str, str] = {
+    "policy_version": "rayward_policy_version",
+    "reward": "rayward_reward",
+    "reward_std": "rayward_reward_std",
+    "tokens_per_s": "rayward_tokens_per_s",
+    "time/sync": "rayward_weight_sync_s",
+    "sampling/sampling_logp_difference/max": "rayward_logprob_gap_max",
+    "sampling/sampling_logp_difference/mean": "rayward_logprob_gap_mean",
+    "loss": "rayward_loss",
+    "kl": "rayward_kl",
+    "entropy": "rayward_entropy",
+    "completions/mean_length": "rayward_completion_mean_length",
+    "completions/clipped_ratio": "rayward_completion_clipped_ratio",
+}
+
+# step-dict key pattern -> (gauge, tag key); the pattern's group is the tag value
+PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
+    (re.compile(r"^rewards/(.+)/mean$"), "rayward_reward_fn_mean", "reward"),
+    (re.compile(r"^rewards/(.+)/latency_s$"), "rayward_reward_fn_latency_s", "reward"),
+    (re.compile(r"^rewards/(.+)/timeouts$"), "rayward_reward_fn_timeouts", "reward"),
+    (re.compile(r"^rewards/(.+)/errors$"), "rayward_reward_fn_errors", "reward"),
+    (re.compile(r"^gates/(.+)/closed_frac$"), "rayward_gate_closed_frac", "gate"),
+    (re.compile(r"^time/(.+)$"), "rayward_phase_seconds", "phase"),
+]
+
+# Metrics the reward pool actor exports itself (actors/reward_pool.py): queue depth, workers alive, latency.
+REWARD_POOL_METRICS = (
+    "rayward_reward_workers_alive",
+    "rayward_reward_queue_depth",
+    "rayward_reward_inflight_chunks",
+    "rayward_reward_chunk_latency_s",
+    "rayward_reward_events_total",
+)
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def map_step_metrics(run_name: str, step: int, metrics: dict[str, Any]) -> list[tuple[str, float, dict[str, str]]]:
+    """(gauge name, value, tags) for one step's metrics dict; non-numeric, None and NaN values are skipped."""
+    out: list[tuple[str, float, dict[str, str]]] = [("rayward_global_step", float(step), {"run": run_name})]
+    for key, raw in metrics.items():
+        v = _number(raw)
+        if v is None:
+            continue
+        if key in SCALARS:
+            out.append((SCALARS[key], v, {"run": run_name}))
+        for pattern, gauge, tag in PATTERNS:
+            m = pattern.match(key)
+            if m:
+                out.append((gauge, v, {"run": run_name, tag: m.group(1)}))
+                break
+    return out
+
+
+class RayMetricsExporter:
+    """Sets rayward's Gauges from the loop's per-step metrics dict (in the process that calls export)."""
+
+    _gauges: dict[str, Any] = {}  # per process: one Gauge object per name, shared by exporters
+
+    def __init__(self, run_name: str):
+        self.run_name = run_name
+        self._warned = False
+
+    @classmethod
+    def _gauge(cls, name: str) -> Any:
+        if name not in cls._gauges:
+            from ray.util.metrics import Gauge
+
+            desc, tags = GAUGES[name]
+            cls._gauges[name] = Gauge(name, description=desc, tag_keys=("run", *tags))
+        return cls._gauges[name]
+
+    def export(self, step: int, metrics: dict[str, float]) -> None:
+        try:
+            import ray
+
+            if not ray.is_initialized():
+                return
+            for name, value, tags in map_step_metrics(self.run_name, step, metrics):
+                self._gauge(name).set(value, tags=tags)
+        except Exception as err:  # noqa: BLE001 - metrics must never stop a run
+            if not self._warned:
+                logger.warning("rayward: exporting Ray metrics failed (%s); continuing without them", err)
+                self._warned = True
