@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any
 
 # vLLM resolves this by qualified name inside each engine worker process.
@@ -137,6 +138,13 @@ class Generator:
                 )
             results.append(samples)
         return results
+
+    def generate_timed(self, prompt_token_ids: list[list[int]], **sampling: Any) -> dict[str, Any]:
+        """`generate` plus the seconds it took, for per-role step-time accounting (the pipelined loop cannot
+        ask separately: a second call would queue behind the generation it measures)."""
+        t0 = time.perf_counter()
+        groups = self.generate(prompt_token_ids, **sampling)
+        return {"groups": groups, "seconds": time.perf_counter() - t0}
 
     def load_weights(self, blob: bytes) -> None:
         """Replace the engine weights in place from safetensors bytes of an HF-named state dict."""

@@ -16,13 +16,24 @@ port_free() { python3 -c "import socket,sys;s=socket.socket();s.bind(('127.0.0.1
 
 start_node() {  # start_node <index> <label> <extra ray start args...>
   local i=$1 label=$2; shift 2
-  local p=$((BASE + 10 + i * 10)) w=$((BASE + 100 + i * 100))
+  local p=$((BASE + 10 + i * 10)) w=$((BASE + 100 + i * 100)) log="$STATE/node-$i-$label.log"
+  : >"$log"  # truncate now: the background redirect below may run after the first grep
   setsid "$RAY" start --block --node-ip-address 127.0.0.1 --temp-dir "$STATE/tmp" --disable-usage-stats \
     --node-manager-port $p --object-manager-port $((p + 1)) --dashboard-agent-listen-port $((p + 2)) \
     --dashboard-agent-grpc-port $((p + 3)) --runtime-env-agent-port $((p + 4)) --metrics-export-port $((p + 5)) \
-    --min-worker-port $w --max-worker-port $((w + 99)) "$@" >"$STATE/node-$i-$label.log" 2>&1 &
-  echo "$! $label" >>"$STATE/pids"
+    --min-worker-port $w --max-worker-port $((w + 99)) "$@" >"$log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 120); do  # "Ray runtime started." in its log, or it died (a loaded machine can time out a join)
+    grep -q "Ray runtime started" "$log" && { echo "$pid $label" >>"$STATE/pids"; return 0; }
+    kill -0 $pid 2>/dev/null || break
+    sleep 1
+  done
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  echo "node $i ($label) failed to start, see $log" >&2
+  return 1
 }
+
+start_retry() { start_node "$@" || { echo "retrying node $1" >&2; start_node "$@"; }; }
 
 up() {
   local reward=2 gen=0
@@ -48,19 +59,13 @@ up() {
     BASE=""
   done
   echo "$BASE" >"$STATE/base_port"
-  start_node 0 head --head --port "$BASE" --dashboard-host 127.0.0.1 --dashboard-port $((BASE + 1)) \
+  start_retry 0 head --head --port "$BASE" --dashboard-host 127.0.0.1 --dashboard-port $((BASE + 1)) \
     --ray-client-server-port $((BASE + 2)) --num-cpus 2
-  for _ in $(seq 60); do "$RAY" status --address "127.0.0.1:$BASE" >/dev/null 2>&1 && break; sleep 1; done
-  for i in $(seq 1 "$reward"); do
-    start_node "$i" reward --address "127.0.0.1:$BASE" --num-cpus 2 --resources '{"reward_node": 8}'
+  for i in $(seq 1 "$reward"); do  # one at a time: parallel joins time out on a busy 2-core machine
+    start_retry "$i" reward --address "127.0.0.1:$BASE" --num-cpus 2 --resources '{"reward_node": 8}'
   done
-  [ $gen = 1 ] && start_node $((reward + 1)) generator --address "127.0.0.1:$BASE" --num-cpus 2 \
+  [ $gen = 0 ] || start_retry $((reward + 1)) generator --address "127.0.0.1:$BASE" --num-cpus 2 \
     --resources '{"generator_node": 1}'
-  for _ in $(seq 60); do  # wait until every node has joined
-    [ "$("$RAY" list nodes --address "http://127.0.0.1:$((BASE + 1))" --filter state=ALIVE 2>/dev/null |
-         grep -c ALIVE)" -ge "$nodes" ] && break
-    sleep 1
-  done
   status
   cat <<EOF
 

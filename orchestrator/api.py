@@ -18,6 +18,7 @@ def train(cfg: RunConfig, name: str | None = None, *, verbose: bool = True) -> l
 
     from orchestrator.loop import run_sync
     from orchestrator.parity import logprob_parity
+    from orchestrator.pipeline import run_pipelined
     from orchestrator.run import build_run, shutdown_run
 
     name = name or cfg.name or new_run_name()
@@ -38,7 +39,8 @@ def train(cfg: RunConfig, name: str | None = None, *, verbose: bool = True) -> l
         if cfg.logging.check_logprob_parity:
             gap = logprob_parity(run)
             say(f"rayward: generator-learner logprob parity after sync: max abs diff {gap:.2e}", flush=True)
-        history = run_sync(run)
+        loop = run_pipelined if cfg.loop.mode == "pipelined" else run_sync  # chosen once, at build time
+        history = loop(run)
     finally:
         shutdown_run(run)
         if owns_ray:

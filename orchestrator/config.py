@@ -310,6 +310,18 @@ class ClusterConfig(_Section):
     """Resources of each reward worker actor."""
 
 
+class LoopConfig(_Section):
+    mode: Literal["sync", "pipelined"] = "sync"
+    """`sync`: generate -> score -> train -> sync, one step at a time (the reference). `pipelined`: the next
+    batches are generated and scored (per sub-batch, as soon as it exists) while the learner trains."""
+    max_staleness: int = Field(1, ge=0)
+    """Pipelined: how many optimizer steps older than the learner the generating policy may be; also how many
+    batches are generated ahead. 0 = strictly on-policy (same accounting as `sync`). Samples older than this
+    are never trained on; the vLLM importance-sampling correction covers the staleness allowed."""
+    generation_chunks: int = Field(2, ge=1)
+    """Pipelined: sub-batches per generator per step; each goes to the reward pool as soon as it is generated."""
+
+
 class LoggingConfig(_Section):
     dir: str = "runs"
     """Root directory; each run writes metrics.jsonl (and checkpoints) under `<dir>/<run name>/`."""
@@ -339,6 +351,8 @@ class RunConfig(_Section):
     """Reward functions, combined by weights, gates and schedules."""
     cluster: ClusterConfig = ClusterConfig()
     """Ray cluster and actor placement."""
+    loop: LoopConfig = LoopConfig()
+    """Synchronous or pipelined training loop."""
     logging: LoggingConfig = LoggingConfig()
     """Metrics and logs."""
 

@@ -480,6 +480,8 @@ def guarded(command: str, fn, *args: Any, **kwargs: Any) -> int:
     from orchestrator.config import ConfigError
 
     try:
+        # Before anything imports ray: Ray reads RAY_AUTH_MODE once per process, when it is first imported.
+        prepare_client_auth()
         return fn(*args, **kwargs)
     except ConfigError:
         raise  # the CLI prints it (multi-line: every bad field) and exits 2

@@ -41,15 +41,21 @@ class Rollouts:
 
 
 def generate(run: Run, rows: list[dict[str, Any]]) -> Rollouts:
+    groups = run.generators.call_sharded("generate", [r["prompt_ids"] for r in rows], **sampling_kwargs(run))
+    return to_rollouts(run, rows, groups, run.policy_version)
+
+
+def sampling_kwargs(run: Run) -> dict[str, Any]:
     g = run.cfg.generation
-    groups = run.generators.call_sharded(
-        "generate", [r["prompt_ids"] for r in rows], n=g.num_generations, max_tokens=g.max_completion_length,
-        temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
-    )
+    return dict(n=g.num_generations, max_tokens=g.max_completion_length, temperature=g.temperature,
+                top_p=g.top_p, top_k=g.top_k)
+
+
+def to_rollouts(run: Run, rows: list[dict[str, Any]], groups: list[list[dict]], policy_version: int) -> Rollouts:
+    """Flatten generator output (per prompt, G samples each) into one Rollouts batch."""
     pcol = run.cfg.data.prompt_column
-    out = Rollouts([], [], [], [], [], [], {}, run.policy_version, g.num_generations)
     cols = [c for c in rows[0] if c not in (pcol, "prompt_ids")]
-    out.columns = {c: [] for c in cols}
+    out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, run.cfg.generation.num_generations)
     for row, samples in zip(rows, groups, strict=True):
         chat = is_conversational(row[pcol])
         for s in samples:
@@ -64,12 +70,17 @@ def generate(run: Run, rows: list[dict[str, Any]]) -> Rollouts:
     return out
 
 
-def score(run: Run, rollouts: Rollouts) -> dict[str, Any]:
+def score_request(run: Run, rollouts: Rollouts) -> Any:
+    """Submit a batch to the reward pool; returns the ObjectRef of its scores."""
     batch = {
         "prompts": rollouts.prompts, "completions": rollouts.completions, "completion_ids": rollouts.completion_ids,
         "columns": rollouts.columns, "group_size": rollouts.group_size,
     }
-    return ray.get(run.reward_pool.score.remote(batch, run.cfg.cluster.reward_chunk_groups))
+    return run.reward_pool.score.remote(batch, run.cfg.cluster.reward_chunk_groups)
+
+
+def score(run: Run, rollouts: Rollouts) -> dict[str, Any]:
+    return ray.get(score_request(run, rollouts))
 
 
 def _totals(run: Run, scored: dict[str, Any], group_size: int) -> torch.Tensor:
@@ -191,7 +202,7 @@ def sync(run: Run) -> None:
 
 def log_step(run: Run, timer: PhaseTimer, rollouts: Rollouts, reward_m: dict, train_m: dict) -> None:
     tokens = sum(len(c) for c in rollouts.completion_ids)
-    gen_s = timer.seconds.get("generate", 0.0)
+    gen_s = timer.seconds.get("generate", reward_m.get("time/generate_busy", 0.0))
     m = {**reward_m, **train_m, **timer.metrics(), "tokens_per_s": tokens / gen_s if gen_s else 0.0}
     run.logger.log(run.global_step, m)
 

@@ -109,10 +109,10 @@ class RayMetricsExporter:
     """Sets rayward's Gauges from the loop's per-step metrics dict (in the process that calls export)."""
 
     _gauges: dict[str, Any] = {}  # per process: one Gauge object per name, shared by exporters
+    _warned: set[str] = set()  # runs whose export failure was logged (once per run, not per step)
 
     def __init__(self, run_name: str):
         self.run_name = run_name
-        self._warned = False
 
     @classmethod
     def _gauge(cls, name: str) -> Any:
@@ -132,6 +132,6 @@ class RayMetricsExporter:
             for name, value, tags in map_step_metrics(self.run_name, step, metrics):
                 self._gauge(name).set(value, tags=tags)
         except Exception as err:  # noqa: BLE001 - metrics must never stop a run
-            if not self._warned:
+            if self.run_name not in self._warned:
                 logger.warning("rayward: exporting Ray metrics failed (%s); continuing without them", err)
-                self._warned = True
+                self._warned.add(self.run_name)

@@ -39,6 +39,13 @@ def test_demo_reward_rises(demo_history):
     assert last > first + 0.1 and last > 3 * first, (first, last)
 
 
+def test_sync_loop_accounting(demo_history):
+    from tests.integration.test_pipelined import sync_accounting
+
+    cfg, history, _ = demo_history
+    sync_accounting(history, groups=cfg.generation.generation_batch_size // cfg.generation.num_generations)
+
+
 def test_generator_matches_learner_after_every_sync(demo_history):
     _, history, _ = demo_history
     gaps = [h["sampling/sampling_logp_difference/max"] for h in history]
