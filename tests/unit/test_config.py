@@ -111,4 +111,4 @@ def test_readme_config_reference_is_current():
     buf = io.StringIO()
     with redirect_stdout(buf):
         main(["config-reference"])
-    assert section == buf.getvalue(), "README config reference is stale: regenerate with `rayward config-reference`"
+    assert section == buf.getvalue(), "README config reference is stale: run `python scripts/update_readme.py`"
