@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -80,15 +81,27 @@ class MetricsLogger:
         "sampling/sampling_logp_difference/max",
     )
 
-    def __init__(self, run_dir: Path, *, report_to: list[str], progress: bool, max_steps: int):
+    def __init__(
+        self, run_dir: Path, *, report_to: list[str], progress: bool, max_steps: int, run_name: str = "",
+        config: dict[str, Any] | None = None,
+    ):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(run_dir / "metrics.jsonl", "a") if "jsonl" in report_to else None  # noqa: SIM115
-        self._tb = None
+        self._tb = self._wandb = self._mlflow = None
         if "tensorboard" in report_to:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        if "wandb" in report_to:
+            import wandb
+
+            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "rayward"), name=run_name, config=config)
+        if "mlflow" in report_to:
+            import mlflow
+
+            self._mlflow = mlflow
+            mlflow.start_run(run_name=run_name)
         self.progress, self.max_steps = progress, max_steps
         self.history: list[dict[str, Any]] = []
 
@@ -98,10 +111,14 @@ class MetricsLogger:
         if self._jsonl:
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
         if self._tb:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    self._tb.add_scalar(k, v, step)
+            for k, v in scalars.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb:
+            self._wandb.log(scalars, step=step)
+        if self._mlflow:
+            self._mlflow.log_metrics({k.replace("<-", "_from_"): v for k, v in scalars.items()}, step=step)
         if self.progress:
             parts = [f"step {step:>4}/{self.max_steps}"]
             for k in self.PROGRESS_KEYS:
@@ -116,3 +133,7 @@ class MetricsLogger:
             self._jsonl.close()
         if self._tb:
             self._tb.close()
+        if self._wandb:
+            self._wandb.finish()
+        if self._mlflow:
+            self._mlflow.end_run()

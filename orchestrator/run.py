@@ -7,6 +7,7 @@ built; the loop only calls phases on them.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +117,9 @@ class Prepared:
 def prepare(cfg: RunConfig, name: str) -> Prepared:
     """The cheap checks, in order: reward functions import, model and tokenizer load, dataset has prompts."""
     specs = reward_specs(cfg)
+    for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
+        if sink in cfg.logging.report_to and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"logging.report_to: {sink!r} needs the `{module}` package (pip install {module})")
     model_path = resolve_model(cfg)
     from transformers import AutoTokenizer
 
@@ -197,7 +201,8 @@ def build_run(p: Prepared) -> Run:
         kwargs={**learner_kwargs(cfg, p.model_path), "reward_pool": reward_pool},
     )
     logger = MetricsLogger(
-        p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress, max_steps=cfg.grpo.max_steps
+        p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,
+        max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"),
     )
     from orchestrator import loop
 
