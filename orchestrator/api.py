@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from orchestrator.cluster import init_ray, new_run_name
@@ -11,9 +14,22 @@ from orchestrator.data import DataError
 from orchestrator.run import prepare
 
 
-def train(cfg: RunConfig, name: str | None = None, *, verbose: bool = True) -> list[dict[str, Any]]:
+class Stopped(Exception):
+    """SIGTERM arrived (e.g. `rayward stop` / `ray job stop`): checkpoint and leave."""
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The highest complete checkpoint-N in a run directory (incomplete ones are *.tmp and ignored)."""
+    done = [p for p in run_dir.glob("checkpoint-*") if p.suffix != ".tmp" and (p / "rayward_state.json").exists()]
+    return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+def train(
+    cfg: RunConfig, name: str | None = None, *, verbose: bool = True, resume: bool = False
+) -> list[dict[str, Any]]:
     """Check the config's rewards, model and data, start (or join) Ray, build the groups, run the loop.
-    Returns the per-step metrics. A Ray session already initialised by the caller is used as it is."""
+    Returns the per-step metrics. A Ray session already initialised by the caller is used as it is.
+    resume=True continues from the run directory's latest checkpoint (same name), if there is one."""
     import ray
 
     from orchestrator.loop import run_sync
@@ -35,13 +51,28 @@ def train(cfg: RunConfig, name: str | None = None, *, verbose: bool = True) -> l
             say(f"rayward run {name!r}: Ray dashboard http://{info['dashboard_url']}", flush=True)
     t0 = time.time()
     run = build_run(prepared)
+    previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    if previous is not None:
+        signal.signal(signal.SIGTERM, _raise_stopped)
     try:
+        ckpt = latest_checkpoint(prepared.run_dir) if resume else None
+        if ckpt is not None:
+            restore(run, ckpt)
+            say(f"rayward: resumed from {ckpt} at step {run.global_step}", flush=True)
         if cfg.logging.check_logprob_parity:
             gap = logprob_parity(run)
             say(f"rayward: generator-learner logprob parity after sync: max abs diff {gap:.2e}", flush=True)
         loop = run_pipelined if cfg.loop.mode == "pipelined" else run_sync  # chosen once, at build time
         history = loop(run)
+    except Stopped:
+        from orchestrator.loop import save_checkpoint
+
+        path = save_checkpoint(run)
+        say(f"rayward: stopped at step {run.global_step}; checkpoint {path}", flush=True)
+        history = run.logger.history
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         shutdown_run(run)
         if owns_ray:
             ray.shutdown()
@@ -54,3 +85,18 @@ def train(cfg: RunConfig, name: str | None = None, *, verbose: bool = True) -> l
             flush=True,
         )
     return history
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise Stopped()
+
+
+def restore(run: Any, ckpt: Path) -> None:
+    """Learner weights, optimizer and step, and the data order, from a checkpoint; generators get the weights."""
+    from orchestrator.loop import sync
+
+    (state,) = run.learner.call("load_checkpoint", str(ckpt))
+    run.global_step = int(state["global_step"])
+    if "data" in state:
+        run.prompts.restore(state["data"])
+    sync(run)

@@ -12,7 +12,7 @@ from orchestrator.config import ConfigError, load_config
 def _cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.api import train
 
-    train(load_config(args.config, args.overrides), args.name)
+    train(load_config(args.config, args.overrides), args.name, resume=args.resume)
     return 0
 
 
@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("config", help="YAML config (see configs/)")
     r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_steps=10 generation.num_generations=4")
     r.add_argument("--name", help="run name (default: generated and printed)")
+    r.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of run --name")
     r.set_defaults(func=_cmd_run)
 
     s = sub.add_parser("scale", help="resize a running run's reward pool")

@@ -207,12 +207,17 @@ def log_step(run: Run, timer: PhaseTimer, rollouts: Rollouts, reward_m: dict, tr
     run.logger.log(run.global_step, m)
 
 
+def save_checkpoint(run: Run) -> str:
+    """Policy (HF format), optimizer, global_step and data position, written atomically by the learner."""
+    path = run.run_dir / f"checkpoint-{run.global_step}"
+    (out,) = run.learner.call("save_checkpoint", str(path), extra={"data": run.prompts.state()})
+    return out
+
+
 def maybe_checkpoint(run: Run, final: bool = False) -> None:
     every = run.cfg.grpo.save_steps
-    if every is None or not (final or run.global_step % every == 0):
-        return
-    path = run.run_dir / f"checkpoint-{run.global_step}"
-    run.learner.call("save_checkpoint", str(path), extra={"data": run.prompts.state()})
+    if every is not None and (final or run.global_step % every == 0):
+        save_checkpoint(run)
 
 
 def run_sync(run: Run) -> list[dict[str, Any]]:
