@@ -172,6 +172,7 @@ class RewardWorker:
         self.functions = [_RewardModel(s.model) if s.model else load_reward_function(s) for s in self.specs]
         self.is_async = [is_async_callable(f) for f in self.functions]
         self.state: dict[str, Any] = dict(trainer_state or {"global_step": 0, "max_steps": 0, "epoch": 0.0})
+        make_trainer_state(self.state)  # import transformers now (seconds), while the engines start, not at step 1
         # One persistent event loop, as TRL keeps one: async reward code may hold loop-bound clients.
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, daemon=True, name="reward-loop").start()

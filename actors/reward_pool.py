@@ -178,6 +178,7 @@ class RewardPool:
         """Score a batch: prompts, completions, completion_ids, columns {name: [...]}, group_size (G).
         Returns scores [K][N] (NaN = None) in batch order, and per-reward counters, latencies and user metrics."""
         state = dict(self.state)  # every chunk of this batch sees the step current at dispatch
+        t0 = time.monotonic()
         n, g = len(batch["completions"]), int(batch["group_size"])
         size = g * chunk_groups
         chunks = []
@@ -195,7 +196,9 @@ class RewardPool:
             )
         results = await asyncio.gather(*(self._run_chunk(c, state) for c in chunks))
         self.counters["chunks"] += len(chunks)
-        return self._merge(results, state)
+        merged = self._merge(results, state)
+        merged["busy_s"] = time.monotonic() - t0  # the pool's wall time on this batch
+        return merged
 
     def _merge(self, results: list[dict[str, Any]], state: dict[str, Any]) -> dict[str, Any]:
         k = len(self.specs)

@@ -110,7 +110,7 @@ def join(a: tuple[Rollouts, dict[str, Any]], b: tuple[Rollouts, dict[str, Any]])
         {c: ra.columns[c] + rb.columns[c] for c in ra.columns}, ra.policy_version, ra.group_size,
     )
     s = {**sb, "scores": [x + y for x, y in zip(sa["scores"], sb["scores"], strict=True)],
-         "workers": sorted(set(sa["workers"]) | set(sb["workers"]))}
+         "workers": sorted(set(sa["workers"]) | set(sb["workers"])), "busy_s": sa["busy_s"] + sb["busy_s"]}
     for key in ("timeouts", "errors"):
         s[key] = {n: sa[key][n] + sb[key][n] for n in sa[key]}
     return r, s
@@ -165,6 +165,7 @@ def advantages(run: Run, rollouts: Rollouts, scored: dict[str, Any]) -> tuple[di
         metrics[f"rewards/{name}/errors"] = scored["errors"][name]
         metrics[f"rewards/{name}/latency_s"] = scored["latency_s"][name]
     metrics.update({f"reward_fn/{k}": v for k, v in scored["metrics"].items()})  # users' log_metric values
+    metrics["roles/reward/busy_s"] = scored["busy_s"]
     pool = scored["pool"]
     metrics.update({f"reward_pool/{k}": pool[k] for k in ("workers", "retries", "replaced", "queue_depth")})
     metrics["reward_pool/workers_used"] = len(scored["workers"])
@@ -204,6 +205,11 @@ def log_step(run: Run, timer: PhaseTimer, rollouts: Rollouts, reward_m: dict, tr
     tokens = sum(len(c) for c in rollouts.completion_ids)
     gen_s = timer.seconds.get("generate", reward_m.get("time/generate_busy", 0.0))
     m = {**reward_m, **train_m, **timer.metrics(), "tokens_per_s": tokens / gen_s if gen_s else 0.0}
+    # Per role: busy seconds in this step, and idle = step wall time - busy (who is the bottleneck?).
+    busy = {"generator": gen_s, "reward": m["roles/reward/busy_s"], "learner": train_m["time/train_compute"]}
+    for role, b in busy.items():
+        m[f"roles/{role}/busy_s"], m[f"roles/{role}/idle_s"] = b, max(m["time/step"] - b, 0.0)
+    m["roles/bottleneck"] = max(busy, key=busy.get)
     run.logger.log(run.global_step, m)
 
 
