@@ -32,42 +32,31 @@ class ConstantSchedule(_Section):
     """The value at every step."""
 
 
-class LinearSchedule(_Section):
+class _Ramp(_Section):
+    start: float
+    """Value at and before `start_step`."""
+    end: float
+    """Value at and after `end_step`."""
+    start_step: int = Field(0, ge=0)
+    """First step of the ramp."""
+    end_step: int = Field(ge=0)
+    """Last step of the ramp."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Ramp:
+        if self.end_step <= self.start_step:
+            raise ValueError(f"end_step ({self.end_step}) must be greater than start_step ({self.start_step})")
+        return self
+
+
+class LinearSchedule(_Ramp):
     type: Literal["linear"] = "linear"
     """`start` until `start_step`, a straight line to `end` at `end_step`, then `end`."""
-    start: float
-    """Value at and before `start_step`."""
-    end: float
-    """Value at and after `end_step`."""
-    start_step: int = Field(0, ge=0)
-    """First step of the ramp."""
-    end_step: int = Field(ge=0)
-    """Last step of the ramp."""
-
-    @model_validator(mode="after")
-    def _ordered(self) -> LinearSchedule:
-        if self.end_step <= self.start_step:
-            raise ValueError(f"end_step ({self.end_step}) must be greater than start_step ({self.start_step})")
-        return self
 
 
-class CosineSchedule(_Section):
+class CosineSchedule(_Ramp):
     type: Literal["cosine"] = "cosine"
     """Half a cosine from `start` (at `start_step`) to `end` (at `end_step`), constant outside."""
-    start: float
-    """Value at and before `start_step`."""
-    end: float
-    """Value at and after `end_step`."""
-    start_step: int = Field(0, ge=0)
-    """First step of the ramp."""
-    end_step: int = Field(ge=0)
-    """Last step of the ramp."""
-
-    @model_validator(mode="after")
-    def _ordered(self) -> CosineSchedule:
-        if self.end_step <= self.start_step:
-            raise ValueError(f"end_step ({self.end_step}) must be greater than start_step ({self.start_step})")
-        return self
 
 
 class PiecewiseSchedule(_Section):

@@ -246,7 +246,9 @@ def preflight(address: str, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> str:
         raise JobsError(f"no answer from the Ray dashboard at {address} within {timeout_s:.0f}s "
                         "(wrong host/port, or a firewall); the Jobs address is http://HEAD:8265") from None
     except requests.exceptions.RequestException as err:
-        reason = "connection refused" if "refused" in str(err).lower() else type(err).__name__
+        text = str(err).lower()
+        reason = ("connection refused" if "refused" in text else
+                  "unknown host" if "resolve" in text or "name or service" in text else type(err).__name__)
         raise JobsError(f"cannot reach the Ray dashboard at {address} ({reason}); is the cluster up, and is this "
                         "its dashboard address (http://HEAD:8265)?") from None
     try:
@@ -254,7 +256,8 @@ def preflight(address: str, timeout_s: float = PREFLIGHT_TIMEOUT_S) -> str:
     except ValueError:
         mode = None
     if mode is None:
-        raise JobsError(f"{address} answered HTTP {r.status_code}: not a Ray dashboard (Ray 2.52+ with token auth support)")
+        raise JobsError(f"{address}/api/authentication_mode answered HTTP {r.status_code}: not the dashboard of "
+                        "a Ray >= 2.52 cluster (the Jobs address is http://HEAD:8265)")
     prepare_client_auth()
     if mode == "token" and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
         _, where = find_token()

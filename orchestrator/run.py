@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,6 +225,3 @@ def shutdown_run(run: Run) -> None:
         pass
     ray.kill(run.reward_pool, no_restart=True)
 
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")
