@@ -20,10 +20,14 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     import ray
 
     from orchestrator.auth import prepare_client_auth
-    from orchestrator.cluster import namespace
+    from orchestrator.cluster import UnreachableError, check_reachable, namespace
 
     prepare_client_auth()
-    ray.init(address=args.address or "auto", namespace=namespace(args.run), log_to_driver=False)
+    check_reachable(args.address or "auto")
+    try:
+        ray.init(address=args.address or "auto", namespace=namespace(args.run), log_to_driver=False)
+    except ConnectionError as err:
+        raise UnreachableError(f"cannot connect to Ray at {args.address or 'auto'}: {err}") from None
     try:
         pool = ray.get_actor(f"{args.run}/reward-pool")
     except ValueError:
@@ -182,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"rayward: {err}", file=sys.stderr)
         return 2
+    except ConnectionError as err:  # unreachable cluster (orchestrator.cluster.UnreachableError and Ray's own)
+        print(f"rayward: {err}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("rayward: interrupted", file=sys.stderr)
         return 130

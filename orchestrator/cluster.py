@@ -43,6 +43,31 @@ def run_sys_path() -> list[str]:
     return [os.getcwd()]
 
 
+# How long a client command waits for a TCP connection to a Ray address before saying it is unreachable
+# (ray.init itself retries for ~20 s+ and then blames the network in a long traceback).
+CONNECT_TIMEOUT_S = 3.0
+
+
+class UnreachableError(ConnectionError):
+    """Nothing answers at the given Ray address."""
+
+
+def check_reachable(address: str) -> None:
+    """Raise UnreachableError unless host:port (GCS, or http://host:port dashboard) accepts a TCP connection."""
+    import socket
+    from urllib.parse import urlparse
+
+    if address in ("auto", "local", ""):
+        return
+    hostport = urlparse(address).netloc if "://" in address else address
+    host, _, port = hostport.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except (OSError, ValueError) as err:
+        raise UnreachableError(f"cannot reach a Ray cluster at {address} ({err})") from None
+
+
 def init_ray(cfg: ClusterConfig, run_name: str) -> dict[str, Any]:
     """Join `cfg.address` or start an embedded local cluster; returns ray.init's context info."""
     for k, v in ACTOR_ENV.items():
