@@ -12,7 +12,16 @@ STATE=${RAYWARD_CLUSTER_DIR:-/tmp/rayward-cluster-${USER:-$(id -un)}}
 RAY=${RAY:-ray}
 export RAY_AUTH_MODE=token RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0 RAY_USAGE_STATS_ENABLED=0
 
-port_free() { python3 -c "import socket,sys;s=socket.socket();s.bind(('127.0.0.1',int(sys.argv[1])))" "$1" 2>/dev/null; }
+block_free() {  # block_free <base> <nodes>: every port this cluster would use can be bound now
+  python3 - "$1" "$2" <<'PY' 2>/dev/null
+import socket, sys
+b, n = int(sys.argv[1]), int(sys.argv[2])
+for p in [b, b + 1, b + 2, *range(b + 10, b + 10 + 10 * n), *range(b + 100, b + 100 + 100 * n)]:
+    s = socket.socket()
+    s.bind(("0.0.0.0", p))  # Ray binds most ports on all interfaces
+    s.close()
+PY
+}
 
 start_node() {  # start_node <index> <label> <extra ray start args...>
   local i=$1 label=$2; shift 2
@@ -51,10 +60,7 @@ up() {
   local nodes=$((1 + reward + gen)) tries=0
   while :; do  # a base port whose whole block is free (other people run clusters here too)
     [ -n "$BASE" ] || BASE=$((20000 + RANDOM % 9000))
-    local ok=1
-    for q in $BASE $((BASE + 1)) $((BASE + 2)) $(seq $((BASE + 10)) $((BASE + 9 + nodes * 10))) \
-             $(seq $((BASE + 100)) 25 $((BASE + 99 + nodes * 100))); do port_free "$q" || { ok=0; break; }; done
-    [ $ok = 1 ] && break
+    block_free "$BASE" "$nodes" && break
     tries=$((tries + 1)); [ $tries -lt 20 ] || { echo "no free port block found" >&2; exit 1; }
     BASE=""
   done
@@ -66,7 +72,7 @@ up() {
   done
   [ $gen = 0 ] || start_retry $((reward + 1)) generator --address "127.0.0.1:$BASE" --num-cpus 2 \
     --resources '{"generator_node": 1}'
-  status
+  summary
   cat <<EOF
 
 Point rayward at it (token auth on: clients need RAY_AUTH_MODE=token; rayward sets it when it finds the token):
@@ -76,15 +82,19 @@ Point rayward at it (token auth on: clients need RAY_AUTH_MODE=token; rayward se
 EOF
 }
 
-status() {
-  [ -s "$STATE/pids" ] || { echo "not running ($STATE)"; return 0; }
+summary() {
   BASE=$(cat "$STATE/base_port")
   echo "address:   127.0.0.1:$BASE      (cluster.address=127.0.0.1:$BASE)"
   echo "dashboard: http://127.0.0.1:$((BASE + 1))"
   while read -r pid label; do
     if kill -0 "$pid" 2>/dev/null; then echo "  $label pid $pid: running"; else echo "  $label pid $pid: exited"; fi
   done <"$STATE/pids"
-  RAY_AUTH_MODE=token "$RAY" status --address "127.0.0.1:$BASE" 2>/dev/null | sed -n '/Resources/,$p' || true
+}
+
+status() {
+  [ -s "$STATE/pids" ] || { echo "not running ($STATE)"; return 0; }
+  summary
+  "$RAY" status --address "127.0.0.1:$BASE" 2>/dev/null | sed -n '/Resources/,$p' || true
 }
 
 down() {

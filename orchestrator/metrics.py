@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from orchestrator.grpo import nanstd
+from orchestrator.ray_metrics import RayMetricsExporter
 
 
 class PhaseTimer:
@@ -103,11 +104,14 @@ class MetricsLogger:
             self._mlflow = mlflow
             mlflow.start_run(run_name=run_name)
         self.progress, self.max_steps = progress, max_steps
+        # Ray's Prometheus endpoint (dashboard metrics, Grafana); a no-op outside a Ray session.
+        self._ray = RayMetricsExporter(run_name or run_dir.name)
         self.history: list[dict[str, Any]] = []
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}}
         self.history.append(row)
+        self._ray.export(step, metrics)
         if self._jsonl:
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()

@@ -5,8 +5,9 @@ calls ray.init here (the session may already hold a Ray connection).
 The head is ours: random non-default ports in 30000-39999, its own --temp-dir, stopped by signalling the
 `ray start` process and then killing, by pid, whatever it had started (never `ray stop`).
 
-Takes ~2-3 min: head start ~10 s, a 3-step demo run (vLLM start ~25 s), a long run that is watched on the
-metrics endpoint and through the state API and then stopped, head shutdown.
+One training run is watched on the metrics endpoint and through the state API while it trains, then followed to
+SUCCEEDED; a second one is stopped. ~2.5 min on a quiet 2-core machine (head start ~10 s, the run's start,
+vLLM included, 40-90 s, 120 steps ~40 s, head shutdown ~5 s); more when the machine is shared.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT
 
@@ -102,7 +104,6 @@ class RayHead:
             env = {k: v for k, v in os.environ.items() if k not in CLIENT_ENV_DROP}
             env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
             env["RAY_metrics_report_interval_ms"] = "2000"  # metrics visible within seconds, not ~10-17 s
-            env["PYTHONPATH"] = str(ROOT)
             cmd = [
                 "ray", "start", "--head", "--block", "--disable-usage-stats", "--num-cpus", "8",
                 "--node-ip-address", "127.0.0.1", "--temp-dir", str(self.temp_dir),
@@ -184,8 +185,9 @@ def client_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def rayward(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*RAYWARD, *args], cwd=ROOT, env=env or client_env(), capture_output=True, text=True,
+def rayward(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT, timeout: float = 120
+            ) -> subprocess.CompletedProcess:
+    return subprocess.run([*RAYWARD, *args], cwd=cwd, env=env or client_env(), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -195,26 +197,38 @@ def job_status(head: RayHead, run: str) -> dict:
     return json.loads(r.stdout)
 
 
+def jobs_api(head: RayHead, path: str) -> dict:
+    """GET on the Jobs REST API with the token: the wait loops poll this instead of spawning a CLI process every
+    two seconds on a 2-core machine (the CLI is checked once at the end of each wait)."""
+    req = urllib.request.Request(f"{head.address}/api/jobs/{path}",
+                                 headers={"Authorization": f"Bearer {TOKEN_FILE.read_text().strip()}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
 def wait_status(head: RayHead, run: str, want: set[str], timeout_s: float) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
-        st = job_status(head, run)
-        if st["status"] in want:
-            return st
-        if st["status"] in {"SUCCEEDED", "FAILED", "STOPPED"} or time.monotonic() > deadline:
-            logs = rayward("logs", run, "--address", head.address).stdout
-            pytest.fail(f"run {run}: {st['status']} (wanted {want}): {st['message']}\n--- logs ---\n{logs[-4000:]}")
+        status = jobs_api(head, f"rayward-{run}")["status"]
+        if status in want or status in {"SUCCEEDED", "FAILED", "STOPPED"} or time.monotonic() > deadline:
+            break
         time.sleep(2)
+    st = job_status(head, run)  # through `rayward status`
+    if st["status"] not in want:
+        logs = rayward("logs", run, "--address", head.address).stdout
+        pytest.fail(f"run {run}: {st['status']} (wanted {want}): {st['message']}\n--- logs ---\n{logs[-4000:]}")
+    return st
 
 
 def wait_log(head: RayHead, run: str, pattern: str, timeout_s: float) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        text = rayward("logs", run, "--address", head.address).stdout
-        if re.search(pattern, text, re.M):
+        if re.search(pattern, jobs_api(head, f"rayward-{run}/logs")["logs"], re.M):
+            text = rayward("logs", run, "--address", head.address).stdout  # through `rayward logs`
+            assert re.search(pattern, text, re.M), text[-4000:]
             return text
-        st = job_status(head, run)["status"]
-        assert st in ("PENDING", "RUNNING"), f"run {run} ended ({st}) before {pattern!r}:\n{text[-4000:]}"
+        status = jobs_api(head, f"rayward-{run}")["status"]
+        assert status in ("PENDING", "RUNNING"), f"run {run} ended ({status}) before {pattern!r}"
         time.sleep(2)
     pytest.fail(f"run {run}: no {pattern!r} in the log after {timeout_s}s")
 
@@ -240,99 +254,136 @@ def series(samples, name: str, run: str, **labels: str) -> list[float]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_submit_follow_to_succeeded_and_read_logs(head, tmp_path):
-    name = f"jt-ok-{random.randrange(16**4):04x}"
+MAX_STEPS = 120  # ~0.3 s a step on this machine: long enough to watch the run, short enough to finish
+
+
+@pytest.fixture(scope="module")
+def demo_run(head, tmp_path_factory):
+    """`rayward submit` of the demo; yields (run name, log dir) once the run is training (step 2 logged)."""
+    name = f"jt-demo-{random.randrange(16**4):04x}"
+    logdir = tmp_path_factory.mktemp("jobruns")
     t0 = time.monotonic()
-    r = rayward("submit", "configs/demo.yaml", "grpo.max_steps=3", f"logging.dir={tmp_path}",
+    r = rayward("submit", "configs/demo.yaml", f"grpo.max_steps={MAX_STEPS}", f"logging.dir={logdir}",
                 "--name", name, "--address", head.address)
     assert r.returncode == 0, r.stderr
     assert f"rayward-{name}" in r.stdout and f"{head.address}/#/jobs/rayward-{name}" in r.stdout, r.stdout
+    wait_log(head, name, rf"^step +2/{MAX_STEPS}", timeout_s=300)
+    print(f"demo job: submit -> training in {time.monotonic() - t0:.0f}s")
+    head.snapshot()
+    yield name, logdir
+    rayward("stop", name, "--address", head.address)
 
+
+def test_run_actors_through_the_state_api(head, demo_run):
+    name, _ = demo_run
+    st = job_status(head, name)
+    assert st["status"] == "RUNNING", st
+    actors = {a["name"]: a for a in st["actors"]}
+    expected = {f"{name}/reward-pool", f"{name}/reward-0", f"{name}/reward-1", f"{name}/generator-0", f"{name}/learner"}
+    assert expected <= set(actors), sorted(actors)
+    assert all(actors[n]["state"] == "ALIVE" and actors[n]["pid"] for n in expected), actors
+
+
+def test_run_metrics_on_the_nodes_metrics_endpoint(head, demo_run):
+    """While the run trains: the driver's step gauges (orchestrator/ray_metrics.py) and the reward pool's gauges,
+    tagged with the run, on the head's metrics export port; global_step increases between scrapes."""
+    name, _ = demo_run
+    deadline = time.monotonic() + 15
+    first = scrape(head.metrics_url)
+    while not series(first, "ray_rayward_global_step", name) and time.monotonic() < deadline:
+        time.sleep(1)  # the first export comes within metrics_report_interval_ms (2 s here)
+        first = scrape(head.metrics_url)
+    steps0 = series(first, "ray_rayward_global_step", name)
+    found = sorted({n for n, _, _ in first if n.startswith("ray_rayward")})
+    assert steps0, f"no ray_rayward_global_step{{run={name!r}}} on {head.metrics_url}; rayward series: {found}"
+    assert series(first, "ray_rayward_reward_workers_alive", name) == [2.0]
+    assert series(first, "ray_rayward_reward_queue_depth", name)[0] >= 0
+    (letter,) = series(first, "ray_rayward_reward_fn_mean", name, reward="letter")
+    assert 0.0 <= letter <= 1.0
+    for phase in ("generate", "reward", "train", "sync"):
+        (sec,) = series(first, "ray_rayward_phase_seconds", name, phase=phase)
+        assert 0.0 < sec < 60.0, (phase, sec)
+    assert series(first, "ray_rayward_tokens_per_s", name)[0] > 0
+    assert 0 < series(first, "ray_rayward_weight_sync_s", name)[0] < 60
+    assert series(first, "ray_rayward_logprob_gap_max", name)[0] < 1e-3
+
+    later, deadline = steps0, time.monotonic() + 60
+    while max(later) <= max(steps0) and time.monotonic() < deadline:
+        time.sleep(1)
+        later = series(scrape(head.metrics_url), "ray_rayward_global_step", name) or steps0
+    assert max(later) > max(steps0) >= 1, (steps0, later)
+    print(f"ray_rayward_global_step{{run={name!r}}}: {max(steps0):.0f} -> {max(later):.0f}")
+
+
+def test_run_succeeds_and_its_logs_are_readable(head, demo_run):
+    name, logdir = demo_run
     st = wait_status(head, name, {"SUCCEEDED"}, timeout_s=240)
-    assert st["submission_id"] == f"rayward-{name}" and st["run"] == name
-    print(f"3-step demo job: submit -> SUCCEEDED in {time.monotonic() - t0:.0f}s")
+    assert st["submission_id"] == f"rayward-{name}" and st["run"] == name and st["actors"] == []
+    human = rayward("status", name, "--address", head.address).stdout
+    assert f"run {name}: SUCCEEDED" in human and f"{head.address}/#/jobs/rayward-{name}" in human, human
 
     logs = rayward("logs", name, "--address", head.address)
     assert logs.returncode == 0, logs.stderr
-    assert re.search(r"^step +3/3 \| reward", logs.stdout, re.M), logs.stdout[-3000:]
+    assert re.search(rf"^step +{MAX_STEPS}/{MAX_STEPS} \| reward", logs.stdout, re.M), logs.stdout[-3000:]
     assert f"rayward run {name!r}" in logs.stdout
 
-    follow = rayward("logs", "-f", name, "--address", head.address)  # a finished job: prints all, exits 0
-    assert follow.returncode == 0 and "step    3/3" in follow.stdout, follow.stderr
-    assert "SUCCEEDED" in follow.stderr
+    follow = rayward("logs", "-f", name, "--address", head.address)  # a finished job: all of it, exit 0
+    assert follow.returncode == 0 and f"step  {MAX_STEPS}/{MAX_STEPS}" in follow.stdout, follow.stderr
+    assert f"run {name} SUCCEEDED" in follow.stderr
 
-    rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows] == [1, 2, 3]  # the head is this machine: the job's log dir is here
+    rows = [json.loads(x) for x in (logdir / name / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(1, MAX_STEPS + 1))  # the head is this machine
 
     ls = rayward("list", "--json", "--address", head.address)
     assert ls.returncode == 0, ls.stderr
-    assert {"run": name, "status": "SUCCEEDED"}.items() <= next(x for x in json.loads(ls.stdout) if x["run"] == name).items()
+    assert {"run": name, "submission_id": f"rayward-{name}", "status": "SUCCEEDED"}.items() <= next(
+        x for x in json.loads(ls.stdout) if x["run"] == name).items()
 
     again = rayward("submit", "configs/demo.yaml", "--name", name, "--address", head.address)
     assert again.returncode == 1 and "already exists" in again.stderr
 
 
-@pytest.fixture(scope="module")
-def live_run(head, tmp_path_factory):
-    """A long run (500 steps) that is RUNNING and training when the tests below look at it."""
-    name = f"jt-live-{random.randrange(16**4):04x}"
-    logdir = tmp_path_factory.mktemp("live")
-    r = rayward("submit", "configs/demo.yaml", "grpo.max_steps=500", f"logging.dir={logdir}",
-                "--name", name, "--address", head.address)
+USER_REWARDS = """
+import orchestrator
+
+print("rayward code from", orchestrator.__file__, flush=True)
+
+
+def nonempty(completions, **kwargs):
+    return [float(len(c) > 0) for c in completions]
+"""
+
+
+def test_user_project_ships_and_a_running_run_stops(head, tmp_path):
+    """Submitted from a user's project directory (its own reward module, rayward not inside): the reward code
+    travels as working_dir, rayward's packages as py_modules; then `rayward stop` ends the running job while
+    `rayward logs -f` follows it."""
+    project = tmp_path / "myproject"
+    project.mkdir()
+    (project / "my_rewards.py").write_text(USER_REWARDS)
+    cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    cfg["rewards"] = [{"name": "nonempty", "function": "my_rewards:nonempty"}]
+    cfg["grpo"]["max_steps"] = 500
+    (project / "grpo.yaml").write_text(yaml.safe_dump(cfg))
+    name = f"jt-stop-{random.randrange(16**4):04x}"
+    r = rayward("submit", "grpo.yaml", f"logging.dir={tmp_path / 'runs'}", "--name", name,
+                "--address", head.address, cwd=project)
     assert r.returncode == 0, r.stderr
-    wait_log(head, name, r"^step +2/500", timeout_s=240)
+    follower = subprocess.Popen([*RAYWARD, "logs", "-f", name, "--address", head.address], cwd=project,
+                                env=client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The driver's first line comes after it imported the user's reward function (orchestrator.run.prepare).
+    text = wait_log(head, name, rf"^rayward run '{name}'", timeout_s=180)
+    shipped = re.search(r"^rayward code from (\S+)", text, re.M)
+    assert shipped and "runtime_resources" in shipped.group(1) and str(ROOT) not in shipped.group(1), text[-2000:]
     head.snapshot()
-    yield name
-    rayward("stop", name, "--address", head.address)
-
-
-def test_run_metrics_on_the_nodes_metrics_endpoint(head, live_run):
-    """The driver's step gauges (orchestrator/ray_metrics.py) and the reward pool's gauges, with the run tag."""
-    first = scrape(head.metrics_url)
-    steps0 = series(first, "ray_rayward_global_step", live_run)
-    deadline = time.monotonic() + 60
-    while not steps0 and time.monotonic() < deadline:  # first export after <= metrics_report_interval_ms
-        time.sleep(2)
-        first = scrape(head.metrics_url)
-        steps0 = series(first, "ray_rayward_global_step", live_run)
-    names = sorted({n for n, lab, _ in first if n.startswith("ray_rayward")})
-    assert steps0, f"no ray_rayward_global_step{{run={live_run!r}}} on {head.metrics_url}; rayward series: {names}"
-    assert series(first, "ray_rayward_reward_workers_alive", live_run) == [2.0]
-    assert series(first, "ray_rayward_reward_queue_depth", live_run)[0] >= 0
-    (letter,) = series(first, "ray_rayward_reward_fn_mean", live_run, reward="letter")
-    assert 0.0 <= letter <= 1.0
-    for phase in ("generate", "reward", "train", "sync"):
-        (sec,) = series(first, "ray_rayward_phase_seconds", live_run, phase=phase)
-        assert 0.0 < sec < 120.0, (phase, sec)
-    assert series(first, "ray_rayward_tokens_per_s", live_run)[0] > 0
-    assert series(first, "ray_rayward_weight_sync_s", live_run)[0] > 0
-    assert series(first, "ray_rayward_logprob_gap_max", live_run)[0] < 1e-3
-
-    deadline, later = time.monotonic() + 90, steps0
-    while max(later) <= max(steps0) and time.monotonic() < deadline:
-        time.sleep(3)
-        later = series(scrape(head.metrics_url), "ray_rayward_global_step", live_run) or steps0
-    assert max(later) > max(steps0) >= 2, (steps0, later)
-
-
-def test_run_actors_through_the_state_api(head, live_run):
-    st = job_status(head, live_run)
-    assert st["status"] == "RUNNING"
-    names = {a["name"]: a for a in st["actors"]}
-    expected = {f"{live_run}/reward-pool", f"{live_run}/reward-0", f"{live_run}/reward-1"}
-    assert expected <= set(names), sorted(names)
-    assert any(n.startswith(f"{live_run}/generator") for n in names), sorted(names)
-    assert any(n.startswith(f"{live_run}/learner") for n in names), sorted(names)
-    assert all(names[n]["state"] == "ALIVE" and names[n]["pid"] for n in expected)
-    human = rayward("status", live_run, "--address", head.address)
-    assert f"run {live_run}: RUNNING" in human.stdout and f"{live_run}/reward-pool" in human.stdout
-
-
-def test_stop_a_running_run(head, live_run):
-    r = rayward("stop", live_run, "--address", head.address)
+    r = rayward("stop", name, "--address", head.address)
     assert r.returncode == 0, r.stderr
-    assert "STOPPED" in r.stdout
-    assert job_status(head, live_run)["status"] == "STOPPED"
+    assert f"run {name} STOPPED" in r.stdout
+    assert job_status(head, name)["status"] == "STOPPED"
+    out, err = follower.communicate(timeout=60)  # `logs -f` streamed the live job and ends with it
+    assert follower.returncode == 1 and f"run {name} STOPPED" in err, (out[-2000:], err)
+    assert f"rayward run {name!r}" in out
+    assert "STOPPED" in rayward("stop", name, "--address", head.address).stdout  # again: already stopped, exit 0
 
 
 def _one_line_error(r: subprocess.CompletedProcess, cmd: str) -> str:
