@@ -14,10 +14,6 @@ from orchestrator.data import DataError
 from orchestrator.run import prepare
 
 
-class Stopped(Exception):
-    """SIGTERM arrived (e.g. `rayward stop` / `ray job stop`): checkpoint and leave."""
-
-
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The highest complete checkpoint-N in a run directory (incomplete ones are *.tmp and ignored)."""
     done = [p for p in run_dir.glob("checkpoint-*") if p.suffix != ".tmp" and (p / "rayward_state.json").exists()]
@@ -51,9 +47,12 @@ def train(
             say(f"rayward run {name!r}: Ray dashboard http://{info['dashboard_url']}", flush=True)
     t0 = time.time()
     run = build_run(prepared)
+    # SIGTERM (`rayward stop`, `ray job stop`) asks the loop to stop at the next step boundary: the step in
+    # progress is trained and logged, then a checkpoint is written. (Ray SIGKILLs after RAY_JOB_STOP_WAIT_TIME_S,
+    # 3 s by default: raise it on the head above one step plus a checkpoint.)
     previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if previous is not None:
-        signal.signal(signal.SIGTERM, _raise_stopped)
+        signal.signal(signal.SIGTERM, lambda signum, frame: setattr(run, "stop_requested", True))
     try:
         ckpt = latest_checkpoint(prepared.run_dir) if resume else None
         if ckpt is not None:
@@ -64,12 +63,11 @@ def train(
             say(f"rayward: generator-learner logprob parity after sync: max abs diff {gap:.2e}", flush=True)
         loop = run_pipelined if cfg.loop.mode == "pipelined" else run_sync  # chosen once, at build time
         history = loop(run)
-    except Stopped:
-        from orchestrator.loop import save_checkpoint
+        if run.stop_requested:
+            from orchestrator.loop import save_checkpoint
 
-        path = save_checkpoint(run)
-        say(f"rayward: stopped at step {run.global_step}; checkpoint {path}", flush=True)
-        history = run.logger.history
+            path = save_checkpoint(run)
+            say(f"rayward: stopped at step {run.global_step}; checkpoint {path}", flush=True)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -85,10 +83,6 @@ def train(
             flush=True,
         )
     return history
-
-
-def _raise_stopped(signum: int, frame: Any) -> None:
-    raise Stopped()
 
 
 def restore(run: Any, ckpt: Path) -> None:

@@ -230,7 +230,7 @@ def run_sync(run: Run) -> list[dict[str, Any]]:
     """Synchronous GRPO: generate -> score -> advantages -> train -> sync, one step at a time."""
     g = run.cfg.generation
     prompts_per_step = g.generation_batch_size // g.num_generations
-    while run.global_step < run.cfg.grpo.max_steps:
+    while run.global_step < run.cfg.grpo.max_steps and not run.stop_requested:
         timer = PhaseTimer()
         rows = run.prompts.next_batch(prompts_per_step)
         with timer("generate"):
@@ -246,5 +246,6 @@ def run_sync(run: Run) -> list[dict[str, Any]]:
             sync(run)
         log_step(run, timer, rollouts, reward_m, train_m)
         maybe_checkpoint(run)
-    maybe_checkpoint(run, final=True)
+    if not run.stop_requested:
+        maybe_checkpoint(run, final=True)
     return run.logger.history

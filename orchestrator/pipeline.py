@@ -91,7 +91,7 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
     per_batch = run.cfg.grpo.num_iterations
     inflight: deque[InFlight] = deque()
     submitted = run.global_step // per_batch
-    while run.global_step < max_steps:
+    while run.global_step < max_steps and not run.stop_requested:
         timer = PhaseTimer()
         while len(inflight) <= lag and submitted < max_steps // per_batch:
             inflight.append(submit_batch(run))
@@ -121,5 +121,6 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
         log_step(run, timer, rollouts, reward_m, train_m)
         maybe_checkpoint(run)
     ray.get(run.extras.get("last_sync", []))
-    maybe_checkpoint(run, final=True)
+    if not run.stop_requested:
+        maybe_checkpoint(run, final=True)
     return run.logger.history

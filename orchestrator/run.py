@@ -146,6 +146,7 @@ class Run:
     logger: MetricsLogger
     global_step: int = 0  # optimizer steps done (the learner's)
     policy_version: int = 0  # learner step whose weights the generators hold
+    stop_requested: bool = False  # set by SIGTERM; the loops stop at the next step boundary
     # Group selection between scoring and advantages: loop.keep_all, or loop.dynamic_sampling (DAPO).
     select_groups: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
