@@ -56,7 +56,9 @@ def load_reward_function(spec: RewardSpec) -> Callable[..., Any]:
     target = spec.function or ""
     module_name, _, attr = target.rpartition(":")
     if not module_name or not attr:
-        raise RewardFunctionError(f"reward {spec.name!r}: function {target!r} is not of the form module:callable")
+        raise RewardFunctionError(
+            f"reward {spec.name!r}: function {target!r} is not of the form module:callable"
+        )
     try:
         if module_name.endswith(".py"):
             path = Path(module_name).resolve()
@@ -115,11 +117,14 @@ class _RewardModel:
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
         if prompts and isinstance(prompts[0], list):  # conversational: chat template over prompt + completion
             texts = [
-                self.tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions, strict=True)
+                self.tokenizer.apply_chat_template(p + c, tokenize=False)
+                for p, c in zip(prompts, completions, strict=True)
             ]
         else:
             texts = [p + c for p, c in zip(prompts, completions, strict=True)]
-        enc = self.tokenizer(texts, padding=True, padding_side="right", add_special_tokens=False, return_tensors="pt")
+        enc = self.tokenizer(
+            texts, padding=True, padding_side="right", add_special_tokens=False, return_tensors="pt"
+        )
         with self._torch.inference_mode():
             return self.model(**enc).logits[:, 0].float().tolist()
 
@@ -129,7 +134,9 @@ def _validate(name: str, out: Any, n: int, offset: int) -> list[float]:
     if inspect.isawaitable(out):
         raise RewardFunctionError(f"reward {name!r} returned an un-awaited coroutine")
     if not isinstance(out, (list, tuple)) and not hasattr(out, "tolist"):
-        raise RewardFunctionError(f"reward {name!r} returned {type(out).__name__}, expected a list of {n} numbers")
+        raise RewardFunctionError(
+            f"reward {name!r} returned {type(out).__name__}, expected a list of {n} numbers"
+        )
     values = out.tolist() if hasattr(out, "tolist") else list(out)
     if len(values) != n:
         raise RewardFunctionError(
@@ -147,7 +154,9 @@ def _validate(name: str, out: Any, n: int, offset: int) -> list[float]:
                 f"reward {name!r} returned {v!r} ({type(v).__name__}) for sample {offset + j}, expected a number or None"
             ) from None
         if math.isinf(f):
-            raise RewardFunctionError(f"reward {name!r} returned {f} for sample {offset + j}; rewards must be finite")
+            raise RewardFunctionError(
+                f"reward {name!r} returned {f} for sample {offset + j}; rewards must be finite"
+            )
         clean.append(f)
     return clean
 
@@ -164,7 +173,9 @@ class RewardWorker:
         trainer_state: dict[str, Any] | None = None,
         sys_path: list[str] | None = None,
     ):
-        for p in reversed(sys_path or []):  # the user's run directory, so `my_rewards:fn` imports as with python -m
+        for p in reversed(
+            sys_path or []
+        ):  # the user's run directory, so `my_rewards:fn` imports as with python -m
             if p not in sys.path:
                 sys.path.insert(0, p)
         self.index = index
@@ -172,7 +183,9 @@ class RewardWorker:
         self.functions = [_RewardModel(s.model) if s.model else load_reward_function(s) for s in self.specs]
         self.is_async = [is_async_callable(f) for f in self.functions]
         self.state: dict[str, Any] = dict(trainer_state or {"global_step": 0, "max_steps": 0, "epoch": 0.0})
-        make_trainer_state(self.state)  # import transformers now (seconds), while the engines start, not at step 1
+        make_trainer_state(
+            self.state
+        )  # import transformers now (seconds), while the engines start, not at step 1
         # One persistent event loop, as TRL keeps one: async reward code may hold loop-bound clients.
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, daemon=True, name="reward-loop").start()
@@ -199,7 +212,7 @@ class RewardWorker:
         if state is not None:
             self.state = dict(state)
         trainer_state = make_trainer_state(self.state)
-        coro = self._score_async(chunk, trainer_state)
+        coro = _score_chunk(self, chunk, trainer_state)
         result = asyncio.run_coroutine_threadsafe(coro, self._loop).result()
         with self._lock:
             self.chunks_scored += 1
@@ -207,81 +220,97 @@ class RewardWorker:
         result["global_step"] = int(self.state.get("global_step", 0))
         return result
 
-    async def _score_async(self, chunk: dict[str, Any], trainer_state: Any) -> dict[str, Any]:
-        n, offset = len(chunk["completions"]), int(chunk.get("offset", 0))
-        metrics: dict[str, list[float]] = defaultdict(list)
-        extra: dict[str, list[Any]] = defaultdict(list)
 
-        def log_metric(name: str, value: float) -> None:
-            metrics[name].append(float(value))
+async def _score_chunk(worker: RewardWorker, chunk: dict[str, Any], trainer_state: Any) -> dict[str, Any]:
+    """Every reward on one chunk, concurrently. Module-level on purpose: an `async def` method would make Ray
+    run RewardWorker as an async actor, whose sync `score` then blocks its event loop (one chunk at a time)."""
+    n, offset = len(chunk["completions"]), int(chunk.get("offset", 0))
+    metrics: dict[str, list[float]] = defaultdict(list)
+    extra: dict[str, list[Any]] = defaultdict(list)
 
-        def log_extra(column: str, values: list[Any]) -> None:
-            extra[column].extend(values)
+    def log_metric(name: str, value: float) -> None:
+        metrics[name].append(float(value))
 
-        per_reward = await asyncio.gather(
-            *(
-                self._score_reward(k, chunk, n, offset, trainer_state, log_metric, log_extra)
-                for k in range(len(self.specs))
-            )
+    def log_extra(column: str, values: list[Any]) -> None:
+        extra[column].extend(values)
+
+    per_reward = await asyncio.gather(
+        *(
+            _score_reward(worker, k, chunk, n, offset, trainer_state, log_metric, log_extra)
+            for k in range(len(worker.specs))
         )
-        return {
-            "scores": [r[0] for r in per_reward],  # [K][n]
-            "timeouts": {s.name: r[1] for s, r in zip(self.specs, per_reward, strict=True)},
-            "errors": {s.name: r[2] for s, r in zip(self.specs, per_reward, strict=True)},
-            "latency_s": {s.name: r[3] for s, r in zip(self.specs, per_reward, strict=True)},
-            "metrics": dict(metrics),
-            "extra": dict(extra),
-        }
+    )
+    return {
+        "scores": [r[0] for r in per_reward],  # [K][n]
+        "timeouts": {s.name: r[1] for s, r in zip(worker.specs, per_reward, strict=True)},
+        "errors": {s.name: r[2] for s, r in zip(worker.specs, per_reward, strict=True)},
+        "latency_s": {s.name: r[3] for s, r in zip(worker.specs, per_reward, strict=True)},
+        "metrics": dict(metrics),
+        "extra": dict(extra),
+    }
 
-    async def _score_reward(self, k, chunk, n, offset, trainer_state, log_metric, log_extra):
-        spec, fn = self.specs[k], self.functions[k]
-        unit = n if (spec.batched or spec.model) else 1  # reward models batch the chunk; functions per sample
-        if spec.batched and not spec.model:
-            unit = int(chunk.get("group_size", n))
-        columns = chunk.get("columns", {})
-        t0 = time.monotonic()
 
-        def call_args(lo: int, hi: int) -> dict[str, Any]:
-            kw = {c: vals[lo:hi] for c, vals in columns.items()}
-            kw.update(
-                prompts=chunk["prompts"][lo:hi],
-                completions=chunk["completions"][lo:hi],
-                completion_ids=chunk["completion_ids"][lo:hi],
-                trainer_state=trainer_state,
-                log_extra=log_extra,
-                log_metric=log_metric,
+async def _score_reward(worker: RewardWorker, k, chunk, n, offset, trainer_state, log_metric, log_extra):
+    spec, fn = worker.specs[k], worker.functions[k]
+    unit = n if (spec.batched or spec.model) else 1  # reward models batch the chunk; functions per sample
+    if spec.batched and not spec.model:
+        unit = int(chunk.get("group_size", n))
+    columns = chunk.get("columns", {})
+    t0 = time.monotonic()
+
+    def call_args(lo: int, hi: int) -> dict[str, Any]:
+        kw = {c: vals[lo:hi] for c, vals in columns.items()}
+        kw.update(
+            prompts=chunk["prompts"][lo:hi],
+            completions=chunk["completions"][lo:hi],
+            completion_ids=chunk["completion_ids"][lo:hi],
+            trainer_state=trainer_state,
+            log_extra=log_extra,
+            log_metric=log_metric,
+        )
+        return kw
+
+    spans = [(lo, min(lo + unit, n)) for lo in range(0, n, unit)]
+    outs = await asyncio.gather(
+        *(_call(worker, k, fn, call_args(lo, hi), hi - lo, offset + lo) for lo, hi in spans)
+    )
+    scores, timeouts, errors = [], 0, 0
+    for vals, status in outs:
+        scores.extend(vals)
+        timeouts += status == "timeout"
+        errors += status == "error"
+    return scores, timeouts, errors, time.monotonic() - t0
+
+
+async def _call(
+    worker: RewardWorker, k: int, fn, kwargs: dict[str, Any], n: int, offset: int
+) -> tuple[list[float], str]:
+    spec = worker.specs[k]
+    fallback = [math.nan if spec.fallback is None else float(spec.fallback)] * n
+    if worker.is_async[k]:
+        work = fn(**kwargs)
+    else:
+        if (
+            worker._stuck >= SYNC_CALL_THREADS // 2
+        ):  # hung sync calls hold threads forever: start a fresh pool
+            worker._executor, worker._stuck = (
+                ThreadPoolExecutor(SYNC_CALL_THREADS, thread_name_prefix="reward-call"),
+                0,
             )
-            return kw
-
-        spans = [(lo, min(lo + unit, n)) for lo in range(0, n, unit)]
-        outs = await asyncio.gather(*(self._call(k, fn, call_args(lo, hi), hi - lo, offset + lo) for lo, hi in spans))
-        scores, timeouts, errors = [], 0, 0
-        for vals, status in outs:
-            scores.extend(vals)
-            timeouts += status == "timeout"
-            errors += status == "error"
-        return scores, timeouts, errors, time.monotonic() - t0
-
-    async def _call(self, k: int, fn, kwargs: dict[str, Any], n: int, offset: int) -> tuple[list[float], str]:
-        spec = self.specs[k]
-        fallback = [math.nan if spec.fallback is None else float(spec.fallback)] * n
-        if self.is_async[k]:
-            work = fn(**kwargs)
-        else:
-            if self._stuck >= SYNC_CALL_THREADS // 2:  # hung sync calls hold threads forever: start a fresh pool
-                self._executor, self._stuck = ThreadPoolExecutor(SYNC_CALL_THREADS, thread_name_prefix="reward-call"), 0
-            work = asyncio.get_running_loop().run_in_executor(self._executor, lambda: fn(**kwargs))
-        try:
-            out = await asyncio.wait_for(work, timeout=spec.timeout_s)
-            return _validate(spec.name, out, n, offset), "ok"
-        except asyncio.TimeoutError:
-            if not self.is_async[k]:
-                self._stuck += 1
-            return fallback, "timeout"
-        except Exception as err:  # noqa: BLE001 - the reward's on_error policy decides
-            if spec.on_error == "fallback":
-                return fallback, "error"
-            if isinstance(err, RewardFunctionError):
-                raise
-            where = f"sample {offset}" if n == 1 else f"samples {offset}..{offset + n - 1}"
-            raise RewardFunctionError(f"reward {spec.name!r} raised on {where}: {type(err).__name__}: {err}") from err
+        work = asyncio.get_running_loop().run_in_executor(worker._executor, lambda: fn(**kwargs))
+    try:
+        out = await asyncio.wait_for(work, timeout=spec.timeout_s)
+        return _validate(spec.name, out, n, offset), "ok"
+    except asyncio.TimeoutError:
+        if not worker.is_async[k]:
+            worker._stuck += 1
+        return fallback, "timeout"
+    except Exception as err:  # noqa: BLE001 - the reward's on_error policy decides
+        if spec.on_error == "fallback":
+            return fallback, "error"
+        if isinstance(err, RewardFunctionError):
+            raise
+        where = f"sample {offset}" if n == 1 else f"samples {offset}..{offset + n - 1}"
+        raise RewardFunctionError(
+            f"reward {spec.name!r} raised on {where}: {type(err).__name__}: {err}"
+        ) from err

@@ -48,7 +48,19 @@ def prepare_client_auth() -> str:
                             "and set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH")
         return f"no token found ({source}); connecting without one"
     os.environ["RAY_AUTH_MODE"] = "token"
+    _refresh_ray_config()
     return f"token from {source}"
+
+
+def _refresh_ray_config() -> None:
+    """Ray caches RAY_AUTH_MODE in its config when `ray` is imported; if it already was (a test session, a
+    notebook), refresh it as Ray's own _enable_token_auth does, or this process and its clusters disagree."""
+    import sys
+
+    if "ray" in sys.modules:
+        from ray._raylet import Config
+
+        Config.initialize("")
 
 
 def explain_auth_failure(err: BaseException, address: str) -> str | None:

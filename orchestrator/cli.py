@@ -4,8 +4,10 @@ through the Jobs API: submit | status | logs | stop | list."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from orchestrator.auth import AuthError
 from orchestrator.config import ConfigError, load_config
 
 
@@ -181,10 +183,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if os.getcwd() not in sys.path:  # `my_rewards:fn` imports from the run directory, as with `python -m`
+        sys.path.insert(0, os.getcwd())
     try:
+        if args.command not in ("tiny-model", "rewards", "config-reference"):
+            from orchestrator.auth import prepare_client_auth
+
+            prepare_client_auth()  # before anything imports ray: Ray 2.60 reads RAY_AUTH_MODE at import
         return args.func(args)
     except ConfigError as err:
         print(f"rayward: {err}", file=sys.stderr)
+        return 2
+    except AuthError as err:
+        print(f"rayward {args.command}: {err}", file=sys.stderr)
         return 2
     except ConnectionError as err:  # unreachable cluster (orchestrator.cluster.UnreachableError and Ray's own)
         print(f"rayward: {err}", file=sys.stderr)

@@ -280,6 +280,21 @@ class Resources(_Section):
     """Custom Ray resources per actor, e.g. {"reward_node": 1} to place reward workers on reward nodes."""
 
 
+class GeneratorResources(Resources):
+    num_cpus: float = Field(0.5, ge=0)
+    """Logical CPUs reserved per generator actor."""
+
+
+class LearnerResources(Resources):
+    num_cpus: float = Field(0.5, ge=0)
+    """Logical CPUs reserved for the learner actor."""
+
+
+class RewardWorkerResources(Resources):
+    num_cpus: float = Field(0.25, ge=0)
+    """Logical CPUs reserved per reward worker (latency-bound rewards need little; CPU-bound ones want 1)."""
+
+
 class ClusterConfig(_Section):
     address: str | None = None
     """Ray cluster to join (`auto`, `host:6379`). null starts an embedded local cluster (laptop, CI)."""
@@ -291,11 +306,11 @@ class ClusterConfig(_Section):
     """Reward worker actors at start (scale later with `rayward scale`)."""
     reward_chunk_groups: int = Field(1, ge=1)
     """Groups (prompts x num_generations completions) per scoring chunk sent to one reward worker."""
-    generator: Resources = Resources(num_cpus=0.5)
+    generator: GeneratorResources = GeneratorResources()
     """Resources of each generator actor."""
-    learner: Resources = Resources(num_cpus=0.5)
+    learner: LearnerResources = LearnerResources()
     """Resources of the learner actor."""
-    reward_worker: Resources = Resources(num_cpus=0.25)
+    reward_worker: RewardWorkerResources = RewardWorkerResources()
     """Resources of each reward worker actor."""
 
 

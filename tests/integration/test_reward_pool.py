@@ -75,10 +75,10 @@ def test_sigkilled_worker_is_replaced_and_its_chunks_rerun(ray_cluster):
     ray.get(pool.score.remote(batch(8), 1))
     victim = ray.get(pool.worker_handles.remote())
     pid = ray.get(next(iter(victim.values())).pid.remote())
-    ref = pool.score.remote(batch(200), 1)
+    ref = pool.score.remote(batch(1200), 1)  # 300 chunks of 4 x 50 ms: seconds of work, so the kill lands mid-batch
     threading.Timer(0.8, lambda: os.kill(pid, signal.SIGKILL)).start()
     out = ray.get(ref)
-    assert out["scores"] == [[float(i) for i in range(200)]]
+    assert out["scores"] == [[float(i) for i in range(1200)]]
     stats = ray.get(pool.stats.remote())
     assert stats["retries"] >= 1 and stats["replaced"] >= 1 and stats["workers"] == 2
     kill_pool(ray, pool)

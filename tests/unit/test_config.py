@@ -125,3 +125,9 @@ def test_metrics_sinks_write_jsonl_and_tensorboard(tmp_path):
     row = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert row == {"step": 1, "reward": 0.5, "rewards/a/mean": None, "gates/b<-a/closed_frac": 0.25}
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_partial_resources_keep_the_role_defaults():
+    cfg = parse_config({**MINIMAL, "cluster": {"reward_worker": {"resources": {"reward_node": 1}}}})
+    assert cfg.cluster.reward_worker.num_cpus == 0.25 and cfg.cluster.reward_worker.resources == {"reward_node": 1}
+    assert cfg.cluster.generator.num_cpus == 0.5

@@ -144,3 +144,11 @@ def test_sequence_classification_reward_model(tiny_model_path, tmp_path):
             ids = tok(p + comp, add_special_tokens=False, return_tensors="pt")
             assert g == pytest.approx(rm(**ids).logits[0, 0].item(), abs=1e-4)
     assert got[0] != got[1]
+
+
+def test_worker_is_a_threaded_actor_not_an_async_one():
+    """An `async def` method would make Ray run RewardWorker as an async actor, where the sync `score` blocks the
+    event loop and chunks sent concurrently (max_concurrency) are scored one at a time."""
+    from ray._private.async_compat import has_async_methods
+
+    assert not has_async_methods(RewardWorker)
