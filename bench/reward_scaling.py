@@ -9,9 +9,6 @@ over 1 worker and efficiency (speedup / workers). Rewards (tests/fixtures/slow_r
 per-sample calls as configured by default):
   latency: sleeps --latency-ms per sample, no CPU (a sandbox or judge call)
   cpu:     --cpu-ms of pure-Python work per sample (holds the GIL), calibrated on this machine first
---threaded-workers runs the same pool with RewardWorker behind a wrapper that has no coroutine methods, so Ray
-makes it a threaded actor (see the note printed at the end: the shipped RewardWorker is an async actor whose
-sync `score` blocks its event loop, so a worker scores one chunk at a time whatever CHUNKS_PER_WORKER says).
 Embedded `ray.init` with enough logical CPUs for 16 workers at --worker-cpus each.
 """
 
@@ -28,47 +25,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.reward import RewardSpec, RewardWorker  # noqa: E402
+from actors.reward import RewardSpec  # noqa: E402
 from actors.reward_pool import CHUNKS_PER_WORKER, RewardPool  # noqa: E402
 from tests.fixtures.slow_rewards import spin  # noqa: E402
-
-
-class ThreadedRewardWorker:
-    """RewardWorker with no coroutine methods on the actor class: Ray runs it as a threaded actor, so
-    max_concurrency=CHUNKS_PER_WORKER chunks really run at once (the fix proposed for RewardWorker itself)."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        self._w = RewardWorker(*args, **kwargs)
-
-    def score(self, chunk: dict[str, Any], state: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._w.score(chunk, state)
-
-    def set_state(self, state: dict[str, Any]) -> int:
-        return self._w.set_state(state)
-
-    def pid(self) -> int:
-        return self._w.pid()
-
-
-class ThreadedPool(RewardPool):
-    """The shipped pool, spawning ThreadedRewardWorker (same options as RewardPool._spawn)."""
-
-    def _spawn(self):
-        import ray
-
-        from actors.reward_pool import _Slot
-
-        i = self._next_id
-        self._next_id += 1
-        handle = (
-            ray.remote(ThreadedRewardWorker)
-            .options(name=f"{self.run_name}/reward-{i}", max_concurrency=CHUNKS_PER_WORKER, max_restarts=0,
-                     **self.worker_options)
-            .remote(self.specs, index=i, trainer_state=self.state, sys_path=self.sys_path)
-        )
-        slot = self.slots[i] = _Slot(i, handle)
-        self._publish()
-        return slot
 
 
 def calibrate_cpu(ms: float) -> int:
@@ -145,7 +104,6 @@ def main() -> int:
     p.add_argument("--cpu-ms", type=float, default=20.0)
     p.add_argument("--repeats", type=int, default=3, help="timed batches per point (median reported)")
     p.add_argument("--worker-cpus", type=float, default=0.25, help="logical CPUs per worker (cluster.reward_worker)")
-    p.add_argument("--threaded-workers", action="store_true", help="use ThreadedRewardWorker (the proposed fix)")
     args = p.parse_args()
     counts = [int(x) for x in args.workers.split(",")]
 
@@ -165,11 +123,11 @@ def main() -> int:
         iters = calibrate_cpu(args.cpu_ms)
         kinds["cpu"] = (RewardSpec("cpu", "tests.fixtures.slow_rewards:cpu_bound", kwargs={"iters": iters}),
                         f"{args.cpu_ms:g} ms pure Python ({iters} iters)")
-    pool_cls = ThreadedPool if args.threaded_workers else RewardPool
+    pool_cls = RewardPool
     load = os.getloadavg()[0]
     print(f"# {args.samples} samples per point, G={args.group_size}, chunk_groups={args.chunk_groups} "
           f"({args.group_size * args.chunk_groups} samples/chunk), CHUNKS_PER_WORKER={CHUNKS_PER_WORKER}, "
-          f"worker={'ThreadedRewardWorker' if args.threaded_workers else 'RewardWorker'}, "
+          "worker=RewardWorker, "
           f"{os.cpu_count()} cores, load avg {load:.1f} at start", flush=True)
     for kind, (spec, what) in kinds.items():
         print(f"\n## {kind}-bound reward: {what} per sample")
