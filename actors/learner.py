@@ -277,9 +277,6 @@ class Learner:
         cpu = {k: v.to("cpu") for k, v in unique_state_dict(self.model).items()}
         return safetensors_save(cpu)
 
-    def get_global_step(self) -> int:
-        return self.global_step
-
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> str:
         """HF checkpoint (loadable by transformers and vLLM) + optimizer/scheduler + run state, written to a
         temporary directory and renamed, so a killed job never leaves a half-written checkpoint."""

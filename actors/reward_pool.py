@@ -282,9 +282,4 @@ class RewardPool:
         return {i: s.handle for i, s in self.slots.items() if not s.retiring}
 
 
-def scores_to_rows(scores: list[list[float]]) -> list[list[float]]:
-    """[K][N] -> [N][K] (NaN kept), for building the reward matrix on the driver."""
-    return [list(col) for col in zip(*scores, strict=True)] if scores else []
-
-
-__all__ = ["RewardPool", "scores_to_rows", "CHUNKS_PER_WORKER"]
+__all__ = ["RewardPool", "CHUNKS_PER_WORKER"]

@@ -6,7 +6,7 @@ import os
 import secrets
 from typing import Any
 
-from orchestrator.config import ClusterConfig, Resources, RunConfig
+from orchestrator.config import ClusterConfig, Resources
 
 NAMESPACE_PREFIX = "rayward-"
 # Environment every rayward process needs (driver and actors): torch tensors through the object store
@@ -89,15 +89,3 @@ def init_ray(cfg: ClusterConfig, run_name: str) -> dict[str, Any]:
         kwargs["address"] = cfg.address
     ctx = ray.init(**kwargs)
     return {"dashboard_url": getattr(ctx, "dashboard_url", None), "address": getattr(ctx, "address_info", {})}
-
-
-def resources_needed(cfg: RunConfig) -> dict[str, float]:
-    """Total logical resources the run's actors ask for (checked against the cluster before starting)."""
-    c = cfg.cluster
-    need: dict[str, float] = {"CPU": 0.0, "GPU": 0.0}
-    for res, n in ((c.generator, c.num_generators), (c.learner, 1), (c.reward_worker, c.num_reward_workers)):
-        need["CPU"] += res.num_cpus * n
-        need["GPU"] += res.num_gpus * n
-        for k, v in res.resources.items():
-            need[k] = need.get(k, 0.0) + v * n
-    return need
