@@ -187,9 +187,13 @@ def advantages(run: Run, rollouts: Rollouts, scored: dict[str, Any]) -> tuple[di
     return batch, metrics
 
 
+def reward_state(run: Run) -> dict[str, Any]:
+    """What the learner pushes to the reward pool with each new global_step (TRL's trainer_state fields)."""
+    return {"max_steps": run.cfg.grpo.max_steps, "epoch": run.prompts.epoch_progress}
+
+
 def train(run: Run, batch: dict[str, Any]) -> dict[str, float]:
-    state = {"max_steps": run.cfg.grpo.max_steps, "epoch": run.prompts.epoch_progress}
-    (stats,) = run.learner.call("train_step", batch, reward_state=state)
+    (stats,) = run.learner.call("train_step", batch, reward_state=reward_state(run))
     run.global_step = int(stats["global_step"])
     return stats
 

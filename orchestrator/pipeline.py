@@ -20,6 +20,7 @@ from orchestrator.loop import (
     join,
     log_step,
     maybe_checkpoint,
+    reward_state,
     sampling_kwargs,
     score_request,
     to_rollouts,
@@ -108,8 +109,7 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
         reward_m["policy_staleness"] = run.global_step - rollouts.policy_version
         with timer("train"):
             (learner,) = run.learner.handles
-            train_ref = learner.train_step.remote(batch, reward_state={"max_steps": max_steps,
-                                                                        "epoch": run.prompts.epoch_progress})
+            train_ref = learner.train_step.remote(batch, reward_state=reward_state(run))
             pump(run, inflight, until=train_ref)  # keep scoring what the generators finish meanwhile
             train_m = ray.get(train_ref)
         run.global_step = int(train_m["global_step"])
