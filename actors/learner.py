@@ -101,7 +101,9 @@ class Learner:
             self.ref_model.requires_grad_(False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if optim == "adamw_torch":
-            self.optimizer = torch.optim.AdamW(params, lr=learning_rate, betas=adam_betas, weight_decay=weight_decay)
+            self.optimizer = torch.optim.AdamW(
+                params, lr=learning_rate, betas=adam_betas, weight_decay=weight_decay
+            )
         elif optim == "sgd":
             self.optimizer = torch.optim.SGD(params, lr=learning_rate, weight_decay=weight_decay)
         else:
@@ -129,7 +131,11 @@ class Learner:
     # --- log-probs ------------------------------------------------------------------------------------
 
     def _forward_logps(
-        self, model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], with_entropy: bool
+        self,
+        model: torch.nn.Module,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+        with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs of the completion tokens at `temperature`: [B, T] (T = longest completion),
         and per-token entropy [B, T] if asked. Right padding keeps positions 0..len-1 as vLLM sees them."""
@@ -138,7 +144,9 @@ class Learner:
         t_max = max(max(len(c) for c in completions), 1)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(seqs), width), dtype=torch.long)
-        pos = torch.zeros((len(seqs), t_max), dtype=torch.long)  # logits position predicting each completion token
+        pos = torch.zeros(
+            (len(seqs), t_max), dtype=torch.long
+        )  # logits position predicting each completion token
         tgt = torch.zeros((len(seqs), t_max), dtype=torch.long)
         for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
             ids[b, : len(p) + len(c)] = torch.tensor(p + c)
@@ -164,7 +172,9 @@ class Learner:
 
     # --- the update -----------------------------------------------------------------------------------
 
-    def train_step(self, batch: dict[str, Any], reward_state: dict[str, Any] | None = None) -> dict[str, float]:
+    def train_step(
+        self, batch: dict[str, Any], reward_state: dict[str, Any] | None = None
+    ) -> dict[str, float]:
         """batch: prompt_ids, completion_ids, sampling_logprobs (lists per completion), advantages [N],
         truncated [N]. Runs num_iterations optimizer steps; returns metrics averaged over micro-batches.
         reward_state (max_steps, epoch) is pushed to the reward pool with the new global_step."""
@@ -193,8 +203,12 @@ class Learner:
                 comps = [batch["completion_ids"][i] for i in idx]
                 logp, entropy = self._forward_logps(self.model, prompts, comps, with_entropy=it == 0)
                 mask = masks[j]
-                adv = torch.tensor([batch["advantages"][i] for i in idx], dtype=torch.float32, device=self.device)
-                if it == 0:  # freeze old / ref / IS terms at the first pass (no optimizer step has happened yet)
+                adv = torch.tensor(
+                    [batch["advantages"][i] for i in idx], dtype=torch.float32, device=self.device
+                )
+                if (
+                    it == 0
+                ):  # freeze old / ref / IS terms at the first pass (no optimizer step has happened yet)
                     frozen[j]["old"] = logp.detach() if self.num_iterations > 1 else None
                     frozen[j]["ref"] = self._ref_logps(prompts, comps)
                     frozen[j]["is"] = self._is_weights(logp.detach(), idx, batch, mask, sums)
@@ -222,7 +236,13 @@ class Learner:
             sums["loss"].append(total_loss)
             sums["grad_norm"].append(grad_norm)
         out = {k: sum(v) / len(v) for k, v in sums.items() if v and not k.endswith(("_max", "_min"))}
-        out.update({k: (max if k.endswith("_max") else min)(v) for k, v in sums.items() if v and k.endswith(("_max", "_min"))})
+        out.update(
+            {
+                k: (max if k.endswith("_max") else min)(v)
+                for k, v in sums.items()
+                if v and k.endswith(("_max", "_min"))
+            }
+        )
         out["learning_rate"] = self.scheduler.get_last_lr()[0]
         out["global_step"] = self.global_step
         out["num_tokens"] = float(num_items)
@@ -287,7 +307,9 @@ class Learner:
         buf = io.BytesIO()
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, buf)
         (tmp / "optimizer.pt").write_bytes(buf.getvalue())
-        (tmp / "rayward_state.json").write_text(json.dumps({"global_step": self.global_step, **(extra or {})}))
+        (tmp / "rayward_state.json").write_text(
+            json.dumps({"global_step": self.global_step, **(extra or {})})
+        )
         if final.exists():
             for f in final.iterdir():
                 f.unlink()

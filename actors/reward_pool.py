@@ -63,9 +63,15 @@ class RewardPool:
         # The chunk timeout: every reward's own bound (they run concurrently) plus grace.
         self.chunk_timeout_s = max(s.timeout_s for s in specs) + CHUNK_GRACE_S
         tags = {"run": run_name}
-        self._m_alive = ray_metrics.Gauge("rayward_reward_workers_alive", "live reward workers", tag_keys=("run",))
-        self._m_queue = ray_metrics.Gauge("rayward_reward_queue_depth", "chunks waiting for a worker", tag_keys=("run",))
-        self._m_inflight = ray_metrics.Gauge("rayward_reward_inflight_chunks", "chunks being scored", tag_keys=("run",))
+        self._m_alive = ray_metrics.Gauge(
+            "rayward_reward_workers_alive", "live reward workers", tag_keys=("run",)
+        )
+        self._m_queue = ray_metrics.Gauge(
+            "rayward_reward_queue_depth", "chunks waiting for a worker", tag_keys=("run",)
+        )
+        self._m_inflight = ray_metrics.Gauge(
+            "rayward_reward_inflight_chunks", "chunks being scored", tag_keys=("run",)
+        )
         self._m_latency = ray_metrics.Histogram(
             "rayward_reward_chunk_latency_s",
             "seconds to score one chunk",
@@ -81,7 +87,9 @@ class RewardPool:
             self._spawn()
 
     def __repr__(self) -> str:
-        return f"RewardPool(run={self.run_name!r}, workers={self.size()}, step={self.state.get('global_step')})"
+        return (
+            f"RewardPool(run={self.run_name!r}, workers={self.size()}, step={self.state.get('global_step')})"
+        )
 
     # --- membership -------------------------------------------------------------------------------------
 
@@ -90,7 +98,12 @@ class RewardPool:
         self._next_id += 1
         handle = (
             ray.remote(RewardWorker)
-            .options(name=f"{self.run_name}/reward-{i}", max_concurrency=CHUNKS_PER_WORKER, max_restarts=0, **self.worker_options)
+            .options(
+                name=f"{self.run_name}/reward-{i}",
+                max_concurrency=CHUNKS_PER_WORKER,
+                max_restarts=0,
+                **self.worker_options,
+            )
             .remote(self.specs, index=i, trainer_state=self.state, sys_path=self.sys_path)
         )
         slot = self.slots[i] = _Slot(i, handle)
