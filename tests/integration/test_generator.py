@@ -38,13 +38,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def generator(tiny_model: Path):
-    t0 = time.perf_counter()
-    gen = Generator(str(tiny_model), seed=0, max_model_len=256, kv_cache_gib=1.0)
-    print(f"\nengine start: {time.perf_counter() - t0:.1f}s {gen!r}")
-    yield gen
-    # Shut the engine core down now rather than at interpreter exit, so its processes do not
-    # outlive the module (and later tests get the CPU cores back).
-    gen.llm.llm_engine.engine_core.shutdown()
+    # vLLM's multiprocess engine (engine core + worker processes), the layout GPU generators use; on CPU
+    # the Generator defaults to the in-process engine, which the Ray tests (test_e2e, ...) exercise.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        t0 = time.perf_counter()
+        gen = Generator(str(tiny_model), seed=0, max_model_len=256, kv_cache_gib=1.0)
+        print(f"\nengine start: {time.perf_counter() - t0:.1f}s {gen!r}")
+        yield gen
+        # Shut the engine core down now rather than at interpreter exit, so its processes do not
+        # outlive the module (and later tests get the CPU cores back).
+        gen.llm.llm_engine.engine_core.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +207,7 @@ def _engine_cpu_seconds() -> float:
 
 
 def test_idle_engine_does_not_spin(generator: Generator) -> None:
-    """The rayward vLLM plugin caps the engine queues' busy-spin: an idle engine gives the CPU back.
+    """The rayward vLLM plugin caps the multiprocess engine's busy-spin: an idle engine gives the CPU back.
 
     Stock vLLM spins ~1 CPU-s for a second after every call (0.5 CPU-s in this window); with the cap the
     engine processes use almost nothing while idle."""
