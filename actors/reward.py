@@ -23,7 +23,8 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,9 +174,8 @@ class RewardWorker:
         trainer_state: dict[str, Any] | None = None,
         sys_path: list[str] | None = None,
     ):
-        for p in reversed(
-            sys_path or []
-        ):  # the user's run directory, so `my_rewards:fn` imports as with python -m
+        # The user's run directory, so `my_rewards:fn` imports as with python -m.
+        for p in reversed(sys_path or []):
             if p not in sys.path:
                 sys.path.insert(0, p)
         self.index = index
@@ -183,9 +183,7 @@ class RewardWorker:
         self.functions = [_RewardModel(s.model) if s.model else load_reward_function(s) for s in self.specs]
         self.is_async = [is_async_callable(f) for f in self.functions]
         self.state: dict[str, Any] = dict(trainer_state or {"global_step": 0, "max_steps": 0, "epoch": 0.0})
-        make_trainer_state(
-            self.state
-        )  # import transformers now (seconds), while the engines start, not at step 1
+        make_trainer_state(self.state)  # import transformers now (seconds), while the engines start, not at step 1
         # One persistent event loop, as TRL keeps one: async reward code may hold loop-bound clients.
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, daemon=True, name="reward-loop").start()
@@ -211,106 +209,149 @@ class RewardWorker:
         counts of timeouts/errors, user metrics and log_extra columns, latency per reward."""
         if state is not None:
             self.state = dict(state)
-        trainer_state = make_trainer_state(self.state)
-        coro = _score_chunk(self, chunk, trainer_state)
-        result = asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        ctx = _Chunk(chunk, make_trainer_state(self.state))
+        ks = range(len(self.specs))
+        # Async rewards run on the worker's event loop; sync ones go straight to the thread pool from this
+        # thread (no asyncio task per call: that was half the worker's CPU per sample).
+        async_ks = [k for k in ks if self.is_async[k]]
+        pending = (
+            asyncio.run_coroutine_threadsafe(_score_async(self, async_ks, ctx), self._loop) if async_ks else None
+        )
+        submitted = {k: self._submit(k, ctx) for k in ks if not self.is_async[k]}
+        per_reward = {k: self._collect(k, calls, ctx) for k, calls in submitted.items()}
+        if pending is not None:
+            per_reward.update(pending.result())
         with self._lock:
             self.chunks_scored += 1
-        result["worker"] = self.index
-        result["global_step"] = int(self.state.get("global_step", 0))
-        return result
+        return {
+            "scores": [per_reward[k][0] for k in ks],  # [K][n]
+            "timeouts": {self.specs[k].name: per_reward[k][1] for k in ks},
+            "errors": {self.specs[k].name: per_reward[k][2] for k in ks},
+            "latency_s": {self.specs[k].name: per_reward[k][3] for k in ks},
+            "metrics": dict(ctx.metrics),
+            "extra": dict(ctx.extra),
+            "worker": self.index,
+            "global_step": int(self.state.get("global_step", 0)),
+        }
+
+    def score_chunks(self, chunks: list[dict[str, Any]], state: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Score several chunks one after another in one call (the pool batches chunks to save Ray calls)."""
+        return [self.score(c, state) for c in chunks]
+
+    def _submit(self, k: int, ctx: _Chunk) -> list[tuple[int, int, float, Future]]:
+        """Start every call of sync reward k on the chunk: (lo, hi, start time, future) per call."""
+        if self._stuck >= SYNC_CALL_THREADS // 2:  # hung sync calls hold threads forever: start a fresh pool
+            self._executor, self._stuck = ThreadPoolExecutor(SYNC_CALL_THREADS, thread_name_prefix="reward-call"), 0
+        fn = self.functions[k]
+        calls = []
+        for lo, hi in ctx.spans(self.specs[k]):
+            calls.append((lo, hi, time.monotonic(), self._executor.submit(_timed_call, fn, ctx.kwargs(lo, hi))))
+        return calls
+
+    def _collect(self, k: int, calls: list[tuple[int, int, float, Future]], ctx: _Chunk) -> _RewardResult:
+        """Wait for each call up to its own deadline (its start + the reward's timeout)."""
+        spec = self.specs[k]
+        scores: list[float] = []
+        timeouts = errors = 0
+        t0, t_end = calls[0][2] if calls else time.monotonic(), 0.0
+        for lo, hi, start, fut in calls:
+            try:
+                out, done = fut.result(timeout=max(start + spec.timeout_s - time.monotonic(), 0.0))
+                vals, status = _validate(spec.name, out, hi - lo, ctx.offset + lo), "ok"
+            except FutureTimeoutError:
+                self._stuck += 1
+                vals, status, done = _fallback(spec, hi - lo), "timeout", start + spec.timeout_s
+            except Exception as err:  # noqa: BLE001 - the reward's on_error policy decides
+                vals, status, done = _on_error(spec, err, hi - lo, ctx.offset + lo), "error", time.monotonic()
+            scores.extend(vals)
+            timeouts += status == "timeout"
+            errors += status == "error"
+            t_end = max(t_end, done)
+        return scores, timeouts, errors, max(t_end - t0, 0.0)
 
 
-async def _score_chunk(worker: RewardWorker, chunk: dict[str, Any], trainer_state: Any) -> dict[str, Any]:
-    """Every reward on one chunk, concurrently. Module-level on purpose: an `async def` method would make Ray
-    run RewardWorker as an async actor, whose sync `score` then blocks its event loop (one chunk at a time)."""
-    n, offset = len(chunk["completions"]), int(chunk.get("offset", 0))
-    metrics: dict[str, list[float]] = defaultdict(list)
-    extra: dict[str, list[Any]] = defaultdict(list)
-
-    def log_metric(name: str, value: float) -> None:
-        metrics[name].append(float(value))
-
-    def log_extra(column: str, values: list[Any]) -> None:
-        extra[column].extend(values)
-
-    per_reward = await asyncio.gather(
-        *(
-            _score_reward(worker, k, chunk, n, offset, trainer_state, log_metric, log_extra)
-            for k in range(len(worker.specs))
-        )
-    )
-    return {
-        "scores": [r[0] for r in per_reward],  # [K][n]
-        "timeouts": {s.name: r[1] for s, r in zip(worker.specs, per_reward, strict=True)},
-        "errors": {s.name: r[2] for s, r in zip(worker.specs, per_reward, strict=True)},
-        "latency_s": {s.name: r[3] for s, r in zip(worker.specs, per_reward, strict=True)},
-        "metrics": dict(metrics),
-        "extra": dict(extra),
-    }
+_RewardResult = tuple[list[float], int, int, float]  # scores [n], timeouts, errors, latency seconds
 
 
-async def _score_reward(worker: RewardWorker, k, chunk, n, offset, trainer_state, log_metric, log_extra):
-    spec, fn = worker.specs[k], worker.functions[k]
-    unit = n if (spec.batched or spec.model) else 1  # reward models batch the chunk; functions per sample
-    if spec.batched and not spec.model:
-        unit = int(chunk.get("group_size", n))
-    columns = chunk.get("columns", {})
-    t0 = time.monotonic()
+def _timed_call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[Any, float]:
+    return fn(**kwargs), time.monotonic()
 
-    def call_args(lo: int, hi: int) -> dict[str, Any]:
-        kw = {c: vals[lo:hi] for c, vals in columns.items()}
+
+def _fallback(spec: RewardSpec, n: int) -> list[float]:
+    return [math.nan if spec.fallback is None else float(spec.fallback)] * n
+
+
+def _on_error(spec: RewardSpec, err: Exception, n: int, offset: int) -> list[float]:
+    """The fallback values under `on_error: fallback`; otherwise the error, naming reward and samples."""
+    if spec.on_error == "fallback":
+        return _fallback(spec, n)
+    if isinstance(err, RewardFunctionError):
+        raise err
+    where = f"sample {offset}" if n == 1 else f"samples {offset}..{offset + n - 1}"
+    raise RewardFunctionError(f"reward {spec.name!r} raised on {where}: {type(err).__name__}: {err}") from err
+
+
+class _Chunk:
+    """One chunk's inputs and the log_metric / log_extra sinks its reward calls share."""
+
+    def __init__(self, chunk: dict[str, Any], trainer_state: Any):
+        self.chunk = chunk
+        self.n, self.offset = len(chunk["completions"]), int(chunk.get("offset", 0))
+        self.trainer_state = trainer_state
+        self.metrics: dict[str, list[float]] = defaultdict(list)
+        self.extra: dict[str, list[Any]] = defaultdict(list)
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics[name].append(float(value))
+
+    def log_extra(self, column: str, values: list[Any]) -> None:
+        self.extra[column].extend(values)
+
+    def spans(self, spec: RewardSpec) -> list[tuple[int, int]]:
+        """[lo, hi) per call: one sample (default), one group (batched), or the whole chunk (reward model)."""
+        unit = self.n if spec.model else int(self.chunk.get("group_size", self.n)) if spec.batched else 1
+        return [(lo, min(lo + unit, self.n)) for lo in range(0, self.n, unit)]
+
+    def kwargs(self, lo: int, hi: int) -> dict[str, Any]:
+        """TRL's reward call: dataset columns, prompts, completions, completion_ids, trainer_state, log hooks."""
+        c = self.chunk
+        kw = {name: vals[lo:hi] for name, vals in c.get("columns", {}).items()}
         kw.update(
-            prompts=chunk["prompts"][lo:hi],
-            completions=chunk["completions"][lo:hi],
-            completion_ids=chunk["completion_ids"][lo:hi],
-            trainer_state=trainer_state,
-            log_extra=log_extra,
-            log_metric=log_metric,
+            prompts=c["prompts"][lo:hi],
+            completions=c["completions"][lo:hi],
+            completion_ids=c["completion_ids"][lo:hi],
+            trainer_state=self.trainer_state,
+            log_extra=self.log_extra,
+            log_metric=self.log_metric,
         )
         return kw
 
-    spans = [(lo, min(lo + unit, n)) for lo in range(0, n, unit)]
-    outs = await asyncio.gather(
-        *(_call(worker, k, fn, call_args(lo, hi), hi - lo, offset + lo) for lo, hi in spans)
-    )
-    scores, timeouts, errors = [], 0, 0
-    for vals, status in outs:
+
+async def _score_async(worker: RewardWorker, ks: list[int], ctx: _Chunk) -> dict[int, _RewardResult]:
+    """The async rewards of one chunk, every call at once on the worker's loop. Module-level on purpose: an
+    `async def` method would make Ray run RewardWorker as an async actor, whose sync `score` then blocks its
+    event loop (one chunk at a time)."""
+    results = await asyncio.gather(*(_score_async_reward(worker, k, ctx) for k in ks))
+    return dict(zip(ks, results, strict=True))
+
+
+async def _score_async_reward(worker: RewardWorker, k: int, ctx: _Chunk) -> _RewardResult:
+    spec, fn = worker.specs[k], worker.functions[k]
+    t0 = time.monotonic()
+    outs = await asyncio.gather(*(_call_async(spec, fn, ctx, lo, hi) for lo, hi in ctx.spans(spec)))
+    scores: list[float] = []
+    for vals, _ in outs:
         scores.extend(vals)
-        timeouts += status == "timeout"
-        errors += status == "error"
+    timeouts = sum(status == "timeout" for _, status in outs)
+    errors = sum(status == "error" for _, status in outs)
     return scores, timeouts, errors, time.monotonic() - t0
 
 
-async def _call(
-    worker: RewardWorker, k: int, fn, kwargs: dict[str, Any], n: int, offset: int
-) -> tuple[list[float], str]:
-    spec = worker.specs[k]
-    fallback = [math.nan if spec.fallback is None else float(spec.fallback)] * n
-    if worker.is_async[k]:
-        work = fn(**kwargs)
-    else:
-        if (
-            worker._stuck >= SYNC_CALL_THREADS // 2
-        ):  # hung sync calls hold threads forever: start a fresh pool
-            worker._executor, worker._stuck = (
-                ThreadPoolExecutor(SYNC_CALL_THREADS, thread_name_prefix="reward-call"),
-                0,
-            )
-        work = asyncio.get_running_loop().run_in_executor(worker._executor, lambda: fn(**kwargs))
+async def _call_async(spec: RewardSpec, fn: Any, ctx: _Chunk, lo: int, hi: int) -> tuple[list[float], str]:
     try:
-        out = await asyncio.wait_for(work, timeout=spec.timeout_s)
-        return _validate(spec.name, out, n, offset), "ok"
+        out = await asyncio.wait_for(fn(**ctx.kwargs(lo, hi)), timeout=spec.timeout_s)
+        return _validate(spec.name, out, hi - lo, ctx.offset + lo), "ok"
     except asyncio.TimeoutError:
-        if not worker.is_async[k]:
-            worker._stuck += 1
-        return fallback, "timeout"
+        return _fallback(spec, hi - lo), "timeout"
     except Exception as err:  # noqa: BLE001 - the reward's on_error policy decides
-        if spec.on_error == "fallback":
-            return fallback, "error"
-        if isinstance(err, RewardFunctionError):
-            raise
-        where = f"sample {offset}" if n == 1 else f"samples {offset}..{offset + n - 1}"
-        raise RewardFunctionError(
-            f"reward {spec.name!r} raised on {where}: {type(err).__name__}: {err}"
-        ) from err
+        return _on_error(spec, err, hi - lo, ctx.offset + lo), "error"

@@ -10,7 +10,10 @@ Retiring a worker (scale down) waits for its in-flight chunks before killing it.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,9 @@ from actors.reward import RewardSpec, RewardWorker
 
 # Chunks a worker holds at once: 2 hides the dispatch round-trip without hoarding work a new worker could take.
 CHUNKS_PER_WORKER = 2
+# Worker calls per worker slot a batch is cut into (see RewardPool.chunks_per_call): 2 rounds leave the last
+# round for load balancing (a slow worker's second call goes to whoever is free) at a quarter of the calls.
+CALLS_PER_SLOT = 2
 # Beyond the rewards' own timeouts, how long a chunk may take before its worker is presumed hung and replaced
 # (covers a worker still importing at start-up, or one stuck in C code holding the GIL).
 CHUNK_GRACE_S = 120.0
@@ -56,8 +62,8 @@ class RewardPool:
         self.state = dict(trainer_state or {"global_step": 0, "max_steps": 0, "epoch": 0.0})
         self.slots: dict[int, _Slot] = {}
         self._next_id = 0
-        self._changed: asyncio.Condition | None = None  # created on first use inside the actor's event loop
-        self.waiting = 0
+        self._conds: dict[str, asyncio.Condition] | None = None  # made on first use, in the actor's event loop
+        self.queued = 0  # chunks of all batches not yet sent to a worker
         self._published_at = 0.0
         self.counters = {"chunks": 0, "retries": 0, "replaced": 0, "timeouts": 0, "errors": 0}
         # The chunk timeout: every reward's own bound (they run concurrently) plus grace.
@@ -136,60 +142,94 @@ class RewardPool:
         return self.stats()
 
     async def _retire(self, slot: _Slot) -> None:
-        cond = self._cond()
-        async with cond:
-            await cond.wait_for(lambda: slot.inflight == 0)
+        drained = self._cond("drained")
+        async with drained:
+            await drained.wait_for(lambda: slot.inflight == 0)
         self._drop(slot, replace=False)
 
     # --- scoring ----------------------------------------------------------------------------------------
 
-    def _cond(self) -> asyncio.Condition:
-        if self._changed is None:
-            self._changed = asyncio.Condition()
-        return self._changed
+    def _cond(self, which: str = "free") -> asyncio.Condition:
+        """"free": capacity for a chunk appeared (acquirers wait); "drained": a retiring worker may be idle."""
+        if self._conds is None:
+            self._conds = {"free": asyncio.Condition(), "drained": asyncio.Condition()}
+        return self._conds[which]
 
-    async def _notify(self) -> None:
+    async def _notify(self, n: int | None = None) -> None:
+        """Wake `n` senders waiting for a worker (all if None), and every retirement waiting for a drain.
+        Releasing one chunk slot wakes one waiter: waking all of them on every release re-ran every waiter's
+        check (hundreds of chunks x workers) and made dispatch quadratic in the batch size."""
+        free, drained = self._cond("free"), self._cond("drained")
+        async with free:
+            if n is None:
+                free.notify_all()
+            else:
+                free.notify(n)
+        async with drained:
+            drained.notify_all()
+
+    def _has_room(self) -> bool:
+        return any(not s.retiring and s.inflight < CHUNKS_PER_WORKER for s in self.slots.values())
+
+    async def _acquire(self, wanted: Callable[[], bool]) -> _Slot | None:
+        """The least-loaded live worker with room for a call, or None once `wanted()` turns false (the batch
+        has no chunks left to send)."""
         cond = self._cond()
         async with cond:
-            cond.notify_all()
-
-    async def _acquire(self) -> _Slot:
-        cond = self._cond()
-        self.waiting += 1
-        self._publish()
-        async with cond:
-            await cond.wait_for(
-                lambda: any(not s.retiring and s.inflight < CHUNKS_PER_WORKER for s in self.slots.values())
-            )
+            await cond.wait_for(lambda: not wanted() or self._has_room())
+            if not wanted():
+                return None
             slot = min((s for s in self.slots.values() if not s.retiring), key=lambda s: s.inflight)
             slot.inflight += 1
-        self.waiting -= 1
         self._publish()
         return slot
 
     async def _release(self, slot: _Slot) -> None:
         slot.inflight -= 1
         self._publish()
-        await self._notify()
+        await self._notify(1)
 
-    async def _run_chunk(self, chunk: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
-        while True:
-            slot = await self._acquire()
+    def chunks_per_call(self, remaining: int) -> int:
+        """How many of a batch's `remaining` chunks the next worker call carries: about remaining / (worker
+        slots x CALLS_PER_SLOT), so a batch goes out in a few calls per slot and calls shrink as it drains.
+        A Ray actor call costs the pool ~0.5-1 ms of serial CPU; at one call per chunk, 16 workers finishing
+        together queued behind each other's dispatch (efficiency 0.67-0.78 at 16 workers). Small tail calls
+        keep load balancing, and workers added mid-batch still get work. A worker scores one chunk per slot at
+        a time either way, so its concurrency does not change."""
+        slots = max(self.size(), 1) * CHUNKS_PER_WORKER
+        return max(1, math.ceil(remaining / (slots * CALLS_PER_SLOT)))
+
+    async def _send(self, queue: deque[int], chunks: list[dict[str, Any]], results: list[Any], state) -> None:
+        """One of a batch's senders: while chunks are queued, take the next few and score them on a worker.
+        A worker that dies or hangs is replaced and its chunks go back to the front of the queue."""
+        while queue:
+            slot = await self._acquire(lambda: bool(queue))
+            if slot is None:
+                return
+            take = [queue.popleft() for _ in range(min(self.chunks_per_call(len(queue)), len(queue)))]
+            self.queued -= len(take)
+            if not queue:
+                await self._notify()  # this batch's idle senders may stop waiting for a worker
             t0 = time.monotonic()
             try:
-                result = await asyncio.wait_for(slot.handle.score.remote(chunk, state), self.chunk_timeout_s)
+                out = await asyncio.wait_for(
+                    slot.handle.score_chunks.remote([chunks[i] for i in take], state),
+                    self.chunk_timeout_s * len(take),
+                )
             except (RayActorError, asyncio.TimeoutError, GetTimeoutError):
-                # Dead or hung worker: replace it and score the chunk elsewhere. Its result, if it ever
-                # came, would be dropped with the killed actor, so nothing is scored twice.
+                # Its results, if they ever came, are dropped with the killed actor: nothing is scored twice.
                 self.counters["retries"] += 1
                 self._m_events.inc(1, tags={"run": self.run_name, "kind": "retry"})
+                queue.extendleft(reversed(take))
+                self.queued += len(take)
                 await self._release(slot)
                 self._drop(slot, replace=not slot.retiring)
                 await self._notify()
                 continue
             await self._release(slot)
-            self._m_latency.observe(time.monotonic() - t0)
-            return result
+            self._m_latency.observe((time.monotonic() - t0) / len(take))
+            for i, r in zip(take, out, strict=True):
+                results[i] = r
 
     async def score(self, batch: dict[str, Any], chunk_groups: int = 1) -> dict[str, Any]:
         """Score a batch: prompts, completions, completion_ids, columns {name: [...]}, group_size (G).
@@ -211,7 +251,12 @@ class RewardPool:
                     "offset": lo,
                 }
             )
-        results = await asyncio.gather(*(self._run_chunk(c, state) for c in chunks))
+        queue, results = deque(range(len(chunks))), [None] * len(chunks)
+        self.queued += len(chunks)
+        self._publish()
+        # One sender per chunk at most; senders that find the queue empty stop (each holds a worker slot only
+        # while its call runs).
+        await asyncio.gather(*(self._send(queue, chunks, results, state) for _ in chunks))
         self.counters["chunks"] += len(chunks)
         merged = self._merge(results, state)
         merged["busy_s"] = time.monotonic() - t0  # the pool's wall time on this batch
@@ -278,7 +323,7 @@ class RewardPool:
             return
         self._published_at = now
         self._m_alive.set(self.size())
-        self._m_queue.set(self.waiting)
+        self._m_queue.set(self.queued)
         self._m_inflight.set(sum(s.inflight for s in self.slots.values()))
 
     def stats(self) -> dict[str, Any]:
@@ -286,7 +331,7 @@ class RewardPool:
             "workers": self.size(),
             "retiring": sum(s.retiring for s in self.slots.values()),
             "inflight": sum(s.inflight for s in self.slots.values()),
-            "queue_depth": self.waiting,
+            "queue_depth": self.queued,
             "global_step": self.state.get("global_step", 0),
             **self.counters,
         }
