@@ -99,11 +99,11 @@ def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _init_process_group(rank: int, world_size: int, init_method: str | None) -> torch.device:
+def _init_process_group(rank: int, world_size: int, init_method: str | None, kind: str) -> torch.device:
     """Join the learners' process group (once per process); returns this rank's device."""
     import torch.distributed as dist
 
-    cuda = torch.cuda.is_available()
+    cuda = kind == "cuda"
     # Ray shows each learner actor only its own GPU (index 0); processes spawned on one multi-GPU host
     # (tests) see them all and take GPU `rank`.
     device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
@@ -125,20 +125,24 @@ def _init_process_group(rank: int, world_size: int, init_method: str | None) -> 
     return device
 
 
-def _shard(model: torch.nn.Module, dtype: torch.dtype) -> None:
+def _shard(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
     """FSDP2 in place: each transformer block (HF's `_no_split_modules` classes) is one unit, all-gathered
     for its forward and backward and resharded after; the root unit holds the rest (embeddings, final norm,
     a tied lm_head once). Gradients are summed over ranks (divide factor 1), not averaged: each rank's
     micro-batch losses already carry the whole step's normalisers."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+    # explicit: fully_shard's default mesh is CUDA whenever CUDA exists, even for a CPU learner
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy()  # float32: compute in the parameters' dtype
     if dtype != torch.float32:
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     blocks = set(getattr(model, "_no_split_modules", None) or ())
     for m in [m for m in model.modules() if type(m).__name__ in blocks]:
-        fully_shard(m, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(m, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
@@ -173,11 +177,13 @@ class Learner:
         rank: int = 0,
         world_size: int = 1,
         init_method: str | None = None,
+        device: str | None = None,
     ):
         """strategy "single": one device, no process group. "fsdp": rank `rank` of `world_size` joins the
         process group at `init_method` (tcp://host:port of rank 0; optional for world_size 1) and the
         models are FSDP2-sharded. With dtype bfloat16/float16 FSDP keeps float32 master weights and
-        optimizer state and computes in `dtype` (MixedPrecisionPolicy, gradients reduced in float32)."""
+        optimizer state and computes in `dtype` (MixedPrecisionPolicy, gradients reduced in float32).
+        device: "cpu" or "cuda"; default CUDA when there is one."""
         from transformers import AutoModelForCausalLM
 
         if strategy not in STRATEGIES:
@@ -188,10 +194,11 @@ class Learner:
         self.rank, self.world_size = rank, world_size
         torch.manual_seed(seed)
         random.seed(seed)
+        kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if self.sharded:
-            self.device = _init_process_group(rank, world_size, init_method)
+            self.device = _init_process_group(rank, world_size, init_method, kind)
         else:
-            self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            self.device = torch.device(kind)
         torch_dtype = getattr(torch, dtype)
         self.dtype = torch_dtype
         load_dtype = torch.float32 if self.sharded else torch_dtype  # FSDP: fp32 masters, compute in dtype
@@ -206,14 +213,14 @@ class Learner:
             if isinstance(m, torch.nn.Dropout):
                 m.p = 0.0
         if self.sharded:
-            _shard(self.model, torch_dtype)
+            _shard(self.model, torch_dtype, self.device)
         # beta = 0 loads no reference model (as TRL); otherwise a frozen copy lives here, next to the policy.
         self.ref_model = None
         if beta != 0.0:
             if self.sharded:
                 self.ref_model = AutoModelForCausalLM.from_pretrained(model, **load).eval()
                 self.ref_model.requires_grad_(False)
-                _shard(self.ref_model, torch_dtype)
+                _shard(self.ref_model, torch_dtype, self.device)
             else:
                 self.ref_model = AutoModelForCausalLM.from_pretrained(model, **load).to(self.device).eval()
                 self.ref_model.requires_grad_(False)

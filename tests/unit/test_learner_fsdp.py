@@ -59,7 +59,8 @@ def learner_kwargs(loss_type: str, is_mode: str | None = None, beta: float = 0.0
     loss = functools.partial(grpo_loss, loss_type=loss_type, beta=beta, epsilon_high=epsilon_high,
                              max_completion_length=MAX_LEN)
     is_fn = functools.partial(vllm_importance_weights, mode=is_mode, clip_max=3.0) if is_mode else None
-    return dict(loss_fn=loss, is_weights_fn=is_fn, beta=beta, seed=0, **{"optim": "sgd", "learning_rate": 0.1, **kw})
+    return dict(loss_fn=loss, is_weights_fn=is_fn, beta=beta, seed=0, device="cpu",  # gloo, also on GPU hosts
+                **{"optim": "sgd", "learning_rate": 0.1, **kw})
 
 
 def _rank(rank: int, port: int, path: str, out: str, ckpt_1rank: str) -> None:
