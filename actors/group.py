@@ -3,13 +3,20 @@
 Every fan-out is one batch of `.remote()` calls followed by one `ray.get`, so the group's members work in
 parallel and the caller waits for the slowest. Names are `<run>/<role>-<i>` so the dashboard's actor list
 reads as the run's parts.
+
+`LearnerGroup` is the learner's group: one member, however many ranks it has (see there).
 """
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import ray
+
+# How long the learner ranks' placement group may wait for a node with room for all of them (an autoscaler
+# may be starting one) before the build fails, naming what it asked for.
+PLACEMENT_TIMEOUT_S = 600
 
 
 class ActorGroup:
@@ -58,3 +65,135 @@ class ActorGroup:
     def kill(self) -> None:
         for h in self.handles:
             ray.kill(h, no_restart=True)
+
+
+def _rendezvous() -> str:
+    """tcp://<this node's IP>:<a port free on it now>, for rank 0 to listen on (run on rank 0's node; the port
+    could be taken before rank 0 binds it, as with any free-port pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+
+
+class _AllRanks:
+    """Looks like one actor handle: `h.method.remote(*args)` submits the call to every rank, in the same
+    order on each (so their collectives line up), and returns rank 0's ObjectRef."""
+
+    def __init__(self, group: LearnerGroup):
+        self._group = group
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        group = self._group
+
+        class _Method:
+            @staticmethod
+            def remote(*args: Any, **kwargs: Any) -> Any:
+                return group.submit(method, *args, **kwargs)[0]
+
+        return _Method()
+
+    def __repr__(self) -> str:
+        return f"<all {len(self._group.ranks)} learner ranks>"
+
+
+class LearnerGroup:
+    """The learner, as the loop sees it: one member (`handles == [h]`, `call` returns `[result]`) whatever
+    the number of ranks, so the loop drives N ranks as it drives one learner. Every call goes to every rank
+    and rank 0's answer comes back (the ranks' metrics are already global; only rank 0 pushes global_step to
+    the reward pool, through `rank0_kwargs`).
+
+    strategy "single" (one rank): the learner actor as before, `<run>/learner`. "fsdp": `num` actors
+    `<run>/learner-<r>` in a STRICT_PACK placement group of one bundle per rank (the `options` resources),
+    so the ranks share one node (NCCL over NVLink/PCIe, not the network); rank 0's address is taken on its
+    node before the actors start and passed to all of them for `init_process_group`.
+    """
+
+    def __init__(
+        self,
+        cls: type,
+        num: int,
+        *,
+        run_name: str,
+        strategy: str = "single",
+        options: dict[str, Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        rank0_kwargs: dict[str, Any] | None = None,
+    ):
+        from ray.util.placement_group import placement_group, placement_group_table
+        from ray.util.scheduling_strategies import (
+            NodeAffinitySchedulingStrategy,
+            PlacementGroupSchedulingStrategy,
+        )
+
+        self.role = "learner"
+        self.placement_group = None
+        opts, kw = dict(options or {}), dict(kwargs or {})
+        remote_cls = ray.remote(cls)
+        name = (lambda r: f"{run_name}/learner") if num == 1 else (lambda r: f"{run_name}/learner-{r}")
+        if strategy == "single":
+            if num != 1:
+                raise ValueError(f"strategy 'single' runs one learner, not {num}")
+            self.ranks = [remote_cls.options(name=name(0), **opts).remote(**kw, **(rank0_kwargs or {}))]
+        else:
+            bundle = {"CPU": opts.get("num_cpus", 0), "GPU": opts.get("num_gpus", 0), **opts.get("resources", {})}
+            bundle = {k: v for k, v in bundle.items() if v}  # Ray rejects zero amounts in a bundle
+            self.placement_group = placement_group([bundle] * num, strategy="STRICT_PACK", name=f"{run_name}/learner")
+            try:
+                ray.get(self.placement_group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                raise RuntimeError(
+                    f"no node could hold {num} learner ranks of {bundle} each (STRICT_PACK: one node) "
+                    f"within {PLACEMENT_TIMEOUT_S} s"
+                ) from None
+            node = placement_group_table(self.placement_group)["bundles_to_node_id"][0]
+            on_node = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+            init_method = ray.get(ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=on_node).remote())
+            self.ranks = [
+                remote_cls.options(
+                    name=name(r),
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self.placement_group, placement_group_bundle_index=r
+                    ),
+                    **opts,
+                ).remote(
+                    **kw, **((rank0_kwargs or {}) if r == 0 else {}),
+                    strategy=strategy, rank=r, world_size=num, init_method=init_method,
+                )
+                for r in range(num)
+            ]
+        self.handles = [_AllRanks(self)]
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def __repr__(self) -> str:
+        return f"LearnerGroup(ranks={len(self.ranks)})"
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """The call on every rank; ObjectRefs in rank order. Arguments go to the object store once, not once
+        per rank (a batch is the largest thing the loop sends)."""
+        if len(self.ranks) > 1:
+            put = lambda x: x if isinstance(x, ray.ObjectRef) else ray.put(x)  # noqa: E731
+            args, kwargs = tuple(put(a) for a in args), {k: put(v) for k, v in kwargs.items()}
+        return [getattr(h, method).remote(*args, **kwargs) for h in self.ranks]
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """`[rank 0's result]` once every rank is done. A rank's error is raised as soon as it arrives (the
+        other ranks may be blocked in a collective waiting for it)."""
+        refs = self.submit(method, *args, **kwargs)
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            ray.get(done)
+        return [ray.get(refs[0])]
+
+    def kill(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for h in self.ranks:
+            ray.kill(h, no_restart=True)
+        if self.placement_group is not None:
+            remove_placement_group(self.placement_group)

@@ -8,6 +8,18 @@ One `train_step(batch)` consumes one generation batch: it is split into micro-ba
 `micro_batch_size` completions with gradient accumulation, and trained on `num_iterations` times (one
 optimizer step each), with the old, reference and importance-sampling terms frozen at the first pass,
 as TRL buffers them.
+
+Several ranks (`strategy="fsdp"`, `world_size` > 1; one Ray actor each, or one process each in tests) form
+one torch.distributed process group (gloo on CPU, NCCL on CUDA) and shard the policy and the reference
+model with FSDP2 (`fully_shard` on every decoder layer and on the root). Data parallelism keeps the
+single-rank numbers: every rank receives the whole batch, draws the same shuffle and cuts the same
+micro-batches as one rank would, and takes a contiguous run of them (rank r: micro-batches
+[ga*r/W, ga*(r+1)/W)). Each micro-batch loss keeps the single-rank normalisers (grad_accum_steps = ga, the
+micro-batches of the WHOLE step; num_items_in_batch = the whole batch's loss tokens), and FSDP sums (does
+not average) the gradients over ranks, so the summed gradient is the single-rank one for every loss_type.
+A rank with fewer micro-batches runs zero-weight padding micro-batches: FSDP's all-gathers and
+reduce-scatters need every rank in every forward and backward. Metrics are gathered from all ranks, so
+every rank (rank 0 reports) returns the global ones.
 """
 
 from __future__ import annotations
@@ -17,9 +29,11 @@ import json
 import math
 import os
 import random
+import socket
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +42,13 @@ import torch.nn.functional as F
 from safetensors.torch import save as safetensors_save
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+STRATEGIES = ("single", "fsdp")
+# Seconds a rank waits in a collective before raising. Long, because the other ranks wait at a barrier
+# while rank 0 writes a full checkpoint of a multi-GB model; a rank that raised (its peers block in the
+# next collective) surfaces on the others after at most this long. A rank whose process died surfaces
+# at once (the peers' connections close).
+DIST_TIMEOUT_S = 1800
 
 
 def _lr_lambda(kind: str, warmup_steps: int, max_steps: int) -> Callable[[int], float]:
@@ -44,6 +65,27 @@ def _lr_lambda(kind: str, warmup_steps: int, max_steps: int) -> Callable[[int], 
     return f
 
 
+def free_port() -> int:
+    """A TCP port free on this host now (the OS picks it; another process may take it before it is bound)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """{alias: source} for state_dict entries sharing storage with an earlier one (a tied lm_head ->
+    embed_tokens). Taken before sharding: FSDP's full state dict returns the alias as a separate copy."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, t in model.state_dict().items():
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in first:
+            out[name] = first[ptr]
+        else:
+            first[ptr] = name
+    return out
+
+
 def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """state_dict without tied duplicates (e.g. lm_head tied to embed_tokens), as save_pretrained writes it."""
     seen: set[int] = set()
@@ -55,6 +97,56 @@ def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         seen.add(ptr)
         out[name] = t.detach().contiguous()
     return out
+
+
+def _init_process_group(rank: int, world_size: int, init_method: str | None, kind: str) -> torch.device:
+    """Join the learners' process group (once per process); returns this rank's device."""
+    import torch.distributed as dist
+
+    cuda = kind == "cuda"
+    # Ray shows each learner actor only its own GPU (index 0); processes spawned on one multi-GPU host
+    # (tests) see them all and take GPU `rank`.
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        if init_method is None:
+            if world_size != 1:
+                raise ValueError("world_size > 1 needs init_method (tcp://host:port of rank 0)")
+            init_method = f"tcp://127.0.0.1:{free_port()}"
+        dist.init_process_group(
+            # gloo next to NCCL on CUDA: the metric and checkpoint objects travel as CPU tensors
+            backend="cpu:gloo,cuda:nccl" if cuda else "gloo",
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=DIST_TIMEOUT_S),
+        )
+    return device
+
+
+def _shard(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """FSDP2 in place: each transformer block (HF's `_no_split_modules` classes) is one unit, all-gathered
+    for its forward and backward and resharded after; the root unit holds the rest (embeddings, final norm,
+    a tied lm_head once). Gradients are summed over ranks (divide factor 1), not averaged: each rank's
+    micro-batch losses already carry the whole step's normalisers."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    # explicit: fully_shard's default mesh is CUDA whenever CUDA exists, even for a CPU learner
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy()  # float32: compute in the parameters' dtype
+    if dtype != torch.float32:
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    for m in [m for m in model.modules() if type(m).__name__ in blocks]:
+        fully_shard(m, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # a plain SUM; factor 1 alone asks for PREMUL_SUM (no gloo)
 
 
 class Learner:
@@ -81,24 +173,57 @@ class Learner:
         mask_truncated_completions: bool = False,
         trust_remote_code: bool = False,
         reward_pool: Any = None,
+        strategy: str = "single",
+        rank: int = 0,
+        world_size: int = 1,
+        init_method: str | None = None,
+        device: str | None = None,
     ):
+        """strategy "single": one device, no process group. "fsdp": rank `rank` of `world_size` joins the
+        process group at `init_method` (tcp://host:port of rank 0; optional for world_size 1) and the
+        models are FSDP2-sharded. With dtype bfloat16/float16 FSDP keeps float32 master weights and
+        optimizer state and computes in `dtype` (MixedPrecisionPolicy, gradients reduced in float32).
+        device: "cpu" or "cuda"; default CUDA when there is one."""
         from transformers import AutoModelForCausalLM
 
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r} (have {STRATEGIES})")
+        if strategy == "single" and world_size != 1:
+            raise ValueError(f"strategy 'single' runs one rank, not world_size={world_size}")
+        self.sharded = strategy == "fsdp"
+        self.rank, self.world_size = rank, world_size
         torch.manual_seed(seed)
         random.seed(seed)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if self.sharded:
+            self.device = _init_process_group(rank, world_size, init_method, kind)
+        else:
+            self.device = torch.device(kind)
         torch_dtype = getattr(torch, dtype)
-        load = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code)
-        self.model = AutoModelForCausalLM.from_pretrained(model, **load).to(self.device)
+        self.dtype = torch_dtype
+        load_dtype = torch.float32 if self.sharded else torch_dtype  # FSDP: fp32 masters, compute in dtype
+        load = dict(dtype=load_dtype, trust_remote_code=trust_remote_code)
+        if self.sharded:  # loaded on the CPU; fully_shard moves each rank's shard to its device
+            self.model = AutoModelForCausalLM.from_pretrained(model, **load)
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(model, **load).to(self.device)
+        self.tied = tied_names(self.model)
         self.model.train()
         for m in self.model.modules():  # GRPO ratios assume the same function at sampling and training time
             if isinstance(m, torch.nn.Dropout):
                 m.p = 0.0
+        if self.sharded:
+            _shard(self.model, torch_dtype, self.device)
         # beta = 0 loads no reference model (as TRL); otherwise a frozen copy lives here, next to the policy.
         self.ref_model = None
         if beta != 0.0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(model, **load).to(self.device).eval()
-            self.ref_model.requires_grad_(False)
+            if self.sharded:
+                self.ref_model = AutoModelForCausalLM.from_pretrained(model, **load).eval()
+                self.ref_model.requires_grad_(False)
+                _shard(self.ref_model, torch_dtype, self.device)
+            else:
+                self.ref_model = AutoModelForCausalLM.from_pretrained(model, **load).to(self.device).eval()
+                self.ref_model.requires_grad_(False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if optim == "adamw_torch":
             self.optimizer = torch.optim.AdamW(
@@ -126,7 +251,8 @@ class Learner:
 
     def __repr__(self) -> str:
         n = sum(p.numel() for p in self.model.parameters())
-        return f"Learner(params={n / 1e6:.2f}M, device={self.device}, step={self.global_step})"
+        ranks = f", rank={self.rank}/{self.world_size} fsdp" if self.sharded else ""
+        return f"Learner(params={n / 1e6:.2f}M, device={self.device}{ranks}, step={self.global_step})"
 
     # --- log-probs ------------------------------------------------------------------------------------
 
@@ -177,7 +303,8 @@ class Learner:
     ) -> dict[str, float]:
         """batch: prompt_ids, completion_ids, sampling_logprobs (lists per completion), advantages [N],
         truncated [N]. Runs num_iterations optimizer steps; returns metrics averaged over micro-batches.
-        reward_state (max_steps, epoch) is pushed to the reward pool with the new global_step."""
+        reward_state (max_steps, epoch) is pushed to the reward pool with the new global_step.
+        With several ranks every rank gets the whole batch and trains on its share of the micro-batches."""
         t0 = time.perf_counter()
         n = len(batch["completion_ids"])
         order = list(range(n))
@@ -193,15 +320,27 @@ class Learner:
                     m[r, :ln] = 1.0
             masks.append(m.to(self.device))
         num_items = sum(m.sum() for m in masks)  # dapo normaliser: loss tokens in the whole generation batch
-        frozen: list[dict[str, torch.Tensor | None]] = [{} for _ in micro]
+        # This rank's micro-batches (all of them on one rank); None = a zero-weight padding slot, so that
+        # every rank runs ceil(ga / world_size) forwards and backwards (FSDP's collectives run in lockstep).
+        lo, hi = ga * self.rank // self.world_size, ga * (self.rank + 1) // self.world_size
+        slots: list[int | None] = list(range(lo, hi)) + [None] * (-(-ga // self.world_size) - (hi - lo))
+        frozen: list[dict[str, torch.Tensor | None]] = [{} for _ in slots]
         sums: dict[str, list[float]] = defaultdict(list)
+        losses, norms = [], []
         for it in range(self.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
-            for j, idx in enumerate(micro):
+            for s, j in enumerate(slots):
+                pad = j is None
+                idx = micro[lo if pad else j]  # lo < ga always: a padding slot reruns a real micro-batch
                 prompts = [batch["prompt_ids"][i] for i in idx]
                 comps = [batch["completion_ids"][i] for i in idx]
-                logp, entropy = self._forward_logps(self.model, prompts, comps, with_entropy=it == 0)
+                logp, entropy = self._forward_logps(self.model, prompts, comps, with_entropy=it == 0 and not pad)
+                if pad:  # zero gradient through every sharded unit; the ref forward keeps the lockstep too
+                    if it == 0:
+                        self._ref_logps(prompts, comps)
+                    (logp * 0.0).sum().backward()
+                    continue
                 mask = masks[j]
                 adv = torch.tensor(
                     [batch["advantages"][i] for i in idx], dtype=torch.float32, device=self.device
@@ -209,17 +348,17 @@ class Learner:
                 if (
                     it == 0
                 ):  # freeze old / ref / IS terms at the first pass (no optimizer step has happened yet)
-                    frozen[j]["old"] = logp.detach() if self.num_iterations > 1 else None
-                    frozen[j]["ref"] = self._ref_logps(prompts, comps)
-                    frozen[j]["is"] = self._is_weights(logp.detach(), idx, batch, mask, sums)
+                    frozen[s]["old"] = logp.detach() if self.num_iterations > 1 else None
+                    frozen[s]["ref"] = self._ref_logps(prompts, comps)
+                    frozen[s]["is"] = self._is_weights(logp.detach(), idx, batch, mask, sums)
                     sums["entropy"].append(((entropy * mask).sum() / mask.sum().clamp(min=1)).item())
                 loss, metrics = self.loss_fn(
                     logp,
-                    frozen[j]["old"],
+                    frozen[s]["old"],
                     adv,
                     mask,
-                    ref_logp=frozen[j]["ref"],
-                    is_weights=frozen[j]["is"],
+                    ref_logp=frozen[s]["ref"],
+                    is_weights=frozen[s]["is"],
                     num_items_in_batch=num_items,
                     grad_accum_steps=ga,
                 )
@@ -233,8 +372,11 @@ class Learner:
             self.scheduler.step()
             self.global_step += 1
             self._push_state(reward_state)
-            sums["loss"].append(total_loss)
-            sums["grad_norm"].append(grad_norm)
+            losses.append(total_loss)
+            norms.append(grad_norm)
+        sums = self._gather_metrics(sums)
+        sums["loss"] = self._sum_over_ranks(losses)  # per optimizer step: the sum of its micro-batch losses
+        sums["grad_norm"] = norms  # already global (the norm of the full gradient)
         out = {k: sum(v) / len(v) for k, v in sums.items() if v and not k.endswith(("_max", "_min"))}
         out.update(
             {
@@ -248,6 +390,29 @@ class Learner:
         out["num_tokens"] = float(num_items)
         out["time/train_compute"] = time.perf_counter() - t0
         return out
+
+    def _gather_metrics(self, sums: dict[str, list[float]]) -> dict[str, list[float]]:
+        """Every rank's per-micro-batch metric values, concatenated (identity on one rank)."""
+        if self.world_size == 1:
+            return sums
+        import torch.distributed as dist
+
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, dict(sums))
+        merged: dict[str, list[float]] = defaultdict(list)
+        for part in parts:
+            for k, v in part.items():
+                merged[k].extend(v)
+        return merged
+
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        if self.world_size == 1:
+            return values
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64)  # a CPU tensor: gloo carries it, also next to NCCL
+        dist.all_reduce(t)
+        return t.tolist()
 
     def _push_state(self, reward_state: dict[str, Any] | None) -> None:
         if self.reward_pool is None:
@@ -286,6 +451,9 @@ class Learner:
 
     def _clip(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.sharded:  # DTensor shards: clip_grad_norm_ reduces the norm over ranks (max_norm inf: no clip)
+            norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm or math.inf)
+            return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if self.max_grad_norm is None:
             return float(torch.norm(torch.stack([p.grad.norm() for p in params])).item()) if params else 0.0
         return float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm).item())
@@ -293,19 +461,61 @@ class Learner:
     # --- weights and checkpoints ----------------------------------------------------------------------
 
     def export_weights(self) -> bytes:
-        """The policy's weights as safetensors bytes (HF parameter names), for the generators' in-place reload."""
-        cpu = {k: v.to("cpu") for k, v in unique_state_dict(self.model).items()}
-        return safetensors_save(cpu)
+        """The policy's weights as safetensors bytes (HF parameter names), for the generators' in-place reload.
+        Sharded: a collective on every rank; rank 0 returns the bytes (in the run's dtype), the others b""."""
+        if not self.sharded:
+            cpu = {k: v.to("cpu") for k, v in unique_state_dict(self.model).items()}
+            return safetensors_save(cpu)
+        full = self._full_state_dict()
+        if self.rank != 0:
+            return b""
+        return safetensors_save({k: v.to(self.dtype) for k, v in full.items()})
+
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective: the unsharded weights on rank 0's CPU ({} on the others), tied aliases dropped."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        full = get_model_state_dict(self.model, options=opts)
+        return {k: v.contiguous() for k, v in full.items() if k not in self.tied}
+
+    def _optimizer_param_names(self) -> list[str]:
+        """Parameter names in the optimizer's order: what `optimizer.state_dict()`'s integer ids index."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
 
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> str:
         """HF checkpoint (loadable by transformers and vLLM) + optimizer/scheduler + run state, written to a
-        temporary directory and renamed, so a killed job never leaves a half-written checkpoint."""
+        temporary directory and renamed, so a killed job never leaves a half-written checkpoint.
+        Sharded: a collective; rank 0 writes the full weights and the full optimizer state in the same
+        format (integer parameter ids), so checkpoints move between any numbers of ranks."""
+        if not self.sharded:
+            return self._write_checkpoint(path, self.model.save_pretrained, self.optimizer.state_dict(), extra)
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        weights = self._full_state_dict()
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        by_name = get_optimizer_state_dict(self.model, self.optimizer, options=opts)  # keyed by param name
+        if self.rank == 0:
+            ids = {n: i for i, n in enumerate(self._optimizer_param_names())}
+            optim = {  # the local optimizer's param_groups: integer ids, hyper-parameters as a 1-rank one has them
+                "state": {ids[n]: v for n, v in by_name["state"].items()},
+                "param_groups": self.optimizer.state_dict()["param_groups"],
+            }
+            self._write_checkpoint(path, lambda d: self.model.save_pretrained(d, state_dict=weights), optim, extra)
+        dist.barrier()  # no rank returns before the checkpoint exists
+        return str(Path(path))
+
+    def _write_checkpoint(
+        self, path: str, save_model: Callable[[Path], None], optim: dict[str, Any], extra: dict[str, Any] | None
+    ) -> str:
         final = Path(path)
         tmp = final.with_name(final.name + ".tmp")
         tmp.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(tmp)
+        save_model(tmp)
         buf = io.BytesIO()
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, buf)
+        torch.save({"optimizer": optim, "scheduler": self.scheduler.state_dict()}, buf)
         (tmp / "optimizer.pt").write_bytes(buf.getvalue())
         (tmp / "rayward_state.json").write_text(
             json.dumps({"global_step": self.global_step, **(extra or {})})
@@ -318,14 +528,47 @@ class Learner:
         return str(final)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Restore policy weights, optimizer, scheduler and global_step from `save_checkpoint`'s directory."""
+        """Restore policy weights, optimizer, scheduler and global_step from `save_checkpoint`'s directory
+        (written by any number of ranks). Sharded: a collective; rank 0 reads, the others get broadcasts."""
         from safetensors.torch import load_file
 
         p = Path(path)
-        self.model.load_state_dict(load_file(str(p / "model.safetensors")), strict=False)
-        opt = torch.load(p / "optimizer.pt", map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(opt["optimizer"])
-        self.scheduler.load_state_dict(opt["scheduler"])
-        state = json.loads((p / "rayward_state.json").read_text())
+        if not self.sharded:
+            self.model.load_state_dict(load_file(str(p / "model.safetensors")), strict=False)
+            opt = torch.load(p / "optimizer.pt", map_location=self.device, weights_only=False)
+            self.optimizer.load_state_dict(opt["optimizer"])
+            self.scheduler.load_state_dict(opt["scheduler"])
+            state = json.loads((p / "rayward_state.json").read_text())
+            self.global_step = int(state["global_step"])
+            return state
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        weights: dict[str, Any] = {}
+        by_name: dict[str, Any] = {}
+        small: list[Any] = [None, None]  # scheduler state, run state: broadcast as objects
+        if self.rank == 0:
+            weights = load_file(str(p / "model.safetensors"))
+            for alias, source in self.tied.items():  # the file holds a tied weight once
+                weights.setdefault(alias, weights[source])
+            opt = torch.load(p / "optimizer.pt", map_location="cpu", weights_only=False)
+            names = self._optimizer_param_names()
+            by_name = {
+                "state": {names[i]: v for i, v in opt["optimizer"]["state"].items()},
+                "param_groups": [
+                    {**g, "params": [names[i] for i in g["params"]]} for g in opt["optimizer"]["param_groups"]
+                ],
+            }
+            small = [opt["scheduler"], json.loads((p / "rayward_state.json").read_text())]
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.model, weights, options=opts)
+        set_optimizer_state_dict(self.model, self.optimizer, by_name, options=opts)
+        dist.broadcast_object_list(small, src=0)
+        self.scheduler.load_state_dict(small[0])
+        state = small[1]
         self.global_step = int(state["global_step"])
         return state

@@ -302,6 +302,14 @@ class ClusterConfig(_Section):
     """CPUs of the embedded local cluster (default: this machine's count). Logical: actors ask for fractions."""
     num_generators: int = Field(1, ge=1)
     """vLLM generator actors; prompts are split across them."""
+    num_learners: int = Field(1, ge=1)
+    """Learner ranks (data parallel), one actor each with the `learner` resources, placed together by a
+    STRICT_PACK placement group (one node). Above 1 needs `learner_strategy: fsdp`."""
+    learner_strategy: Literal["single", "fsdp"] = "single"
+    """`single`: one learner process on one device. `fsdp`: the num_learners ranks form a torch.distributed
+    process group (gloo on CPU, NCCL on GPUs), shard the policy and reference model with FSDP2 (per decoder
+    layer) and each trains on its share of every batch's micro-batches, with the single learner's numbers.
+    On GPUs with model.dtype bfloat16: float32 master weights and optimizer state, bfloat16 compute."""
     num_reward_workers: int = Field(2, ge=1)
     """Reward worker actors at start (scale later with `rayward scale`)."""
     reward_chunk_groups: int = Field(1, ge=1)
@@ -309,9 +317,29 @@ class ClusterConfig(_Section):
     generator: GeneratorResources = GeneratorResources()
     """Resources of each generator actor."""
     learner: LearnerResources = LearnerResources()
-    """Resources of the learner actor."""
+    """Resources of the learner actor (of each rank, with num_learners > 1)."""
     reward_worker: RewardWorkerResources = RewardWorkerResources()
     """Resources of each reward worker actor."""
+
+    @model_validator(mode="after")
+    def _learners(self) -> ClusterConfig:
+        if self.num_learners > 1 and self.learner_strategy == "single":
+            raise ValueError(
+                f"learner_strategy 'single' runs one learner; num_learners ({self.num_learners}) > 1 needs "
+                "learner_strategy: fsdp"
+            )
+        lr = self.learner
+        if self.learner_strategy == "fsdp" and not (lr.num_cpus or lr.num_gpus or any(lr.resources.values())):
+            raise ValueError(
+                "learner: FSDP ranks are placed by a placement group, whose bundles need a positive amount: "
+                "set learner.num_cpus or learner.num_gpus above 0"
+            )
+        if self.num_learners > 1 and 0 < self.learner.num_gpus < 1:
+            raise ValueError(
+                f"learner.num_gpus ({self.learner.num_gpus}): FSDP ranks need a whole GPU each (NCCL runs one "
+                "rank per GPU)"
+            )
+        return self
 
 
 class LoopConfig(_Section):
@@ -379,6 +407,13 @@ class RunConfig(_Section):
             raise ValueError(
                 f"generation.generation_batch_size ({self.generation.generation_batch_size}) must be a multiple of "
                 f"grpo.per_device_train_batch_size ({self.grpo.per_device_train_batch_size})"
+            )
+        micro = self.generation.generation_batch_size // self.grpo.per_device_train_batch_size
+        if micro < self.cluster.num_learners:
+            raise ValueError(
+                f"cluster.num_learners ({self.cluster.num_learners}) is more than the micro-batches per step "
+                f"(generation_batch_size / grpo.per_device_train_batch_size = {micro}): some learner ranks "
+                "would have nothing to train on"
             )
         return self
 

@@ -140,7 +140,7 @@ class Run:
     run_dir: Path
     prompts: PromptSource
     generators: Any  # ActorGroup of actors.generator.Generator
-    learner: Any  # ActorGroup of one actors.learner.Learner
+    learner: Any  # LearnerGroup: one actors.learner.Learner to the loop (cluster.num_learners ranks)
     reward_pool: Any  # handle of the named actors.reward_pool.RewardPool
     aggregator: RewardAggregator
     logger: MetricsLogger
@@ -157,7 +157,7 @@ def build_run(p: Prepared) -> Run:
     import ray
 
     from actors.generator import Generator
-    from actors.group import ActorGroup
+    from actors.group import ActorGroup, LearnerGroup
     from actors.learner import Learner
     from actors.reward_pool import RewardPool
     from orchestrator.cluster import actor_options, namespace, run_sys_path
@@ -192,13 +192,14 @@ def build_run(p: Prepared) -> Run:
         ),
         per_actor_kwargs=[{"seed": cfg.seed + i} for i in range(c.num_generators)],
     )
-    learner = ActorGroup(
+    learner = LearnerGroup(  # one member to the loop, num_learners ranks behind it
         Learner,
-        1,
+        c.num_learners,
         run_name=p.name,
-        role="learner",
+        strategy=c.learner_strategy,
         options=actor_options(c.learner, namespace=ns),
-        kwargs={**learner_kwargs(cfg, p.model_path), "reward_pool": reward_pool},
+        kwargs=learner_kwargs(cfg, p.model_path),
+        rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step
     )
     logger = MetricsLogger(
         p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,

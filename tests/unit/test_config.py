@@ -131,3 +131,15 @@ def test_partial_resources_keep_the_role_defaults():
     cfg = parse_config({**MINIMAL, "cluster": {"reward_worker": {"resources": {"reward_node": 1}}}})
     assert cfg.cluster.reward_worker.num_cpus == 0.25 and cfg.cluster.reward_worker.resources == {"reward_node": 1}
     assert cfg.cluster.generator.num_cpus == 0.5
+
+
+def test_learner_ranks():
+    cfg = parse_config({**MINIMAL, "cluster": {"num_learners": 2, "learner_strategy": "fsdp"}})
+    assert cfg.cluster.num_learners == 2 and parse_config(MINIMAL).cluster.learner_strategy == "single"
+    with pytest.raises(ConfigError, match=r"cluster: learner_strategy 'single' runs one learner; num_learners \(2\)"):
+        parse_config({**MINIMAL, "cluster": {"num_learners": 2}})
+    with pytest.raises(ConfigError, match=r"learner\.num_gpus \(0\.5\)"):
+        parse_config({**MINIMAL, "cluster": {"num_learners": 2, "learner_strategy": "fsdp", "learner": {"num_gpus": 0.5}}})
+    with pytest.raises(ConfigError, match=r"cluster\.num_learners \(8\) is more than the micro-batches per step"):
+        parse_config({**MINIMAL, "generation": {"generation_batch_size": 32}, "grpo": {"per_device_train_batch_size": 8},
+                      "cluster": {"num_learners": 8, "learner_strategy": "fsdp"}})
