@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from actors.vllm_plugin import SPIN_ENV
@@ -120,10 +121,50 @@ class Generator:
         Each sample: completion_ids, logprobs (sampling logprob of each generated token, after
         temperature/top-k/top-p), text, finish_reason ("stop" or "length").
         """
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        params = SamplingParams(
+        params = self._sampling_params(
+            n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
+        )
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
+        # One call for the whole batch so vLLM schedules all prompts * n samples together.
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return [_samples(out) for out in outputs]
+
+    def generate_stream(self, prompt_token_ids: list[list[int]], **sampling: Any) -> Iterator[dict[str, Any]]:
+        """`generate`, streamed: yields {"groups": [(prompt index, samples)], "seconds": generator-busy seconds
+        so far} after every engine step in which some prompts' groups finished, so their rewards can be
+        scored while the rest of the batch is still decoding. One engine batch, so no cost over `generate`.
+
+        As a Ray actor method it is a streaming generator: the actor runs one call at a time, so a weight
+        sync submitted after it still lands after the whole batch is generated."""
+        from vllm.inputs import TokensPrompt
+
+        t0 = time.perf_counter()
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
+        request_ids = self.llm.enqueue(prompts, self._sampling_params(**sampling), use_tqdm=False)
+        # Outputs carry the engine's request id, which enqueue returns with a "-<suffix>" on some versions.
+        index = {rid: i for i, rid in enumerate(request_ids)}
+        index.update({rid.split("-")[0]: i for i, rid in enumerate(request_ids)})
+        engine = self.llm.llm_engine
+        while engine.has_unfinished_requests():
+            done = [(index[out.request_id], _samples(out)) for out in engine.step() if out.finished]
+            if done:
+                yield {"groups": done, "seconds": time.perf_counter() - t0}
+
+    @staticmethod
+    def _sampling_params(
+        *,
+        n: int,
+        max_tokens: int,
+        temperature: float,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+    ) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(
             n=n,
             max_tokens=max_tokens,
             temperature=temperature,
@@ -133,33 +174,6 @@ class Generator:
             # logprobs=0 returns just the sampled token's logprob (no top-k alternatives).
             logprobs=0,
         )
-        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
-        # One call for the whole batch so vLLM schedules all prompts * n samples together.
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        results: list[list[dict[str, Any]]] = []
-        for out in outputs:
-            samples = []
-            for comp in out.outputs:
-                ids = list(comp.token_ids)
-                assert comp.logprobs is not None and len(comp.logprobs) == len(ids)
-                logprobs = [step[tok].logprob for tok, step in zip(ids, comp.logprobs, strict=True)]
-                samples.append(
-                    {
-                        "completion_ids": ids,
-                        "logprobs": logprobs,
-                        "text": comp.text,
-                        "finish_reason": comp.finish_reason or "length",
-                    }
-                )
-            results.append(samples)
-        return results
-
-    def generate_timed(self, prompt_token_ids: list[list[int]], **sampling: Any) -> dict[str, Any]:
-        """`generate` plus the seconds it took, for per-role step-time accounting (the pipelined loop cannot
-        ask separately: a second call would queue behind the generation it measures)."""
-        t0 = time.perf_counter()
-        groups = self.generate(prompt_token_ids, **sampling)
-        return {"groups": groups, "seconds": time.perf_counter() - t0}
 
     def load_weights(self, blob: bytes) -> None:
         """Replace the engine weights in place from safetensors bytes of an HF-named state dict."""
@@ -195,3 +209,22 @@ class Generator:
             log_z = m + math.log(sum(math.exp(v - m) for v in scaled.values()))
             result.append(scaled[tok] - log_z)
         return result
+
+
+def _samples(out: Any) -> list[dict[str, Any]]:
+    """One prompt's vLLM RequestOutput as rayward samples: completion_ids, logprobs (sampling logprob of each
+    generated token, after temperature/top-k/top-p), text, finish_reason ("stop" or "length")."""
+    samples = []
+    for comp in out.outputs:
+        ids = list(comp.token_ids)
+        assert comp.logprobs is not None and len(comp.logprobs) == len(ids)
+        logprobs = [step[tok].logprob for tok, step in zip(ids, comp.logprobs, strict=True)]
+        samples.append(
+            {
+                "completion_ids": ids,
+                "logprobs": logprobs,
+                "text": comp.text,
+                "finish_reason": comp.finish_reason or "length",
+            }
+        )
+    return samples

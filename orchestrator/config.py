@@ -350,8 +350,9 @@ class LoopConfig(_Section):
     """Pipelined: how many optimizer steps older than the learner the generating policy may be; also how many
     batches are generated ahead. 0 = strictly on-policy (same accounting as `sync`). Samples older than this
     are never trained on; the vLLM importance-sampling correction covers the staleness allowed."""
-    generation_chunks: int = Field(2, ge=1)
-    """Pipelined: sub-batches per generator per step; each goes to the reward pool as soon as it is generated."""
+    generation_chunks: int = Field(1, ge=1)
+    """Pipelined: generator calls per generator per step. Finished groups stream to the reward pool either way;
+    more than 1 only splits a generator's share into separate engine batches (slower on small models)."""
 
 
 class LoggingConfig(_Section):

@@ -1,7 +1,7 @@
 """The pipelined loop: the same phases as `loop.run_sync`, overlapped.
 
 While the learner trains on batch k, the generators produce batches k+1 .. k+max_staleness, and every
-generated sub-batch goes to the reward pool the moment it exists. The generators execute calls in the order
+group goes to the reward pool the moment its completions exist (generators stream finished groups). The generators execute calls in the order
 they were submitted, so a weight sync submitted after step k lands before any generation submitted after it:
 a batch's policy_version is known when it is submitted. Admission rule: a batch more than max_staleness steps
 behind the learner is dropped, never trained on.
@@ -30,21 +30,32 @@ from orchestrator.run import Run
 
 
 @dataclass
+class Part:
+    """One generator call of a batch: its prompt rows and the stream of finished groups it yields."""
+
+    rows: list[dict[str, Any]]
+    stream: Any  # ray ObjectRefGenerator of Generator.generate_stream
+    done: bool = False
+    seconds: float = 0.0  # generator-busy seconds so far
+
+
+@dataclass
 class InFlight:
-    """One batch on its way: generation sub-batches, then their scoring, in submission order."""
+    """One batch on its way: generation streams, and the scoring of every piece they have yielded."""
 
     policy_version: int
-    parts: list[tuple[list[dict[str, Any]], Any]]  # (rows, ObjectRef of generate output)
-    rollouts: dict[int, Any] = field(default_factory=dict)  # part index -> Rollouts
-    scores: dict[int, Any] = field(default_factory=dict)  # part index -> ObjectRef of pool.score
-    generate_s: float = 0.0  # generator-busy seconds summed over the parts
+    parts: list[Part]
+    scored: list[tuple[Any, Any]] = field(
+        default_factory=list
+    )  # (Rollouts, ObjectRef of pool.score) per piece
 
-    def unscored(self) -> list[Any]:
-        return [ref for i, (_, ref) in enumerate(self.parts) if i not in self.rollouts]
+    def generating(self) -> bool:
+        return not all(p.done for p in self.parts)
 
 
 def submit_batch(run: Run) -> InFlight:
-    """Submit one step's generation, cut into sub-batches spread round-robin over the generators."""
+    """Submit one step's generation: rows split over the generators (generation_chunks calls each), every
+    call a stream of groups as they finish."""
     g = run.cfg.generation
     rows = run.prompts.next_batch(g.generation_batch_size // g.num_generations)
     handles = run.generators.handles
@@ -52,37 +63,42 @@ def submit_batch(run: Run) -> InFlight:
     bounds = [len(rows) * i // n_parts for i in range(n_parts + 1)]
     parts = []
     for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        ref = handles[i % len(handles)].generate_timed.remote([r["prompt_ids"] for r in rows[lo:hi]], **sampling_kwargs(run))
-        parts.append((rows[lo:hi], ref))
+        call = handles[i % len(handles)].generate_stream.options(num_returns="streaming")
+        parts.append(
+            Part(rows[lo:hi], call.remote([r["prompt_ids"] for r in rows[lo:hi]], **sampling_kwargs(run)))
+        )
     return InFlight(run.policy_version, parts)
 
 
 def pump(run: Run, inflight: deque[InFlight], until: Any | None = None) -> None:
-    """Send every finished generation sub-batch to the reward pool; return once `until` is ready (or, with
-    until=None, once the oldest batch is fully generated)."""
+    """Send every group the generators have finished to the reward pool; return once `until` is ready (or,
+    with until=None, once the oldest batch is fully generated)."""
     while True:
-        waiting = {ref: (b, i) for b in inflight for i, (_, ref) in enumerate(b.parts) if i not in b.rollouts}
-        if until is None and not inflight[0].unscored():
+        if until is None and not inflight[0].generating():
             return
-        targets = list(waiting) + ([until] if until is not None else [])
-        ready, _ = ray.wait(targets, num_returns=1)
+        live = {p.stream: (b, p) for b in inflight for p in b.parts if not p.done}
+        ready, _ = ray.wait(list(live) + ([until] if until is not None else []), num_returns=1)
         if until is not None and ready[0] is until:
             return
-        batch, i = waiting[ready[0]]
-        out = ray.get(ready[0])
-        batch.generate_s += out["seconds"]
-        r = to_rollouts(run, batch.parts[i][0], out["groups"], batch.policy_version)
-        batch.rollouts[i] = r
-        batch.scores[i] = score_request(run, r)
+        batch, part = live[ready[0]]
+        try:
+            out = ray.get(next(part.stream))
+        except StopIteration:
+            part.done = True
+            continue
+        part.seconds = out["seconds"]
+        rows = [part.rows[i] for i, _ in out["groups"]]
+        r = to_rollouts(run, rows, [samples for _, samples in out["groups"]], batch.policy_version)
+        batch.scored.append((r, score_request(run, r)))
 
 
 def collect(batch: InFlight) -> tuple[Any, dict[str, Any]]:
-    """The batch's rollouts and scores, joined in submission order."""
-    scored = ray.get([batch.scores[i] for i in range(len(batch.parts))])
-    scored[-1]["generate_s"] = batch.generate_s
-    out = (batch.rollouts[0], scored[0])
-    for i in range(1, len(batch.parts)):
-        out = join(out, (batch.rollouts[i], scored[i]))
+    """The batch's rollouts and scores, joined (in the order the groups finished)."""
+    scored = ray.get([ref for _, ref in batch.scored])
+    scored[-1]["generate_s"] = sum(p.seconds for p in batch.parts)
+    out = (batch.scored[0][0], scored[0])
+    for (r, _), s in zip(batch.scored[1:], scored[1:], strict=True):
+        out = join(out, (r, s))
     return out
 
 
@@ -100,7 +116,9 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
         with timer("wait_rollouts"):  # learner idle: the next batch is not generated and scored yet
             pump(run, inflight)
             rollouts, scored = collect(inflight.popleft())
-        if run.global_step - rollouts.policy_version > lag:  # admission rule (defensive: the schedule keeps it)
+        if (
+            run.global_step - rollouts.policy_version > lag
+        ):  # admission rule (defensive: the schedule keeps it)
             run.extras["dropped_stale"] = run.extras.get("dropped_stale", 0) + 1
             continue
         rollouts, scored, filter_m = run.select_groups(run, rollouts, scored, timer)

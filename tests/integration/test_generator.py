@@ -145,6 +145,24 @@ def test_generate_returns_aligned_samples(generator: Generator) -> None:
     ]
 
 
+def test_generate_stream_yields_every_group_once_as_generate_would(generator: Generator) -> None:
+    """The pipelined loop's stream: each prompt's group exactly once, under its own index, equal to what
+    `generate` samples with the same request seed (so the index mapping cannot mix groups up)."""
+    prompts = [chat_prompt(generator.tokenizer, f"Write the letter {c}:") for c in "abcdef"]
+    kw = dict(n=3, max_tokens=24, temperature=1.0, seed=7)
+    expected = generator.generate(prompts, **kw)
+    pieces = list(generator.generate_stream(prompts, **kw))
+    seen = [i for piece in pieces for i, _ in piece["groups"]]
+    assert sorted(seen) == list(range(len(prompts)))
+    streamed = {i: samples for piece in pieces for i, samples in piece["groups"]}
+    for i, samples in enumerate(expected):
+        assert [s["completion_ids"] for s in streamed[i]] == [s["completion_ids"] for s in samples]
+        for got, want in zip(streamed[i], samples, strict=True):
+            assert got["logprobs"] == pytest.approx(want["logprobs"], abs=1e-5)
+    seconds = [piece["seconds"] for piece in pieces]
+    assert seconds == sorted(seconds) and seconds[0] > 0
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_logprobs_match_transformers(
     generator: Generator, engine_weights, temperature: float
