@@ -345,7 +345,7 @@ class ClusterConfig(_Section):
 class LoopConfig(_Section):
     mode: Literal["sync", "pipelined"] = "sync"
     """`sync`: generate -> score -> train -> sync, one step at a time (the reference). `pipelined`: the next
-    batches are generated and scored (per sub-batch, as soon as it exists) while the learner trains."""
+    batches are generated and scored (each group as soon as its completions exist) while the learner trains."""
     max_staleness: int = Field(1, ge=0)
     """Pipelined: how many optimizer steps older than the learner the generating policy may be; also how many
     batches are generated ahead. 0 = strictly on-policy (same accounting as `sync`). Samples older than this
