@@ -270,9 +270,7 @@ class Learner:
         t_max = max(max(len(c) for c in completions), 1)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(seqs), width), dtype=torch.long)
-        pos = torch.zeros(
-            (len(seqs), t_max), dtype=torch.long
-        )  # logits position predicting each completion token
+        pos = torch.zeros((len(seqs), t_max), dtype=torch.long)  # logits position predicting each completion token
         tgt = torch.zeros((len(seqs), t_max), dtype=torch.long)
         for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
             ids[b, : len(p) + len(c)] = torch.tensor(p + c)
@@ -345,9 +343,8 @@ class Learner:
                 adv = torch.tensor(
                     [batch["advantages"][i] for i in idx], dtype=torch.float32, device=self.device
                 )
-                if (
-                    it == 0
-                ):  # freeze old / ref / IS terms at the first pass (no optimizer step has happened yet)
+                # Freeze old / ref / IS terms at the first pass (no optimizer step has happened yet).
+                if it == 0:
                     frozen[s]["old"] = logp.detach() if self.num_iterations > 1 else None
                     frozen[s]["ref"] = self._ref_logps(prompts, comps)
                     frozen[s]["is"] = self._is_weights(logp.detach(), idx, batch, mask, sums)

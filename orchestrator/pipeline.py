@@ -45,9 +45,8 @@ class InFlight:
 
     policy_version: int
     parts: list[Part]
-    scored: list[tuple[Any, Any]] = field(
-        default_factory=list
-    )  # (Rollouts, ObjectRef of pool.score) per piece
+    # (Rollouts, ObjectRef of pool.score) per piece the generators have yielded
+    scored: list[tuple[Any, Any]] = field(default_factory=list)
 
     def generating(self) -> bool:
         return not all(p.done for p in self.parts)
@@ -116,9 +115,8 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
         with timer("wait_rollouts"):  # learner idle: the next batch is not generated and scored yet
             pump(run, inflight)
             rollouts, scored = collect(inflight.popleft())
-        if (
-            run.global_step - rollouts.policy_version > lag
-        ):  # admission rule (defensive: the schedule keeps it)
+        # Admission rule (defensive: the schedule keeps it).
+        if run.global_step - rollouts.policy_version > lag:
             run.extras["dropped_stale"] = run.extras.get("dropped_stale", 0) + 1
             continue
         rollouts, scored, filter_m = run.select_groups(run, rollouts, scored, timer)
