@@ -2,7 +2,7 @@
 
     python bench/trl_vs_rayward.py                       # all three, 8 steps each (2 warm-up steps excluded)
     python bench/trl_vs_rayward.py --which sync,pipelined --steps 16 \
-        --variant pipe-s2c1:pipelined:loop.max_staleness=2,loop.generation_chunks=1   # + runs with other knobs
+        --variant pipe-s2:pipelined:loop.max_staleness=2   # + runs with other knobs
 
 Every system gets the same work per optimizer step: rayward's offline tiny model, the toy letter prompts,
 8 prompts x num_generations 8 = 64 completions of at most 16 new tokens at temperature 1.0, two reward
@@ -416,7 +416,7 @@ def main() -> None:
     ap.add_argument("--which", default=",".join(SYSTEMS), help="comma list of trl,sync,pipelined (default: all)")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KIND:ITEM,...",
                     help="an extra rayward run with config overrides, for experiments (repeatable), e.g. "
-                    "pipe-s2:pipelined:loop.max_staleness=2,loop.generation_chunks=1")
+                    "pipe-s2:pipelined:loop.max_staleness=2")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra rayward config override for every rayward run (repeatable)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per system before it is killed")
