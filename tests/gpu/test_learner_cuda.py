@@ -21,7 +21,12 @@ def test_cuda_step_matches_cpu_direction(tiny_model_path, dtype):
     lr = Learner(tiny_model_path, loss_fn=functools.partial(grpo_loss, loss_type="dapo"), learning_rate=1e-2,
                  micro_batch_size=4, dtype=dtype)
     assert lr.device.type == "cuda"
-    b = _batch()
+    assert_step_follows_advantages(lr, _batch())
+
+
+def assert_step_follows_advantages(lr: Learner, b: dict) -> dict:
+    """One train_step on a batch with advantages +1, -1, ...: the +1 sequences gain logprob, the -1 ones
+    lose it. Returns the step's stats."""
     with torch.no_grad():
         before, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
     stats = lr.train_step(b)
@@ -30,6 +35,7 @@ def test_cuda_step_matches_cpu_direction(tiny_model_path, dtype):
     delta = (after - before).sum(-1).float().cpu()
     assert torch.isfinite(torch.tensor(stats["loss"])) and stats["grad_norm"] > 0
     assert (delta[0::2] > 0).all() and (delta[1::2] < 0).all()
+    return stats
 
 
 def test_cuda_logprobs_match_cpu(tiny_model_path):

@@ -7,6 +7,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load as safetensors_load
 
 from actors.learner import Learner, free_port
+from tests.gpu.test_learner_cuda import assert_step_follows_advantages
 from tests.unit.test_learner_fsdp import SCENARIOS, learner_kwargs, make_batch
 
 ATOL = 1e-5  # fp32 on one GPU: the same kernels; FSDP adds only the (exact) all-gather and reduce
@@ -45,14 +46,7 @@ def test_bf16_fsdp_keeps_fp32_masters_and_learns(tiny_model_path):
     assert all(p.dtype == torch.float32 for p in lr.model.parameters())  # masters; compute in bf16
     b = make_batch(8)
     b["advantages"] = [1.0, -1.0] * 4
-    with torch.no_grad():
-        before, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
-    stats = lr.train_step(b)
-    with torch.no_grad():
-        after, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
-    delta = (after - before).sum(-1).float().cpu()
-    assert torch.isfinite(torch.tensor(stats["loss"])) and stats["grad_norm"] > 0
-    assert (delta[0::2] > 0).all() and (delta[1::2] < 0).all()
+    stats = assert_step_follows_advantages(lr, b)
     exported = safetensors_load(lr.export_weights())
     assert {t.dtype for t in exported.values()} == {torch.bfloat16}  # the generators' dtype, half the bytes
     single = Learner(tiny_model_path, **kw)  # the single-device bf16 learner: bf16 weights, same first loss
