@@ -105,27 +105,16 @@ class Generator:
         device = "cuda" if self.on_gpu else "cpu"
         return f"Generator(model={self.model!r}, device={device}, weight_version={self.weight_version})"
 
-    def generate(
-        self,
-        prompt_token_ids: list[list[int]],
-        *,
-        n: int,
-        max_tokens: int,
-        temperature: float,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-    ) -> list[list[dict[str, Any]]]:
+    def generate(self, prompt_token_ids: list[list[int]], **sampling: Any) -> list[list[dict[str, Any]]]:
         """Sample `n` completions per prompt; result[i][j] is sample j of prompt i.
 
+        sampling: n, max_tokens, temperature (required), top_p, top_k, seed (see `_sampling_params`).
         Each sample: completion_ids, logprobs (sampling logprob of each generated token, after
         temperature/top-k/top-p), text, finish_reason ("stop" or "length").
         """
         from vllm.inputs import TokensPrompt
 
-        params = self._sampling_params(
-            n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
-        )
+        params = self._sampling_params(**sampling)
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
         # One call for the whole batch so vLLM schedules all prompts * n samples together.
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
