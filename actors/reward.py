@@ -187,7 +187,7 @@ class RewardWorker:
         # One persistent event loop, as TRL keeps one: async reward code may hold loop-bound clients.
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, daemon=True, name="reward-loop").start()
-        self._executor = ThreadPoolExecutor(SYNC_CALL_THREADS, thread_name_prefix="reward-call")
+        self._executor = _call_executor()
         self._stuck = 0  # sync calls still running past their timeout (their threads cannot be killed)
         self._lock = threading.Lock()
         self.chunks_scored = 0
@@ -241,7 +241,7 @@ class RewardWorker:
     def _submit(self, k: int, ctx: _Chunk) -> list[tuple[int, int, float, Future]]:
         """Start every call of sync reward k on the chunk: (lo, hi, start time, future) per call."""
         if self._stuck >= SYNC_CALL_THREADS // 2:  # hung sync calls hold threads forever: start a fresh pool
-            self._executor, self._stuck = ThreadPoolExecutor(SYNC_CALL_THREADS, thread_name_prefix="reward-call"), 0
+            self._executor, self._stuck = _call_executor(), 0
         fn = self.functions[k]
         calls = []
         for lo, hi in ctx.spans(self.specs[k]):
@@ -271,6 +271,10 @@ class RewardWorker:
 
 
 _RewardResult = tuple[list[float], int, int, float]  # scores [n], timeouts, errors, latency seconds
+
+
+def _call_executor() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(SYNC_CALL_THREADS, thread_name_prefix="reward-call")
 
 
 def _timed_call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[Any, float]:
