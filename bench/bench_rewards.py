@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator.toy import _text, letter_fraction
+from orchestrator.tasks.letters import _text, letter_fraction
 
 SANDBOX_LATENCY_S = 0.05  # one "sandbox round trip" per completion
 

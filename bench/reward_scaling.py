@@ -25,8 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.reward import RewardSpec  # noqa: E402
-from actors.reward_pool import CHUNKS_PER_WORKER, RewardPool  # noqa: E402
+from actors.rewards.pool import CHUNKS_PER_WORKER, RewardPool  # noqa: E402
+from actors.rewards.worker import RewardSpec  # noqa: E402
 from tests.fixtures.slow_rewards import spin  # noqa: E402
 
 

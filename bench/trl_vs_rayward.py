@@ -63,8 +63,8 @@ def run_trl(steps: int, workdir: Path) -> dict[str, Any]:
     sys.path.insert(0, str(REWARDS_FILE.parent))
     from bench_rewards import letter_fraction, sandbox_reward
 
+    from orchestrator.tasks.letters import toy_dataset
     from orchestrator.tiny import ensure_tiny_model
-    from orchestrator.toy import toy_dataset
 
     torch.manual_seed(SEED)
     model_path = str(ensure_tiny_model())
@@ -175,9 +175,9 @@ def _cpu_by_role() -> dict[str, float]:
 
 
 def run_rayward(mode: str, steps: int, reward_workers: int, workdir: Path, extra: list[str]) -> dict[str, Any]:
-    from orchestrator.api import train
     from orchestrator.config import load_config
-    from orchestrator.metrics import MetricsLogger
+    from orchestrator.ops.metrics import MetricsLogger
+    from orchestrator.train import train
 
     # CPU accounting per step (instrumentation of this subprocess only): after each step is logged, read the
     # CPU seconds every process of the run has used so far.

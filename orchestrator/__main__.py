@@ -1,6 +1,6 @@
 import sys
 
-from orchestrator.cli import main
+from orchestrator.ops.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import DataConfig
-from orchestrator.toy import toy_dataset
+from orchestrator.tasks.letters import toy_dataset
 
 
 class DataError(ValueError):

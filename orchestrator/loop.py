@@ -16,10 +16,10 @@ from typing import Any
 import ray
 import torch
 
+from orchestrator.build import Run
 from orchestrator.data import is_conversational
 from orchestrator.grpo import compute_advantages, nanstd
-from orchestrator.metrics import PhaseTimer, reward_metrics
-from orchestrator.run import Run
+from orchestrator.ops.metrics import PhaseTimer, reward_metrics
 
 # A group whose total-reward std is at or below this is "zero spread" (identical rewards up to float noise).
 STD_ZERO_TOL = 1e-6

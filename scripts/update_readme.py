@@ -4,7 +4,7 @@ import io
 from contextlib import redirect_stdout
 from pathlib import Path
 
-from orchestrator.cli import main
+from orchestrator.ops.cli import main
 
 START, END = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
 readme = Path(__file__).resolve().parents[1] / "README.md"

@@ -1,0 +1,361 @@
+"""RewardWorker: calls a run's reward functions on chunks of completions, exactly as TRL's GRPOTrainer does.
+
+A plain class (no Ray import): `actors.rewards.pool.RewardPool` makes it a Ray actor. Each reward function
+keeps TRL 1.16's signature:
+
+    fn(prompts=[...], completions=[...], completion_ids=[[...]], <dataset columns>=[...],
+       trainer_state=TrainerState, log_extra=fn, log_metric=fn, **kwargs) -> list[float | None]
+
+sync or `async def`. Unlike TRL, every call has a time bound and an error policy, and by default each
+completion is scored by its own call so a slow or failing sample cannot take its neighbours with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import inspect
+import math
+import os
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Threads for sync reward calls of one chunk: enough that every per-sample call of a chunk starts at once
+# (so its timeout is measured from its own start), small enough to stay cheap when idle.
+SYNC_CALL_THREADS = 64
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised or returned something unusable; the message names the reward and sample."""
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """What a worker needs to know about one reward (a plain copy of the config's RewardConfig)."""
+
+    name: str
+    function: str | None = None
+    model: str | None = None
+    timeout_s: float = 60.0
+    on_error: str = "raise"
+    fallback: float | None = 0.0
+    batched: bool = False
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def load_reward_function(spec: RewardSpec) -> Callable[..., Any]:
+    """Import `module:callable` or `path/to/file.py:callable` (and call it with spec.kwargs if given)."""
+    target = spec.function or ""
+    module_name, _, attr = target.rpartition(":")
+    if not module_name or not attr:
+        raise RewardFunctionError(
+            f"reward {spec.name!r}: function {target!r} is not of the form module:callable"
+        )
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name).resolve()
+            mod_spec = importlib.util.spec_from_file_location(f"rayward_user_{path.stem}", path)
+            if mod_spec is None or mod_spec.loader is None:
+                raise ImportError(f"cannot load {path}")
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - any import failure is the user's to see, with the reward named
+        raise RewardFunctionError(
+            f"reward {spec.name!r}: cannot import {module_name!r} ({type(err).__name__}: {err}); "
+            f"the module must be importable from the directory you run rayward from ({os.getcwd()})"
+        ) from err
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise RewardFunctionError(f"reward {spec.name!r}: module {module_name!r} has no attribute {attr!r}")
+    if spec.kwargs:
+        fn = fn(**spec.kwargs)
+    if not callable(fn):
+        raise RewardFunctionError(f"reward {spec.name!r}: {target!r} is not callable")
+    return fn
+
+
+def is_async_callable(fn: Any) -> bool:
+    """An `async def` function, or an object whose __call__ is one (as TRL's is_async_callable)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def make_trainer_state(state: dict[str, Any]) -> Any:
+    """A real transformers.TrainerState, as TRL passes, so `trainer_state.global_step` code runs unchanged."""
+    from transformers import TrainerState
+
+    return TrainerState(
+        global_step=int(state.get("global_step", 0)),
+        max_steps=int(state.get("max_steps", 0)),
+        epoch=float(state.get("epoch", 0.0)),
+    )
+
+
+class _RewardModel:
+    """A sequence-classification reward model scored on prompt + completion, as TRL does (logits[:, 0])."""
+
+    def __init__(self, path: str):
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self._torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).eval()
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id  # the RM reads the last non-pad token
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
+        if prompts and isinstance(prompts[0], list):  # conversational: chat template over prompt + completion
+            texts = [
+                self.tokenizer.apply_chat_template(p + c, tokenize=False)
+                for p, c in zip(prompts, completions, strict=True)
+            ]
+        else:
+            texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+        enc = self.tokenizer(
+            texts, padding=True, padding_side="right", add_special_tokens=False, return_tensors="pt"
+        )
+        with self._torch.inference_mode():
+            return self.model(**enc).logits[:, 0].float().tolist()
+
+
+def _validate(name: str, out: Any, n: int, offset: int) -> list[float]:
+    """TRL's return contract: a list of n numbers or None (None and NaN both mean "no opinion" -> NaN)."""
+    if inspect.isawaitable(out):
+        raise RewardFunctionError(f"reward {name!r} returned an un-awaited coroutine")
+    if not isinstance(out, (list, tuple)) and not hasattr(out, "tolist"):
+        raise RewardFunctionError(
+            f"reward {name!r} returned {type(out).__name__}, expected a list of {n} numbers"
+        )
+    values = out.tolist() if hasattr(out, "tolist") else list(out)
+    if len(values) != n:
+        raise RewardFunctionError(
+            f"reward {name!r} returned {len(values)} values for {n} completions (samples {offset}..{offset + n - 1})"
+        )
+    clean = []
+    for j, v in enumerate(values):
+        if v is None:
+            clean.append(math.nan)
+            continue
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise RewardFunctionError(
+                f"reward {name!r} returned {v!r} ({type(v).__name__}) for sample {offset + j}, expected a number or None"
+            ) from None
+        if math.isinf(f):
+            raise RewardFunctionError(
+                f"reward {name!r} returned {f} for sample {offset + j}; rewards must be finite"
+            )
+        clean.append(f)
+    return clean
+
+
+class RewardWorker:
+    """Scores chunks of completions with every reward of the run. Thread-safe: the pool may send it several
+    chunks at once (Ray max_concurrency > 1)."""
+
+    def __init__(
+        self,
+        specs: list[RewardSpec],
+        *,
+        index: int = 0,
+        trainer_state: dict[str, Any] | None = None,
+        sys_path: list[str] | None = None,
+    ):
+        # The user's run directory, so `my_rewards:fn` imports as with python -m.
+        for p in reversed(sys_path or []):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+        self.index = index
+        self.specs = list(specs)
+        self.functions = [_RewardModel(s.model) if s.model else load_reward_function(s) for s in self.specs]
+        self.is_async = [is_async_callable(f) for f in self.functions]
+        self.state: dict[str, Any] = dict(trainer_state or {"global_step": 0, "max_steps": 0, "epoch": 0.0})
+        make_trainer_state(self.state)  # import transformers now (seconds), while the engines start, not at step 1
+        # One persistent event loop, as TRL keeps one: async reward code may hold loop-bound clients.
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, daemon=True, name="reward-loop").start()
+        self._executor = _call_executor()
+        self._stuck = 0  # sync calls still running past their timeout (their threads cannot be killed)
+        self._lock = threading.Lock()
+        self.chunks_scored = 0
+
+    def __repr__(self) -> str:
+        return f"RewardWorker(index={self.index}, rewards={[s.name for s in self.specs]}, step={self.state.get('global_step')})"
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def set_state(self, state: dict[str, Any]) -> int:
+        """The learner's push after each optimizer step (via the pool)."""
+        self.state = dict(state)
+        return int(self.state.get("global_step", 0))
+
+    def score(self, chunk: dict[str, Any], state: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Score one chunk. chunk: prompts, completions, completion_ids (n each), columns {name: [n values]},
+        group_size, offset (index of its first sample in the batch). Returns per-reward scores (NaN = None),
+        counts of timeouts/errors, user metrics and log_extra columns, latency per reward."""
+        if state is not None:
+            self.state = dict(state)
+        ctx = _Chunk(chunk, make_trainer_state(self.state))
+        ks = range(len(self.specs))
+        # Async rewards run on the worker's event loop; sync ones go straight to the thread pool from this
+        # thread (no asyncio task per call: that was half the worker's CPU per sample).
+        async_ks = [k for k in ks if self.is_async[k]]
+        pending = (
+            asyncio.run_coroutine_threadsafe(_score_async(self, async_ks, ctx), self._loop) if async_ks else None
+        )
+        submitted = {k: self._submit(k, ctx) for k in ks if not self.is_async[k]}
+        per_reward = {k: self._collect(k, calls, ctx) for k, calls in submitted.items()}
+        if pending is not None:
+            per_reward.update(pending.result())
+        with self._lock:
+            self.chunks_scored += 1
+        return {
+            "scores": [per_reward[k][0] for k in ks],  # [K][n]
+            "timeouts": {self.specs[k].name: per_reward[k][1] for k in ks},
+            "errors": {self.specs[k].name: per_reward[k][2] for k in ks},
+            "latency_s": {self.specs[k].name: per_reward[k][3] for k in ks},
+            "metrics": dict(ctx.metrics),
+            "extra": dict(ctx.extra),
+            "worker": self.index,
+            "global_step": int(self.state.get("global_step", 0)),
+        }
+
+    def score_chunks(self, chunks: list[dict[str, Any]], state: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Score several chunks one after another in one call (the pool batches chunks to save Ray calls)."""
+        return [self.score(c, state) for c in chunks]
+
+    def _submit(self, k: int, ctx: _Chunk) -> list[tuple[int, int, float, Future]]:
+        """Start every call of sync reward k on the chunk: (lo, hi, start time, future) per call."""
+        if self._stuck >= SYNC_CALL_THREADS // 2:  # hung sync calls hold threads forever: start a fresh pool
+            self._executor, self._stuck = _call_executor(), 0
+        fn = self.functions[k]
+        calls = []
+        for lo, hi in ctx.spans(self.specs[k]):
+            calls.append((lo, hi, time.monotonic(), self._executor.submit(_timed_call, fn, ctx.kwargs(lo, hi))))
+        return calls
+
+    def _collect(self, k: int, calls: list[tuple[int, int, float, Future]], ctx: _Chunk) -> _RewardResult:
+        """Wait for each call up to its own deadline (its start + the reward's timeout)."""
+        spec = self.specs[k]
+        scores: list[float] = []
+        timeouts = errors = 0
+        t0, t_end = calls[0][2] if calls else time.monotonic(), 0.0
+        for lo, hi, start, fut in calls:
+            try:
+                out, done = fut.result(timeout=max(start + spec.timeout_s - time.monotonic(), 0.0))
+                vals, status = _validate(spec.name, out, hi - lo, ctx.offset + lo), "ok"
+            except FutureTimeoutError:
+                self._stuck += 1
+                vals, status, done = _fallback(spec, hi - lo), "timeout", start + spec.timeout_s
+            except Exception as err:  # noqa: BLE001 - the reward's on_error policy decides
+                vals, status, done = _on_error(spec, err, hi - lo, ctx.offset + lo), "error", time.monotonic()
+            scores.extend(vals)
+            timeouts += status == "timeout"
+            errors += status == "error"
+            t_end = max(t_end, done)
+        return scores, timeouts, errors, max(t_end - t0, 0.0)
+
+
+_RewardResult = tuple[list[float], int, int, float]  # scores [n], timeouts, errors, latency seconds
+
+
+def _call_executor() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(SYNC_CALL_THREADS, thread_name_prefix="reward-call")
+
+
+def _timed_call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[Any, float]:
+    return fn(**kwargs), time.monotonic()
+
+
+def _fallback(spec: RewardSpec, n: int) -> list[float]:
+    return [math.nan if spec.fallback is None else float(spec.fallback)] * n
+
+
+def _on_error(spec: RewardSpec, err: Exception, n: int, offset: int) -> list[float]:
+    """The fallback values under `on_error: fallback`; otherwise the error, naming reward and samples."""
+    if spec.on_error == "fallback":
+        return _fallback(spec, n)
+    if isinstance(err, RewardFunctionError):
+        raise err
+    where = f"sample {offset}" if n == 1 else f"samples {offset}..{offset + n - 1}"
+    raise RewardFunctionError(f"reward {spec.name!r} raised on {where}: {type(err).__name__}: {err}") from err
+
+
+class _Chunk:
+    """One chunk's inputs and the log_metric / log_extra sinks its reward calls share."""
+
+    def __init__(self, chunk: dict[str, Any], trainer_state: Any):
+        self.chunk = chunk
+        self.n, self.offset = len(chunk["completions"]), int(chunk.get("offset", 0))
+        self.trainer_state = trainer_state
+        self.metrics: dict[str, list[float]] = defaultdict(list)
+        self.extra: dict[str, list[Any]] = defaultdict(list)
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics[name].append(float(value))
+
+    def log_extra(self, column: str, values: list[Any]) -> None:
+        self.extra[column].extend(values)
+
+    def spans(self, spec: RewardSpec) -> list[tuple[int, int]]:
+        """[lo, hi) per call: one sample (default), one group (batched), or the whole chunk (reward model)."""
+        unit = self.n if spec.model else int(self.chunk.get("group_size", self.n)) if spec.batched else 1
+        return [(lo, min(lo + unit, self.n)) for lo in range(0, self.n, unit)]
+
+    def kwargs(self, lo: int, hi: int) -> dict[str, Any]:
+        """TRL's reward call: dataset columns, prompts, completions, completion_ids, trainer_state, log hooks."""
+        c = self.chunk
+        kw = {name: vals[lo:hi] for name, vals in c.get("columns", {}).items()}
+        kw.update(
+            prompts=c["prompts"][lo:hi],
+            completions=c["completions"][lo:hi],
+            completion_ids=c["completion_ids"][lo:hi],
+            trainer_state=self.trainer_state,
+            log_extra=self.log_extra,
+            log_metric=self.log_metric,
+        )
+        return kw
+
+
+async def _score_async(worker: RewardWorker, ks: list[int], ctx: _Chunk) -> dict[int, _RewardResult]:
+    """The async rewards of one chunk, every call at once on the worker's loop. Module-level on purpose: an
+    `async def` method would make Ray run RewardWorker as an async actor, whose sync `score` then blocks its
+    event loop (one chunk at a time)."""
+    results = await asyncio.gather(*(_score_async_reward(worker, k, ctx) for k in ks))
+    return dict(zip(ks, results, strict=True))
+
+
+async def _score_async_reward(worker: RewardWorker, k: int, ctx: _Chunk) -> _RewardResult:
+    spec, fn = worker.specs[k], worker.functions[k]
+    t0 = time.monotonic()
+    outs = await asyncio.gather(*(_call_async(spec, fn, ctx, lo, hi) for lo, hi in ctx.spans(spec)))
+    scores: list[float] = []
+    for vals, _ in outs:
+        scores.extend(vals)
+    timeouts = sum(status == "timeout" for _, status in outs)
+    errors = sum(status == "error" for _, status in outs)
+    return scores, timeouts, errors, time.monotonic() - t0
+
+
+async def _call_async(spec: RewardSpec, fn: Any, ctx: _Chunk, lo: int, hi: int) -> tuple[list[float], str]:
+    try:
+        out = await asyncio.wait_for(fn(**ctx.kwargs(lo, hi)), timeout=spec.timeout_s)
+        return _validate(spec.name, out, hi - lo, ctx.offset + lo), "ok"
+    except asyncio.TimeoutError:
+        return _fallback(spec, hi - lo), "timeout"
+    except Exception as err:  # noqa: BLE001 - the reward's on_error policy decides
+        return _on_error(spec, err, hi - lo, ctx.offset + lo), "error"

@@ -1,0 +1,229 @@
+"""Building a run: check everything cheap first, then start the actor groups the loop drives.
+
+Every choice (how many generators, where reward workers go, which loss) is made here, when the groups are
+built; the loop only calls phases on them.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
+from orchestrator.advantages import RewardAggregator
+from orchestrator.config import TINY_MODEL, ConfigError, RunConfig
+from orchestrator.data import PromptSource, load_rows
+from orchestrator.ops.metrics import MetricsLogger
+from orchestrator.tasks.letters import BUILTIN_REWARDS
+
+
+def resolve_model(cfg: RunConfig) -> str:
+    if cfg.model.name_or_path == TINY_MODEL:
+        from orchestrator.tiny import ensure_tiny_model
+
+        return str(ensure_tiny_model())
+    return cfg.model.name_or_path
+
+
+def reward_specs(cfg: RunConfig, *, check_import: bool = True) -> list[RewardSpec]:
+    """The rewards as worker specs, built-in names resolved; each function imported once here so a typo
+    fails now, naming the reward, instead of inside a worker after Ray and vLLM have started."""
+    specs = []
+    for r in cfg.rewards:
+        fn = r.function
+        if fn is not None and ":" not in fn:
+            if fn not in BUILTIN_REWARDS:
+                raise ConfigError(
+                    f"rewards[{r.name}].function: unknown built-in {fn!r} (built-ins: {sorted(BUILTIN_REWARDS)}; "
+                    "or give module:callable)"
+                )
+            fn = BUILTIN_REWARDS[fn]
+        spec = RewardSpec(
+            name=r.name, function=fn, model=r.model, timeout_s=r.timeout_s, on_error=r.on_error,
+            fallback=r.fallback, batched=r.batched, kwargs=dict(r.kwargs),
+        )
+        if check_import and spec.function:
+            try:
+                load_reward_function(spec)
+            except RewardFunctionError as err:
+                raise ConfigError(f"rewards[{r.name}].function: {err}") from None
+        specs.append(spec)
+    return specs
+
+
+def learner_kwargs(cfg: RunConfig, model_path: str) -> dict[str, Any]:
+    """The learner's constructor arguments, with the GRPO math bound in (pure; unit-tested)."""
+    from orchestrator.grpo import grpo_loss, vllm_importance_weights
+
+    g = cfg.grpo
+    loss_fn = functools.partial(
+        grpo_loss,
+        loss_type=g.loss_type,
+        epsilon=g.epsilon,
+        epsilon_high=g.epsilon_high,
+        delta=g.delta,
+        importance_sampling_level=g.importance_sampling_level,
+        beta=g.beta,
+        use_bias_correction_kl=g.use_bias_correction_kl,
+        max_completion_length=cfg.generation.max_completion_length,
+    )
+    is_fn = None
+    if g.vllm_importance_sampling_correction:
+        is_fn = functools.partial(
+            vllm_importance_weights,
+            mode=g.vllm_importance_sampling_mode,
+            clip_max=g.vllm_importance_sampling_clip_max,
+            clip_min=g.vllm_importance_sampling_clip_min,
+        )
+    return dict(
+        model=model_path,
+        loss_fn=loss_fn,
+        is_weights_fn=is_fn,
+        temperature=cfg.generation.temperature,
+        dtype=cfg.model.dtype,
+        seed=cfg.seed,
+        learning_rate=g.learning_rate,
+        optim=g.optim,
+        weight_decay=g.weight_decay,
+        adam_betas=(g.adam_beta1, g.adam_beta2),
+        lr_scheduler_type=g.lr_scheduler_type,
+        warmup_steps=g.warmup_steps,
+        max_steps=g.max_steps,
+        max_grad_norm=g.max_grad_norm,
+        micro_batch_size=g.per_device_train_batch_size,
+        num_iterations=g.num_iterations,
+        beta=g.beta,
+        mask_truncated_completions=g.mask_truncated_completions,
+        trust_remote_code=cfg.model.trust_remote_code,
+    )
+
+
+@dataclass
+class Prepared:
+    """Everything checked and loaded before Ray starts."""
+
+    cfg: RunConfig
+    name: str
+    model_path: str
+    specs: list[RewardSpec]
+    prompts: PromptSource
+    run_dir: Path
+
+
+def prepare(cfg: RunConfig, name: str) -> Prepared:
+    """The cheap checks, in order: reward functions import, model and tokenizer load, dataset has prompts."""
+    specs = reward_specs(cfg)
+    for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
+        if sink in cfg.logging.report_to and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"logging.report_to: {sink!r} needs the `{module}` package (pip install {module})")
+    model_path = resolve_model(cfg)
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
+    except Exception as err:  # noqa: BLE001
+        raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r}: cannot load tokenizer ({err})") from None
+    rows = load_rows(cfg.data, seed=cfg.seed)
+    prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed)
+    return Prepared(cfg, name, model_path, specs, prompts, Path(cfg.logging.dir) / name)
+
+
+@dataclass
+class Run:
+    """The built run: named actor groups plus driver-side state. The loop calls one phase at a time on it."""
+
+    cfg: RunConfig
+    name: str
+    run_dir: Path
+    prompts: PromptSource
+    generators: Any  # ActorGroup of actors.generation.generator.Generator
+    learner: Any  # LearnerGroup: one actors.learner.learner.Learner to the loop (cluster.num_learners ranks)
+    reward_pool: Any  # handle of the named actors.rewards.pool.RewardPool
+    aggregator: RewardAggregator
+    logger: MetricsLogger
+    global_step: int = 0  # optimizer steps done (the learner's)
+    policy_version: int = 0  # learner step whose weights the generators hold
+    stop_requested: bool = False  # set by SIGTERM; the loops stop at the next step boundary
+    # Group selection between scoring and advantages: loop.keep_all, or loop.dynamic_sampling (DAPO).
+    select_groups: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def build_run(p: Prepared) -> Run:
+    """Start the actor groups (Ray must be initialised)."""
+    import ray
+
+    from actors.generation.generator import Generator
+    from actors.group import ActorGroup, LearnerGroup
+    from actors.learner.learner import Learner
+    from actors.rewards.pool import RewardPool
+    from orchestrator.ops.cluster import actor_options, namespace, run_sys_path
+
+    cfg, c, gen = p.cfg, p.cfg.cluster, p.cfg.generation
+    ns = namespace(p.name)  # explicit, so `rayward scale NAME` finds the actors whatever the driver's namespace
+    state = {"global_step": 0, "max_steps": cfg.grpo.max_steps, "epoch": 0.0}
+    reward_pool = (
+        ray.remote(RewardPool)
+        .options(name=f"{p.name}/reward-pool", namespace=ns, num_cpus=0, max_concurrency=1000)
+        .remote(
+            p.specs,
+            run_name=p.name,
+            num_workers=c.num_reward_workers,
+            worker_options=actor_options(c.reward_worker, namespace=ns),
+            sys_path=run_sys_path(),
+            trainer_state=state,
+        )
+    )
+    generators = ActorGroup(
+        Generator,
+        c.num_generators,
+        run_name=p.name,
+        role="generator",
+        options=actor_options(c.generator, namespace=ns),
+        args=(p.model_path,),
+        kwargs=dict(
+            dtype=cfg.model.dtype,
+            max_model_len=gen.max_model_len,
+            kv_cache_gib=gen.kv_cache_gib,
+            gpu_memory_utilization=gen.gpu_memory_utilization,
+        ),
+        per_actor_kwargs=[{"seed": cfg.seed + i} for i in range(c.num_generators)],
+    )
+    learner = LearnerGroup(  # one member to the loop, num_learners ranks behind it
+        Learner,
+        c.num_learners,
+        run_name=p.name,
+        strategy=c.learner_strategy,
+        options=actor_options(c.learner, namespace=ns),
+        kwargs=learner_kwargs(cfg, p.model_path),
+        rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step
+    )
+    logger = MetricsLogger(
+        p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,
+        max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"),
+    )
+    from orchestrator import loop
+
+    return Run(
+        cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
+        reward_pool=reward_pool, aggregator=RewardAggregator(cfg.rewards), logger=logger,
+        select_groups=loop.dynamic_sampling if cfg.grpo.dynamic_sampling else loop.keep_all,
+    )
+
+
+def shutdown_run(run: Run) -> None:
+    import ray
+
+    run.logger.close()
+    for group in (run.generators, run.learner):
+        group.kill()
+    try:
+        for h in ray.get(run.reward_pool.worker_handles.remote(), timeout=10).values():
+            ray.kill(h, no_restart=True)
+    except Exception:  # noqa: BLE001 - best effort at teardown
+        pass
+    ray.kill(run.reward_pool, no_restart=True)
+

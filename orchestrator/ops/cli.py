@@ -1,0 +1,209 @@
+"""`rayward` command line: run | scale | tiny-model | rewards | config-reference, and on a (remote) Ray cluster
+through the Jobs API: submit | status | logs | stop | list."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from orchestrator.config import ConfigError, load_config
+from orchestrator.ops.auth import AuthError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from orchestrator.train import train
+
+    train(load_config(args.config, args.overrides), args.name, resume=args.resume)
+    return 0
+
+
+def _cmd_scale(args: argparse.Namespace) -> int:
+    import ray
+
+    from orchestrator.ops.auth import prepare_client_auth
+    from orchestrator.ops.cluster import UnreachableError, check_reachable, namespace
+
+    prepare_client_auth()
+    check_reachable(args.address or "auto")
+    try:
+        ray.init(address=args.address or "auto", namespace=namespace(args.run), log_to_driver=False)
+    except ConnectionError as err:
+        raise UnreachableError(f"cannot connect to Ray at {args.address or 'auto'}: {err}") from None
+    try:
+        pool = ray.get_actor(f"{args.run}/reward-pool")
+    except ValueError:
+        print(f"rayward scale: no run named {args.run!r} on this cluster (no actor {args.run}/reward-pool)", file=sys.stderr)
+        return 2
+    stats = ray.get(pool.scale.remote(args.reward_workers))
+    print(f"rayward scale: {args.run}: reward workers -> {stats['workers']} (retiring {stats['retiring']})")
+    return 0
+
+
+def _cmd_tiny_model(args: argparse.Namespace) -> int:
+    from orchestrator.tiny import build_tiny_model
+
+    print(build_tiny_model(args.path, seed=args.seed))
+    return 0
+
+
+def _cmd_rewards(args: argparse.Namespace) -> int:
+    from orchestrator.tasks.letters import BUILTIN_REWARDS
+
+    for name, target in sorted(BUILTIN_REWARDS.items()):
+        print(f"{name:24s} {target}")
+    return 0
+
+
+def _cmd_config_reference(args: argparse.Namespace) -> int:
+    from orchestrator.config import config_reference
+
+    print("| field | default | meaning |\n|---|---|---|")
+    for key, default, doc in config_reference():
+        print(f"| `{key}` | `{default}` | {doc} |")
+    return 0
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from orchestrator.ops import jobs
+
+    def go() -> int:
+        address = jobs.normalize_address(args.address)
+        sub = jobs.build_submission(
+            args.config, args.overrides, name=args.name, working_dir=args.working_dir,
+            extra_excludes=args.exclude, extra_env=args.env, max_file_mib=args.max_file_mib,
+            ship_rayward=not args.no_ship_rayward, entrypoint_num_cpus=args.entrypoint_num_cpus,
+        )
+        if args.dry_run:
+            import json
+
+            print(json.dumps(sub.public(), indent=2))
+            return 0
+        return jobs.submit(sub, address, follow=args.follow)
+
+    return jobs.guarded("submit", go)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from orchestrator.ops import jobs
+
+    return jobs.guarded(
+        "status", lambda: jobs.status(jobs.normalize_address(args.address), args.run, as_json=args.json)
+    )
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    from orchestrator.ops import jobs
+
+    return jobs.guarded("logs", lambda: jobs.logs(jobs.normalize_address(args.address), args.run, follow=args.follow))
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from orchestrator.ops import jobs
+
+    return jobs.guarded("stop", lambda: jobs.stop(jobs.normalize_address(args.address), args.run, wait_s=args.wait))
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from orchestrator.ops import jobs
+
+    return jobs.guarded(
+        "list", lambda: jobs.list_runs(jobs.normalize_address(args.address), show_all=args.all, as_json=args.json)
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rayward", description="GRPO training on Ray: vLLM generators, reward pool, learner")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="train on an embedded local Ray cluster (or cluster.address)")
+    r.add_argument("config", help="YAML config (see configs/)")
+    r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_steps=10 generation.num_generations=4")
+    r.add_argument("--name", help="run name (default: generated and printed)")
+    r.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of run --name")
+    r.set_defaults(func=_cmd_run)
+
+    s = sub.add_parser("scale", help="resize a running run's reward pool")
+    s.add_argument("run", help="run name")
+    s.add_argument("--reward-workers", type=int, required=True, help="target number of reward workers")
+    s.add_argument("--address", help="Ray GCS address (default: auto)")
+    s.set_defaults(func=_cmd_scale)
+
+    t = sub.add_parser("tiny-model", help="write the offline tiny model + tokenizer as an HF checkpoint")
+    t.add_argument("path")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=_cmd_tiny_model)
+
+    sub.add_parser("rewards", help="list built-in reward functions").set_defaults(func=_cmd_rewards)
+    sub.add_parser("config-reference", help="print every config field (markdown)").set_defaults(
+        func=_cmd_config_reference
+    )
+
+    from orchestrator.ops.jobs import DEFAULT_MAX_FILE_MIB, default_address
+
+    addr_help = "Ray dashboard / Jobs API URL (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS or http://127.0.0.1:8265)"
+    j = sub.add_parser("submit", help="submit a run to a Ray cluster through the Jobs API")
+    j.add_argument("config", help="YAML config (validated here before anything is uploaded)")
+    j.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_steps=10")
+    j.add_argument("--name", help="run name (default: config name or generated); the job id is rayward-NAME")
+    j.add_argument("--address", default=default_address(), help=addr_help)
+    j.add_argument("--working-dir", default=".", help="directory shipped as the job's working_dir (default: .)")
+    j.add_argument("--exclude", action="append", default=[], help="extra gitignore-style exclude (repeatable)")
+    j.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra env var for the run")
+    j.add_argument("--max-file-mib", type=float, default=DEFAULT_MAX_FILE_MIB, help="skip larger files in the upload")
+    j.add_argument("--no-ship-rayward", action="store_true", help="use the image's installed rayward instead of "
+                   "shipping this client's orchestrator/ and actors/ as py_modules")
+    j.add_argument("--entrypoint-num-cpus", type=float, help="CPUs reserved for the driver")
+    j.add_argument("--dry-run", action="store_true", help="print the job (entrypoint, runtime_env) and exit")
+    j.add_argument("-f", "--follow", action="store_true", help="stream the logs until the run ends")
+    j.set_defaults(func=_cmd_submit)
+
+    for cmd, fn, text in (
+        ("status", _cmd_status, "a submitted run's status, and its actors while it runs"),
+        ("logs", _cmd_logs, "a submitted run's driver log"),
+        ("stop", _cmd_stop, "stop a submitted run"),
+    ):
+        c = sub.add_parser(cmd, help=text)
+        c.add_argument("run", help="run name (or a submission id)")
+        c.add_argument("--address", default=default_address(), help=addr_help)
+        if cmd == "status":
+            c.add_argument("--json", action="store_true", help="one JSON object")
+        if cmd == "logs":
+            c.add_argument("-f", "--follow", action="store_true", help="stream until the run ends; exit 0 iff it succeeded")
+        if cmd == "stop":
+            c.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the job to stop")
+        c.set_defaults(func=fn)
+    ls = sub.add_parser("list", help="runs submitted to the cluster")
+    ls.add_argument("--address", default=default_address(), help=addr_help)
+    ls.add_argument("--all", action="store_true", help="every job, not only rayward runs")
+    ls.add_argument("--json", action="store_true", help="a JSON list")
+    ls.set_defaults(func=_cmd_list)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if os.getcwd() not in sys.path:  # `my_rewards:fn` imports from the run directory, as with `python -m`
+        sys.path.insert(0, os.getcwd())
+    try:
+        if args.command not in ("tiny-model", "rewards", "config-reference"):
+            from orchestrator.ops.auth import prepare_client_auth
+
+            prepare_client_auth()  # before anything imports ray: Ray 2.60 reads RAY_AUTH_MODE at import
+        return args.func(args)
+    except ConfigError as err:
+        print(f"rayward: {err}", file=sys.stderr)
+        return 2
+    except AuthError as err:
+        print(f"rayward {args.command}: {err}", file=sys.stderr)
+        return 2
+    except ConnectionError as err:  # unreachable cluster (orchestrator.ops.cluster.UnreachableError and Ray's own)
+        print(f"rayward: {err}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("rayward: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

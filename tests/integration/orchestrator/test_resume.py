@@ -1,0 +1,38 @@
+"""A run stopped by SIGTERM (what `ray job stop` sends) leaves a checkpoint; --resume continues from it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from orchestrator.config import load_config
+from orchestrator.train import train
+from tests.conftest import ROOT
+
+
+def test_sigterm_checkpoints_and_resume_continues(ray_cluster, tmp_path):
+    name = "resume-me"
+    overrides = [f"logging.dir={tmp_path}", "grpo.save_steps=1000", "logging.check_logprob_parity=false"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "configs/demo.yaml", *overrides, "--name", name],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "RAY_ADDRESS": ""},  # its own embedded cluster, not the test session's
+    )
+    metrics = tmp_path / name / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert "rayward: stopped at step" in out, out[-3000:]
+    last = json.loads(metrics.read_text().splitlines()[-1])["step"]
+    ckpt = tmp_path / name / f"checkpoint-{last}"
+    assert json.loads((ckpt / "rayward_state.json").read_text())["global_step"] == last
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml", [*overrides, f"grpo.max_steps={last + 2}"])
+    history = train(cfg, name=name, resume=True, verbose=False)
+    assert [h["step"] for h in history] == [last + 1, last + 2]
+    assert history[0]["policy_version"] == last  # generators got the checkpoint's weights

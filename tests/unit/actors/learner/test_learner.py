@@ -1,0 +1,94 @@
+"""The Learner as a plain class on the tiny model: logprobs, the update, num_iterations, weights, checkpoints."""
+
+import functools
+
+import pytest
+import torch
+from safetensors.torch import load as safetensors_load
+
+from actors.learner.learner import Learner
+from orchestrator.grpo import grpo_loss, vllm_importance_weights
+
+
+def make(path, **kw):
+    args = dict(loss_fn=functools.partial(grpo_loss, loss_type="dapo"), learning_rate=1e-2, micro_batch_size=4)
+    args.update(kw)
+    return Learner(path, **args)
+
+
+def batch(adv, n_tokens=6):
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randint(3, 500, (n_tokens,), generator=g).tolist() for _ in adv]
+    return {
+        "prompt_ids": [[10, 11, 12]] * len(adv),
+        "completion_ids": comps,
+        "sampling_logprobs": [[float("nan")] * n_tokens for _ in adv],
+        "advantages": list(adv),
+        "truncated": [False] * len(adv),
+    }
+
+
+def test_logprobs_match_trl_conventions(tiny_model_path):
+    from trl.trainer.utils import selective_log_softmax
+
+    lr = make(tiny_model_path, temperature=0.7)
+    b = batch([0.0] * 3)
+    logp, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
+    ids = torch.tensor([p + c for p, c in zip(b["prompt_ids"], b["completion_ids"], strict=True)])
+    logits = lr.model(input_ids=ids).logits[:, 2:-1]  # positions predicting the completion tokens
+    want = selective_log_softmax(logits, torch.tensor(b["completion_ids"]), 0.7)
+    torch.testing.assert_close(logp, want, rtol=1e-5, atol=1e-5)
+
+
+def test_update_moves_logprobs_along_advantages(tiny_model_path):
+    lr = make(tiny_model_path)
+    b = batch([1.0, 1.0, -1.0, -1.0])
+    with torch.no_grad():
+        before, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
+    stats = lr.train_step(b)
+    with torch.no_grad():
+        after, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
+    delta = (after - before).sum(-1)
+    assert delta[:2].min() > 0 and delta[2:].max() < 0, delta
+    assert stats["global_step"] == 1 and stats["grad_norm"] > 0 and "clip_ratio/region_mean" in stats
+
+
+def test_num_iterations_runs_one_optimizer_step_each_with_frozen_old_logps(tiny_model_path):
+    lr = make(tiny_model_path, num_iterations=3, learning_rate=5e-2)
+    stats = lr.train_step(batch([1.0, -1.0, 1.0, -1.0, 0.5, -0.5, 1.0, -1.0]))
+    assert lr.global_step == 3 and stats["global_step"] == 3
+    # later iterations are off-policy against the frozen old logps, so the ratio leaves [1-eps, 1+eps]
+    assert stats["clip_ratio/region_mean"] > 0
+
+
+def test_importance_weights_and_logp_gap_are_reported(tiny_model_path):
+    is_fn = functools.partial(vllm_importance_weights, mode="token_truncate", clip_max=3.0)
+    lr = make(tiny_model_path, is_weights_fn=is_fn)
+    b = batch([1.0, -1.0, 1.0, -1.0])
+    with torch.no_grad():
+        logp, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
+    b["sampling_logprobs"] = (logp - 0.25).tolist()  # the sampler was 0.25 nats less confident on every token
+    stats = lr.train_step(b)
+    assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx(0.25, abs=1e-4)
+    assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(torch.exp(torch.tensor(0.25)).item(), rel=1e-4)
+
+
+def test_export_weights_and_checkpoint_roundtrip(tiny_model_path, tmp_path):
+    lr = make(tiny_model_path)
+    lr.train_step(batch([1.0, -1.0, 1.0, -1.0]))
+    state = safetensors_load(lr.export_weights())
+    assert "lm_head.weight" not in state or not lr.model.config.tie_word_embeddings  # tied: sent once
+    torch.testing.assert_close(state["model.norm.weight"], lr.model.state_dict()["model.norm.weight"])
+    path = lr.save_checkpoint(str(tmp_path / "checkpoint-1"), extra={"note": "x"})
+    other = make(tiny_model_path)
+    assert other.load_checkpoint(path)["note"] == "x" and other.global_step == 1
+    for (k, a), (_, b) in zip(lr.model.state_dict().items(), other.model.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, msg=k)
+    assert other.optimizer.state_dict()["state"]  # AdamW moments restored
+
+
+def test_beta_loads_a_frozen_reference_and_reports_kl(tiny_model_path):
+    lr = make(tiny_model_path, beta=0.1, loss_fn=functools.partial(grpo_loss, loss_type="grpo", beta=0.1), num_iterations=2)
+    stats = lr.train_step(batch([1.0, -1.0, 1.0, -1.0]))
+    assert lr.ref_model is not None and stats["kl"] >= 0
+    assert all(not p.requires_grad for p in lr.ref_model.parameters())

@@ -1,0 +1,184 @@
+"""Two FSDP learner ranks (torch.multiprocessing + gloo, no Ray) against the single-rank Learner.
+
+One spawn of 2 ranks runs every scenario (the spawn, not the tiny model, is the slow part) and rank 0
+writes what it saw; the tests compare it with single-rank learners built here on the same batch:
+updated weights, metrics, export bytes, and checkpoints moving 2 ranks -> 1 rank and 1 rank -> 2 ranks.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load as safetensors_load
+
+from actors.learner.learner import Learner, free_port
+from orchestrator.grpo import grpo_loss, vllm_importance_weights
+
+WORLD = 2
+MAX_LEN = 8  # longest completion (the dr_grpo normaliser)
+# fp32, the same micro-batches: only the order of the cross-rank gradient sum differs (~1e-7 relative).
+# SGD (weights move linearly in the gradient) keeps that far below ATOL.
+ATOL = 1e-6
+# AdamW divides by the gradient's running scale: the k_proj biases have an exactly-zero gradient in exact
+# arithmetic (softmax ignores a shift common to all keys), so their float noise (~1e-10) becomes steps of a
+# few % of lr that differ with the summation order. lr 1e-3 here: 5% of a step.
+ATOL_ADAM = 5e-5
+# (name, rows in the batch, learner overrides). Rows / micro_batch_size micro-batches over 2 ranks: 3 (one
+# rank pads a slot), 4 (even) or 2. dapo runs AdamW (its checkpoint carries moments); the others SGD.
+SCENARIOS = {
+    "dapo": (12, dict(loss_type="dapo", micro_batch_size=4, num_iterations=2, is_mode="token_truncate",
+                      optim="adamw_torch", learning_rate=1e-3)),
+    "grpo": (16, dict(loss_type="grpo", micro_batch_size=4, num_iterations=2, beta=0.1)),
+    "dr_grpo": (12, dict(loss_type="dr_grpo", micro_batch_size=3, num_iterations=2, mask_truncated_completions=True)),
+    "bnpo": (8, dict(loss_type="bnpo", micro_batch_size=4, max_grad_norm=None, is_mode="sequence_mask")),
+    "cispo": (12, dict(loss_type="cispo", micro_batch_size=4, epsilon_high=5.0, num_iterations=2)),
+    "sapo": (12, dict(loss_type="sapo", micro_batch_size=2)),
+    "luspo": (6, dict(loss_type="luspo", micro_batch_size=4)),
+}
+
+
+def make_batch(n: int) -> dict:
+    g = torch.Generator().manual_seed(n)
+    comps = [torch.randint(3, 500, (int(torch.randint(2, MAX_LEN + 1, (1,), generator=g)),), generator=g).tolist()
+             for _ in range(n)]
+    return {
+        "prompt_ids": [[10, 11, 12 + i % 3] for i in range(n)],
+        "completion_ids": comps,
+        # around the tiny model's ~log(1/512): importance ratios on both sides of 1, some clipped
+        "sampling_logprobs": [(-6.2 + 0.3 * torch.randn(len(c), generator=g)).tolist() for c in comps],
+        "advantages": torch.randn(n, generator=g).tolist(),
+        "truncated": [len(c) == MAX_LEN for c in comps],
+    }
+
+
+def learner_kwargs(loss_type: str, is_mode: str | None = None, beta: float = 0.0, epsilon_high=None, **kw) -> dict:
+    loss = functools.partial(grpo_loss, loss_type=loss_type, beta=beta, epsilon_high=epsilon_high,
+                             max_completion_length=MAX_LEN)
+    is_fn = functools.partial(vllm_importance_weights, mode=is_mode, clip_max=3.0) if is_mode else None
+    return dict(loss_fn=loss, is_weights_fn=is_fn, beta=beta, seed=0, device="cpu",  # gloo, also on GPU hosts
+                **{"optim": "sgd", "learning_rate": 0.1, **kw})
+
+
+def _rank(rank: int, port: int, path: str, out: str, ckpt_1rank: str) -> None:
+    """One rank: every scenario, then the checkpoints. Rank 0 saves its observations to `out`."""
+    torch.set_num_threads(1)
+    fsdp = dict(strategy="fsdp", rank=rank, world_size=WORLD, init_method=f"tcp://127.0.0.1:{port}")
+    seen = {}
+    lr = Learner(path, **learner_kwargs("dapo"), **fsdp)
+    seen["export_at_init"] = lr.export_weights()
+    for name, (n, kw) in SCENARIOS.items():
+        lr = Learner(path, **learner_kwargs(**kw), **fsdp)
+        metrics = lr.train_step(make_batch(n))
+        seen[name] = {"metrics": metrics, "weights": lr._full_state_dict(), "export": lr.export_weights()}
+        if name == "dapo":
+            lr.save_checkpoint(f"{out}-ckpt-2rank", extra={"note": "2 ranks"})
+    lr = Learner(path, **learner_kwargs(**SCENARIOS["dapo"][1]), **fsdp)
+    seen["loaded_1rank"] = lr.load_checkpoint(ckpt_1rank)
+    lr.save_checkpoint(f"{out}-ckpt-resaved")
+    if rank == 0:
+        torch.save(seen, out)
+
+
+@pytest.fixture(scope="module")
+def ranks(tiny_model_path, tmp_path_factory):
+    """Rank 0's observations, after a 1-rank checkpoint of the dapo scenario was written for them to load."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    single = single_after_step(tiny_model_path, "dapo")
+    ckpt = single.save_checkpoint(str(tmp / "ckpt-1rank"), extra={"note": "1 rank"})
+    out = str(tmp / "rank0.pt")
+    mp.spawn(_rank, args=(free_port(), tiny_model_path, out, ckpt), nprocs=WORLD, join=True)
+    return torch.load(out, weights_only=False), tmp
+
+
+def single_after_step(path: str, name: str) -> Learner:
+    n, kw = SCENARIOS[name]
+    lr = Learner(path, **learner_kwargs(**kw))
+    lr.metrics = lr.train_step(make_batch(n))
+    return lr
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_two_ranks_update_and_report_as_one(ranks, tiny_model_path, name):
+    seen, _ = ranks
+    single = single_after_step(tiny_model_path, name)
+    got = seen[name]
+    want = {k: v for k, v in single.model.state_dict().items() if k not in single.tied}
+    atol = ATOL_ADAM if single.optimizer.__class__.__name__ == "AdamW" else ATOL
+    assert got["weights"].keys() == want.keys()
+    for k, v in want.items():
+        torch.testing.assert_close(got["weights"][k], v, rtol=0, atol=atol, msg=k)
+    moved = max((single.model.state_dict()[k] - v).abs().max().item()
+                for k, v in Learner(tiny_model_path, **learner_kwargs("dapo")).model.state_dict().items())
+    assert moved > 10 * atol  # the step really moved the weights, the comparison is not vacuous
+    m1, m2 = single.metrics, got["metrics"]
+    keys = {k for k in m1 if not k.startswith("time/")}
+    assert keys == {k for k in m2 if not k.startswith("time/")}
+    for k in keys:
+        assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
+    assert m2["global_step"] == SCENARIOS[name][1].get("num_iterations", 1)
+    if name == "grpo":
+        assert m2["kl"] > 0  # the sharded reference model took part
+    if name == "dapo":
+        assert 0 < m2["sampling/importance_sampling_ratio/mean"] and m2["sampling/importance_sampling_ratio/max"] <= 3.0
+
+
+def test_export_weights_from_rank0_equals_single_rank(ranks, tiny_model_path):
+    seen, _ = ranks
+    single = Learner(tiny_model_path, **learner_kwargs("dapo"))
+    assert seen["export_at_init"] == single.export_weights()  # byte for byte
+    trained = single_after_step(tiny_model_path, "dapo")
+    got, want = safetensors_load(seen["dapo"]["export"]), safetensors_load(trained.export_weights())
+    assert got.keys() == want.keys() and "lm_head.weight" not in got  # tied: sent once, as today
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=ATOL_ADAM, msg=k)
+
+
+def _assert_optimizer_states_close(a: dict, b: dict) -> None:
+    assert a["state"].keys() == b["state"].keys() and len(a["state"]) > 0
+    for i in a["state"]:
+        for key in a["state"][i]:
+            torch.testing.assert_close(a["state"][i][key].cpu().float(), b["state"][i][key].cpu().float(),
+                                       rtol=1e-4, atol=1e-7, msg=f"{i}.{key}")
+    # torch.distributed.checkpoint hands AdamW's betas back as a list: the same values for load_state_dict
+    same = [[{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in x["param_groups"]] for x in (a, b)]
+    assert same[0] == same[1]
+
+
+def test_checkpoint_from_two_ranks_resumes_on_one(ranks, tiny_model_path):
+    seen, tmp = ranks
+    single = single_after_step(tiny_model_path, "dapo")
+    other = Learner(tiny_model_path, **learner_kwargs(**SCENARIOS["dapo"][1]))
+    state = other.load_checkpoint(str(tmp / "rank0.pt-ckpt-2rank"))
+    assert state["note"] == "2 ranks" and other.global_step == 2
+    for k, v in single.model.state_dict().items():
+        torch.testing.assert_close(other.model.state_dict()[k], v, rtol=0, atol=ATOL_ADAM, msg=k)
+    _assert_optimizer_states_close(other.optimizer.state_dict(), single.optimizer.state_dict())
+    assert other.scheduler.state_dict() == single.scheduler.state_dict()
+    # and the resumed learner trains on
+    assert math.isfinite(other.train_step(make_batch(12))["loss"]) and other.global_step == 4
+
+
+def test_checkpoint_from_one_rank_resumes_on_two(ranks):
+    seen, tmp = ranks
+    assert seen["loaded_1rank"]["note"] == "1 rank"
+    from safetensors.torch import load_file
+
+    a, b = tmp / "ckpt-1rank", tmp / "rank0.pt-ckpt-resaved"  # loaded on 2 ranks, saved again by them
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    oa = torch.load(a / "optimizer.pt", weights_only=False)
+    ob = torch.load(b / "optimizer.pt", weights_only=False)
+    _assert_optimizer_states_close(ob["optimizer"], oa["optimizer"])
+    assert oa["scheduler"] == ob["scheduler"]
+    assert (b / "config.json").read_text() == (a / "config.json").read_text()
+
+
+def test_strategy_single_refuses_several_ranks(tiny_model_path):
+    with pytest.raises(ValueError, match="world_size"):
+        Learner(tiny_model_path, **learner_kwargs("dapo"), world_size=2)

@@ -1,0 +1,154 @@
+"""RewardWorker as a plain class (no Ray): TRL's calling convention, None semantics, errors, timeouts."""
+
+import math
+import time
+
+import pytest
+
+from actors.rewards.worker import RewardFunctionError, RewardSpec, RewardWorker, load_reward_function
+
+F = "tests.fixtures.trl_style_rewards"
+
+
+def chunk(completions, n_groups=1, **columns):
+    n = len(completions)
+    return {
+        "prompts": ["p"] * n, "completions": completions, "completion_ids": [[1, 2, 3]] * n,
+        "columns": columns, "group_size": n // n_groups, "offset": 0,
+    }
+
+
+def worker(*specs, state=None):
+    return RewardWorker(list(specs), trainer_state=state)
+
+
+def test_trl_doc_functions_run_unchanged():
+    w = worker(
+        RewardSpec("len", f"{F}:reward_len"),
+        RewardSpec("boxed", f"{F}:reward_func"),
+        RewardSpec("math", f"{F}:math_reward_func"),
+        RewardSpec("async", f"{F}:async_reward_func"),
+    )
+    out = w.score(chunk(["x" * 20, "\\boxed{4}", "no", "4"], ground_truth=["1", "4", "2", "4"],
+                        task=["math", "math", "code", "math"]))
+    s = out["scores"]
+    assert s[0] == [0.0, -11.0, -18.0, -19.0]
+    assert s[1] == [0.0, 1.0, 0.0, 0.0]
+    assert s[2][0] == 0.0 and s[2][1] == 1.0 and math.isnan(s[2][2]) and s[2][3] == 1.0  # None -> NaN
+    assert s[3] == [float(len(c) % 3) for c in ["x" * 20, "\\boxed{4}", "no", "4"]]
+
+
+def test_conversational_completions_and_batched_calls():
+    w = worker(RewardSpec("fmt", f"{F}:format_reward_func", batched=True))
+    good = [{"role": "assistant", "content": "<think>hm</think><answer>4</answer>"}]
+    bad = [{"role": "assistant", "content": "4"}]
+    assert w.score(chunk([good, bad, good, bad], n_groups=2))["scores"] == [[1.0, 0.0, 1.0, 0.0]]
+
+
+def test_trainer_state_is_a_transformers_trainer_state():
+    w = worker(RewardSpec("s", f"{F}:step_aware_reward"), state={"global_step": 3, "max_steps": 10})
+    assert w.score(chunk(["a", "b"]))["scores"] == [[0.3, 0.3]]
+    w.set_state({"global_step": 5, "max_steps": 10})
+    assert w.score(chunk(["a"]))["scores"] == [[0.5]]
+    # a chunk carries the state current when the pool dispatched it, and that wins
+    assert w.score(chunk(["a"]), {"global_step": 10, "max_steps": 10})["scores"] == [[1.0]]
+
+
+def test_log_metric_and_log_extra():
+    out = worker(RewardSpec("l", f"{F}:logging_reward")).score(chunk(["ab", "abcd"]))
+    assert out["metrics"]["custom/len"] == [2.0, 4.0]  # one call per sample
+    assert out["extra"]["upper"] == ["AB", "ABCD"]
+
+
+def bad_len(completions, **kw):
+    return [1.0]
+
+
+def bad_type(completions, **kw):
+    return ["high"] * len(completions)
+
+
+def raises_on_b(completions, **kw):
+    if "b" in completions:
+        raise ZeroDivisionError("boom")
+    return [1.0] * len(completions)
+
+
+def sleepy(completions, **kw):
+    if "slow" in completions:
+        time.sleep(3)
+    return [1.0] * len(completions)
+
+
+async def async_sleepy(completions, **kw):
+    import asyncio
+
+    if "slow" in completions:
+        await asyncio.sleep(30)
+    return [1.0] * len(completions)
+
+
+def test_wrong_return_names_reward_and_sample():
+    with pytest.raises(RewardFunctionError, match=r"reward 'n' returned 1 values for 2 completions \(samples 0\.\.1\)"):
+        worker(RewardSpec("n", f"{__name__}:bad_len", batched=True)).score(chunk(["a", "b"]))
+    with pytest.raises(RewardFunctionError, match=r"reward 't' returned 'high' \(str\) for sample 0"):
+        worker(RewardSpec("t", f"{__name__}:bad_type")).score(chunk(["a", "b"]))
+
+
+def test_exception_raises_naming_sample_or_falls_back():
+    with pytest.raises(RewardFunctionError, match=r"reward 'x' raised on sample 1: ZeroDivisionError: boom"):
+        worker(RewardSpec("x", f"{__name__}:raises_on_b")).score(chunk(["a", "b", "c"]))
+    out = worker(RewardSpec("x", f"{__name__}:raises_on_b", on_error="fallback", fallback=-1.0)).score(chunk(["a", "b", "c"]))
+    assert out["scores"] == [[1.0, -1.0, 1.0]] and out["errors"] == {"x": 1}
+    out = worker(RewardSpec("x", f"{__name__}:raises_on_b", on_error="fallback", fallback=None)).score(chunk(["a", "b"]))
+    assert out["scores"][0][0] == 1.0 and math.isnan(out["scores"][0][1])
+
+
+@pytest.mark.parametrize("fn", ["sleepy", "async_sleepy"])
+def test_timeout_gives_fallback_to_the_slow_sample_only(fn):
+    w = worker(RewardSpec("s", f"{__name__}:{fn}", timeout_s=0.5, fallback=-2.0))
+    t0 = time.monotonic()
+    out = w.score(chunk(["a", "slow", "c", "slow"]))
+    assert time.monotonic() - t0 < 2.0  # bounded by the timeout, not by the slow call
+    assert out["scores"] == [[1.0, -2.0, 1.0, -2.0]] and out["timeouts"] == {"s": 2}
+
+
+def test_load_errors_name_the_reward(tmp_path):
+    with pytest.raises(RewardFunctionError, match=r"reward 'r': cannot import 'no_such_module'"):
+        load_reward_function(RewardSpec("r", "no_such_module:f"))
+    with pytest.raises(RewardFunctionError, match=r"has no attribute 'nope'"):
+        load_reward_function(RewardSpec("r", f"{F}:nope"))
+    f = tmp_path / "my_rewards.py"
+    f.write_text("def r(completions, **kw):\n    return [len(c) for c in completions]\n")
+    fn = load_reward_function(RewardSpec("r", f"{f}:r"))
+    assert fn(completions=["abc"]) == [3]
+
+
+def test_sequence_classification_reward_model(tiny_model_path, tmp_path):
+    """A reward given as a model path scores prompt + completion with logits[:, 0], as TRL does."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny_model_path, num_labels=1)
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_config(config)
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    rm.config.pad_token_id = tok.pad_token_id
+    rm.save_pretrained(tmp_path / "rm")
+    tok.save_pretrained(tmp_path / "rm")
+    w = worker(RewardSpec("rm", model=str(tmp_path / "rm")))
+    c = chunk(["a short answer", "another, longer answer here"])
+    got = w.score(c)["scores"][0]
+    with torch.no_grad():
+        for p, comp, g in zip(c["prompts"], c["completions"], got, strict=True):
+            ids = tok(p + comp, add_special_tokens=False, return_tensors="pt")
+            assert g == pytest.approx(rm(**ids).logits[0, 0].item(), abs=1e-4)
+    assert got[0] != got[1]
+
+
+def test_worker_is_a_threaded_actor_not_an_async_one():
+    """An `async def` method would make Ray run RewardWorker as an async actor, where the sync `score` blocks the
+    event loop and chunks sent concurrently (max_concurrency) are scored one at a time."""
+    from ray._private.async_compat import has_async_methods
+
+    assert not has_async_methods(RewardWorker)

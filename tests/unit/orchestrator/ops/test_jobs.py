@@ -1,0 +1,266 @@
+"""rayward's Jobs-API client without a cluster: the submission it builds (runtime_env, excludes, env, ids),
+the step -> gauge mapping, and bad input failing fast with one line (CLI run as a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import ConfigError
+from orchestrator.ops import jobs
+from orchestrator.ops.cluster import ACTOR_ENV
+from orchestrator.ops.ray_metrics import GAUGES, map_step_metrics
+from tests.conftest import ROOT
+
+DEMO = ROOT / "configs" / "demo.yaml"
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A user's project directory: config, reward module, data, and things that must not be uploaded."""
+    p = tmp_path / "proj"
+    (p / "configs").mkdir(parents=True)
+    (p / "configs" / "run.yaml").write_text(DEMO.read_text())
+    (p / "my_rewards.py").write_text("def r(completions, **kw):\n    return [0.0] * len(completions)\n")
+    (p / "data").mkdir()
+    (p / "data" / "big.jsonl").write_bytes(b"x" * (3 * 2**20))  # large, but the config's dataset
+    (p / "blob.dat").write_bytes(b"x" * (3 * 2**20))  # large, not referenced
+    (p / "model.safetensors").write_bytes(b"x" * 10)
+    (p / ".git").mkdir()
+    (p / ".git" / "HEAD").write_text("ref")
+    (p / "runs" / "old").mkdir(parents=True)
+    (p / "runs" / "old" / "metrics.jsonl").write_text("{}")
+    (p / ".venv" / "lib").mkdir(parents=True)
+    (p / ".venv" / "lib" / "x.py").write_text("")
+    return p
+
+
+def uploaded_files(root: Path, excludes: list[str]) -> set[str]:
+    """The files Ray's own packaging would zip for this working_dir and excludes."""
+    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
+
+    files: set[str] = set()
+    _dir_travel(root, [_get_excludes(root, excludes)],
+                lambda p: files.add(p.relative_to(root).as_posix()) if p.is_file() else None, include_gitignore=True)
+    return files
+
+
+def test_submission_naming_entrypoint_and_metadata(project, monkeypatch):
+    monkeypatch.chdir(project)
+    sub = jobs.build_submission("configs/run.yaml", ["grpo.max_steps=3", "data.path=data/big.jsonl"], name="exp-1",
+                                working_dir=".", environ={}, max_file_mib=1)
+    assert sub.submission_id == "rayward-exp-1" == jobs.submission_id("exp-1")
+    assert sub.entrypoint == ("python -m orchestrator run configs/run.yaml grpo.max_steps=3 data.path=data/big.jsonl "
+                              "cluster.address=auto --name exp-1")
+    assert sub.metadata["rayward_run"] == "exp-1"
+    assert sub.runtime_env["working_dir"] == str(project)
+    assert "py_modules" in sub.runtime_env  # rayward's packages are not inside this working_dir: shipped
+    shipped = sorted(Path(m).name for m in sub.runtime_env["py_modules"])
+    assert shipped == ["actors", "orchestrator"]
+
+
+def test_excludes_keep_code_and_data_drop_big_files_weights_vcs_and_old_runs(project, monkeypatch):
+    monkeypatch.chdir(project)
+    sub = jobs.build_submission("configs/run.yaml", ["data.path=data/big.jsonl"], name="x", environ={}, max_file_mib=1)
+    files = uploaded_files(project, sub.runtime_env["excludes"])
+    assert {"configs/run.yaml", "my_rewards.py", "data/big.jsonl"} <= files
+    for gone in ("blob.dat", "model.safetensors", ".git/HEAD", "runs/old/metrics.jsonl", ".venv/lib/x.py"):
+        assert gone not in files, gone
+    assert sub.excluded_large == ["blob.dat"]
+
+
+def test_config_outside_working_dir_travels_in_the_environment(project, tmp_path):
+    outside = tmp_path / "elsewhere.yaml"
+    outside.write_text(DEMO.read_text())
+    sub = jobs.build_submission(str(outside), [], name="x", working_dir=project, environ={})
+    assert sub.runtime_env["env_vars"][jobs.CONFIG_ENV] == outside.read_text()
+    assert f" {jobs.SHIPPED_CONFIG} " in sub.entrypoint
+    # The entrypoint really writes the file before the run starts: run it with a stand-in `python`.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").write_text('#!/bin/sh\necho "ARGS $*"\n')
+    (bindir / "python").chmod(0o755)
+    cwd = tmp_path / "jobcwd"
+    cwd.mkdir()
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", **sub.runtime_env["env_vars"]}
+    out = subprocess.run(sub.entrypoint, shell=True, cwd=cwd, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.startswith(f"ARGS -m orchestrator run {jobs.SHIPPED_CONFIG} cluster.address=auto --name x")
+    assert (cwd / jobs.SHIPPED_CONFIG).read_text().strip() == outside.read_text().strip()
+
+
+def test_rayward_not_shipped_when_the_working_dir_holds_it_or_when_told():
+    sub = jobs.build_submission(str(DEMO), [], name="x", working_dir=ROOT, environ={})
+    assert "py_modules" not in sub.runtime_env  # this repository: orchestrator/ and actors/ are in working_dir
+    assert sub.entrypoint.startswith("python -m orchestrator run configs/demo.yaml ")
+
+
+def test_env_forwarding():
+    environ = {
+        "HF_TOKEN": "hf_x", "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", "WANDB_API_KEY": "w",
+        "RAYWARD_CACHE": "/c", "MLFLOW_TRACKING_URI": "http://m", "RAY_AUTH_TOKEN": "secret",
+        "RAY_AUTH_MODE": "token", "HOME": "/home/me", "PATH": "/bin", "TOKENIZERS_PARALLELISM": "true",
+    }
+    env = jobs.forwarded_env(environ, ["EXTRA=1", "B=x=y"])
+    for k in ("HF_TOKEN", "HF_HUB_OFFLINE", "VLLM_CPU_KVCACHE_SPACE", "WANDB_API_KEY", "RAYWARD_CACHE",
+              "MLFLOW_TRACKING_URI"):
+        assert env[k] == environ[k]
+    assert set(ACTOR_ENV) <= set(env)
+    assert env["TOKENIZERS_PARALLELISM"] == "true"  # the local value wins over ACTOR_ENV's default
+    assert env["EXTRA"] == "1" and env["B"] == "x=y"
+    for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE", "HOME", "PATH"):
+        assert k not in env
+    assert env["RAY_OVERRIDE_JOB_RUNTIME_ENV"] == "1"  # init_ray's env_vars must not conflict with the job's
+    with pytest.raises(jobs.JobsError, match="KEY=VALUE"):
+        jobs.forwarded_env(environ, ["novalue"])
+
+
+def test_dry_run_masks_secrets():
+    sub = jobs.build_submission(str(DEMO), [], name="x", working_dir=ROOT,
+                                environ={"HF_TOKEN": "hf_secret", "WANDB_API_KEY": "k", "TOKENIZERS_PARALLELISM": "false"})
+    env = sub.public()["runtime_env"]["env_vars"]
+    assert env["HF_TOKEN"] == env["WANDB_API_KEY"] == "***"
+    assert env["TOKENIZERS_PARALLELISM"] == "false"
+    assert sub.runtime_env["env_vars"]["HF_TOKEN"] == "hf_secret"  # only the printout is masked
+
+
+def test_bad_input_fails_before_anything_is_sent():
+    with pytest.raises(ConfigError, match="grpo.max_stepz"):
+        jobs.build_submission(str(DEMO), ["grpo.max_stepz=3"], name="x", working_dir=ROOT, environ={})
+    with pytest.raises(jobs.JobsError, match="run name"):
+        jobs.build_submission(str(DEMO), [], name="Bad_Name", working_dir=ROOT, environ={})
+    with pytest.raises(ConfigError, match="not found"):
+        jobs.build_submission("nope.yaml", [], name="x", working_dir=ROOT, environ={})
+
+
+def test_addresses(monkeypatch):
+    assert jobs.normalize_address("10.0.0.1:8265/") == "http://10.0.0.1:8265"
+    assert jobs.normalize_address("https://ray.example.com") == "https://ray.example.com"
+    for bad in ("ray://head:10001", "auto", ""):
+        with pytest.raises(jobs.JobsError, match="dashboard URL"):
+            jobs.normalize_address(bad)
+    for k in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"):
+        monkeypatch.delenv(k, raising=False)
+    assert jobs.default_address() == "http://127.0.0.1:8265"
+    monkeypatch.setenv("RAY_ADDRESS", "http://a:8265")
+    assert jobs.default_address() == "http://a:8265"
+    monkeypatch.setenv("RAY_API_SERVER_ADDRESS", "http://b:8265")
+    assert jobs.default_address() == "http://b:8265"
+
+
+def test_preflight_times_out_on_a_silent_server():
+    """A port that accepts connections but never answers (a black hole) fails within the timeout."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(jobs.JobsError, match="no answer"):
+            jobs.preflight(f"http://127.0.0.1:{srv.getsockname()[1]}", timeout_s=1)
+        assert time.monotonic() - t0 < 5
+    finally:
+        srv.close()
+
+
+# ---- the CLI, as users run it --------------------------------------------------------------------------
+
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def cli(*args: str, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    e.update(env)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=ROOT, env=e, capture_output=True,
+                       text=True, timeout=60)
+    return r, time.monotonic() - t0
+
+
+def one_line(r: subprocess.CompletedProcess, cmd: str) -> str:
+    assert r.returncode != 0, r.stdout
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"rayward {cmd}: "), r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("cmd", [
+    ["submit", "configs/demo.yaml", "grpo.max_steps=3"], ["status", "some-run"], ["logs", "-f", "some-run"],
+    ["stop", "some-run"], ["list"],
+])
+def test_unreachable_address_is_one_line_and_fast(cmd):
+    r, secs = cli(*cmd, "--address", f"http://127.0.0.1:{closed_port()}")
+    assert "cannot reach the Ray dashboard" in one_line(r, cmd[0])
+    assert r.returncode == 1 and secs < 15, secs
+
+
+def test_address_from_the_environment():
+    r, _ = cli("list", RAY_ADDRESS=f"http://127.0.0.1:{closed_port()}")
+    assert "127.0.0.1" in one_line(r, "list")
+
+
+def test_token_mode_without_a_token_is_one_line(tmp_path):
+    r, secs = cli("list", "--address", f"http://127.0.0.1:{closed_port()}", RAY_AUTH_MODE="token", HOME=str(tmp_path))
+    line = one_line(r, "list")
+    assert "RAY_AUTH_TOKEN" in line and secs < 15
+
+
+def test_bad_config_is_rejected_before_contacting_the_cluster():
+    r, _ = cli("submit", "configs/demo.yaml", "grpo.max_stepz=3", "--address", f"http://127.0.0.1:{closed_port()}")
+    assert r.returncode == 2 and "grpo.max_stepz" in r.stderr and "cannot reach" not in r.stderr
+
+
+def test_dry_run_prints_the_job():
+    r, _ = cli("submit", "configs/demo.yaml", "grpo.max_steps=3", "--name", "dry", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)
+    assert job["submission_id"] == "rayward-dry" and "--name dry" in job["entrypoint"]
+
+
+# ---- step metrics -> gauges ------------------------------------------------------------------------------
+
+
+def test_step_metrics_map_onto_tagged_gauges():
+    m = {
+        "reward": 0.4, "reward_std": 0.1, "rewards/letter/mean": 0.3, "rewards/letter/std": 0.2,
+        "rewards/letter/gated_mean": 0.3, "rewards/letter/latency_s": 0.05, "rewards/letter/timeouts": 0,
+        "rewards/fmt/mean": float("nan"), "gates/fmt<-letter/closed_frac": 0.75, "time/generate": 1.5,
+        "time/reward": 0.2, "time/train": 2.0, "time/sync": 0.3, "time/step": 4.1, "tokens_per_s": 900.0,
+        "sampling/sampling_logp_difference/max": 2e-6, "global_step": 7, "loss": 0.01, "kl": None,
+        "policy_version": 6, "completions/mean_length": 12.0, "note": "text",
+    }
+    got = {(n, tuple(sorted(t.items()))): v for n, v, t in map_step_metrics("r1", 7, m)}
+
+    def g(name, **tags):
+        return got[(name, tuple(sorted({"run": "r1", **tags}.items())))]
+
+    assert g("rayward_global_step") == 7
+    assert g("rayward_reward") == 0.4 and g("rayward_reward_std") == 0.1
+    assert g("rayward_reward_fn_mean", reward="letter") == 0.3
+    assert ("rayward_reward_fn_mean", (("reward", "fmt"), ("run", "r1"))) not in got  # NaN skipped
+    assert g("rayward_reward_fn_latency_s", reward="letter") == 0.05
+    assert g("rayward_reward_fn_timeouts", reward="letter") == 0
+    assert g("rayward_gate_closed_frac", gate="fmt<-letter") == 0.75
+    assert {p: g("rayward_phase_seconds", phase=p) for p in ("generate", "reward", "train", "sync", "step")} == {
+        "generate": 1.5, "reward": 0.2, "train": 2.0, "sync": 0.3, "step": 4.1}
+    assert g("rayward_weight_sync_s") == 0.3 and g("rayward_tokens_per_s") == 900.0
+    assert g("rayward_logprob_gap_max") == 2e-6 and g("rayward_policy_version") == 6
+    assert {n for n, _ in got} <= set(GAUGES)
+    assert not any(n == "rayward_kl" for n, _ in got)  # None skipped
+
+
+def test_exporter_never_raises():
+    from orchestrator.ops.ray_metrics import RayMetricsExporter
+
+    RayMetricsExporter("unit").export(1, {"reward": 1.0, "time/generate": "not a number"})

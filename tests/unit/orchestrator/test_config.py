@@ -1,0 +1,145 @@
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator.config import ConfigError, RunConfig, apply_overrides, load_config, parse_config
+from tests.conftest import ROOT
+
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+MINIMAL = {"rewards": [{"name": "r", "function": "letter_fraction"}]}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_preset_parses(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, RunConfig) and cfg.rewards
+
+
+def test_presets_exist():
+    assert {"demo.yaml"} <= {p.name for p in CONFIGS}
+
+
+def test_unknown_key_names_the_field_path():
+    with pytest.raises(ConfigError, match=r"generation\.num_generatons"):
+        parse_config({**MINIMAL, "generation": {"num_generatons": 4}})
+
+
+def test_bad_value_names_the_field_path():
+    with pytest.raises(ConfigError, match=r"grpo\.learning_rate"):
+        parse_config({**MINIMAL, "grpo": {"learning_rate": -1}})
+    with pytest.raises(ConfigError, match=r"rewards\.0\.on_error"):
+        parse_config({"rewards": [{"name": "r", "function": "letter_fraction", "on_error": "ignore"}]})
+
+
+def test_batch_must_divide_into_groups():
+    with pytest.raises(ConfigError, match="multiple of num_generations"):
+        parse_config({**MINIMAL, "generation": {"num_generations": 3, "generation_batch_size": 8}})
+    with pytest.raises(ConfigError, match="per_device_train_batch_size"):
+        parse_config({**MINIMAL, "generation": {"generation_batch_size": 32}, "grpo": {"per_device_train_batch_size": 12}})
+
+
+def test_reward_needs_exactly_one_source():
+    with pytest.raises(ConfigError, match="exactly one of `function` or `model`"):
+        parse_config({"rewards": [{"name": "r"}]})
+    with pytest.raises(ConfigError, match="rewards"):
+        parse_config({"rewards": []})
+
+
+def test_gate_errors():
+    r = lambda name, gate=None: {"name": name, "function": "letter_fraction", **({"gate": gate} if gate else {})}  # noqa: E731
+    with pytest.raises(ConfigError, match="unknown reward 'nope'"):
+        parse_config({"rewards": [r("a", {"reward": "nope", "threshold": 1})]})
+    with pytest.raises(ConfigError, match="cycle"):
+        parse_config(
+            {"rewards": [r("a", {"reward": "c", "threshold": 1}), r("b", {"reward": "a", "threshold": 1}),
+                         r("c", {"reward": "b", "threshold": 1})]}
+        )
+    with pytest.raises(ConfigError, match="reward names must be unique"):
+        parse_config({"rewards": [r("a"), r("a")]})
+    ok = parse_config({"rewards": [r("a"), r("b", {"reward": "a", "threshold": 0.5}), r("c", {"reward": "b", "threshold": 1})]})
+    assert ok.rewards[2].gate.reward == "b"
+
+
+def test_schedule_validation():
+    with pytest.raises(ConfigError, match="end_step"):
+        parse_config({"rewards": [{"name": "r", "function": "f", "schedule": {"type": "linear", "start": 1, "end": 0, "start_step": 5, "end_step": 5}}]})
+    with pytest.raises(ConfigError, match="strictly increasing"):
+        parse_config({"rewards": [{"name": "r", "function": "f", "schedule": {"type": "piecewise", "steps": [[5, 1], [2, 0]]}}]})
+    with pytest.raises(ConfigError, match=r"rewards\.0\.schedule"):
+        parse_config({"rewards": [{"name": "r", "function": "f", "schedule": {"type": "exponential"}}]})
+
+
+def test_overrides():
+    tree = {"grpo": {"max_steps": 5}, "rewards": [{"name": "r", "function": "f"}]}
+    apply_overrides(tree, ["grpo.max_steps=7", "generation.num_generations=4", "rewards.0.weight=0.5", "model.name_or_path=foo/bar"])
+    assert tree["grpo"]["max_steps"] == 7 and tree["generation"]["num_generations"] == 4
+    assert tree["rewards"][0]["weight"] == 0.5 and tree["model"]["name_or_path"] == "foo/bar"
+    with pytest.raises(ConfigError, match="no item '3'"):
+        apply_overrides(tree, ["rewards.3.weight=1"])
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        apply_overrides(tree, ["grpo.max_steps"])
+
+
+def test_load_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
+
+
+def test_config_is_frozen_and_documented():
+    cfg = parse_config(MINIMAL)
+    with pytest.raises(ValidationError):
+        cfg.grpo.max_steps = 3
+    from orchestrator.config import config_reference
+
+    rows = config_reference()
+    assert all(doc for _, _, doc in rows), [k for k, _, d in rows if not d]
+    assert any(k == "generation.num_generations" for k, _, _ in rows)
+
+
+def test_readme_config_reference_is_current():
+    import io
+    from contextlib import redirect_stdout
+
+    from orchestrator.ops.cli import main
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("<!-- config-reference:start -->\n")[1].split("<!-- config-reference:end -->")[0]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        main(["config-reference"])
+    assert section == buf.getvalue(), "README config reference is stale: run `python scripts/update_readme.py`"
+
+
+def test_metrics_sinks_write_jsonl_and_tensorboard(tmp_path):
+    from orchestrator.ops.metrics import MetricsLogger
+
+    log = MetricsLogger(tmp_path, report_to=["jsonl", "tensorboard"], progress=False, max_steps=2)
+    log.log(1, {"reward": 0.5, "rewards/a/mean": float("nan"), "gates/b<-a/closed_frac": 0.25})
+    log.close()
+    import json
+
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert row == {"step": 1, "reward": 0.5, "rewards/a/mean": None, "gates/b<-a/closed_frac": 0.25}
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_partial_resources_keep_the_role_defaults():
+    cfg = parse_config({**MINIMAL, "cluster": {"reward_worker": {"resources": {"reward_node": 1}}}})
+    assert cfg.cluster.reward_worker.num_cpus == 0.25 and cfg.cluster.reward_worker.resources == {"reward_node": 1}
+    assert cfg.cluster.generator.num_cpus == 0.5
+
+
+def test_learner_ranks():
+    cfg = parse_config({**MINIMAL, "cluster": {"num_learners": 2, "learner_strategy": "fsdp"}})
+    assert cfg.cluster.num_learners == 2 and parse_config(MINIMAL).cluster.learner_strategy == "single"
+    with pytest.raises(ConfigError, match=r"cluster: learner_strategy 'single' runs one learner; num_learners \(2\)"):
+        parse_config({**MINIMAL, "cluster": {"num_learners": 2}})
+    with pytest.raises(ConfigError, match=r"learner\.num_gpus \(0\.5\)"):
+        parse_config({**MINIMAL, "cluster": {"num_learners": 2, "learner_strategy": "fsdp", "learner": {"num_gpus": 0.5}}})
+    with pytest.raises(ConfigError, match=r"cluster\.num_learners \(8\) is more than the micro-batches per step"):
+        parse_config({**MINIMAL, "generation": {"generation_batch_size": 32}, "grpo": {"per_device_train_batch_size": 8},
+                      "cluster": {"num_learners": 8, "learner_strategy": "fsdp"}})
