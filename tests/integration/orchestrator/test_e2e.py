@@ -40,7 +40,7 @@ def test_demo_reward_rises(demo_history):
 
 
 def test_sync_loop_accounting(demo_history):
-    from tests.integration.test_pipelined import sync_accounting
+    from tests.integration.orchestrator.test_pipelined import sync_accounting
 
     cfg, history, _ = demo_history
     sync_accounting(history, groups=cfg.generation.generation_batch_size // cfg.generation.num_generations)

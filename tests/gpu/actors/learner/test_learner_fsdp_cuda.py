@@ -7,8 +7,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load as safetensors_load
 
 from actors.learner.learner import Learner, free_port
-from tests.gpu.test_learner_cuda import assert_step_follows_advantages
-from tests.unit.test_learner_fsdp import SCENARIOS, learner_kwargs, make_batch
+from tests.gpu.actors.learner.test_learner_cuda import assert_step_follows_advantages
+from tests.unit.actors.learner.test_learner_fsdp import SCENARIOS, learner_kwargs, make_batch
 
 ATOL = 1e-5  # fp32 on one GPU: the same kernels; FSDP adds only the (exact) all-gather and reduce
 
