@@ -9,10 +9,11 @@ reads as the run's parts.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import ray
+
+from actors.net import free_port, node_ip
 
 # How long the learner ranks' placement group may wait for a node with room for all of them (an autoscaler
 # may be starting one) before the build fails, naming what it asked for.
@@ -36,7 +37,7 @@ class ActorGroup:
         remote_cls = ray.remote(cls)
         self.handles = []
         for i in range(num):
-            name = f"{run_name}/{role}" if num == 1 and role == "learner" else f"{run_name}/{role}-{i}"
+            name = f"{run_name}/{role}-{i}"
             kw = {**(kwargs or {}), **((per_actor_kwargs or [{}] * num)[i])}
             self.handles.append(remote_cls.options(name=name, **(options or {})).remote(*args, **kw))
 
@@ -62,6 +63,10 @@ class ActorGroup:
         ]
         return [x for part in ray.get(refs) for x in part]
 
+    def wait_alive(self, timeout_s: float) -> None:
+        """Return once every member answers (after Ray restarted one that died); raise if one stays dead."""
+        ray.get([h.__ray_ready__.remote() for h in self.handles], timeout=timeout_s)
+
     def kill(self) -> None:
         for h in self.handles:
             ray.kill(h, no_restart=True)
@@ -70,10 +75,7 @@ class ActorGroup:
 def _rendezvous() -> str:
     """tcp://<this node's IP>:<a port free on it now>, for rank 0 to listen on (run on rank 0's node; the port
     could be taken before rank 0 binds it, as with any free-port pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+    return f"tcp://{node_ip()}:{free_port()}"
 
 
 class _AllRanks:

@@ -1,4 +1,6 @@
-"""The two reward functions of the TRL-vs-rayward benchmark, in TRL's reward-function signature.
+"""Reward functions of the benchmarks, in TRL's reward-function signature.
+
+trl_vs_rayward.py:
 
 * `letter_fraction` (cheap, pure Python): rayward's built-in toy reward, re-exported unchanged.
 * `sandbox_reward` (latency-bound): what a user writes around a code-sandbox or remote-judge call, a plain
@@ -6,6 +8,9 @@
   the whole generation batch (and sync reward functions one after the other), so it loops over all of them;
   rayward calls it once per completion by default and gets its concurrency from the reward workers' threads
   and the number of workers. Same function, same per-sample cost in both.
+
+reward_scaling.py: `sleepy` (latency-bound) and `cpu_bound` (a verifier in Python), factories whose settings
+travel in the run config to every worker on every node.
 """
 
 from __future__ import annotations
@@ -13,11 +18,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from orchestrator.tasks.letters import _text, letter_fraction
+from actors.rewards.builtin import completion_text, letter_fraction
 
 SANDBOX_LATENCY_S = 0.05  # one "sandbox round trip" per completion
 
-__all__ = ["SANDBOX_LATENCY_S", "letter_fraction", "sandbox_reward"]
+__all__ = ["SANDBOX_LATENCY_S", "cpu_bound", "letter_fraction", "sandbox_reward", "sleepy", "spin"]
 
 
 def sandbox_reward(completions: list[Any], letter: list[str] | None = None, **kwargs: Any) -> list[float]:
@@ -26,5 +31,34 @@ def sandbox_reward(completions: list[Any], letter: list[str] | None = None, **kw
     for i, c in enumerate(completions):
         time.sleep(SANDBOX_LATENCY_S)  # the sandbox round trip: blocks this thread, uses no CPU
         want = letter[i] if letter else ""
-        out.append(1.0 if want and want in _text(c) else 0.0)
+        out.append(1.0 if want and want in completion_text(c) else 0.0)
     return out
+
+
+def sleepy(delay_s: float = 0.05):
+    """Factory (config `kwargs`): a latency-bound reward (a sandbox or judge call) that sleeps `delay_s` per
+    completion it is given and holds no CPU."""
+
+    def reward(completions: list[Any], **kwargs: Any) -> list[float]:
+        time.sleep(delay_s * len(completions))
+        return [1.0] * len(completions)
+
+    return reward
+
+
+def spin(n: int) -> int:
+    """Pure-Python CPU work (holds the GIL): n loop iterations."""
+    acc = 0
+    for i in range(n):
+        acc = (acc * 31 + i) % 1_000_003
+    return acc
+
+
+def cpu_bound(iters: int = 200_000):
+    """Factory (config `kwargs`): a CPU-bound reward (a parser or verifier in Python), `iters` loop iterations
+    per completion."""
+
+    def reward(completions: list[Any], **kwargs: Any) -> list[float]:
+        return [float(spin(iters) % 2) for _ in completions]
+
+    return reward

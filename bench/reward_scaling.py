@@ -5,7 +5,7 @@
 
 For each worker count it builds a fresh RewardPool (the real actor, as `rayward run` does), warms every worker
 (imports, first TrainerState), then times `pool.score(batch)` on a fixed batch and prints samples/s, speedup
-over 1 worker and efficiency (speedup / workers). Rewards (tests/fixtures/slow_rewards.py, TRL signature,
+over 1 worker and efficiency (speedup / workers). Rewards (bench/bench_rewards.py, TRL signature,
 per-sample calls as configured by default):
   latency: sleeps --latency-ms per sample, no CPU (a sandbox or judge call)
   cpu:     --cpu-ms of pure-Python work per sample (holds the GIL), calibrated on this machine first
@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT))
 
 from actors.rewards.pool import CHUNKS_PER_WORKER, RewardPool  # noqa: E402
 from actors.rewards.worker import RewardSpec  # noqa: E402
-from tests.fixtures.slow_rewards import spin  # noqa: E402
+from bench.bench_rewards import spin  # noqa: E402
 
 
 def calibrate_cpu(ms: float) -> int:
-    """Loop iterations of slow_rewards.spin that take `ms` here (best of 5, so others' load counts less)."""
+    """Loop iterations of bench_rewards.spin that take `ms` here (best of 5, so others' load counts less)."""
     n = 200_000
     best = min(_timed(spin, n) for _ in range(5))
     return max(1, int(n * ms / 1000 / best))
@@ -39,7 +39,7 @@ def calibrate_cpu(ms: float) -> int:
 
 def machine_parallelism(iters: int, procs: int) -> float:
     """How many cores this (shared) machine gives right now: throughput of `procs` plain processes running
-    slow_rewards.spin at once over one process's. The ceiling for the CPU-bound rows, measured without Ray."""
+    bench_rewards.spin at once over one process's. The ceiling for the CPU-bound rows, measured without Ray."""
     import multiprocessing as mp
 
     pool = mp.get_context("spawn").Pool(procs)  # spawn: no Ray state (threads, signal handlers) in the children
@@ -115,13 +115,13 @@ def main() -> int:
              runtime_env={"env_vars": env})
     kinds = {}
     if "latency" in args.kinds:
-        kinds["latency"] = (RewardSpec("latency", "tests.fixtures.slow_rewards:sleepy",
+        kinds["latency"] = (RewardSpec("latency", "bench.bench_rewards:sleepy",
                                        kwargs={"delay_s": args.latency_ms / 1000}), f"{args.latency_ms:g} ms sleep")
     if "noop" in args.kinds:  # no work: what is left is the pool's own overhead per batch
-        kinds["noop"] = (RewardSpec("noop", "tests.fixtures.slow_rewards:sleepy", kwargs={"delay_s": 0.0}), "no work")
+        kinds["noop"] = (RewardSpec("noop", "bench.bench_rewards:sleepy", kwargs={"delay_s": 0.0}), "no work")
     if "cpu" in args.kinds:
         iters = calibrate_cpu(args.cpu_ms)
-        kinds["cpu"] = (RewardSpec("cpu", "tests.fixtures.slow_rewards:cpu_bound", kwargs={"iters": iters}),
+        kinds["cpu"] = (RewardSpec("cpu", "bench.bench_rewards:cpu_bound", kwargs={"iters": iters}),
                         f"{args.cpu_ms:g} ms pure Python ({iters} iters)")
     pool_cls = RewardPool
     load = os.getloadavg()[0]

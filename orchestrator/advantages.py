@@ -1,4 +1,4 @@
-"""Combining several rewards: schedules over steps, gates, weights (pure; no Ray).
+"""From raw reward scores to advantages: schedules over steps, gates, weights, then GRPO's advantages (pure; no Ray).
 
 The reward pool returns a raw matrix `raw [N, K]` (N completions, K reward functions, NaN = the function
 returned None, "no opinion"). This module turns it into what GRPO's advantage code consumes:
@@ -7,6 +7,7 @@ returned None, "no opinion"). This module turns it into what GRPO's advantage co
     weights [K]    weight_k * schedule_k(step)
 
 and the advantage math itself (TRL's sum_then_normalize / normalize_then_sum) lives in `grpo.py`.
+`to_train_batch` is the whole path, raw -> gated -> weighted total -> advantages, in one call.
 
 Gate semantics, per sample i, for a reward B with `gate: {reward: A, threshold: t, fill: f}`:
     if gated[i, A] < t  then gated[i, B] = f   (else B keeps its raw value, None included)
@@ -20,9 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from actors.types import Rollouts, Scores, TrainBatch
 from orchestrator.config import (
     ConstantSchedule,
     CosineSchedule,
@@ -31,6 +34,7 @@ from orchestrator.config import (
     RewardConfig,
     ScheduledFloat,
 )
+from orchestrator.grpo import Aggregation, ScaleRewards, compute_advantages, nanmean_or_nan, nanstd_or_nan
 
 
 def schedule_value(value: ScheduledFloat, step: int) -> float:
@@ -122,3 +126,70 @@ class RewardAggregator:
             for j, g in enumerate(gates)
         }
         return Aggregated(gated=gated, weights=self.weights(step), gate_closed=fractions)
+
+
+def raw_matrix(scores: Scores) -> torch.Tensor:
+    """The pool's scores [K][N] as the [N, K] matrix the math takes (NaN = None)."""
+    return torch.tensor(scores.scores, dtype=torch.float32).T
+
+
+def weighted_totals(aggregator: RewardAggregator, scores: Scores, group_size: int) -> torch.Tensor:
+    """The weighted, gated total per sample [N] at the step the batch was scored under (NaN if no reward had
+    an opinion): what dynamic sampling looks at."""
+    agg = aggregator(raw_matrix(scores), scores.global_step)
+    return compute_advantages(agg.gated, agg.weights, group_size, "none", "sum_then_normalize").total
+
+
+def reward_metrics(
+    names: list[str],
+    raw: torch.Tensor,
+    gated: torch.Tensor,
+    weights: torch.Tensor,
+    total: torch.Tensor,
+    advantages: torch.Tensor,
+    zero_std: torch.Tensor,
+) -> dict[str, float]:
+    """raw/gated [N, K], weights [K], total [N] (weighted sum, NaN if unscorable), advantages [N]; TRL's names."""
+    m: dict[str, float] = {
+        "reward": nanmean_or_nan(total),
+        "reward_std": nanstd_or_nan(total),
+        "frac_reward_zero_std": zero_std.float().mean().item(),
+        "advantages/mean": advantages.mean().item(),
+        "advantages/std": advantages.std().item() if advantages.numel() > 1 else 0.0,
+        "advantages/abs_mean": advantages.abs().mean().item(),
+    }
+    for k, name in enumerate(names):
+        m[f"rewards/{name}/mean"] = nanmean_or_nan(raw[:, k])  # TRL: raw, unweighted, None excluded
+        m[f"rewards/{name}/std"] = nanstd_or_nan(raw[:, k])
+        m[f"rewards/{name}/gated_mean"] = nanmean_or_nan(gated[:, k])
+        m[f"rewards/{name}/none_frac"] = torch.isnan(raw[:, k]).float().mean().item()
+        m[f"rewards/{name}/weight"] = weights[k].item()
+    return m
+
+
+def to_train_batch(
+    aggregator: RewardAggregator,
+    rollouts: Rollouts,
+    scores: Scores,
+    *,
+    scale_rewards: ScaleRewards,
+    aggregation: Aggregation,
+) -> tuple[TrainBatch, dict[str, float], dict[str, list[Any]]]:
+    """raw -> gates and scheduled weights (at the step the batch was scored under) -> GRPO advantages.
+    Returns the learner's batch, the step's reward metrics, and per-sample columns for the completions log
+    (each reward raw and gated, total, advantage)."""
+    raw = raw_matrix(scores)  # [N, K]
+    agg = aggregator(raw, scores.global_step)
+    adv = compute_advantages(agg.gated, agg.weights, rollouts.group_size, scale_rewards, aggregation)
+    metrics = reward_metrics(aggregator.names, raw, agg.gated, agg.weights, adv.total, adv.advantages, adv.zero_std)
+    metrics.update({f"gates/{k}/closed_frac": v for k, v in agg.gate_closed.items()})
+    batch = TrainBatch(
+        prompt_ids=rollouts.prompt_ids, completion_ids=rollouts.completion_ids,
+        sampling_logprobs=rollouts.sampling_logprobs, advantages=adv.advantages.tolist(), truncated=rollouts.truncated,
+    )
+    nan_to_none = lambda xs: [None if math.isnan(x) else x for x in xs]  # noqa: E731 - JSON has no NaN
+    table: dict[str, list[Any]] = {"total": nan_to_none(adv.total.tolist()), "advantage": adv.advantages.tolist()}
+    for k, name in enumerate(aggregator.names):
+        table[f"rewards/{name}"] = nan_to_none(raw[:, k].tolist())
+        table[f"gated/{name}"] = nan_to_none(agg.gated[:, k].tolist())
+    return batch, metrics, table

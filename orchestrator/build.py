@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors.rewards.builtin import BUILTIN_REWARDS
 from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
-from orchestrator.advantages import RewardAggregator
+from actors.types import TrainerState
+from orchestrator.advantages import RewardAggregator, weighted_totals
 from orchestrator.config import TINY_MODEL, ConfigError, RunConfig
 from orchestrator.data import PromptSource, load_rows
 from orchestrator.ops.metrics import MetricsLogger
-from orchestrator.tasks.letters import BUILTIN_REWARDS
+from orchestrator.selection import Selector, dynamic_sampling, keep_all
 
 
 def resolve_model(cfg: RunConfig) -> str:
@@ -28,7 +30,7 @@ def resolve_model(cfg: RunConfig) -> str:
     return cfg.model.name_or_path
 
 
-def reward_specs(cfg: RunConfig, *, check_import: bool = True) -> list[RewardSpec]:
+def reward_specs(cfg: RunConfig) -> list[RewardSpec]:
     """The rewards as worker specs, built-in names resolved; each function imported once here so a typo
     fails now, naming the reward, instead of inside a worker after Ray and vLLM have started."""
     specs = []
@@ -45,7 +47,7 @@ def reward_specs(cfg: RunConfig, *, check_import: bool = True) -> list[RewardSpe
             name=r.name, function=fn, model=r.model, timeout_s=r.timeout_s, on_error=r.on_error,
             fallback=r.fallback, batched=r.batched, kwargs=dict(r.kwargs),
         )
-        if check_import and spec.function:
+        if spec.function:
             try:
                 load_reward_function(spec)
             except RewardFunctionError as err:
@@ -142,14 +144,42 @@ class Run:
     generators: Any  # ActorGroup of actors.generation.generator.Generator
     learner: Any  # LearnerGroup: one actors.learner.learner.Learner to the loop (cluster.num_learners ranks)
     reward_pool: Any  # handle of the named actors.rewards.pool.RewardPool
+    weights: Any  # actors.weights.transfer: CollectiveTransfer or ObjectStoreTransfer
     aggregator: RewardAggregator
+    select: Selector  # group selection between scoring and advantages: keep_all or dynamic sampling (DAPO)
     logger: MetricsLogger
+    prompts_per_step: int
     global_step: int = 0  # optimizer steps done (the learner's)
     policy_version: int = 0  # learner step whose weights the generators hold
     stop_requested: bool = False  # set by SIGTERM; the loops stop at the next step boundary
-    # Group selection between scoring and advantages: loop.keep_all, or loop.dynamic_sampling (DAPO).
-    select_groups: Any = None
-    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def selector(cfg: RunConfig, aggregator: RewardAggregator) -> Selector:
+    """keep_all, or dynamic sampling with the run's aggregation and targets bound in."""
+    if not cfg.grpo.dynamic_sampling:
+        return keep_all
+    return functools.partial(
+        dynamic_sampling,
+        totals=functools.partial(weighted_totals, aggregator),
+        target_groups=cfg.generation.generation_batch_size // cfg.generation.num_generations,
+        max_refill_rounds=cfg.grpo.max_refill_rounds,
+    )
+
+
+def weight_transfer(cfg: RunConfig, learner: Any, generators: Any) -> Any:
+    """The run's weight-transfer backend (weight_sync.backend), connected."""
+    from actors.weights.transfer import CollectiveTransfer, ObjectStoreTransfer
+
+    w = cfg.weight_sync
+    if w.backend == "object_store":
+        transfer = ObjectStoreTransfer(learner, generators, timeout_s=w.timeout_s)
+    else:
+        transfer = CollectiveTransfer(
+            learner, generators, timeout_s=w.timeout_s, bucket_mb=w.bucket_mb,
+            tp_size=cfg.generation.tensor_parallel_size,
+        )
+    transfer.connect()
+    return transfer
 
 
 def build_run(p: Prepared) -> Run:
@@ -160,11 +190,10 @@ def build_run(p: Prepared) -> Run:
     from actors.group import ActorGroup, LearnerGroup
     from actors.learner.learner import Learner
     from actors.rewards.pool import RewardPool
-    from orchestrator.ops.cluster import actor_options, namespace, run_sys_path
+    from orchestrator.ops.cluster import actor_options, generator_options, namespace, run_sys_path
 
     cfg, c, gen = p.cfg, p.cfg.cluster, p.cfg.generation
     ns = namespace(p.name)  # explicit, so `rayward scale NAME` finds the actors whatever the driver's namespace
-    state = {"global_step": 0, "max_steps": cfg.grpo.max_steps, "epoch": 0.0}
     reward_pool = (
         ray.remote(RewardPool)
         .options(name=f"{p.name}/reward-pool", namespace=ns, num_cpus=0, max_concurrency=1000)
@@ -174,7 +203,7 @@ def build_run(p: Prepared) -> Run:
             num_workers=c.num_reward_workers,
             worker_options=actor_options(c.reward_worker, namespace=ns),
             sys_path=run_sys_path(),
-            trainer_state=state,
+            trainer_state=TrainerState(max_steps=cfg.grpo.max_steps),
         )
     )
     generators = ActorGroup(
@@ -182,13 +211,14 @@ def build_run(p: Prepared) -> Run:
         c.num_generators,
         run_name=p.name,
         role="generator",
-        options=actor_options(c.generator, namespace=ns),
+        options=generator_options(c.generator, gen.tensor_parallel_size, c.generator_max_restarts, namespace=ns),
         args=(p.model_path,),
         kwargs=dict(
             dtype=cfg.model.dtype,
             max_model_len=gen.max_model_len,
             kv_cache_gib=gen.kv_cache_gib,
             gpu_memory_utilization=gen.gpu_memory_utilization,
+            tensor_parallel_size=gen.tensor_parallel_size,
         ),
         per_actor_kwargs=[{"seed": cfg.seed + i} for i in range(c.num_generators)],
     )
@@ -201,16 +231,16 @@ def build_run(p: Prepared) -> Run:
         kwargs=learner_kwargs(cfg, p.model_path),
         rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step
     )
+    weights = weight_transfer(cfg, learner, generators)
     logger = MetricsLogger(
         p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,
         max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"),
     )
-    from orchestrator import loop
-
+    aggregator = RewardAggregator(cfg.rewards)
     return Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
-        reward_pool=reward_pool, aggregator=RewardAggregator(cfg.rewards), logger=logger,
-        select_groups=loop.dynamic_sampling if cfg.grpo.dynamic_sampling else loop.keep_all,
+        reward_pool=reward_pool, weights=weights, aggregator=aggregator, select=selector(cfg, aggregator),
+        logger=logger, prompts_per_step=gen.generation_batch_size // gen.num_generations,
     )
 
 
@@ -226,4 +256,3 @@ def shutdown_run(run: Run) -> None:
     except Exception:  # noqa: BLE001 - best effort at teardown
         pass
     ray.kill(run.reward_pool, no_restart=True)
-

@@ -132,6 +132,10 @@ class GenerationConfig(_Section):
     """KV cache per generator in GiB on CPU (VLLM_CPU_KVCACHE_SPACE)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """Fraction of GPU memory a generator's vLLM may take (GPU only)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """vLLM tensor parallelism inside each generator (vLLM's name): the engine's workers split every layer.
+    On GPUs each generator actor then takes tensor_parallel_size x cluster.generator.num_gpus GPUs of one node;
+    on CPU each rank gets its own share of the actor's cores (VLLM_CPU_OMP_THREADS_BIND, set unless given)."""
 
     @model_validator(mode="after")
     def _divisible(self) -> GenerationConfig:
@@ -277,7 +281,8 @@ class Resources(_Section):
     num_gpus: float = Field(0.0, ge=0)
     """GPUs per actor (fractions share a GPU)."""
     resources: dict[str, float] = Field(default_factory=dict)
-    """Custom Ray resources per actor, e.g. {"reward_node": 1} to place reward workers on reward nodes."""
+    """Custom Ray resources per actor: a resource only some nodes declare (e.g. {"reward_node": 1}) places the
+    actor on those nodes."""
 
 
 class GeneratorResources(Resources):
@@ -312,6 +317,9 @@ class ClusterConfig(_Section):
     On GPUs with model.dtype bfloat16: float32 master weights and optimizer state, bfloat16 compute."""
     num_reward_workers: int = Field(2, ge=1)
     """Reward worker actors at start (scale later with `rayward scale`)."""
+    generator_max_restarts: int = Field(3, ge=0)
+    """How often Ray restarts a generator actor that died (vLLM crash, OOM, lost node). A restarted generator
+    rejoins the weight-transfer group and gets the current weights before it generates again."""
     reward_chunk_groups: int = Field(1, ge=1)
     """Groups (prompts x num_generations completions) per scoring chunk sent to one reward worker."""
     generator: GeneratorResources = GeneratorResources()
@@ -355,6 +363,21 @@ class LoopConfig(_Section):
     more than 1 only splits a generator's share into separate engine batches (slower on small models)."""
 
 
+class WeightSyncConfig(_Section):
+    backend: Literal["collective", "object_store"] = "collective"
+    """`collective`: the learner's rank 0 broadcasts the weights bucket by bucket to every engine worker (every
+    tensor-parallel rank) over a process group (NCCL on GPUs, gloo on CPU), each worker loading each bucket in
+    place as it arrives. `object_store`: the whole state dict as safetensors bytes through Ray's object store
+    (slower, more memory; for clusters whose generator nodes cannot open TCP connections to the learner's node)."""
+    bucket_mb: float = Field(256.0, gt=0)
+    """Collective: bucket size in MiB. Each side holds about two buckets beyond the model (one on the wire, one
+    being packed or loaded); larger buckets mean fewer, longer collectives."""
+    timeout_s: float = Field(600.0, gt=0)
+    """Collective: seconds any member waits for the others (forming the group, each bucket) before the sync
+    fails naming the stage and the engine. It must cover a generation already queued on a generator ahead of
+    the sync in pipelined mode."""
+
+
 class LoggingConfig(_Section):
     dir: str = "runs"
     """Root directory; each run writes metrics.jsonl (and checkpoints) under `<dir>/<run name>/`."""
@@ -365,6 +388,9 @@ class LoggingConfig(_Section):
     check_logprob_parity: bool = True
     """After the first weight sync, compare generator and learner logprobs of a fixed sequence and print the
     max abs difference (the alarm for a broken sync)."""
+    log_completions: bool = True
+    """Write every trained sample to `<dir>/<run name>/completions.jsonl` (TRL's name): step, prompt, completion,
+    each reward raw and gated, total, advantage, and the reward functions' log_extra columns."""
 
 
 class RunConfig(_Section):
@@ -386,6 +412,8 @@ class RunConfig(_Section):
     """Ray cluster and actor placement."""
     loop: LoopConfig = LoopConfig()
     """Synchronous or pipelined training loop."""
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
+    """How new weights travel from the learner into the generators after each optimizer step."""
     logging: LoggingConfig = LoggingConfig()
     """Metrics and logs."""
 
@@ -517,7 +545,7 @@ def config_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> li
             continue
         if name == "rewards":
             rows.append((f"{prefix}rewards", "(required)", field.description or ""))
-            rows.extend(config_reference(RewardConfig, f"{prefix}rewards[].")[0:])
+            rows.extend(config_reference(RewardConfig, f"{prefix}rewards[]."))
             continue
         default = "(required)" if field.is_required() else repr(field.get_default(call_default_factory=True))
         rows.append((f"{prefix}{name}", default, (field.description or "").replace("\n", " ")))

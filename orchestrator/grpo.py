@@ -1,9 +1,8 @@
 """GRPO math with exactly TRL 1.16 ``GRPOTrainer`` semantics, as pure torch functions.
 
 No Ray, no vLLM, no other rayward imports: the learner and the driver both call these, and
-``tests/unit/test_grpo.py`` checks them against TRL's own code (not against a copy of its formulas).
-Citations: ``T:`` = trl/trainer/grpo_trainer.py, ``U:`` = trl/trainer/utils.py (TRL 1.16.0), see
-/work/shared/reference/trl-grpo.md sections 2 and 3.
+``tests/unit/orchestrator/test_grpo.py`` checks them against TRL's own code (not against a copy of its formulas).
+Citations: ``T:`` = trl/trainer/grpo_trainer.py, ``U:`` = trl/trainer/utils.py in TRL 1.16.0 (line numbers).
 
 Shapes: N = rows of the whole generation batch (G contiguous rows per prompt), K = reward functions,
 B = rows of one micro-batch, T = padded completion length.
@@ -43,6 +42,17 @@ def nanstd(x: Tensor, dim: int | tuple[int, ...] | None = None, keepdim: bool = 
     for d in sorted((d % std.ndim for d in dims), reverse=True):
         std = std.squeeze(d)
     return std
+
+
+def nanmean_or_nan(x: Tensor) -> float:
+    """Mean of the non-NaN values of x, NaN if there are none."""
+    v = x[~torch.isnan(x)]
+    return v.mean().item() if v.numel() else math.nan
+
+
+def nanstd_or_nan(x: Tensor) -> float:
+    """nanstd of all of x as a float (NaN with fewer than 2 values)."""
+    return nanstd(x).item() if (~torch.isnan(x)).sum() > 1 else math.nan
 
 
 @dataclass

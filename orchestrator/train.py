@@ -30,8 +30,8 @@ def train(
 
     from actors.weights.parity import logprob_parity
     from orchestrator.build import build_run, shutdown_run
-    from orchestrator.inflight import run_pipelined
-    from orchestrator.loop import run_sync
+    from orchestrator.loop import run_pipelined, run_sync
+    from orchestrator.phases import save_checkpoint
 
     name = name or cfg.name or new_run_name()
     try:
@@ -59,13 +59,16 @@ def train(
             restore(run, ckpt)
             say(f"rayward: resumed from {ckpt} at step {run.global_step}", flush=True)
         if cfg.logging.check_logprob_parity:
-            gap = logprob_parity(run)
-            say(f"rayward: generator-learner logprob parity after sync: max abs diff {gap:.2e}", flush=True)
+            stats = run.weights.push()
+            gap = logprob_parity(run.learner.handles[0], run.generators.handles, cfg.generation.temperature)
+            say(
+                f"rayward: weight sync {stats.bytes / 1e6:.0f} MB in {stats.seconds:.2f}s; generator-learner "
+                f"logprob parity after sync: max abs diff {gap:.2e}",
+                flush=True,
+            )
         loop = run_pipelined if cfg.loop.mode == "pipelined" else run_sync  # chosen once, at build time
         history = loop(run)
         if run.stop_requested:
-            from orchestrator.loop import save_checkpoint
-
             path = save_checkpoint(run)
             say(f"rayward: stopped at step {run.global_step}; checkpoint {path}", flush=True)
     finally:
@@ -87,7 +90,7 @@ def train(
 
 def restore(run: Any, ckpt: Path) -> None:
     """Learner weights, optimizer and step, and the data order, from a checkpoint; generators get the weights."""
-    from orchestrator.loop import sync
+    from orchestrator.phases import sync
 
     (state,) = run.learner.call("load_checkpoint", str(ckpt))
     run.global_step = int(state["global_step"])

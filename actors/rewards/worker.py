@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.types import RewardBatch, Scores, TrainerState
+
 # Threads for sync reward calls of one chunk: enough that every per-sample call of a chunk starts at once
 # (so its timeout is measured from its own start), small enough to stay cheap when idle.
 SYNC_CALL_THREADS = 64
@@ -88,17 +90,6 @@ def load_reward_function(spec: RewardSpec) -> Callable[..., Any]:
 def is_async_callable(fn: Any) -> bool:
     """An `async def` function, or an object whose __call__ is one (as TRL's is_async_callable)."""
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
-
-
-def make_trainer_state(state: dict[str, Any]) -> Any:
-    """A real transformers.TrainerState, as TRL passes, so `trainer_state.global_step` code runs unchanged."""
-    from transformers import TrainerState
-
-    return TrainerState(
-        global_step=int(state.get("global_step", 0)),
-        max_steps=int(state.get("max_steps", 0)),
-        epoch=float(state.get("epoch", 0.0)),
-    )
 
 
 class _RewardModel:
@@ -171,7 +162,7 @@ class RewardWorker:
         specs: list[RewardSpec],
         *,
         index: int = 0,
-        trainer_state: dict[str, Any] | None = None,
+        trainer_state: TrainerState | None = None,
         sys_path: list[str] | None = None,
     ):
         # The user's run directory, so `my_rewards:fn` imports as with python -m.
@@ -182,34 +173,32 @@ class RewardWorker:
         self.specs = list(specs)
         self.functions = [_RewardModel(s.model) if s.model else load_reward_function(s) for s in self.specs]
         self.is_async = [is_async_callable(f) for f in self.functions]
-        self.state: dict[str, Any] = dict(trainer_state or {"global_step": 0, "max_steps": 0, "epoch": 0.0})
-        make_trainer_state(self.state)  # import transformers now (seconds), while the engines start, not at step 1
+        self.state = trainer_state or TrainerState()
+        self.state.to_transformers()  # import transformers now (seconds), while the engines start, not at step 1
         # One persistent event loop, as TRL keeps one: async reward code may hold loop-bound clients.
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, daemon=True, name="reward-loop").start()
         self._executor = _call_executor()
         self._stuck = 0  # sync calls still running past their timeout (their threads cannot be killed)
-        self._lock = threading.Lock()
-        self.chunks_scored = 0
 
     def __repr__(self) -> str:
-        return f"RewardWorker(index={self.index}, rewards={[s.name for s in self.specs]}, step={self.state.get('global_step')})"
+        # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
+        return f"RewardWorker(index={self.index}, rewards={[s.name for s in self.specs]})"
 
     def pid(self) -> int:
         return os.getpid()
 
-    def set_state(self, state: dict[str, Any]) -> int:
+    def set_state(self, state: TrainerState) -> int:
         """The learner's push after each optimizer step (via the pool)."""
-        self.state = dict(state)
-        return int(self.state.get("global_step", 0))
+        self.state = state
+        return state.global_step
 
-    def score(self, chunk: dict[str, Any], state: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Score one chunk. chunk: prompts, completions, completion_ids (n each), columns {name: [n values]},
-        group_size, offset (index of its first sample in the batch). Returns per-reward scores (NaN = None),
-        counts of timeouts/errors, user metrics and log_extra columns, latency per reward."""
+    def score(self, chunk: RewardBatch, state: TrainerState | None = None) -> Scores:
+        """Score one chunk (its `offset` names samples in error messages). Returns per-reward scores (NaN =
+        None), counts of timeouts/errors, user metrics and log_extra columns, latency per reward."""
         if state is not None:
-            self.state = dict(state)
-        ctx = _Chunk(chunk, make_trainer_state(self.state))
+            self.state = state
+        ctx = _Chunk(chunk, self.state.to_transformers())
         ks = range(len(self.specs))
         # Async rewards run on the worker's event loop; sync ones go straight to the thread pool from this
         # thread (no asyncio task per call: that was half the worker's CPU per sample).
@@ -221,20 +210,20 @@ class RewardWorker:
         per_reward = {k: self._collect(k, calls, ctx) for k, calls in submitted.items()}
         if pending is not None:
             per_reward.update(pending.result())
-        with self._lock:
-            self.chunks_scored += 1
-        return {
-            "scores": [per_reward[k][0] for k in ks],  # [K][n]
-            "timeouts": {self.specs[k].name: per_reward[k][1] for k in ks},
-            "errors": {self.specs[k].name: per_reward[k][2] for k in ks},
-            "latency_s": {self.specs[k].name: per_reward[k][3] for k in ks},
-            "metrics": dict(ctx.metrics),
-            "extra": dict(ctx.extra),
-            "worker": self.index,
-            "global_step": int(self.state.get("global_step", 0)),
-        }
+        names = [s.name for s in self.specs]
+        return Scores(
+            names=names,
+            scores=[per_reward[k][0] for k in ks],  # [K][n]
+            timeouts={names[k]: per_reward[k][1] for k in ks},
+            errors={names[k]: per_reward[k][2] for k in ks},
+            latency_s={names[k]: per_reward[k][3] for k in ks},
+            metrics=dict(ctx.metrics),
+            extra=dict(ctx.extra),
+            global_step=self.state.global_step,
+            workers=[self.index],
+        )
 
-    def score_chunks(self, chunks: list[dict[str, Any]], state: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    def score_chunks(self, chunks: list[RewardBatch], state: TrainerState | None = None) -> list[Scores]:
         """Score several chunks one after another in one call (the pool batches chunks to save Ray calls)."""
         return [self.score(c, state) for c in chunks]
 
@@ -298,34 +287,44 @@ def _on_error(spec: RewardSpec, err: Exception, n: int, offset: int) -> list[flo
 class _Chunk:
     """One chunk's inputs and the log_metric / log_extra sinks its reward calls share."""
 
-    def __init__(self, chunk: dict[str, Any], trainer_state: Any):
+    def __init__(self, chunk: RewardBatch, trainer_state: Any):
         self.chunk = chunk
-        self.n, self.offset = len(chunk["completions"]), int(chunk.get("offset", 0))
+        self.n, self.offset = len(chunk), chunk.offset
         self.trainer_state = trainer_state
         self.metrics: dict[str, list[float]] = defaultdict(list)
-        self.extra: dict[str, list[Any]] = defaultdict(list)
+        # log_extra columns, one value per sample of the chunk (None where no call logged one)
+        self.extra: dict[str, list[Any]] = {}
+        self._lock = threading.Lock()
 
     def log_metric(self, name: str, value: float) -> None:
-        self.metrics[name].append(float(value))
+        with self._lock:
+            self.metrics[name].append(float(value))
 
-    def log_extra(self, column: str, values: list[Any]) -> None:
-        self.extra[column].extend(values)
+    def log_extra_at(self, lo: int, hi: int) -> Callable[[str, list[Any]], None]:
+        """log_extra for the call on samples [lo, hi): its values land on those samples' rows, whatever order
+        the concurrent calls finish in."""
+
+        def log_extra(column: str, values: list[Any]) -> None:
+            with self._lock:
+                self.extra.setdefault(column, [None] * self.n)[lo : lo + len(values[: hi - lo])] = values[: hi - lo]
+
+        return log_extra
 
     def spans(self, spec: RewardSpec) -> list[tuple[int, int]]:
         """[lo, hi) per call: one sample (default), one group (batched), or the whole chunk (reward model)."""
-        unit = self.n if spec.model else int(self.chunk.get("group_size", self.n)) if spec.batched else 1
+        unit = self.n if spec.model else self.chunk.group_size if spec.batched else 1
         return [(lo, min(lo + unit, self.n)) for lo in range(0, self.n, unit)]
 
     def kwargs(self, lo: int, hi: int) -> dict[str, Any]:
         """TRL's reward call: dataset columns, prompts, completions, completion_ids, trainer_state, log hooks."""
         c = self.chunk
-        kw = {name: vals[lo:hi] for name, vals in c.get("columns", {}).items()}
+        kw = {name: vals[lo:hi] for name, vals in c.columns.items()}
         kw.update(
-            prompts=c["prompts"][lo:hi],
-            completions=c["completions"][lo:hi],
-            completion_ids=c["completion_ids"][lo:hi],
+            prompts=c.prompts[lo:hi],
+            completions=c.completions[lo:hi],
+            completion_ids=c.completion_ids[lo:hi],
             trainer_state=self.trainer_state,
-            log_extra=self.log_extra,
+            log_extra=self.log_extra_at(lo, hi),
             log_metric=self.log_metric,
         )
         return kw

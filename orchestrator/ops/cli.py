@@ -48,7 +48,7 @@ def _cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _cmd_rewards(args: argparse.Namespace) -> int:
-    from orchestrator.tasks.letters import BUILTIN_REWARDS
+    from actors.rewards.builtin import BUILTIN_REWARDS
 
     for name, target in sorted(BUILTIN_REWARDS.items()):
         print(f"{name:24s} {target}")

@@ -38,6 +38,14 @@ def actor_options(res: Resources, **extra: Any) -> dict[str, Any]:
     return opts
 
 
+def generator_options(res: Resources, tensor_parallel_size: int, max_restarts: int, **extra: Any) -> dict[str, Any]:
+    """A generator actor's `.options()`: its engine's tensor-parallel workers are processes of the actor, so the
+    actor holds the GPUs of all of them (one node), and Ray restarts it after a crash."""
+    opts = actor_options(res, max_restarts=max_restarts, **extra)
+    opts["num_gpus"] = res.num_gpus * tensor_parallel_size
+    return opts
+
+
 def run_sys_path() -> list[str]:
     """Directories reward workers put on sys.path: the run directory, as `python -m` would."""
     return [os.getcwd()]

@@ -11,9 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from orchestrator.grpo import nanstd
 from orchestrator.ops.ray_metrics import RayMetricsExporter
 
 
@@ -36,42 +33,6 @@ class PhaseTimer:
         out = {f"time/{k}": v for k, v in self.seconds.items()}
         out["time/step"] = time.perf_counter() - self._t0
         return out
-
-
-def _nanmean(x: torch.Tensor) -> float:
-    v = x[~torch.isnan(x)]
-    return v.mean().item() if v.numel() else math.nan
-
-
-def _nanstd(x: torch.Tensor) -> float:
-    return nanstd(x).item() if (~torch.isnan(x)).sum() > 1 else math.nan
-
-
-def reward_metrics(
-    names: list[str],
-    raw: torch.Tensor,
-    gated: torch.Tensor,
-    weights: torch.Tensor,
-    total: torch.Tensor,
-    advantages: torch.Tensor,
-    zero_std: torch.Tensor,
-) -> dict[str, float]:
-    """raw/gated [N, K], weights [K], total [N] (weighted sum, NaN if unscorable), advantages [N]."""
-    m: dict[str, float] = {
-        "reward": _nanmean(total),
-        "reward_std": _nanstd(total),
-        "frac_reward_zero_std": zero_std.float().mean().item(),
-        "advantages/mean": advantages.mean().item(),
-        "advantages/std": advantages.std().item() if advantages.numel() > 1 else 0.0,
-        "advantages/abs_mean": advantages.abs().mean().item(),
-    }
-    for k, name in enumerate(names):
-        m[f"rewards/{name}/mean"] = _nanmean(raw[:, k])  # TRL: raw, unweighted, None excluded
-        m[f"rewards/{name}/std"] = _nanstd(raw[:, k])
-        m[f"rewards/{name}/gated_mean"] = _nanmean(gated[:, k])
-        m[f"rewards/{name}/none_frac"] = torch.isnan(raw[:, k]).float().mean().item()
-        m[f"rewards/{name}/weight"] = weights[k].item()
-    return m
 
 
 class MetricsLogger:

@@ -6,14 +6,15 @@ import pytest
 import torch
 
 from actors.learner.learner import Learner
+from actors.types import TrainBatch
 from orchestrator.grpo import grpo_loss
 
 
 def _batch():
     g = torch.Generator().manual_seed(0)
     comps = [torch.randint(3, 500, (8,), generator=g).tolist() for _ in range(8)]
-    return {"prompt_ids": [[10, 11, 12]] * 8, "completion_ids": comps, "sampling_logprobs": [[float("nan")] * 8] * 8,
-            "advantages": [1.0, -1.0] * 4, "truncated": [False] * 8}
+    return TrainBatch(prompt_ids=[[10, 11, 12]] * 8, completion_ids=comps, sampling_logprobs=[[float("nan")] * 8] * 8,
+                      advantages=[1.0, -1.0] * 4, truncated=[False] * 8)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -28,10 +29,10 @@ def assert_step_follows_advantages(lr: Learner, b: dict) -> dict:
     """One train_step on a batch with advantages +1, -1, ...: the +1 sequences gain logprob, the -1 ones
     lose it. Returns the step's stats."""
     with torch.no_grad():
-        before, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
+        before, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
     stats = lr.train_step(b)
     with torch.no_grad():
-        after, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
+        after, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
     delta = (after - before).sum(-1).float().cpu()
     assert torch.isfinite(torch.tensor(stats["loss"])) and stats["grad_norm"] > 0
     assert (delta[0::2] > 0).all() and (delta[1::2] < 0).all()

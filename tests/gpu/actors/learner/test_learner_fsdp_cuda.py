@@ -6,7 +6,9 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load as safetensors_load
 
-from actors.learner.learner import Learner, free_port
+from actors.learner.checkpoint import full_state_dict
+from actors.learner.learner import Learner
+from actors.net import free_port
 from tests.gpu.actors.learner.test_learner_cuda import assert_step_follows_advantages
 from tests.unit.actors.learner.test_learner_fsdp import SCENARIOS, learner_kwargs, make_batch
 
@@ -45,7 +47,7 @@ def test_bf16_fsdp_keeps_fp32_masters_and_learns(tiny_model_path):
     lr = Learner(tiny_model_path, **kw, strategy="fsdp")
     assert all(p.dtype == torch.float32 for p in lr.model.parameters())  # masters; compute in bf16
     b = make_batch(8)
-    b["advantages"] = [1.0, -1.0] * 4
+    b.advantages = [1.0, -1.0] * 4
     stats = assert_step_follows_advantages(lr, b)
     exported = safetensors_load(lr.export_weights())
     assert {t.dtype for t in exported.values()} == {torch.bfloat16}  # the generators' dtype, half the bytes
@@ -57,7 +59,7 @@ def _nccl_rank(rank: int, port: int, path: str, out: str) -> None:
     kw = _cuda_kwargs("grpo")
     lr = Learner(path, **kw, strategy="fsdp", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
     metrics = lr.train_step(make_batch(SCENARIOS["grpo"][0]))
-    weights = lr._full_state_dict()
+    weights = full_state_dict(lr)
     if rank == 0:
         torch.save({"metrics": metrics, "weights": weights}, out)
 

@@ -9,6 +9,7 @@ import pytest
 
 from actors.rewards.pool import RewardPool
 from actors.rewards.worker import RewardSpec
+from actors.types import RewardBatch
 
 
 def slow_index(completions, idx, **kw):
@@ -30,8 +31,7 @@ def make_pool(ray, name, specs, n=2):
 
 
 def batch(n, g=4):
-    return {"prompts": ["p"] * n, "completions": ["c"] * n, "completion_ids": [[1]] * n,
-            "columns": {"idx": list(range(n))}, "group_size": g}
+    return RewardBatch(["p"] * n, ["c"] * n, [[1]] * n, {"idx": list(range(n))}, g)
 
 
 def kill_pool(ray, pool):
@@ -44,8 +44,8 @@ def test_scores_in_order_across_workers(ray_cluster):
     ray = ray_cluster
     pool = make_pool(ray, "t-order", [RewardSpec("idx", f"{__name__}:slow_index")], n=3)
     out = ray.get(pool.score.remote(batch(48), 1))
-    assert out["scores"] == [[float(i) for i in range(48)]]
-    assert len(out["workers"]) >= 2  # chunks were spread
+    assert out.scores == [[float(i) for i in range(48)]]
+    assert len(out.workers) >= 2  # chunks were spread
     kill_pool(ray, pool)
 
 
@@ -59,8 +59,8 @@ def test_scale_up_and_down_mid_batch_scores_every_sample_once(ray_cluster):
     time.sleep(1.0)
     assert ray.get(pool.scale.remote(3))["workers"] == 3
     out = ray.get(ref)
-    assert out["scores"] == [[float(i) for i in range(400)]]  # all once, in order
-    assert len(out["workers"]) > 2  # new workers took chunks
+    assert out.scores == [[float(i) for i in range(400)]]  # all once, in order
+    assert len(out.workers) > 2  # new workers took chunks
     deadline = time.time() + 20
     while ray.get(pool.stats.remote())["retiring"] and time.time() < deadline:
         time.sleep(0.2)
@@ -78,7 +78,7 @@ def test_sigkilled_worker_is_replaced_and_its_chunks_rerun(ray_cluster):
     ref = pool.score.remote(batch(1200), 1)  # 300 chunks of 4 x 50 ms: seconds of work, so the kill lands mid-batch
     threading.Timer(0.8, lambda: os.kill(pid, signal.SIGKILL)).start()
     out = ray.get(ref)
-    assert out["scores"] == [[float(i) for i in range(1200)]]
+    assert out.scores == [[float(i) for i in range(1200)]]
     stats = ray.get(pool.stats.remote())
     assert stats["retries"] >= 1 and stats["replaced"] >= 1 and stats["workers"] == 2
     kill_pool(ray, pool)
@@ -93,16 +93,16 @@ def test_hung_reward_is_cut_at_its_timeout(ray_cluster):
     out = ray.get(pool.score.remote(batch(16), 1))
     elapsed = time.monotonic() - t0
     assert elapsed < 1.0 + 3.0, elapsed  # timeout plus margin, not 60 s
-    assert out["scores"] == [[1.0 if i % 2 == 0 else -5.0 for i in range(16)]]
-    assert out["timeouts"] == {"h": 8}
+    assert out.scores == [[1.0 if i % 2 == 0 else -5.0 for i in range(16)]]
+    assert out.timeouts == {"h": 8}
     kill_pool(ray, pool)
 
 
 def test_failing_reward_propagates_a_named_error(ray_cluster):
     ray = ray_cluster
-    pool = make_pool(ray, "t-err", [RewardSpec("bad", "tests.unit.test_reward_worker:raises_on_b")], n=1)
+    pool = make_pool(ray, "t-err", [RewardSpec("bad", "tests.unit.actors.rewards.test_worker:raises_on_b")], n=1)
     b = batch(4)
-    b["completions"] = ["a", "b", "a", "a"]
+    b.completions = ["a", "b", "a", "a"]
     with pytest.raises(Exception, match=r"reward 'bad' raised on sample 1"):
         ray.get(pool.score.remote(b, 1))
     kill_pool(ray, pool)

@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from actors.learner.learner import Learner
+from actors.types import TrainBatch
 from orchestrator.grpo import grpo_loss, vllm_importance_weights
 
 
@@ -19,13 +20,13 @@ def make(path, **kw):
 def batch(adv, n_tokens=6):
     g = torch.Generator().manual_seed(0)
     comps = [torch.randint(3, 500, (n_tokens,), generator=g).tolist() for _ in adv]
-    return {
-        "prompt_ids": [[10, 11, 12]] * len(adv),
-        "completion_ids": comps,
-        "sampling_logprobs": [[float("nan")] * n_tokens for _ in adv],
-        "advantages": list(adv),
-        "truncated": [False] * len(adv),
-    }
+    return TrainBatch(
+        prompt_ids=[[10, 11, 12]] * len(adv),
+        completion_ids=comps,
+        sampling_logprobs=[[float("nan")] * n_tokens for _ in adv],
+        advantages=list(adv),
+        truncated=[False] * len(adv),
+    )
 
 
 def test_logprobs_match_trl_conventions(tiny_model_path):
@@ -33,10 +34,10 @@ def test_logprobs_match_trl_conventions(tiny_model_path):
 
     lr = make(tiny_model_path, temperature=0.7)
     b = batch([0.0] * 3)
-    logp, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
-    ids = torch.tensor([p + c for p, c in zip(b["prompt_ids"], b["completion_ids"], strict=True)])
+    logp, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
+    ids = torch.tensor([p + c for p, c in zip(b.prompt_ids, b.completion_ids, strict=True)])
     logits = lr.model(input_ids=ids).logits[:, 2:-1]  # positions predicting the completion tokens
-    want = selective_log_softmax(logits, torch.tensor(b["completion_ids"]), 0.7)
+    want = selective_log_softmax(logits, torch.tensor(b.completion_ids), 0.7)
     torch.testing.assert_close(logp, want, rtol=1e-5, atol=1e-5)
 
 
@@ -44,10 +45,10 @@ def test_update_moves_logprobs_along_advantages(tiny_model_path):
     lr = make(tiny_model_path)
     b = batch([1.0, 1.0, -1.0, -1.0])
     with torch.no_grad():
-        before, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
+        before, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
     stats = lr.train_step(b)
     with torch.no_grad():
-        after, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
+        after, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
     delta = (after - before).sum(-1)
     assert delta[:2].min() > 0 and delta[2:].max() < 0, delta
     assert stats["global_step"] == 1 and stats["grad_norm"] > 0 and "clip_ratio/region_mean" in stats
@@ -66,8 +67,8 @@ def test_importance_weights_and_logp_gap_are_reported(tiny_model_path):
     lr = make(tiny_model_path, is_weights_fn=is_fn)
     b = batch([1.0, -1.0, 1.0, -1.0])
     with torch.no_grad():
-        logp, _ = lr._forward_logps(lr.model, b["prompt_ids"], b["completion_ids"], with_entropy=False)
-    b["sampling_logprobs"] = (logp - 0.25).tolist()  # the sampler was 0.25 nats less confident on every token
+        logp, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
+    b.sampling_logprobs = (logp - 0.25).tolist()  # the sampler was 0.25 nats less confident on every token
     stats = lr.train_step(b)
     assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx(0.25, abs=1e-4)
     assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(torch.exp(torch.tensor(0.25)).item(), rel=1e-4)

@@ -15,7 +15,10 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load as safetensors_load
 
-from actors.learner.learner import Learner, free_port
+from actors.learner.checkpoint import full_state_dict
+from actors.learner.learner import Learner
+from actors.net import free_port
+from actors.types import TrainBatch
 from orchestrator.grpo import grpo_loss, vllm_importance_weights
 
 WORLD = 2
@@ -41,18 +44,18 @@ SCENARIOS = {
 }
 
 
-def make_batch(n: int) -> dict:
+def make_batch(n: int) -> TrainBatch:
     g = torch.Generator().manual_seed(n)
     comps = [torch.randint(3, 500, (int(torch.randint(2, MAX_LEN + 1, (1,), generator=g)),), generator=g).tolist()
              for _ in range(n)]
-    return {
-        "prompt_ids": [[10, 11, 12 + i % 3] for i in range(n)],
-        "completion_ids": comps,
+    return TrainBatch(
+        prompt_ids=[[10, 11, 12 + i % 3] for i in range(n)],
+        completion_ids=comps,
         # around the tiny model's ~log(1/512): importance ratios on both sides of 1, some clipped
-        "sampling_logprobs": [(-6.2 + 0.3 * torch.randn(len(c), generator=g)).tolist() for c in comps],
-        "advantages": torch.randn(n, generator=g).tolist(),
-        "truncated": [len(c) == MAX_LEN for c in comps],
-    }
+        sampling_logprobs=[(-6.2 + 0.3 * torch.randn(len(c), generator=g)).tolist() for c in comps],
+        advantages=torch.randn(n, generator=g).tolist(),
+        truncated=[len(c) == MAX_LEN for c in comps],
+    )
 
 
 def learner_kwargs(loss_type: str, is_mode: str | None = None, beta: float = 0.0, epsilon_high=None, **kw) -> dict:
@@ -73,7 +76,7 @@ def _rank(rank: int, port: int, path: str, out: str, ckpt_1rank: str) -> None:
     for name, (n, kw) in SCENARIOS.items():
         lr = Learner(path, **learner_kwargs(**kw), **fsdp)
         metrics = lr.train_step(make_batch(n))
-        seen[name] = {"metrics": metrics, "weights": lr._full_state_dict(), "export": lr.export_weights()}
+        seen[name] = {"metrics": metrics, "weights": full_state_dict(lr), "export": lr.export_weights()}
         if name == "dapo":
             lr.save_checkpoint(f"{out}-ckpt-2rank", extra={"note": "2 ranks"})
     lr = Learner(path, **learner_kwargs(**SCENARIOS["dapo"][1]), **fsdp)

@@ -6,16 +6,14 @@ import time
 import pytest
 
 from actors.rewards.worker import RewardFunctionError, RewardSpec, RewardWorker, load_reward_function
+from actors.types import RewardBatch, TrainerState
 
 F = "tests.fixtures.trl_style_rewards"
 
 
 def chunk(completions, n_groups=1, **columns):
     n = len(completions)
-    return {
-        "prompts": ["p"] * n, "completions": completions, "completion_ids": [[1, 2, 3]] * n,
-        "columns": columns, "group_size": n // n_groups, "offset": 0,
-    }
+    return RewardBatch(["p"] * n, completions, [[1, 2, 3]] * n, columns, n // n_groups)
 
 
 def worker(*specs, state=None):
@@ -31,7 +29,7 @@ def test_trl_doc_functions_run_unchanged():
     )
     out = w.score(chunk(["x" * 20, "\\boxed{4}", "no", "4"], ground_truth=["1", "4", "2", "4"],
                         task=["math", "math", "code", "math"]))
-    s = out["scores"]
+    s = out.scores
     assert s[0] == [0.0, -11.0, -18.0, -19.0]
     assert s[1] == [0.0, 1.0, 0.0, 0.0]
     assert s[2][0] == 0.0 and s[2][1] == 1.0 and math.isnan(s[2][2]) and s[2][3] == 1.0  # None -> NaN
@@ -42,22 +40,33 @@ def test_conversational_completions_and_batched_calls():
     w = worker(RewardSpec("fmt", f"{F}:format_reward_func", batched=True))
     good = [{"role": "assistant", "content": "<think>hm</think><answer>4</answer>"}]
     bad = [{"role": "assistant", "content": "4"}]
-    assert w.score(chunk([good, bad, good, bad], n_groups=2))["scores"] == [[1.0, 0.0, 1.0, 0.0]]
+    assert w.score(chunk([good, bad, good, bad], n_groups=2)).scores == [[1.0, 0.0, 1.0, 0.0]]
 
 
 def test_trainer_state_is_a_transformers_trainer_state():
-    w = worker(RewardSpec("s", f"{F}:step_aware_reward"), state={"global_step": 3, "max_steps": 10})
-    assert w.score(chunk(["a", "b"]))["scores"] == [[0.3, 0.3]]
-    w.set_state({"global_step": 5, "max_steps": 10})
-    assert w.score(chunk(["a"]))["scores"] == [[0.5]]
+    w = worker(RewardSpec("s", f"{F}:step_aware_reward"), state=TrainerState(global_step=3, max_steps=10))
+    assert w.score(chunk(["a", "b"])).scores == [[0.3, 0.3]]
+    w.set_state(TrainerState(global_step=5, max_steps=10))
+    assert w.score(chunk(["a"])).scores == [[0.5]]
     # a chunk carries the state current when the pool dispatched it, and that wins
-    assert w.score(chunk(["a"]), {"global_step": 10, "max_steps": 10})["scores"] == [[1.0]]
+    assert w.score(chunk(["a"]), TrainerState(global_step=10, max_steps=10)).scores == [[1.0]]
+
+
+def first_sample_slow(completions, log_extra, **kwargs):
+    time.sleep(0.2 if completions[0] == "a" else 0.0)  # the first sample's call finishes last
+    log_extra("echo", list(completions))
+    return [0.0] * len(completions)
+
+
+def test_log_extra_values_stay_on_their_samples_when_calls_finish_out_of_order():
+    out = worker(RewardSpec("e", f"{__name__}:first_sample_slow")).score(chunk(["a", "b", "c"]))
+    assert out.extra["echo"] == ["a", "b", "c"]
 
 
 def test_log_metric_and_log_extra():
     out = worker(RewardSpec("l", f"{F}:logging_reward")).score(chunk(["ab", "abcd"]))
-    assert out["metrics"]["custom/len"] == [2.0, 4.0]  # one call per sample
-    assert out["extra"]["upper"] == ["AB", "ABCD"]
+    assert out.metrics["custom/len"] == [2.0, 4.0]  # one call per sample
+    assert out.extra["upper"] == ["AB", "ABCD"]
 
 
 def bad_len(completions, **kw):
@@ -99,9 +108,9 @@ def test_exception_raises_naming_sample_or_falls_back():
     with pytest.raises(RewardFunctionError, match=r"reward 'x' raised on sample 1: ZeroDivisionError: boom"):
         worker(RewardSpec("x", f"{__name__}:raises_on_b")).score(chunk(["a", "b", "c"]))
     out = worker(RewardSpec("x", f"{__name__}:raises_on_b", on_error="fallback", fallback=-1.0)).score(chunk(["a", "b", "c"]))
-    assert out["scores"] == [[1.0, -1.0, 1.0]] and out["errors"] == {"x": 1}
+    assert out.scores == [[1.0, -1.0, 1.0]] and out.errors == {"x": 1}
     out = worker(RewardSpec("x", f"{__name__}:raises_on_b", on_error="fallback", fallback=None)).score(chunk(["a", "b"]))
-    assert out["scores"][0][0] == 1.0 and math.isnan(out["scores"][0][1])
+    assert out.scores[0][0] == 1.0 and math.isnan(out.scores[0][1])
 
 
 @pytest.mark.parametrize("fn", ["sleepy", "async_sleepy"])
@@ -110,7 +119,7 @@ def test_timeout_gives_fallback_to_the_slow_sample_only(fn):
     t0 = time.monotonic()
     out = w.score(chunk(["a", "slow", "c", "slow"]))
     assert time.monotonic() - t0 < 2.0  # bounded by the timeout, not by the slow call
-    assert out["scores"] == [[1.0, -2.0, 1.0, -2.0]] and out["timeouts"] == {"s": 2}
+    assert out.scores == [[1.0, -2.0, 1.0, -2.0]] and out.timeouts == {"s": 2}
 
 
 def test_load_errors_name_the_reward(tmp_path):
@@ -138,9 +147,9 @@ def test_sequence_classification_reward_model(tiny_model_path, tmp_path):
     tok.save_pretrained(tmp_path / "rm")
     w = worker(RewardSpec("rm", model=str(tmp_path / "rm")))
     c = chunk(["a short answer", "another, longer answer here"])
-    got = w.score(c)["scores"][0]
+    got = w.score(c).scores[0]
     with torch.no_grad():
-        for p, comp, g in zip(c["prompts"], c["completions"], got, strict=True):
+        for p, comp, g in zip(c.prompts, c.completions, got, strict=True):
             ids = tok(p + comp, add_special_tokens=False, return_tensors="pt")
             assert g == pytest.approx(rm(**ids).logits[0, 0].item(), abs=1e-4)
     assert got[0] != got[1]

@@ -1,6 +1,5 @@
 """Bad input fails fast with one clear line naming the field or function, before Ray or vLLM start."""
 
-import time
 
 import pytest
 
@@ -16,7 +15,7 @@ DEMO = str(ROOT / "configs" / "demo.yaml")
         ([DEMO, "generation.num_generatons=4"], "generation.num_generatons: Extra inputs are not permitted"),
         ([DEMO, "grpo.loss_type=ppo"], "grpo.loss_type: Input should be"),
         ([DEMO, "rewards.0.function=no_such_module:fn"], "rewards[letter].function: reward 'letter': cannot import 'no_such_module'"),
-        ([DEMO, "rewards.0.function=orchestrator.tasks.letters:nope"], "has no attribute 'nope'"),
+        ([DEMO, "rewards.0.function=actors.rewards.builtin:nope"], "has no attribute 'nope'"),
         ([DEMO, "rewards.0.function=lettr_fraction"], "unknown built-in 'lettr_fraction'"),
         ([DEMO, "data.path=/nonexistent/prompts.jsonl"], "data.path '/nonexistent/prompts.jsonl': cannot load"),
         ([DEMO, "data.prompt_column=question"], "data.prompt_column 'question' not in dataset"),
@@ -29,16 +28,13 @@ def test_run_rejects_bad_input_before_starting_anything(args, message, capsys, t
     import ray
 
     was_up = ray.is_initialized()  # the integration tests' session cluster may be up in a full run
-    t0 = time.monotonic()
     assert main(["run", *args]) == 2
     err = capsys.readouterr().err
     assert message in err, err
-    assert ray.is_initialized() == was_up and time.monotonic() - t0 < 30  # failed before Ray was touched
+    assert ray.is_initialized() == was_up  # failed before Ray was touched
 
 
-def test_scale_unreachable_address_is_one_line_and_fast(capsys):
-    t0 = time.monotonic()
+def test_scale_unreachable_address_is_one_line(capsys):
     code = main(["scale", "no-such-run", "--reward-workers", "2", "--address", "127.0.0.1:1"])
     err = capsys.readouterr().err
     assert code == 3 and "cannot reach a Ray cluster at 127.0.0.1:1" in err and len(err.strip().splitlines()) == 1
-    assert time.monotonic() - t0 < 10

@@ -1,0 +1,96 @@
+"""The learner ranks' process group and FSDP2 sharding, and the state-dict views the weights and checkpoints need.
+
+Several learner ranks (one Ray actor each, or one process each in tests) form one torch.distributed process group
+(gloo on CPU, NCCL on CUDA) and shard the policy and the reference model with FSDP2.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+
+from actors.net import free_port
+
+# Seconds a rank waits in a collective before raising. Long, because the other ranks wait at a barrier
+# while rank 0 writes a full checkpoint of a multi-GB model; a rank that raised (its peers block in the
+# next collective) surfaces on the others after at most this long. A rank whose process died surfaces
+# at once (the peers' connections close).
+DIST_TIMEOUT_S = 1800
+
+
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """{alias: source} for state_dict entries sharing storage with an earlier one (a tied lm_head ->
+    embed_tokens). Taken before sharding: FSDP's full state dict returns the alias as a separate copy."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, t in model.state_dict().items():
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in first:
+            out[name] = first[ptr]
+        else:
+            first[ptr] = name
+    return out
+
+
+def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """state_dict without tied duplicates (e.g. lm_head tied to embed_tokens), as save_pretrained writes it."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in model.state_dict().items():
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        out[name] = t.detach().contiguous()
+    return out
+
+
+def init_process_group(rank: int, world_size: int, init_method: str | None, kind: str) -> torch.device:
+    """Join the learners' process group (once per process); returns this rank's device."""
+    import torch.distributed as dist
+
+    cuda = kind == "cuda"
+    # Ray shows each learner actor only its own GPU (index 0); processes spawned on one multi-GPU host
+    # (tests) see them all and take GPU `rank`.
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        if init_method is None:
+            if world_size != 1:
+                raise ValueError("world_size > 1 needs init_method (tcp://host:port of rank 0)")
+            init_method = f"tcp://127.0.0.1:{free_port()}"
+        dist.init_process_group(
+            # gloo next to NCCL on CUDA: the metric and checkpoint objects travel as CPU tensors
+            backend="cpu:gloo,cuda:nccl" if cuda else "gloo",
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=DIST_TIMEOUT_S),
+        )
+    return device
+
+
+def shard(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """FSDP2 in place: each transformer block (HF's `_no_split_modules` classes) is one unit, all-gathered
+    for its forward and backward and resharded after; the root unit holds the rest (embeddings, final norm,
+    a tied lm_head once). Gradients are summed over ranks (divide factor 1), not averaged: each rank's
+    micro-batch losses already carry the whole step's normalisers."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    # explicit: fully_shard's default mesh is CUDA whenever CUDA exists, even for a CPU learner
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy()  # float32: compute in the parameters' dtype
+    if dtype != torch.float32:
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    for m in [m for m in model.modules() if type(m).__name__ in blocks]:
+        fully_shard(m, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # a plain SUM; factor 1 alone asks for PREMUL_SUM (no gloo)

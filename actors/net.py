@@ -1,0 +1,19 @@
+"""Network helpers shared by the stages that open their own TCP rendezvous (learner ranks, weight transfer)."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the OS picks it; another process may take it before it is bound)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def node_ip() -> str:
+    """This node's address as Ray knows it (reachable from the other nodes), or loopback outside Ray."""
+    import ray
+
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"

@@ -1,0 +1,42 @@
+"""Built-in reward functions, usable in a config by name (`function: letter_fraction`; `rayward rewards` lists
+them): the letter task's rewards, and TRL's own. Ordinary TRL-style functions, importable by path too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion, plain or conversational."""
+    # Conversational completions are [{"role": "assistant", "content": ...}] (TRL's format).
+    return completion[0]["content"] if isinstance(completion, list) else completion
+
+
+def letter_fraction(completions: list[Any], letter: list[str], **kwargs: Any) -> list[float]:
+    """Fraction of the completion's non-space characters that are the requested letter (0 for empty)."""
+    out = []
+    for c, want in zip(completions, letter, strict=True):
+        chars = [ch for ch in completion_text(c) if not ch.isspace()]
+        out.append(sum(ch == want for ch in chars) / len(chars) if chars else 0.0)
+    return out
+
+
+def starts_with_letter(completions: list[Any], letter: list[str], **kwargs: Any) -> list[float]:
+    """1.0 if the first non-space character is the requested letter."""
+    return [1.0 if completion_text(c).strip()[:1] == want else 0.0 for c, want in zip(completions, letter, strict=True)]
+
+
+def brevity(completion_ids: list[list[int]], **kwargs: Any) -> list[float]:
+    """1 / (1 + tokens / 8): shorter answers score higher (a reward worth gating behind correctness)."""
+    return [1.0 / (1.0 + len(ids) / 8) for ids in completion_ids]
+
+
+BUILTIN_REWARDS = {
+    "letter_fraction": "actors.rewards.builtin:letter_fraction",
+    "starts_with_letter": "actors.rewards.builtin:starts_with_letter",
+    "brevity": "actors.rewards.builtin:brevity",
+    # TRL's own reward functions, usable by name.
+    "think_format_reward": "trl.rewards:think_format_reward",
+    "accuracy_reward": "trl.rewards:accuracy_reward",
+}

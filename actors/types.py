@@ -1,0 +1,197 @@
+"""The records handed from one stage of the data path to the next, in the order data flows:
+
+    Sample / Rollouts   generators -> driver      completions, sampling logprobs, policy_version
+    RewardBatch         driver -> reward pool -> reward workers (a chunk is a RewardBatch with an offset)
+    Scores              reward workers -> pool -> driver   raw scores [K][N], counters, log_metric/log_extra
+    TrainBatch          driver -> learner          token ids, sampling logprobs, advantages
+    TrainerState        learner -> reward pool -> reward workers   (TRL's trainer_state fields)
+
+They live in `actors/` because both sides import them and `actors/` never imports the driver
+(`orchestrator/`). Plain dataclasses: Ray pickles them as they are, and the pure driver code builds and
+slices them without Ray. Shapes: N completions in a batch, G completions per prompt (a group, contiguous),
+K reward functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass
+class Sample:
+    """One completion as a generator returns it."""
+
+    completion_ids: list[int]
+    logprobs: list[float]  # sampling logprob of each generated token, after temperature/top-k/top-p
+    text: str
+    finish_reason: str  # "stop" or "length"
+
+
+@dataclass
+class FinishedGroups:
+    """What a generator streams while one engine batch decodes: the groups that finished at the last step."""
+
+    groups: list[tuple[int, list[Sample]]]  # (prompt index within the call, its G samples)
+    seconds: float  # generator-busy seconds since the call started
+
+
+@dataclass
+class Rollouts:
+    """One generation batch, flat in completion order (G contiguous completions per prompt)."""
+
+    prompts: list[Any]  # raw prompt per completion (text or messages), repeated G times
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    completions: list[Any]  # text, or [{"role": "assistant", "content": text}] for conversational prompts
+    sampling_logprobs: list[list[float]]
+    truncated: list[bool]
+    columns: dict[str, list[Any]]  # every dataset column except the prompt, per completion
+    policy_version: int  # learner step whose weights generated the batch
+    group_size: int
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self) // self.group_size
+
+    def take_groups(self, groups: list[int]) -> Rollouts:
+        """The given groups (by index), in that order."""
+        idx = group_rows(groups, self.group_size)
+        return Rollouts(
+            **{k: [getattr(self, k)[i] for i in idx] for k in _ROLLOUT_LISTS},
+            columns={c: [v[i] for i in idx] for c, v in self.columns.items()},
+            policy_version=self.policy_version,
+            group_size=self.group_size,
+        )
+
+    def concat(self, other: Rollouts) -> Rollouts:
+        return Rollouts(
+            **{k: getattr(self, k) + getattr(other, k) for k in _ROLLOUT_LISTS},
+            columns={c: self.columns[c] + other.columns[c] for c in self.columns},
+            policy_version=self.policy_version,
+            group_size=self.group_size,
+        )
+
+    def reward_batch(self) -> RewardBatch:
+        """What the reward functions see (no token-level learner fields)."""
+        return RewardBatch(self.prompts, self.completions, self.completion_ids, self.columns, self.group_size)
+
+
+_ROLLOUT_LISTS = ("prompts", "prompt_ids", "completion_ids", "completions", "sampling_logprobs", "truncated")
+
+
+def group_rows(groups: list[int], group_size: int) -> list[int]:
+    """Row indices of the given groups: group g holds rows [g*G, (g+1)*G)."""
+    return [g * group_size + j for g in groups for j in range(group_size)]
+
+
+@dataclass
+class RewardBatch:
+    """Completions to score: the whole batch (driver -> pool) or one chunk of whole groups (pool -> worker)."""
+
+    prompts: list[Any]
+    completions: list[Any]
+    completion_ids: list[list[int]]
+    columns: dict[str, list[Any]]  # dataset columns, per completion: the reward functions' keyword arguments
+    group_size: int
+    offset: int = 0  # index of the first completion in the whole batch (names samples in error messages)
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def chunks(self, size: int) -> list[RewardBatch]:
+        """Consecutive slices of `size` completions (a multiple of group_size keeps groups whole)."""
+        return [
+            RewardBatch(
+                self.prompts[lo : lo + size], self.completions[lo : lo + size], self.completion_ids[lo : lo + size],
+                {c: v[lo : lo + size] for c, v in self.columns.items()}, self.group_size, self.offset + lo,
+            )
+            for lo in range(0, len(self), size)
+        ]
+
+
+@dataclass
+class Scores:
+    """Raw reward scores of N completions under K reward functions, with what scoring them logged.
+    NaN = the function had no opinion (returned None). A worker returns one per chunk; the pool concatenates
+    them in batch order."""
+
+    names: list[str]  # the K reward names, in config order
+    scores: list[list[float]]  # [K][N]
+    timeouts: dict[str, int]  # per reward: calls past their timeout (scored `fallback`)
+    errors: dict[str, int]  # per reward: calls that raised or returned garbage under on_error=fallback
+    latency_s: dict[str, float]  # per reward: the longest chunk's wall time
+    metrics: dict[str, list[float]]  # log_metric(name, value) calls, in arrival order
+    extra: dict[str, list[Any]]  # log_extra(column, values): one value per completion (None where not logged)
+    global_step: int  # the learner step the rewards saw (trainer_state.global_step)
+    workers: list[int]  # reward workers that scored some of it
+    busy_s: float = 0.0  # the pool's wall time on it
+    pool: dict[str, Any] = field(default_factory=dict)  # the pool's state after it (workers, retries, ...)
+
+    def __len__(self) -> int:
+        return len(self.scores[0]) if self.scores else 0
+
+    def take_groups(self, groups: list[int], group_size: int) -> Scores:
+        idx = group_rows(groups, group_size)
+        return replace(
+            self,
+            scores=[[col[i] for i in idx] for col in self.scores],
+            extra={c: [v[i] for i in idx] for c, v in self.extra.items()},
+        )
+
+    def concat(self, other: Scores) -> Scores:
+        """This batch's scores followed by `other`'s: counters add, latencies take the max, `pool` is the later
+        one's; global_step stays this one's (the earlier part was scored first)."""
+        n, m = len(self), len(other)
+        return Scores(
+            names=self.names,
+            scores=[a + b for a, b in zip(self.scores, other.scores, strict=True)],
+            timeouts={k: self.timeouts[k] + other.timeouts[k] for k in self.names},
+            errors={k: self.errors[k] + other.errors[k] for k in self.names},
+            latency_s={k: max(self.latency_s[k], other.latency_s[k]) for k in self.names},
+            metrics={k: self.metrics.get(k, []) + other.metrics.get(k, []) for k in {*self.metrics, *other.metrics}},
+            extra={
+                c: self.extra.get(c, [None] * n) + other.extra.get(c, [None] * m) for c in {*self.extra, *other.extra}
+            },
+            global_step=self.global_step,
+            workers=sorted({*self.workers, *other.workers}),
+            busy_s=self.busy_s + other.busy_s,
+            pool=other.pool or self.pool,
+        )
+
+    def metric_means(self) -> dict[str, float]:
+        """Each log_metric name's mean over the batch (TRL logs the mean of a step's values)."""
+        return {k: sum(v) / len(v) for k, v in self.metrics.items() if v}
+
+
+@dataclass
+class TrainBatch:
+    """One generation batch as the learner trains on it (N completions)."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    sampling_logprobs: list[list[float]]
+    advantages: list[float]  # [N]
+    truncated: list[bool]  # [N]: hit max_completion_length
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+
+@dataclass
+class TrainerState:
+    """What the reward functions see as `trainer_state` (TRL passes a transformers.TrainerState with these
+    fields). The learner pushes it after every optimizer step."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    epoch: float = 0.0
+
+    def to_transformers(self) -> Any:
+        """A real transformers.TrainerState, as TRL passes it, so `trainer_state.global_step` code runs unchanged."""
+        from transformers import TrainerState as HFTrainerState
+
+        return HFTrainerState(global_step=self.global_step, max_steps=self.max_steps, epoch=self.epoch)

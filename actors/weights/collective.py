@@ -1,0 +1,183 @@
+"""The collective under weight transfer: a bucket plan, packing, and a process group with a timeout on every op.
+
+Used on both ends: the learner's rank 0 (sender, `actors.weights.sender`) and every vLLM engine worker
+(receivers, `actors.weights.receiver`), every tensor-parallel rank included. The group is a second torch
+process group beside any the processes already have (vLLM's own TP group, the learner ranks' FSDP group),
+built directly on a TCPStore + PrefixStore so it touches neither: `dist.broadcast(group=...)` refuses such a
+group ("not registered"), so the backend's own `broadcast` is called.
+
+Ranks: sender 0; engine e's worker with TP rank t is 1 + e * tp + t; world = 1 + engines * tp.
+Backends: NCCL where the tensors live on CUDA, gloo on CPU, from the same code.
+
+A timeout leaves the group dead on every end (gloo and NCCL alike): after one, every member makes a new group
+under a new prefix on the same store (`WeightGroup.join(..., generation=g + 1)`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from actors.net import free_port, node_ip
+
+# Offsets inside a packed bucket are multiples of this, so every tensor's bytes can be viewed as its dtype
+# (a view needs an offset divisible by the element size) and start on a cache line.
+ALIGN_BYTES = 64
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """One tensor of a bucket: its HF name, dtype (torch name, e.g. "float32"), shape, and byte range."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Tensors broadcast together as one flat uint8 buffer of `nbytes`."""
+
+    tensors: tuple[TensorMeta, ...]
+    nbytes: int
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def plan_buckets(shapes: list[tuple[str, torch.dtype, tuple[int, ...]]], bucket_bytes: int) -> list[Bucket]:
+    """Cut tensors (in order) into buckets of at most `bucket_bytes` (a tensor larger than that is a bucket of
+    its own). The plan is made once and sent to the receivers once, not with every sync."""
+    buckets: list[Bucket] = []
+    cur: list[TensorMeta] = []
+    size = 0
+    for name, dtype, shape in shapes:
+        nbytes = int(torch.Size(shape).numel()) * torch.tensor([], dtype=dtype).element_size()
+        if cur and size + nbytes > bucket_bytes:
+            buckets.append(Bucket(tuple(cur), size))
+            cur, size = [], 0
+        cur.append(TensorMeta(name, str(dtype).removeprefix("torch."), tuple(shape), size, nbytes))
+        size = _aligned(size + nbytes)
+    if cur:
+        buckets.append(Bucket(tuple(cur), size))
+    return buckets
+
+
+def pack(bucket: Bucket, tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The bucket's tensors copied into one flat uint8 buffer (one copy per tensor)."""
+    buf = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
+    for meta, t in zip(bucket.tensors, tensors, strict=True):
+        buf[meta.offset : meta.offset + meta.nbytes].view(t.dtype).copy_(t.reshape(-1))
+    return buf
+
+
+def unpack(bucket: Bucket, buf: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) views into a received buffer: no copy (the loader copies them into the model)."""
+    return [
+        (m.name, buf[m.offset : m.offset + m.nbytes].view(getattr(torch, m.dtype)).view(m.shape))
+        for m in bucket.tensors
+    ]
+
+
+class WeightTransferError(RuntimeError):
+    """A weight-transfer group could not form, or an op on it failed or timed out (the message names the stage)."""
+
+
+class WeightGroup:
+    """This process's membership of the weight-transfer group: rank, backend, the torch process group."""
+
+    def __init__(self, pg: Any, rank: int, world_size: int, device: torch.device, timeout_s: float):
+        self.pg, self.rank, self.world_size = pg, rank, world_size
+        self.device, self.timeout_s = device, timeout_s
+
+    @staticmethod
+    def open_store(world_size: int, timeout_s: float) -> tuple[Any, str, int]:
+        """Rank 0: listen for the group's members. Returns (store, host, port); the store must stay alive as
+        long as the group (and across re-forms, which reuse it with a new prefix)."""
+        host, port = node_ip(), free_port()
+        store = torch.distributed.TCPStore(
+            host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+        )
+        return store, host, port
+
+    @classmethod
+    def join(
+        cls,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        timeout_s: float,
+        generation: int,
+        store: Any = None,
+        host: str | None = None,
+        port: int | None = None,
+    ) -> WeightGroup:
+        """Join generation `generation` of the group (blocks until every member joined, or raises after
+        timeout_s). Rank 0 passes its store; the others connect to host:port."""
+        import torch.distributed as dist
+
+        if store is None:
+            store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+        prefixed = dist.PrefixStore(f"rayward-weights/{generation}", store)
+        timeout = timedelta(seconds=timeout_s)
+        try:
+            if device.type == "cuda":
+                opts = dist.ProcessGroupNCCL.Options()
+                opts._timeout = timeout
+                pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
+            else:
+                pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        except Exception as err:  # noqa: BLE001 - DistStoreError, gloo connect errors: one message
+            raise WeightTransferError(
+                f"rank {rank} of {world_size} could not join the weight-transfer group within {timeout_s:.0f} s "
+                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+            ) from None
+        return cls(pg, rank, world_size, device, timeout_s)
+
+    def broadcast(self, buf: torch.Tensor) -> Any:
+        """Start broadcasting `buf` from rank 0 (into `buf` on the others); returns the work to wait on."""
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        opts.timeout = timedelta(seconds=self.timeout_s)
+        return self.pg.broadcast([buf], opts)
+
+    def wait(self, work: Any, stage: str) -> float:
+        """Wait for a broadcast; returns the seconds waited. A failure or timeout names the stage."""
+        t0 = time.perf_counter()
+        try:
+            work.wait()
+        except Exception as err:  # noqa: BLE001
+            raise WeightTransferError(
+                f"weight transfer failed at {stage} (rank {self.rank} of {self.world_size}, timeout "
+                f"{self.timeout_s:.0f} s): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            ) from None
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        try:
+            self.pg.abort()
+        except Exception:  # noqa: BLE001 - a dead group may refuse even this
+            pass
+
+
+def plan_to_wire(plan: list[Bucket]) -> list[list[Any]]:
+    """The plan as plain lists: vLLM's collective_rpc serialises arguments with msgspec, which carries lists
+    intact but not dataclasses."""
+    return [[b.nbytes, [[m.name, m.dtype, list(m.shape), m.offset, m.nbytes] for m in b.tensors]] for b in plan]
+
+
+def plan_from_wire(wire: list[list[Any]]) -> list[Bucket]:
+    return [
+        Bucket(tuple(TensorMeta(n, d, tuple(s), o, b) for n, d, s, o, b in tensors), int(nbytes))
+        for nbytes, tensors in wire
+    ]
