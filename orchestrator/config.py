@@ -86,6 +86,8 @@ ScheduledFloat = float | Schedule
 # ---------------------------------------------------------------------------------------------------------
 
 TINY_MODEL = "tiny"
+# Run names become Ray namespaces, actor names and directory names: lower-case DNS-label characters only.
+RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9\-]{0,62}$"
 
 
 class ModelConfig(_Section):
@@ -394,7 +396,7 @@ class LoggingConfig(_Section):
 
 
 class RunConfig(_Section):
-    name: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9\-]{0,62}$")
+    name: str | None = Field(None, pattern=RUN_NAME_PATTERN)
     """Run name (actors, namespace `rayward-<name>`, log directory). Default: generated and printed."""
     seed: int = 0
     """Seed for data order, sampling and initialisation."""

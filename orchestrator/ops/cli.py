@@ -4,7 +4,6 @@ through the Jobs API: submit | status | logs | stop | list."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from orchestrator.config import ConfigError, load_config
@@ -21,10 +20,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_scale(args: argparse.Namespace) -> int:
     import ray
 
-    from orchestrator.ops.auth import prepare_client_auth
     from orchestrator.ops.cluster import UnreachableError, check_reachable, namespace
 
-    prepare_client_auth()
     check_reachable(args.address or "auto")
     try:
         ray.init(address=args.address or "auto", namespace=namespace(args.run), log_to_driver=False)
@@ -183,8 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if os.getcwd() not in sys.path:  # `my_rewards:fn` imports from the run directory, as with `python -m`
-        sys.path.insert(0, os.getcwd())
+    from orchestrator.ops.cluster import run_sys_path
+
+    for path in run_sys_path():  # `my_rewards:fn` imports from the run directory, as with `python -m`
+        if path not in sys.path:
+            sys.path.insert(0, path)
     try:
         if args.command not in ("tiny-model", "rewards", "config-reference"):
             from orchestrator.ops.auth import prepare_client_auth

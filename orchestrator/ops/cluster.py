@@ -84,7 +84,7 @@ def init_ray(cfg: ClusterConfig, run_name: str) -> dict[str, Any]:
 
     env_vars = {k: os.environ[k] for k in ACTOR_ENV}
     # Actors import the run directory's modules (user reward functions) like the driver does.
-    env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p)
+    env_vars["PYTHONPATH"] = os.pathsep.join(p for p in (*run_sys_path(), os.environ.get("PYTHONPATH")) if p)
     kwargs: dict[str, Any] = dict(
         namespace=namespace(run_name),
         runtime_env={"env_vars": env_vars},

@@ -42,11 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config import RUN_NAME_PATTERN
 from orchestrator.ops.auth import AuthError, explain_auth_failure, find_token, prepare_client_auth
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 SUBMISSION_PREFIX = "rayward-"
-RUN_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9\-]{0,62}$")  # RunConfig.name's pattern
+RUN_NAME_RE = re.compile(RUN_NAME_PATTERN)
 FORWARD_PREFIXES = ("RAYWARD_", "HF_", "VLLM_", "WANDB_", "MLFLOW_")
 NEVER_FORWARD = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")
 CONFIG_ENV = "RAYWARD_SUBMIT_CONFIG"
@@ -483,8 +484,6 @@ def guarded(command: str, fn, *args: Any, **kwargs: Any) -> int:
     from orchestrator.config import ConfigError
 
     try:
-        # Before anything imports ray: Ray reads RAY_AUTH_MODE once per process, when it is first imported.
-        prepare_client_auth()
         return fn(*args, **kwargs)
     except ConfigError:
         raise  # the CLI prints it (multi-line: every bad field) and exits 2

@@ -1,7 +1,9 @@
 """Reward-worker placement and live scaling on a real multi-node Ray cluster (`ray start` nodes on this machine).
 
-cluster/local_cluster.sh starts a head (no reward resource) and two nodes with {"reward_node": 8}. A real
-`rayward run` joins it with reward workers asking for {"reward_node": 1}; a second process runs
+cluster/local_cluster.sh starts a head (no reward resource), two nodes with {"reward_node": 8} and one with
+{"generator_node": 1}. A real `rayward run` joins it with reward workers asking for {"reward_node": 1} and its
+generator for {"generator_node": 1} (the learner stays on the head, so every weight sync crosses nodes over the
+collective backend: the first sync's logprob parity and every step's logprob gap are checked); a second process runs
 `rayward scale` to 6 and then to 3 workers while it trains. The run's reward (tests/fixtures/slow_rewards.py:
 tagged_value) sleeps per sample, returns the sample's `value` column, and writes one line per scored sample
 (step, prompt uid, completion token ids, node). Checks:
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -88,9 +91,9 @@ class Cluster:
         self.env = {**_client_env(), "RAYWARD_CLUSTER_DIR": str(self.dir)}
         self.base = 0
 
-    def up(self, reward_nodes: int) -> str:
-        p = subprocess.run(["bash", str(SCRIPT), "up", "--reward-nodes", str(reward_nodes)], env=self.env,
-                           capture_output=True, text=True, timeout=300)
+    def up(self, reward_nodes: int, generator_node: bool = False) -> str:
+        args = ["up", "--reward-nodes", str(reward_nodes)] + (["--generator-node"] if generator_node else [])
+        p = subprocess.run(["bash", str(SCRIPT), *args], env=self.env, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, f"local_cluster.sh up failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
         self.base = int((self.dir / "base_port").read_text())
         return p.stdout
@@ -168,13 +171,15 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
     proc, passed = None, False
     t0 = time.monotonic()
     try:
-        cluster.up(reward_nodes=2)
+        cluster.up(reward_nodes=2, generator_node=True)
         t_up = time.monotonic() - t0
         cmd = [
             _rayward(), "run", str(ROOT / "configs" / "demo.yaml"),
             f"cluster.address={cluster.gcs}",
             "cluster.num_reward_workers=2",
             "cluster.reward_worker={num_cpus: 0.25, resources: {reward_node: 1}}",
+            # the generator on its own node, the learner on the head: weights cross nodes over the collective
+            "cluster.generator={num_cpus: 0.5, resources: {generator_node: 1}}",
             f"generation.num_generations={G}", f"generation.generation_batch_size={G * PROMPTS}",
             # A reward constant within each group still moves the policy (float-rounded group means give advantages
             # ~1e-4, which AdamW scales to full steps) and it collapses to repeated tokens; a negligible lr keeps
@@ -208,6 +213,13 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
         reward_nodes = {n["node_id"] for n in st["nodes"] if n["resources"].get("reward_node", 0) > 0}
         head = {n["node_id"] for n in st["nodes"] if n["is_head"]}
         assert len(reward_nodes) == 2 and len(head) == 1 and not reward_nodes & head, st["nodes"]
+        gen_node = {n["node_id"] for n in st["nodes"] if n["resources"].get("generator_node", 0) > 0}
+        by_name = {a["name"]: a["node_id"] for a in st["actors"] if a["name"]}
+        assert by_name[f"{RUN}/generator-0"] in gen_node and by_name[f"{RUN}/learner"] in head, by_name
+        # the first sync crossed the nodes over the collective backend and landed (the driver prints the gap)
+        gap = float(re.search(r"logprob parity after sync: max abs diff (\S+)", _tail(log, 100_000)).group(1))
+        assert gap < 1e-4, gap
+        assert all(r["sampling/sampling_logp_difference/max"] < 1e-3 for r in _rows(metrics))
         workers = [a for a in st["actors"] if (a["name"] or "").startswith(f"{RUN}/reward-")]
         assert len(workers) == 6, workers  # 2 at start + 4 added; scaling down adds none
         placed = Counter(a["node_id"] for a in workers)

@@ -114,19 +114,6 @@ def test_readme_config_reference_is_current():
     assert section == buf.getvalue(), "README config reference is stale: run `python scripts/update_readme.py`"
 
 
-def test_metrics_sinks_write_jsonl_and_tensorboard(tmp_path):
-    from orchestrator.ops.metrics import MetricsLogger
-
-    log = MetricsLogger(tmp_path, report_to=["jsonl", "tensorboard"], progress=False, max_steps=2)
-    log.log(1, {"reward": 0.5, "rewards/a/mean": float("nan"), "gates/b<-a/closed_frac": 0.25})
-    log.close()
-    import json
-
-    row = json.loads((tmp_path / "metrics.jsonl").read_text())
-    assert row == {"step": 1, "reward": 0.5, "rewards/a/mean": None, "gates/b<-a/closed_frac": 0.25}
-    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-
-
 def test_partial_resources_keep_the_role_defaults():
     cfg = parse_config({**MINIMAL, "cluster": {"reward_worker": {"resources": {"reward_node": 1}}}})
     assert cfg.cluster.reward_worker.num_cpus == 0.25 and cfg.cluster.reward_worker.resources == {"reward_node": 1}

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -98,7 +99,8 @@ class RayHead:
     def start(self, tries: int = 3) -> RayHead:
         for _ in range(tries):
             (gcs, dash, metrics, client, nm, om, agent_http, agent_grpc, renv), wstart = _pick_ports(9, 100)
-            self.temp_dir = Path(f"/tmp/rwj{random.randrange(16**6):06x}")
+            # short: Ray's unix socket paths under it must stay below the 107-byte limit
+            self.temp_dir = Path(tempfile.mkdtemp(prefix="rwj"))
             self.address = f"http://127.0.0.1:{dash}"
             self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
             env = {k: v for k, v in os.environ.items() if k not in CLIENT_ENV_DROP}

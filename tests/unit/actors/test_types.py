@@ -1,0 +1,58 @@
+"""The hand-off records: slicing by group and joining keep every per-sample field aligned."""
+
+from __future__ import annotations
+
+import math
+
+from actors.types import RewardBatch, Rollouts, Scores
+
+
+def rollouts(n_groups: int, g: int = 2, start: int = 0, version: int = 3) -> Rollouts:
+    idx = list(range(start, start + n_groups * g))
+    return Rollouts(
+        prompts=[f"p{i // g}" for i in idx], prompt_ids=[[i // g] for i in idx], completion_ids=[[i] for i in idx],
+        completions=[f"c{i}" for i in idx], sampling_logprobs=[[-float(i)] for i in idx],
+        truncated=[i % 3 == 0 for i in idx], columns={"uid": idx}, policy_version=version, group_size=g,
+    )
+
+
+def scores(n: int, start: int = 0, step: int = 5, worker: int = 0) -> Scores:
+    return Scores(
+        names=["a", "b"], scores=[[float(i) for i in range(start, start + n)], [math.nan] * n],
+        timeouts={"a": 1, "b": 0}, errors={"a": 0, "b": 2}, latency_s={"a": 0.5, "b": 0.1},
+        metrics={"m": [1.0]}, extra={"x": list(range(start, start + n))}, global_step=step, workers=[worker],
+        busy_s=1.0, pool={"workers": worker},
+    )
+
+
+def test_take_groups_keeps_rows_aligned():
+    r = rollouts(3).take_groups([2, 0])
+    assert r.completion_ids == [[4], [5], [0], [1]] and r.columns["uid"] == [4, 5, 0, 1]
+    assert r.prompts == ["p2", "p2", "p0", "p0"] and r.truncated == [False, False, True, False]
+    assert r.num_groups == 2 and r.policy_version == 3
+    s = scores(6).take_groups([2, 0], group_size=2)
+    assert s.scores[0] == [4.0, 5.0, 0.0, 1.0] and s.extra["x"] == [4, 5, 0, 1] and len(s) == 4
+
+
+def test_concat_adds_counters_and_keeps_order():
+    r = rollouts(1).concat(rollouts(1, start=2))
+    assert r.completion_ids == [[0], [1], [2], [3]] and r.columns["uid"] == [0, 1, 2, 3]
+    s = scores(2, worker=0).concat(scores(2, start=2, step=6, worker=1))
+    assert s.scores[0] == [0.0, 1.0, 2.0, 3.0] and s.timeouts == {"a": 2, "b": 0} and s.errors == {"a": 0, "b": 4}
+    assert s.workers == [0, 1] and s.busy_s == 2.0 and s.global_step == 5 and s.pool == {"workers": 1}
+    assert s.metrics == {"m": [1.0, 1.0]} and s.metric_means() == {"m": 1.0}
+
+
+def test_concat_fills_log_extra_columns_one_side_lacks():
+    a, b = scores(2), scores(1)
+    b.extra = {"y": ["q"]}
+    s = a.concat(b)
+    assert s.extra == {"x": [0, 1, None], "y": [None, None, "q"]}
+
+
+def test_reward_batch_chunks_are_whole_groups_with_offsets():
+    rb = rollouts(3).reward_batch()
+    chunks = rb.chunks(4)
+    assert [len(c) for c in chunks] == [4, 2] and [c.offset for c in chunks] == [0, 4]
+    assert chunks[1].columns["uid"] == [4, 5] and chunks[1].group_size == 2
+    assert isinstance(chunks[0], RewardBatch)

@@ -1,0 +1,118 @@
+"""The weight-transfer collective without Ray or vLLM: bucket plans, packing, and real gloo groups in spawned
+processes (a clean transfer, a member that never joins, a receiver that stalls)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from actors.net import free_port
+from actors.weights.collective import (
+    ALIGN_BYTES,
+    WeightGroup,
+    WeightTransferError,
+    pack,
+    plan_buckets,
+    plan_from_wire,
+    plan_to_wire,
+    unpack,
+)
+
+SHORT_TIMEOUT_S = 3.0
+
+
+def tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "a": torch.randn(3, 5, generator=g),
+        "b": torch.randn(7, generator=g).to(torch.bfloat16),
+        "c": torch.randint(0, 9, (2, 2), generator=g),
+        "d": torch.randn(64, 3, generator=g),
+    }
+
+
+def test_plan_cuts_buckets_at_the_size_and_keeps_every_tensor_in_order():
+    ts = tensors()
+    plan = plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes=300)
+    assert [m.name for b in plan for m in b.tensors] == list(ts)
+    assert len(plan) > 1
+    for b in plan:
+        assert all(m.offset % ALIGN_BYTES == 0 for m in b.tensors)
+        # a bucket exceeds the size only when a single tensor does
+        assert b.nbytes <= 300 + ALIGN_BYTES or len(b.tensors) == 1
+    assert plan_from_wire(json.loads(json.dumps(plan_to_wire(plan)))) == plan  # survives plain serialisation
+
+
+def test_pack_then_unpack_is_exact_for_mixed_dtypes():
+    ts = tensors()
+    (bucket,) = plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes=1 << 20)
+    buf = pack(bucket, list(ts.values()), torch.device("cpu"))
+    assert buf.dtype == torch.uint8 and buf.numel() == bucket.nbytes
+    out = dict(unpack(bucket, buf))
+    for k, v in ts.items():
+        assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
+
+
+def _member(rank: int, port: int, world: int, mode: str, out: str) -> None:
+    """rank 0 sends the test tensors in buckets; the others receive. mode: ok | stall (rank 1 joins, never
+    receives) | missing (world counts a rank that never starts)."""
+    store = None
+    if rank == 0:
+        store = torch.distributed.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False)
+    result: dict = {}
+    try:
+        g = WeightGroup.join(rank=rank, world_size=world, device=torch.device("cpu"), timeout_s=SHORT_TIMEOUT_S,
+                             generation=0, store=store, host="127.0.0.1", port=port)
+        ts = tensors()
+        plan = plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes=300)
+        got = {}
+        for k, b in enumerate(plan):
+            if rank == 0:
+                g.wait(g.broadcast(pack(b, [ts[m.name] for m in b.tensors], g.device)), f"bucket {k + 1}")
+            elif mode == "stall":
+                continue
+            else:
+                buf = torch.empty(b.nbytes, dtype=torch.uint8)
+                g.wait(g.broadcast(buf), f"bucket {k + 1}")
+                got.update(unpack(b, buf))
+        result["equal"] = rank == 0 or mode == "stall" or all(torch.equal(got[k], v) for k, v in ts.items())
+    except WeightTransferError as err:
+        result["error"] = str(err)
+    Path(f"{out}.{rank}").write_text(json.dumps(result))
+    if rank == 1 and mode == "stall":
+        import time
+
+        time.sleep(SHORT_TIMEOUT_S + 2)  # stay alive: the sender must time out, not see a closed connection
+
+
+def run_members(tmp_path: Path, world: int, started: int, mode: str) -> list[dict]:
+    out = str(tmp_path / "r")
+    mp.spawn(_member, args=(free_port(), world, mode, out), nprocs=started, join=True)
+    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(started)]
+
+
+def test_gloo_group_moves_buckets_exactly(tmp_path):
+    results = run_members(tmp_path, world=3, started=3, mode="ok")
+    assert all(r.get("equal") for r in results), results
+
+
+def test_a_member_that_never_joins_is_a_timeout_not_a_hang(tmp_path):
+    results = run_members(tmp_path, world=3, started=2, mode="ok")
+    for r in results:
+        assert "could not join the weight-transfer group within 3 s" in r["error"], r
+
+
+def test_a_stalled_receiver_times_out_the_sender_naming_the_bucket(tmp_path):
+    r0, r1 = run_members(tmp_path, world=2, started=2, mode="stall")
+    assert "weight transfer failed at bucket 1" in r0["error"] and "timeout 3 s" in r0["error"], r0
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 10**9])
+def test_plan_extremes(bucket_bytes):
+    ts = tensors()
+    plan = plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes=bucket_bytes)
+    assert len(plan) == (len(ts) if bucket_bytes == 1 else 1)

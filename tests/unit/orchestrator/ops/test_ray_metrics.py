@@ -1,0 +1,39 @@
+"""Step metrics -> rayward's tagged Ray gauges (pure mapping; the export itself: tests/integration)."""
+
+from __future__ import annotations
+
+from orchestrator.ops.ray_metrics import GAUGES, map_step_metrics
+
+
+def test_step_metrics_map_onto_tagged_gauges():
+    m = {
+        "reward": 0.4, "reward_std": 0.1, "rewards/letter/mean": 0.3, "rewards/letter/std": 0.2,
+        "rewards/letter/gated_mean": 0.3, "rewards/letter/latency_s": 0.05, "rewards/letter/timeouts": 0,
+        "rewards/fmt/mean": float("nan"), "gates/fmt<-letter/closed_frac": 0.75, "time/generate": 1.5,
+        "time/reward": 0.2, "time/train": 2.0, "time/sync": 0.3, "time/step": 4.1, "tokens_per_s": 900.0,
+        "sampling/sampling_logp_difference/max": 2e-6, "global_step": 7, "loss": 0.01, "kl": None,
+        "policy_version": 6, "completions/mean_length": 12.0, "note": "text",
+    }
+    got = {(n, tuple(sorted(t.items()))): v for n, v, t in map_step_metrics("r1", 7, m)}
+
+    def g(name, **tags):
+        return got[(name, tuple(sorted({"run": "r1", **tags}.items())))]
+
+    assert g("rayward_global_step") == 7
+    assert g("rayward_reward") == 0.4 and g("rayward_reward_std") == 0.1
+    assert g("rayward_reward_fn_mean", reward="letter") == 0.3
+    assert ("rayward_reward_fn_mean", (("reward", "fmt"), ("run", "r1"))) not in got  # NaN skipped
+    assert g("rayward_reward_fn_latency_s", reward="letter") == 0.05
+    assert g("rayward_reward_fn_timeouts", reward="letter") == 0
+    assert g("rayward_gate_closed_frac", gate="fmt<-letter") == 0.75
+    assert {p: g("rayward_phase_seconds", phase=p) for p in ("generate", "reward", "train", "sync", "step")} == {
+        "generate": 1.5, "reward": 0.2, "train": 2.0, "sync": 0.3, "step": 4.1}
+    assert g("rayward_weight_sync_s") == 0.3 and g("rayward_tokens_per_s") == 900.0
+    assert g("rayward_logprob_gap_max") == 2e-6 and g("rayward_policy_version") == 6
+    assert {n for n, _ in got} <= set(GAUGES)
+    assert not any(n == "rayward_kl" for n, _ in got)  # None skipped
+
+
+def test_non_numbers_are_skipped():
+    got = {n for n, _, _ in map_step_metrics("r", 1, {"reward": 1.0, "time/generate": "not a number"})}
+    assert "rayward_reward" in got and "rayward_phase_seconds" not in got
