@@ -9,6 +9,7 @@ reads as the run's parts.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -18,6 +19,8 @@ from actors.net import free_port, node_ip
 # How long the learner ranks' placement group may wait for a node with room for all of them (an autoscaler
 # may be starting one) before the build fails, naming what it asked for.
 PLACEMENT_TIMEOUT_S = 600
+# How often wait_alive asks a restarting actor whether it is back (a vLLM engine takes ~20 s to start).
+RESTART_POLL_S = 1.0
 
 
 class ActorGroup:
@@ -64,8 +67,17 @@ class ActorGroup:
         return [x for part in ray.get(refs) for x in part]
 
     def wait_alive(self, timeout_s: float) -> None:
-        """Return once every member answers (after Ray restarted one that died); raise if one stays dead."""
-        ray.get([h.__ray_ready__.remote() for h in self.handles], timeout=timeout_s)
+        """Return once every member answers (after Ray restarted one that died). A member that is restarting
+        answers ActorUnavailableError at once, so ask again until timeout_s; one out of restarts raises."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ray.get([h.__ray_ready__.remote() for h in self.handles], timeout=max(deadline - time.monotonic(), 1))
+                return
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(RESTART_POLL_S)
 
     def kill(self) -> None:
         for h in self.handles:

@@ -104,7 +104,8 @@ class ModelConfig(_Section):
 class DataConfig(_Section):
     path: str = "toy"
     """A local `.jsonl`/`.json`/`.parquet` file, a directory saved with `datasets.save_to_disk`, a hub
-    dataset id, or `toy` (the built-in letter task the tiny model learns in a few dozen steps)."""
+    dataset id, or a built-in task: `toy` (the letter task the tiny model learns in a few dozen steps) or `code`
+    (45 function-writing problems with assert tests, for the `code_tests` reward)."""
     split: str = "train"
     """Dataset split to read (hub datasets and saved DatasetDicts)."""
     prompt_column: str = "prompt"

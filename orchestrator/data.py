@@ -7,7 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import DataConfig
+from orchestrator.tasks.code import code_dataset
 from orchestrator.tasks.letters import toy_dataset
+
+# data.path names of the built-in tasks
+BUILTIN_DATASETS = {"toy": toy_dataset, "code": code_dataset}
 
 
 class DataError(ValueError):
@@ -16,8 +20,8 @@ class DataError(ValueError):
 
 def load_rows(cfg: DataConfig, seed: int = 0) -> list[dict[str, Any]]:
     """All rows as dicts. Prompt datasets for RL are small (thousands of rows), so they live in memory."""
-    if cfg.path == "toy":
-        rows = toy_dataset(seed=seed)
+    if cfg.path in BUILTIN_DATASETS:
+        rows = BUILTIN_DATASETS[cfg.path](seed=seed)
     else:
         rows = _load_datasets(cfg)
     if not rows:

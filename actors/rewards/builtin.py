@@ -36,6 +36,9 @@ BUILTIN_REWARDS = {
     "letter_fraction": "actors.rewards.builtin:letter_fraction",
     "starts_with_letter": "actors.rewards.builtin:starts_with_letter",
     "brevity": "actors.rewards.builtin:brevity",
+    # Run the completion's program against the sample's tests in a local sandbox (actors/rewards/sandbox.py).
+    "code_tests": "actors.rewards.code_tests:code_tests",
+    "fenced_python_format": "actors.rewards.code_tests:fenced_python_format",
     # TRL's own reward functions, usable by name.
     "think_format_reward": "trl.rewards:think_format_reward",
     "accuracy_reward": "trl.rewards:accuracy_reward",

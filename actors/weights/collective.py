@@ -124,10 +124,17 @@ class WeightGroup:
         timeout_s). Rank 0 passes its store; the others connect to host:port."""
         import torch.distributed as dist
 
-        if store is None:
-            store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
-        prefixed = dist.PrefixStore(f"rayward-weights/{generation}", store)
         timeout = timedelta(seconds=timeout_s)
+        try:
+            if store is None:
+                store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        except Exception as err:  # noqa: BLE001
+            raise WeightTransferError(
+                f"rank {rank} of {world_size} could not reach the weight-transfer store at {host}:{port} within "
+                f"{timeout_s:.0f} s ({type(err).__name__}: {_first_line(err)})"
+            ) from None
+        prefixed = dist.PrefixStore(f"rayward-weights/{generation}", store)
+        _rendezvous(prefixed, rank, world_size, timeout)
         try:
             if device.type == "cuda":
                 opts = dist.ProcessGroupNCCL.Options()
@@ -138,7 +145,7 @@ class WeightGroup:
         except Exception as err:  # noqa: BLE001 - DistStoreError, gloo connect errors: one message
             raise WeightTransferError(
                 f"rank {rank} of {world_size} could not join the weight-transfer group within {timeout_s:.0f} s "
-                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+                f"({type(err).__name__}: {_first_line(err)})"
             ) from None
         return cls(pg, rank, world_size, device, timeout_s)
 
@@ -159,15 +166,43 @@ class WeightGroup:
         except Exception as err:  # noqa: BLE001
             raise WeightTransferError(
                 f"weight transfer failed at {stage} (rank {self.rank} of {self.world_size}, timeout "
-                f"{self.timeout_s:.0f} s): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                f"{self.timeout_s:.0f} s): {type(err).__name__}: {_first_line(err)}"
             ) from None
         return time.perf_counter() - t0
 
     def close(self) -> None:
+        pg, self.pg = self.pg, None
+        if pg is None:
+            return
         try:
-            self.pg.abort()
+            pg.abort()
         except Exception:  # noqa: BLE001 - a dead group may refuse even this
             pass
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _rendezvous(store: Any, rank: int, world_size: int, timeout: timedelta) -> None:
+    """Every member announces itself in the store and waits for all the others before any gloo/NCCL connection
+    is made. A member that never comes is then a clean error naming the missing ranks: a process group whose
+    own rendezvous times out half-way leaves half-connected sockets behind, and gloo's I/O thread later aborts
+    the process on them."""
+    store.set(f"joined/{rank}", "1")
+    keys = [f"joined/{r}" for r in range(world_size)]
+    try:
+        store.wait(keys, timeout)
+    except Exception:  # noqa: BLE001 - DistStoreError on timeout
+        try:
+            missing = f"ranks {[r for r in range(world_size) if not store.check([f'joined/{r}'])]} never joined"
+        except Exception:  # noqa: BLE001 - rank 0 (the store) gave up first and is gone
+            missing = "rank 0 gave up waiting for the others first"
+        raise WeightTransferError(
+            f"rank {rank} of {world_size}: the weight-transfer group did not form within "
+            f"{timeout.total_seconds():.0f} s: {missing}"
+        ) from None
 
 
 def plan_to_wire(plan: list[Bucket]) -> list[list[Any]]:

@@ -71,6 +71,7 @@ class WeightSyncExtension:
         old = getattr(self, "_rayward_group", None)
         if old is not None:
             old.close()
+            self._rayward_group = None
         device = self.device if torch.cuda.is_available() else torch.device("cpu")  # type: ignore[attr-defined]
         rank = rank_offset + int(self.rank)  # type: ignore[attr-defined]
         self._rayward_plan: list[Bucket] = plan_from_wire(plan)

@@ -71,6 +71,7 @@ class WeightSender:
             return 0
         if self.group is not None:
             self.group.close()
+            self.group = None
         self.group = WeightGroup.join(
             rank=0, world_size=self._world_size, device=self.device, timeout_s=self._timeout_s,
             generation=generation, store=self._store,

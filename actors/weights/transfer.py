@@ -139,16 +139,15 @@ class CollectiveTransfer(_Transfer):
         self.bucket_mb, self.tp_size = bucket_mb, tp_size
         self.world_size = 1 + len(generators.handles) * tp_size
         self.generation = -1  # the group's current generation; each (re-)form takes the next
-        self._addr: tuple[str, int] | None = None
         self._plan: list[Any] = []
 
     def connect(self) -> None:
-        """Form the group: learner rank 0 listens, every engine worker joins as 1 + engine * tp + tp_rank."""
-        if self._addr is None:
-            self._plan = ray.get(self.learner.submit("weight_plan", self.bucket_mb)[0])
-            self._addr = tuple(ray.get(self.learner.submit("open_weight_group", self.world_size, self.timeout_s)[0]))
+        """Form the group: the learner makes the bucket plan and listens on a fresh store (nothing of an earlier,
+        perhaps broken group is reused), and every engine worker joins as 1 + engine * tp + tp_rank with that
+        plan, so sender and receivers always hold the same plan."""
+        self._plan = ray.get(self.learner.submit("weight_plan", self.bucket_mb)[0])
+        host, port = ray.get(self.learner.submit("open_weight_group", self.world_size, self.timeout_s)[0])
         self.generation += 1
-        host, port = self._addr
         learner = self.learner.submit("join_weight_group", self.generation)
         gens = [
             g.join_weight_group.remote(host, port, 1 + i * self.tp_size, self.world_size, self.generation,
@@ -156,7 +155,8 @@ class CollectiveTransfer(_Transfer):
             for i, g in enumerate(self.generators.handles)
         ]
         ready, _ = ray.wait(learner + gens, num_returns=len(learner) + len(gens), timeout=self.timeout_s + DRIVER_GRACE_S)
-        missing = [f"generator-{i}" for i, r in enumerate(gens) if r not in ready]
+        missing = [f"generator-{i} (ranks {1 + i * self.tp_size}..{(i + 1) * self.tp_size})"
+                   for i, r in enumerate(gens) if r not in ready]
         for i, r in enumerate(gens):
             if r in ready:
                 try:

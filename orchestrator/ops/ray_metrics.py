@@ -36,6 +36,9 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rayward_phase_seconds": ("wall seconds per loop phase this step (generate, reward, train, sync, step)", ("phase",)),
     "rayward_tokens_per_s": ("completion tokens generated per second of the generate phase", ()),
     "rayward_weight_sync_s": ("seconds to push the learner's weights to the generators", ()),
+    "rayward_weight_sync_part_s": ("seconds of the weight sync's parts (gather, transfer, load)", ("part",)),
+    "rayward_weight_sync_bytes": ("bytes sent by the weight sync", ()),
+    "rayward_weight_sync_gb_per_s": ("weight sync throughput (bytes / sync seconds)", ()),
     "rayward_logprob_gap_max": ("max |logp_generator - logp_learner| over the batch's tokens", ()),
     "rayward_logprob_gap_mean": ("mean per-sequence |logp_generator - logp_learner|", ()),
     "rayward_loss": ("training loss of the step", ()),
@@ -59,6 +62,8 @@ SCALARS: dict[str, str] = {
     "entropy": "rayward_entropy",
     "completions/mean_length": "rayward_completion_mean_length",
     "completions/clipped_ratio": "rayward_completion_clipped_ratio",
+    "sync/bytes": "rayward_weight_sync_bytes",
+    "sync/gb_per_s": "rayward_weight_sync_gb_per_s",
 }
 
 # step-dict key pattern -> (gauge, tag key); the pattern's group is the tag value
@@ -69,9 +74,10 @@ PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"^rewards/(.+)/errors$"), "rayward_reward_fn_errors", "reward"),
     (re.compile(r"^gates/(.+)/closed_frac$"), "rayward_gate_closed_frac", "gate"),
     (re.compile(r"^time/(.+)$"), "rayward_phase_seconds", "phase"),
+    (re.compile(r"^sync/(gather|transfer|load)_s$"), "rayward_weight_sync_part_s", "part"),
 ]
 
-# Metrics the reward pool actor exports itself (actors/reward_pool.py): queue depth, workers alive, latency.
+# Metrics the reward pool actor exports itself (actors/rewards/pool.py): queue depth, workers alive, latency.
 REWARD_POOL_METRICS = (
     "rayward_reward_workers_alive",
     "rayward_reward_queue_depth",

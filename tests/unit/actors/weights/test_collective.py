@@ -57,17 +57,20 @@ def test_pack_then_unpack_is_exact_for_mixed_dtypes():
         assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
 
 
-def _member(rank: int, port: int, world: int, mode: str, out: str) -> None:
+def _member(rank: int, port: int, world: int, mode: str, out: str, device_type: str = "cpu") -> None:
     """rank 0 sends the test tensors in buckets; the others receive. mode: ok | stall (rank 1 joins, never
-    receives) | missing (world counts a rank that never starts)."""
+    receives). device_type "cuda": each rank on its own GPU, so the group is NCCL (the same code)."""
+    device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
     store = None
     if rank == 0:
         store = torch.distributed.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False)
     result: dict = {}
     try:
-        g = WeightGroup.join(rank=rank, world_size=world, device=torch.device("cpu"), timeout_s=SHORT_TIMEOUT_S,
+        g = WeightGroup.join(rank=rank, world_size=world, device=device, timeout_s=SHORT_TIMEOUT_S,
                              generation=0, store=store, host="127.0.0.1", port=port)
-        ts = tensors()
+        ts = {k: v.to(device) for k, v in tensors().items()}
         plan = plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes=300)
         got = {}
         for k, b in enumerate(plan):
@@ -76,7 +79,7 @@ def _member(rank: int, port: int, world: int, mode: str, out: str) -> None:
             elif mode == "stall":
                 continue
             else:
-                buf = torch.empty(b.nbytes, dtype=torch.uint8)
+                buf = torch.empty(b.nbytes, dtype=torch.uint8, device=device)
                 g.wait(g.broadcast(buf), f"bucket {k + 1}")
                 got.update(unpack(b, buf))
         result["equal"] = rank == 0 or mode == "stall" or all(torch.equal(got[k], v) for k, v in ts.items())
@@ -89,9 +92,9 @@ def _member(rank: int, port: int, world: int, mode: str, out: str) -> None:
         time.sleep(SHORT_TIMEOUT_S + 2)  # stay alive: the sender must time out, not see a closed connection
 
 
-def run_members(tmp_path: Path, world: int, started: int, mode: str) -> list[dict]:
+def run_members(tmp_path: Path, world: int, started: int, mode: str, device_type: str = "cpu") -> list[dict]:
     out = str(tmp_path / "r")
-    mp.spawn(_member, args=(free_port(), world, mode, out), nprocs=started, join=True)
+    mp.spawn(_member, args=(free_port(), world, mode, out, device_type), nprocs=started, join=True)
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(started)]
 
 
@@ -101,9 +104,9 @@ def test_gloo_group_moves_buckets_exactly(tmp_path):
 
 
 def test_a_member_that_never_joins_is_a_timeout_not_a_hang(tmp_path):
-    results = run_members(tmp_path, world=3, started=2, mode="ok")
-    for r in results:
-        assert "could not join the weight-transfer group within 3 s" in r["error"], r
+    r0, r1 = run_members(tmp_path, world=3, started=2, mode="ok")
+    assert "did not form within 3 s: ranks [2] never joined" in r0["error"], r0  # rank 0 holds the store
+    assert "did not form within 3 s" in r1["error"], r1
 
 
 def test_a_stalled_receiver_times_out_the_sender_naming_the_bucket(tmp_path):

@@ -13,6 +13,7 @@ def test_step_metrics_map_onto_tagged_gauges():
         "time/reward": 0.2, "time/train": 2.0, "time/sync": 0.3, "time/step": 4.1, "tokens_per_s": 900.0,
         "sampling/sampling_logp_difference/max": 2e-6, "global_step": 7, "loss": 0.01, "kl": None,
         "policy_version": 6, "completions/mean_length": 12.0, "note": "text",
+        "sync/gather_s": 0.1, "sync/transfer_s": 0.2, "sync/load_s": 0.05, "sync/bytes": 4e8, "sync/gb_per_s": 1.2,
     }
     got = {(n, tuple(sorted(t.items()))): v for n, v, t in map_step_metrics("r1", 7, m)}
 
@@ -30,6 +31,9 @@ def test_step_metrics_map_onto_tagged_gauges():
         "generate": 1.5, "reward": 0.2, "train": 2.0, "sync": 0.3, "step": 4.1}
     assert g("rayward_weight_sync_s") == 0.3 and g("rayward_tokens_per_s") == 900.0
     assert g("rayward_logprob_gap_max") == 2e-6 and g("rayward_policy_version") == 6
+    assert {p: g("rayward_weight_sync_part_s", part=p) for p in ("gather", "transfer", "load")} == {
+        "gather": 0.1, "transfer": 0.2, "load": 0.05}
+    assert g("rayward_weight_sync_bytes") == 4e8 and g("rayward_weight_sync_gb_per_s") == 1.2
     assert {n for n, _ in got} <= set(GAUGES)
     assert not any(n == "rayward_kl" for n, _ in got)  # None skipped
 
