@@ -289,6 +289,7 @@ def test_hostile_completion_scores_zero_and_is_contained(reward: CodeTestsReward
     caplog.set_level("DEBUG")
     code = attack.format(token=decoys["token"], outside=decoys["outside"], port=decoys["port"])
     completion = fenced(code + "\n\ndef add(a, b):\n    return a + b")
+    existing = _children()  # e.g. multiprocessing's resource tracker, left by earlier tests
     t0 = time.monotonic()
     out = score(reward, completion)
     assert out == 0.0
@@ -298,9 +299,12 @@ def test_hostile_completion_scores_zero_and_is_contained(reward: CodeTestsReward
         decoys["listener"].accept()  # type: ignore[union-attr]
     assert decoys["secret"] not in caplog.text
     # nothing of the run is left: no child of ours, no sandbox directory
-    kids = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == os.getpid()]
-    assert not kids
+    assert not _children() - existing
     assert not [p for p in Path(tempfile.gettempdir()).glob(f"rayward-sandbox-{os.getpid()}-*")]
+
+
+def _children() -> set[str]:
+    return {p for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == os.getpid()}
 
 
 def _ppid(pid: int) -> int | None:

@@ -259,14 +259,21 @@ def _live_leftovers(result: SandboxResult, allowed: set[int]) -> list[int]:
     return sorted(left)
 
 
-def assert_contained(result: SandboxResult, decoys: Decoys, before: dict[str, str], logs: str) -> None:
+def our_children() -> set[int]:
+    """Processes this test process already had (e.g. multiprocessing's resource tracker from earlier tests)."""
+    return _descendants(os.getpid(), _proc_table())
+
+
+def assert_contained(
+    result: SandboxResult, decoys: Decoys, before: dict[str, str], logs: str, existing: set[int] = frozenset()
+) -> None:
     assert result.elapsed_s < TIMEOUT_S + SLACK_S
     assert not result.ok, f"hostile program succeeded: {result}"
     assert MARKER not in result.stdout
     # Nothing left running: the kernel tears down a PID namespace synchronously; the uid sweep of the
     # fallback needs a moment for SIGKILLed processes to finish exiting.
     deadline = time.monotonic() + 2.0
-    while (left := _live_leftovers(result, {decoys.neighbour.pid})) and time.monotonic() < deadline:
+    while (left := _live_leftovers(result, {decoys.neighbour.pid, *existing})) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"processes left behind: {left}"
     assert decoys.neighbour.poll() is None, "the neighbour process was killed"
@@ -285,9 +292,9 @@ def test_hostile_program_is_contained(mode: str, attack: Attack, decoys: Decoys,
     code = attack.code.format(marker=MARKER, home_token=decoys.home_token, token_path=decoys.token_path,
                               outside=decoys.outside, open_dir=decoys.open_dir, port=decoys.port,
                               neighbour_pid=decoys.neighbour.pid)
-    before = decoys.fingerprint()
+    before, existing = decoys.fingerprint(), our_children()
     result = run_sandboxed(code, limits=MODES[mode])
-    assert_contained(result, decoys, before, caplog.text)
+    assert_contained(result, decoys, before, caplog.text, existing)
     if attack.killed:
         assert result.timed_out or result.output_limited
         assert result.returncode is None
