@@ -158,19 +158,19 @@ def rayward_sync(model: Path, backend: str, repeats: int, bucket_mb: float) -> d
         ray.shutdown()
 
 
-def step_share(model: Path, steps: int) -> dict:
+def step_share(model: Path, steps: int, bucket_mb: float) -> dict:
     from orchestrator.config import load_config
     from orchestrator.train import train
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", [
         f"model.name_or_path={model}", f"grpo.max_steps={steps}", "generation.generation_batch_size=16",
         "grpo.per_device_train_batch_size=16", "logging.progress=false", f"logging.dir={tempfile.mkdtemp()}",
-        "logging.log_completions=false",
+        "logging.log_completions=false", f"weight_sync.bucket_mb={bucket_mb}",
     ])
     hist = train(cfg, "bench-step", verbose=False)[1:]  # the first step carries start-up effects
-    sync = statistics.median(h["time/sync"] for h in hist)
-    step = statistics.median(h["time/step"] for h in hist)
-    return {"sync_s": sync, "step_s": step, "share": sync / step}
+    med = lambda k: statistics.median(h[k] for h in hist)  # noqa: E731
+    return {"sync_s": med("time/sync"), "step_s": med("time/step"), "share": med("time/sync") / med("time/step"),
+            "parts": {k: med(f"sync/{k}_s") for k in ("gather", "transfer", "load")}}
 
 
 def main() -> None:
@@ -200,9 +200,10 @@ def main() -> None:
                   f"{r['transfer_s']:.3f}, load {r['load_s']:.3f}); peak extra memory learner "
                   f"{r['learner_extra_mb']:.0f} MB, generator {r['generator_extra_mb']:.0f} MB", flush=True)
         if args.step_share:
-            s = step_share(model, args.steps)
+            s = step_share(model, args.steps, args.bucket_mb)
+            parts = ", ".join(f"{k} {v:.3f}" for k, v in s["parts"].items())
             print(f"  sync loop ({args.steps} steps, demo config, 16 completions/step): time/sync {s['sync_s']:.3f}s "
-                  f"of time/step {s['step_s']:.3f}s = {100 * s['share']:.1f} %", flush=True)
+                  f"({parts}) of time/step {s['step_s']:.3f}s = {100 * s['share']:.1f} %", flush=True)
     print("\n| model | MB | floor s | backend | sync s | x floor | GB/s | learner +MB | generator +MB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for size, nbytes, floor, backend, r in rows:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from actors.weights.collective import Bucket, WeightGroup, plan_from_wire, unpack
+from actors.weights.collective import Bucket, WeightGroup, bucket_tensors, plan_from_wire, receive_buffers
 
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -103,14 +103,14 @@ def _receive(group: WeightGroup, plan: list[Bucket], stats: dict[str, float]) ->
     the loader, so the wire and the load overlap. Each bucket gets a fresh buffer: the layerwise reload keeps
     views into it until the layer they belong to is complete."""
 
-    def post(k: int) -> tuple[torch.Tensor, Any]:
-        buf = torch.empty(plan[k].nbytes, dtype=torch.uint8, device=group.device)
-        return buf, group.broadcast(buf)
+    def post(k: int) -> tuple[list[torch.Tensor], list[Any]]:
+        bufs = receive_buffers(plan[k], group.device)
+        return bufs, group.broadcast(bufs)
 
     nxt = post(0)
     for k, bucket in enumerate(plan):
-        buf, work = nxt
-        stats["wait_s"] += group.wait(work, f"receiving bucket {k + 1}/{len(plan)}")
+        bufs, works = nxt
+        stats["wait_s"] += group.wait(works, f"receiving bucket {k + 1}/{len(plan)}")
         if k + 1 < len(plan):
             nxt = post(k + 1)
-        yield from unpack(bucket, buf)
+        yield from bucket_tensors(bucket, bufs)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from actors.weights.collective import Bucket, WeightGroup, pack, plan_buckets, plan_to_wire
+from actors.weights.collective import Bucket, WeightGroup, plan_buckets, plan_to_wire, wire_tensors
 
 MB = 1 << 20
 
@@ -80,29 +80,31 @@ class WeightSender:
 
     def send(self) -> dict[str, float]:
         """Broadcast every bucket; the next bucket is gathered and packed while the previous one is on the
-        wire. Returns gather_s (gather + pack), transfer_s (waiting on the wire), bytes (rank 0)."""
+        wire. Returns gather_s (gather + pack), transfer_s (waiting on the wire), bytes (rank 0). Large tensors
+        go on the wire as they are: on a single learner in the run's dtype, the parameters themselves (nothing
+        changes them while the learner actor is inside this call)."""
         if not self.buckets:
             raise RuntimeError("send before plan: the weight transfer was not connected")
         tensors = self._tensors()
         stats = {"gather_s": 0.0, "transfer_s": 0.0, "bytes": 0.0}
-        in_flight: tuple[Any, int] | None = None  # (work, bucket index) of the broadcast on the wire
+        in_flight: tuple[list[Any], int] | None = None  # (works, bucket index) of the bucket on the wire
         for k, bucket in enumerate(self.buckets):
             t0 = time.perf_counter()
             full = [self._full(tensors[m.name]) for m in bucket.tensors]  # every rank, together
             if self.rank != 0:
                 continue
-            buf = pack(bucket, full, self.device)
+            bufs = wire_tensors(bucket, full, self.device)
             del full
             stats["gather_s"] += time.perf_counter() - t0
             if in_flight is not None:
                 stats["transfer_s"] += self._wait(*in_flight)
             assert self.group is not None, "rank 0 sends only after joining the group"
-            in_flight = (self.group.broadcast(buf), k)
-            stats["bytes"] += bucket.nbytes
+            in_flight = (self.group.broadcast(bufs), k)
+            stats["bytes"] += bucket.wire_bytes
         if in_flight is not None:
             stats["transfer_s"] += self._wait(*in_flight)
         return stats
 
-    def _wait(self, work: Any, k: int) -> float:
+    def _wait(self, works: list[Any], k: int) -> float:
         assert self.group is not None
-        return self.group.wait(work, f"sending bucket {k + 1}/{len(self.buckets)}")
+        return self.group.wait(works, f"sending bucket {k + 1}/{len(self.buckets)}")

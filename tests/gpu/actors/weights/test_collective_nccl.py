@@ -23,11 +23,11 @@ def test_nccl_member_that_never_joins_is_a_timeout(tmp_path):
     assert all("could not join" in r.get("error", "") or "failed at bucket" in r.get("error", "") for r in results)
 
 
-def test_pack_and_unpack_on_the_gpu():
-    from actors.weights.collective import pack, plan_buckets, unpack
-    from tests.unit.actors.weights.test_collective import tensors
+def test_wire_tensors_on_the_gpu():
+    from actors.weights.collective import bucket_tensors, wire_tensors
+    from tests.unit.actors.weights.test_collective import plan_of, tensors
 
     ts = {k: v.cuda() for k, v in tensors().items()}
-    (bucket,) = plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes=1 << 20)
-    out = dict(unpack(bucket, pack(bucket, list(ts.values()), torch.device("cuda"))))
+    (bucket,) = plan_of(ts, bucket_bytes=1 << 20)
+    out = dict(bucket_tensors(bucket, wire_tensors(bucket, list(ts.values()), torch.device("cuda"))))
     assert all(torch.equal(out[k], v) for k, v in ts.items())

@@ -13,14 +13,18 @@ import torch.multiprocessing as mp
 from actors.net import free_port
 from actors.weights.collective import (
     ALIGN_BYTES,
+    DIRECT,
     WeightGroup,
     WeightTransferError,
-    pack,
+    bucket_tensors,
     plan_buckets,
     plan_from_wire,
     plan_to_wire,
-    unpack,
+    receive_buffers,
+    wire_tensors,
 )
+
+DIRECT_BYTES = 100  # in these tests: "d" (768 bytes) travels on its own, the others are packed
 
 SHORT_TIMEOUT_S = 3.0
 
@@ -35,26 +39,35 @@ def tensors() -> dict[str, torch.Tensor]:
     }
 
 
+def plan_of(ts, bucket_bytes, direct_bytes=DIRECT_BYTES):
+    return plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes, direct_bytes)
+
+
 def test_plan_cuts_buckets_at_the_size_and_keeps_every_tensor_in_order():
     ts = tensors()
-    plan = plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes=300)
+    plan = plan_of(ts, bucket_bytes=300)
     assert [m.name for b in plan for m in b.tensors] == list(ts)
     assert len(plan) > 1
+    assert [m.name for b in plan for m in b.tensors if m.offset == DIRECT] == ["d"]
     for b in plan:
-        assert all(m.offset % ALIGN_BYTES == 0 for m in b.tensors)
+        assert all(m.offset % ALIGN_BYTES == 0 for m in b.tensors if m.offset != DIRECT)
         # a bucket exceeds the size only when a single tensor does
-        assert b.nbytes <= 300 + ALIGN_BYTES or len(b.tensors) == 1
+        assert sum(m.nbytes for m in b.tensors) <= 300 or len(b.tensors) == 1
     assert plan_from_wire(json.loads(json.dumps(plan_to_wire(plan)))) == plan  # survives plain serialisation
 
 
-def test_pack_then_unpack_is_exact_for_mixed_dtypes():
+def test_wire_then_views_are_exact_for_mixed_dtypes_and_direct_tensors_are_not_copied():
     ts = tensors()
-    (bucket,) = plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes=1 << 20)
-    buf = pack(bucket, list(ts.values()), torch.device("cpu"))
-    assert buf.dtype == torch.uint8 and buf.numel() == bucket.nbytes
-    out = dict(unpack(bucket, buf))
+    (bucket,) = plan_of(ts, bucket_bytes=1 << 20)
+    wire = wire_tensors(bucket, list(ts.values()), torch.device("cpu"))
+    assert len(wire) == 2 and wire[0].dtype == torch.uint8 and wire[0].numel() == bucket.nbytes
+    assert wire[1].data_ptr() == ts["d"].data_ptr()  # sent as it is
+    assert [(b.shape, b.dtype) for b in receive_buffers(bucket, torch.device("cpu"))] == [(w.shape, w.dtype) for w in wire]
+    out = dict(bucket_tensors(bucket, wire))
+    assert list(out) == list(ts)
     for k, v in ts.items():
         assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
+    assert bucket.wire_bytes == bucket.nbytes + ts["d"].nbytes
 
 
 def _member(rank: int, port: int, world: int, mode: str, out: str, device_type: str = "cpu") -> None:
@@ -71,17 +84,17 @@ def _member(rank: int, port: int, world: int, mode: str, out: str, device_type: 
         g = WeightGroup.join(rank=rank, world_size=world, device=device, timeout_s=SHORT_TIMEOUT_S,
                              generation=0, store=store, host="127.0.0.1", port=port)
         ts = {k: v.to(device) for k, v in tensors().items()}
-        plan = plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes=300)
+        plan = plan_of(ts, bucket_bytes=300)
         got = {}
         for k, b in enumerate(plan):
             if rank == 0:
-                g.wait(g.broadcast(pack(b, [ts[m.name] for m in b.tensors], g.device)), f"bucket {k + 1}")
+                g.wait(g.broadcast(wire_tensors(b, [ts[m.name] for m in b.tensors], g.device)), f"bucket {k + 1}")
             elif mode == "stall":
                 continue
             else:
-                buf = torch.empty(b.nbytes, dtype=torch.uint8, device=device)
-                g.wait(g.broadcast(buf), f"bucket {k + 1}")
-                got.update(unpack(b, buf))
+                bufs = receive_buffers(b, device)
+                g.wait(g.broadcast(bufs), f"bucket {k + 1}")
+                got.update(bucket_tensors(b, bufs))
         result["equal"] = rank == 0 or mode == "stall" or all(torch.equal(got[k], v) for k, v in ts.items())
     except WeightTransferError as err:
         result["error"] = str(err)
@@ -117,5 +130,5 @@ def test_a_stalled_receiver_times_out_the_sender_naming_the_bucket(tmp_path):
 @pytest.mark.parametrize("bucket_bytes", [1, 10**9])
 def test_plan_extremes(bucket_bytes):
     ts = tensors()
-    plan = plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes=bucket_bytes)
+    plan = plan_of(ts, bucket_bytes=bucket_bytes)
     assert len(plan) == (len(ts) if bucket_bytes == 1 else 1)
