@@ -56,6 +56,17 @@ def reward_specs(cfg: RunConfig) -> list[RewardSpec]:
     return specs
 
 
+def cpu_shares(cfg: RunConfig) -> dict[str, tuple[float, float] | None]:
+    """Core shares of the learner and the generators on CPU nodes (actors/cpus.py): None (every core: the sync
+    loop's phases take turns, and GPU actors keep Ray's defaults), or the pipelined split."""
+    c = cfg.cluster
+    pipelined = cfg.loop.mode == "pipelined"
+    return {
+        "learner": (0.0, c.cpu_split) if pipelined and not c.learner.num_gpus else None,
+        "generator": (c.cpu_split, 1.0) if pipelined and not c.generator.num_gpus else None,
+    }
+
+
 def learner_kwargs(cfg: RunConfig, model_path: str) -> dict[str, Any]:
     """The learner's constructor arguments, with the GRPO math bound in (pure; unit-tested)."""
     from orchestrator.grpo import grpo_loss, vllm_importance_weights
@@ -100,6 +111,7 @@ def learner_kwargs(cfg: RunConfig, model_path: str) -> dict[str, Any]:
         beta=g.beta,
         mask_truncated_completions=g.mask_truncated_completions,
         trust_remote_code=cfg.model.trust_remote_code,
+        cpu_share=cpu_shares(cfg)["learner"],
     )
 
 
@@ -219,6 +231,7 @@ def build_run(p: Prepared) -> Run:
             kv_cache_gib=gen.kv_cache_gib,
             gpu_memory_utilization=gen.gpu_memory_utilization,
             tensor_parallel_size=gen.tensor_parallel_size,
+            cpu_share=cpu_shares(cfg)["generator"],
         ),
         per_actor_kwargs=[{"seed": cfg.seed + i} for i in range(c.num_generators)],
     )

