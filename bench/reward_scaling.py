@@ -20,13 +20,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors.rewards.pool import CHUNKS_PER_WORKER, RewardPool  # noqa: E402
 from actors.rewards.worker import RewardSpec  # noqa: E402
+from actors.types import RewardBatch  # noqa: E402
 from bench.bench_rewards import spin  # noqa: E402
 
 
@@ -61,9 +61,8 @@ def _timed(fn, *a) -> float:
     return time.perf_counter() - t0
 
 
-def batch(n: int, g: int) -> dict[str, Any]:
-    return {"prompts": ["p"] * n, "completions": ["c"] * n, "completion_ids": [[1, 2, 3]] * n, "columns": {},
-            "group_size": g}
+def batch(n: int, g: int) -> RewardBatch:
+    return RewardBatch(["p"] * n, ["c"] * n, [[1, 2, 3]] * n, {}, g)
 
 
 def measure(ray, spec: RewardSpec, workers: int, args, pool_cls) -> tuple[float, float]:
@@ -85,7 +84,7 @@ def measure(ray, spec: RewardSpec, workers: int, args, pool_cls) -> tuple[float,
             t0 = time.perf_counter()
             out = ray.get(pool.score.remote(batch(args.samples, args.group_size), args.chunk_groups))
             times.append(time.perf_counter() - t0)
-            assert len(out["scores"][0]) == args.samples and not any(out["timeouts"].values())
+            assert len(out.scores[0]) == args.samples and not any(out.timeouts.values())
         return statistics.median(times), min(times)
     finally:
         for h in ray.get(pool.worker_handles.remote()).values():
