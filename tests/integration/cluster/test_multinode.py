@@ -9,7 +9,7 @@ tagged_value) sleeps per sample, returns the sample's `value` column, and writes
 (step, prompt uid, completion token ids, node). Checks:
   (a) placement: every RewardWorker actor of the run (Ray state API over HTTP, dead ones included) and every
       scored sample ran on a node with the reward_node resource, none on the head;
-  (b) scaling: the per-step `reward_pool/workers` goes 2 -> 6 -> 3, steps used all 6 workers, and the state
+  (b) scaling: the per-step `reward_pool/target_workers` goes 2 -> 6 -> 3, steps used all 6 workers, and the state
       API shows exactly 6 and then exactly 3 live workers;
   (c) exactly once, per step: 64 sample records, each of the step's 8 prompt rows exactly G=8 times with 8
       distinct completions (so every sample's reward call ran once: none missed, none repeated, even across
@@ -231,7 +231,7 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
         # (b) pool size per step: 2 -> 6 -> 3, and the added workers took chunks.
         rows = _rows(metrics)
         assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-        sizes = [r["reward_pool/workers"] for r in rows]
+        sizes = [r["reward_pool/target_workers"] for r in rows]  # `workers` counts live ones only
         assert [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]] == [2, 6, 3], sizes
         used = [r["reward_pool/workers_used"] for r in rows]
         assert all(u <= 2 for u, s in zip(used, sizes, strict=True) if s == 2), (sizes, used)

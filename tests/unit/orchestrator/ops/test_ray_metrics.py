@@ -12,7 +12,8 @@ def test_step_metrics_map_onto_tagged_gauges():
         "rewards/fmt/mean": float("nan"), "gates/fmt<-letter/closed_frac": 0.75, "time/generate": 1.5,
         "time/reward": 0.2, "time/train": 2.0, "time/sync": 0.3, "time/step": 4.1, "tokens_per_s": 900.0,
         "sampling/sampling_logp_difference/max": 2e-6, "global_step": 7, "loss": 0.01, "kl": None,
-        "policy_version": 6, "completions/mean_length": 12.0, "note": "text",
+        "policy_version": 6, "completions/mean_length": 12.0, "note": "text", "reward_pool/workers": 3,
+        "reward_pool/target_workers": 5, "reward_pool/queue_wait_s": 0.4, "reward_pool/utilization": 0.6,
     }
     got = {(n, tuple(sorted(t.items()))): v for n, v, t in map_step_metrics("r1", 7, m)}
 
@@ -30,6 +31,8 @@ def test_step_metrics_map_onto_tagged_gauges():
         "generate": 1.5, "reward": 0.2, "train": 2.0, "sync": 0.3, "step": 4.1}
     assert g("rayward_weight_sync_s") == 0.3 and g("rayward_tokens_per_s") == 900.0
     assert g("rayward_logprob_gap_max") == 2e-6 and g("rayward_policy_version") == 6
+    assert g("rayward_reward_pool_workers") == 3 and g("rayward_reward_pool_target_workers") == 5
+    assert g("rayward_reward_pool_queue_wait_s") == 0.4 and g("rayward_reward_pool_utilization") == 0.6
     assert {n for n, _ in got} <= set(GAUGES)
     assert not any(n == "rayward_kl" for n, _ in got)  # None skipped
 
