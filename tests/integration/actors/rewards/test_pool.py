@@ -148,6 +148,33 @@ def test_a_worker_that_cannot_be_placed_does_not_hold_up_scoring(ray_cluster):
 
 # --- autoscaling -------------------------------------------------------------------------------------------
 
+
+def test_rayward_scale_pins_the_count_and_min_max_resume_autoscaling(ray_cluster):
+    """What `rayward scale NAME --reward-workers N` and `--min/--max` call on a running pool."""
+    ray = ray_cluster
+    spec = RewardSpec("idx", f"{__name__}:slow_index")
+    fixed = make_pool(ray, "t-bounds-off", [spec], n=1)
+    with pytest.raises(ValueError, match="autoscaling is off for this run: give both --min and --max"):
+        ray.get(fixed.set_bounds.remote(2, None))
+    stats = ray.get(fixed.set_bounds.remote(2, 3))  # turns it on; 1 is below the new minimum
+    assert stats["autoscale"] == "2..3" and stats["target_workers"] == 2
+    kill_pool(ray, fixed)
+
+    pool = make_pool(ray, "t-bounds", [spec], n=1, autoscale=AutoscaleSettings(1, 4, upscale_delay_s=0))
+    assert ray.get(pool.stats.remote())["autoscale"] == "1..4"
+    stats = ray.get(pool.scale.remote(3))
+    assert stats["target_workers"] == 3 and stats["autoscale"] == "pinned (bounds 1..4)"
+    with pytest.raises(ValueError, match="min_workers <= max_workers"):
+        ray.get(pool.set_bounds.remote(5, None))  # above max 4: refused, nothing changes
+    assert ray.get(pool.stats.remote())["autoscale"] == "pinned (bounds 1..4)"
+    stats = ray.get(pool.set_bounds.remote(None, 2))  # autoscaling again, the target moves into the bounds now
+    assert stats["autoscale"] == "1..2" and stats["target_workers"] == 2 and stats["decisions"] == 2
+    reasons = [d["reason"] for d in ray.get(pool.decision_log.remote())]
+    assert reasons == ["pinned by `rayward scale --reward-workers`; autoscaling paused until `rayward scale "
+                       "--min/--max`", "bounds set to 1..2"]
+    kill_pool(ray, pool)
+
+
 # A reward (tests/fixtures/slow_rewards.py: step_latency) whose calls take BASE_S, 8x that from step RISE to
 # step DROP, one call at a time per worker. Each step: one batch of PROMPTS x G samples (chunks of one group),
 # then REST_S of "generation and training". Delays are seconds, not Serve's minutes, so the test takes ~1 min.
