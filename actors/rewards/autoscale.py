@@ -9,9 +9,11 @@ Modelled on Ray Serve's autoscaler (`target_ongoing_requests`, `upscale_delay_s`
   would keep each worker busy that fraction of the time (Serve: ongoing requests / target_ongoing_requests).
   It is capped by the most chunks that were waiting or running at once in the window (one chunk per worker is
   all the parallelism the work offers) and clamped to [min_workers, max_workers].
-* **Delays**: the pool grows only after the desired count has stayed above the current target for
-  `upscale_delay_s`, and shrinks only after it has stayed below for `downscale_delay_s`; either way it moves
-  to the desired count of that moment.
+* **Delays**: the pool grows only after the desired count has stayed above the current target (live and
+  starting workers) for `upscale_delay_s`, and shrinks only after it has stayed below the live workers for
+  `downscale_delay_s`; either way it moves to the desired count of that moment. While added workers are still
+  starting, the load was measured without them: it may want fewer than the target, but the workers asked for
+  are kept until they have been measured (or the load wants fewer than those already live).
 
 Why busy workers and not queue wait or chunks per worker: the synchronous loop sends the pool one batch per
 step, a burst followed by idle time (generation, training). Queue wait and chunks in flight per worker depend
@@ -91,6 +93,7 @@ class PoolSample:
     busy_s: float  # integral of busy workers (live workers holding at least one chunk) over time
     peak_outstanding: int  # the most chunks queued or being scored at once since the previous sample
     target: int  # workers alive or starting, not retiring: the count the pool is heading to
+    live: int  # of those, the ones alive (the load was measured on them)
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,7 @@ class AutoscalePolicy:
             self._below_since = None
             self._above_since = s.t if self._above_since is None else self._above_since
             held, delay = s.t - self._above_since, st.upscale_delay_s
-        elif load.desired < target:
+        elif load.desired < s.live:
             self._above_since = None
             self._below_since = s.t if self._below_since is None else self._below_since
             held, delay = s.t - self._below_since, st.downscale_delay_s
@@ -211,7 +214,7 @@ class AutoscalePolicy:
         if held < delay:
             return None
         self._above_since = self._below_since = None
-        side = "above" if load.desired > target else "below"
+        side = f"above {target}" if load.desired > target else f"below {s.live} live"
         why = (
             f"{load.busy_workers:.2f} busy workers on average over {load.span_s:.1f} s ({load.cycles} batch "
             f"cycles, utilisation {load.utilization:.2f}) want {load.wanted} at target utilisation "
@@ -221,7 +224,7 @@ class AutoscalePolicy:
             why += f", capped at {load.peak_outstanding}: never more chunks outstanding at once"
         elif load.desired != load.wanted:
             why += f", bounded to {st.min_workers}..{st.max_workers}"
-        return Decision(s.t, target, load.desired, f"{why}; {side} {target} for {held:.1f} s")
+        return Decision(s.t, target, load.desired, f"{why}; {side} for {held:.1f} s")
 
 
 __all__ = [

@@ -319,7 +319,8 @@ class RewardPool:
 
     def _sample(self) -> PoolSample:
         self._account()
-        s = PoolSample(time.monotonic(), self.batches, self.worker_s, self.busy_s, self._peak, self.target())
+        s = PoolSample(time.monotonic(), self.batches, self.worker_s, self.busy_s, self._peak, self.target(),
+                       self.size())
         self._peak = self.queued + self.inflight_chunks
         return s
 

@@ -54,7 +54,8 @@ def simulate(
         nonlocal peak
         if policy is None:
             return
-        d = policy.observe(PoolSample(t, batches, worker_s, busy_s, peak, target()))
+        d = policy.observe(PoolSample(t, batches, worker_s, busy_s, peak, target(),
+                                      sum(not w.retiring for w in live())))
         peak = outstanding()
         if d is None:
             return

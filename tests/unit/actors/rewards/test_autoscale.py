@@ -21,16 +21,22 @@ class FakePool:
         self.t = self.worker_s = self.busy_s = 0.0
         self.batches = self.peak = 0
         self.target = workers
+        self.starting = 0  # of the target, workers not alive yet (they neither work nor count as live)
         self.decisions: list[Decision] = []
         self.desired: list[tuple[float, int]] = []  # (t, desired) at every evaluated sample
 
     def _observe(self) -> None:
-        d = self.policy.observe(PoolSample(self.t, self.batches, self.worker_s, self.busy_s, self.peak, self.target))
+        d = self.policy.observe(PoolSample(self.t, self.batches, self.worker_s, self.busy_s, self.peak, self.target,
+                                           self.live))
         if self.policy.load is not None:
             self.desired.append((self.t, self.policy.load.desired))
         if d is not None:
             self.decisions.append(d)
             self.target = d.after
+
+    @property
+    def live(self) -> int:
+        return self.target - self.starting
 
     def arrive(self, chunks: int) -> None:
         self.batches += 1
@@ -41,15 +47,15 @@ class FakePool:
         """`busy` workers scoring (at most the live ones) for `seconds`."""
         for _ in range(round(seconds / TICK)):
             self.t += TICK
-            self.worker_s += self.target * TICK
-            self.busy_s += min(busy, self.target) * TICK
+            self.worker_s += self.live * TICK
+            self.busy_s += min(busy, self.live) * TICK
             self._observe()
             self.peak = outstanding
 
     def cycle(self, busy_s: float, rest_s: float, chunks: int = 8) -> None:
         """One synchronous step: a batch keeps every worker busy for busy_s, then the pool idles rest_s."""
         self.arrive(chunks)
-        self.run(busy_s, busy=self.target, outstanding=chunks)
+        self.run(busy_s, busy=self.live, outstanding=chunks)
         self.run(rest_s, busy=0)
 
 
@@ -119,7 +125,20 @@ def test_the_pool_shrinks_only_after_the_downscale_delay_and_a_busy_spell_restar
     assert down.after < down.before == 4 and down.t - last_at_4 >= 6 - TICK  # held below for the whole delay
     first_below = min(t for t, want in pool.desired if want < 4)
     assert down.t > first_below + 6 + TICK  # the spell restarted the clock
-    assert "below 4 for" in down.reason
+    assert "below 4 live for" in down.reason
+
+
+def test_workers_still_starting_are_not_retired_on_load_measured_without_them():
+    """4 asked for, 1 still waiting for a node: the 3 live ones' load wants 3, which is no reason to cancel the
+    4th before it has been measured; a load that wants fewer than the live ones is."""
+    pool = FakePool(settings(downscale_delay_s=1), workers=4)
+    pool.starting = 1
+    for _ in range(6):
+        pool.cycle(busy_s=1.5, rest_s=1.5)  # 3 live, busy half the time: 1.5 busy workers want 3
+    assert pool.policy.load.desired == 3 and pool.decisions == []
+    for _ in range(6):
+        pool.cycle(busy_s=0.5, rest_s=2.5)  # 0.5 busy workers want 1: fewer than the live ones
+    assert pool.decisions and pool.decisions[0].after < 3 and "below 3 live" in pool.decisions[0].reason
 
 
 def test_a_long_pause_lets_the_pool_shrink_to_min_workers():
