@@ -129,6 +129,7 @@ class Scores:
     global_step: int  # the learner step the rewards saw (trainer_state.global_step)
     workers: list[int]  # reward workers that scored some of it
     busy_s: float = 0.0  # the pool's wall time on it
+    queue_wait_s: float = 0.0  # mean seconds its chunks waited for a worker (in the pool or behind another chunk)
     pool: dict[str, Any] = field(default_factory=dict)  # the pool's state after it (workers, retries, ...)
 
     def __len__(self) -> int:
@@ -143,8 +144,8 @@ class Scores:
         )
 
     def concat(self, other: Scores) -> Scores:
-        """This batch's scores followed by `other`'s: counters add, latencies take the max, `pool` is the later
-        one's; global_step stays this one's (the earlier part was scored first)."""
+        """This batch's scores followed by `other`'s: counters add, latencies take the max, queue waits average
+        (per sample), `pool` is the later one's; global_step stays this one's (the earlier part was scored first)."""
         n, m = len(self), len(other)
         return Scores(
             names=self.names,
@@ -159,6 +160,7 @@ class Scores:
             global_step=self.global_step,
             workers=sorted({*self.workers, *other.workers}),
             busy_s=self.busy_s + other.busy_s,
+            queue_wait_s=(self.queue_wait_s * n + other.queue_wait_s * m) / (n + m) if n + m else 0.0,
             pool=other.pool or self.pool,
         )
 

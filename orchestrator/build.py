@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.builtin import BUILTIN_REWARDS
 from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
 from actors.types import TrainerState
@@ -65,6 +66,12 @@ def cpu_shares(cfg: RunConfig) -> dict[str, tuple[float, float] | None]:
         "learner": (0.0, c.cpu_split) if pipelined and not c.learner.num_gpus else None,
         "generator": (c.cpu_split, 1.0) if pipelined and not c.generator.num_gpus else None,
     }
+
+
+def autoscale_settings(cfg: RunConfig) -> AutoscaleSettings | None:
+    """cluster.reward_autoscale as the pool's policy settings (None: a fixed pool)."""
+    a = cfg.cluster.reward_autoscale
+    return None if a is None else AutoscaleSettings(**a.model_dump())
 
 
 def learner_kwargs(cfg: RunConfig, model_path: str) -> dict[str, Any]:
@@ -216,6 +223,7 @@ def build_run(p: Prepared) -> Run:
             worker_options=actor_options(c.reward_worker, namespace=ns),
             sys_path=run_sys_path(),
             trainer_state=TrainerState(max_steps=cfg.grpo.max_steps),
+            autoscale=autoscale_settings(cfg),
         )
     )
     generators = ActorGroup(

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from actors.rewards.autoscale import (
+    DEFAULT_DOWNSCALE_DELAY_S,
+    DEFAULT_LOOK_BACK_S,
+    DEFAULT_TARGET_UTILIZATION,
+    DEFAULT_UPSCALE_DELAY_S,
+)
 
 
 class _Section(BaseModel):
@@ -303,6 +310,32 @@ class RewardWorkerResources(Resources):
     """Logical CPUs reserved per reward worker (latency-bound rewards need little; CPU-bound ones want 1)."""
 
 
+class RewardAutoscaleConfig(_Section):
+    min_workers: int = Field(1, ge=1)
+    """Fewest reward workers; idle workers are retired down to this many."""
+    max_workers: int = Field(ge=1)
+    """Most reward workers; the pool adds workers up to this many while work waits."""
+    target_utilization: float = Field(DEFAULT_TARGET_UTILIZATION, gt=0, le=1)
+    """Fraction of the time each worker should be busy (scoring at least one chunk); the pool sizes itself to
+    busy workers / target, averaged over whole batches. In the synchronous loop the reward phase then settles at
+    about target / (1 - target) of the rest of the step (0.5: as long as generate + train + sync; 0.2: a quarter
+    of it, with more workers). Like Ray Serve's target_ongoing_requests."""
+    look_back_s: float = Field(DEFAULT_LOOK_BACK_S, gt=0)
+    """Seconds of history each decision averages over (Serve's look_back_period_s), stretched to whole batch
+    cycles: in the synchronous loop the window always holds at least one whole step."""
+    upscale_delay_s: float = Field(DEFAULT_UPSCALE_DELAY_S, ge=0)
+    """The load must call for more workers this long before the pool grows (Ray Serve's default: 30 s)."""
+    downscale_delay_s: float = Field(DEFAULT_DOWNSCALE_DELAY_S, ge=0)
+    """The load must call for fewer workers this long before the pool retires any (Ray Serve's default:
+    600 s); retiring workers finish their chunks first."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RewardAutoscaleConfig:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) must not exceed max_workers ({self.max_workers})")
+        return self
+
+
 class ClusterConfig(_Section):
     address: str | None = None
     """Ray cluster to join (`auto`, `host:6379`). null starts an embedded local cluster (laptop, CI)."""
@@ -319,7 +352,11 @@ class ClusterConfig(_Section):
     layer) and each trains on its share of every batch's micro-batches, with the single learner's numbers.
     On GPUs with model.dtype bfloat16: float32 master weights and optimizer state, bfloat16 compute."""
     num_reward_workers: int = Field(2, ge=1)
-    """Reward worker actors at start (scale later with `rayward scale`)."""
+    """Reward worker actors at start (scale later with `rayward scale`); with reward_autoscale, clamped to its
+    bounds."""
+    reward_autoscale: RewardAutoscaleConfig | None = None
+    """Let the reward pool size itself between min_workers and max_workers from its load (see README,
+    "Autoscaling the reward pool"). null: a fixed pool of num_reward_workers."""
     cpu_split: float = Field(0.5, gt=0, lt=1)
     """CPU nodes, pipelined loop: the share of a node's cores the learner is pinned to (torch threads); the
     generator's vLLM threads get the rest. The sync loop pins nothing: its phases take turns, so each uses every
@@ -549,6 +586,12 @@ def config_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> li
         sub = ann if isinstance(ann, type) and issubclass(ann, _Section) else None
         if sub is not None:
             rows.extend(config_reference(sub, f"{prefix}{name}."))
+            continue
+        args = get_args(ann)
+        optional = [a for a in args if isinstance(a, type) and issubclass(a, _Section)] if type(None) in args else []
+        if optional:  # a section that may be null (off): its own row, then its fields
+            rows.append((f"{prefix}{name}", repr(field.get_default()), (field.description or "").replace("\n", " ")))
+            rows.extend(config_reference(optional[0], f"{prefix}{name}."))
             continue
         if name == "rewards":
             rows.append((f"{prefix}rewards", "(required)", field.description or ""))

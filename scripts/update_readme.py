@@ -1,13 +1,18 @@
 """Regenerate README.md's config reference from the config docstrings (tests/unit/test_config.py checks it)."""
 
 import io
+import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 
-from orchestrator.ops.cli import main
+ROOT = Path(__file__).resolve().parents[1]
+# This checkout's config, not an installed rayward's (an editable install may point at another checkout).
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.ops.cli import main  # noqa: E402
 
 START, END = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
-readme = Path(__file__).resolve().parents[1] / "README.md"
+readme = ROOT / "README.md"
 buf = io.StringIO()
 with redirect_stdout(buf):
     main(["config-reference"])

@@ -18,7 +18,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_scale(args: argparse.Namespace) -> int:
+    bounds = args.min is not None or args.max is not None
+    if (args.reward_workers is not None) == bounds:  # neither, or both
+        print("rayward scale: give --reward-workers N (a fixed count) or --min/--max (autoscaling bounds)",
+              file=sys.stderr)
+        return 2
     import ray
+    from ray.exceptions import RayTaskError
 
     from orchestrator.ops.cluster import UnreachableError, check_reachable, namespace
 
@@ -32,8 +38,17 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"rayward scale: no run named {args.run!r} on this cluster (no actor {args.run}/reward-pool)", file=sys.stderr)
         return 2
-    stats = ray.get(pool.scale.remote(args.reward_workers))
-    print(f"rayward scale: {args.run}: reward workers -> {stats['workers']} (retiring {stats['retiring']})")
+    try:
+        if bounds:
+            stats = ray.get(pool.set_bounds.remote(args.min, args.max))
+        else:
+            stats = ray.get(pool.scale.remote(args.reward_workers))
+    except RayTaskError as err:  # the pool refused (e.g. bounds out of order): its message, not a traceback
+        cause = getattr(err, "cause", None) or err
+        print(f"rayward scale: {args.run}: {cause}", file=sys.stderr)
+        return 2
+    print(f"rayward scale: {args.run}: reward workers -> {stats['target_workers']} ({stats['workers']} live, "
+          f"{stats['starting']} starting, {stats['retiring']} retiring); autoscaling {stats['autoscale']}")
     return 0
 
 
@@ -120,9 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of run --name")
     r.set_defaults(func=_cmd_run)
 
-    s = sub.add_parser("scale", help="resize a running run's reward pool")
+    s = sub.add_parser("scale", help="resize a running run's reward pool, or set its autoscaling bounds")
     s.add_argument("run", help="run name")
-    s.add_argument("--reward-workers", type=int, required=True, help="target number of reward workers")
+    s.add_argument("--reward-workers", type=int, help="pin the pool at this many workers (pauses autoscaling)")
+    s.add_argument("--min", type=int, help="autoscale with at least this many workers (turns autoscaling on)")
+    s.add_argument("--max", type=int, help="autoscale with at most this many workers (turns autoscaling on)")
     s.add_argument("--address", help="Ray GCS address (default: auto)")
     s.set_defaults(func=_cmd_scale)
 

@@ -46,6 +46,10 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rayward_entropy": ("mean token entropy of the policy on the batch", ()),
     "rayward_completion_mean_length": ("mean completion length in tokens", ()),
     "rayward_completion_clipped_ratio": ("fraction of completions cut at max_completion_length", ()),
+    "rayward_reward_pool_workers": ("live reward workers when the step's batch was scored", ()),
+    "rayward_reward_pool_target_workers": ("reward workers alive or starting (the pool's target) at that time", ()),
+    "rayward_reward_pool_queue_wait_s": ("mean seconds the step's chunks waited for a reward worker", ()),
+    "rayward_reward_pool_utilization": ("busy fraction of the reward workers over the autoscaler's window", ()),
 }
 
 # step-dict key -> gauge (untagged besides run)
@@ -64,6 +68,10 @@ SCALARS: dict[str, str] = {
     "completions/clipped_ratio": "rayward_completion_clipped_ratio",
     "sync/bytes": "rayward_weight_sync_bytes",
     "sync/gb_per_s": "rayward_weight_sync_gb_per_s",
+    "reward_pool/workers": "rayward_reward_pool_workers",
+    "reward_pool/target_workers": "rayward_reward_pool_target_workers",
+    "reward_pool/queue_wait_s": "rayward_reward_pool_queue_wait_s",
+    "reward_pool/utilization": "rayward_reward_pool_utilization",
 }
 
 # step-dict key pattern -> (gauge, tag key); the pattern's group is the tag value
@@ -77,13 +85,19 @@ PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"^sync/(gather|transfer|load)_s$"), "rayward_weight_sync_part_s", "part"),
 ]
 
-# Metrics the reward pool actor exports itself (actors/rewards/pool.py): queue depth, workers alive, latency.
+# Metrics the reward pool actor exports itself (actors/rewards/pool.py), live between steps: workers alive,
+# starting and targeted, queue depth and wait, chunk latency, utilisation, events and scaling decisions.
 REWARD_POOL_METRICS = (
     "rayward_reward_workers_alive",
     "rayward_reward_queue_depth",
     "rayward_reward_inflight_chunks",
     "rayward_reward_chunk_latency_s",
     "rayward_reward_events_total",
+    "rayward_reward_workers_target",
+    "rayward_reward_workers_starting",
+    "rayward_reward_utilization",
+    "rayward_reward_queue_wait_s",
+    "rayward_reward_scale_decisions_total",
 )
 
 

@@ -9,7 +9,7 @@ tagged_value) sleeps per sample, returns the sample's `value` column, and writes
 (step, prompt uid, completion token ids, node). Checks:
   (a) placement: every RewardWorker actor of the run (Ray state API over HTTP, dead ones included) and every
       scored sample ran on a node with the reward_node resource, none on the head;
-  (b) scaling: the per-step `reward_pool/workers` goes 2 -> 6 -> 3, steps used all 6 workers, and the state
+  (b) scaling: the per-step `reward_pool/target_workers` goes 2 -> 6 -> 3, steps used all 6 workers, and the state
       API shows exactly 6 and then exactly 3 live workers;
   (c) exactly once, per step: 64 sample records, each of the step's 8 prompt rows exactly G=8 times with 8
       distinct completions (so every sample's reward call ran once: none missed, none repeated, even across
@@ -44,9 +44,11 @@ pytestmark = [
 
 SCRIPT = ROOT / "cluster" / "local_cluster.sh"
 RUN = "mn-scale"
-G, PROMPTS, STEPS = 8, 8, 20  # generation_batch_size = 64 per step
+# generation_batch_size = 64 per step. Steps take ~1 s and added workers score only once alive (their imports
+# take seconds, tens of them on a loaded machine), so the run lasts long enough for them to join.
+G, PROMPTS, STEPS = 8, 8, 48
 DELAY_S = 0.2  # per sample: a step's scoring spans ~1 s on 2 workers, so scale events land mid-run
-ROWS = 256
+ROWS = 512  # >= STEPS x PROMPTS: every step reads new rows in file order
 
 # State API over HTTP in a subprocess: Ray caches RAY_AUTH_MODE at its first read, so setting it in this
 # (shared) pytest process could be too late; a fresh process with RAY_AUTH_MODE=token always sends the token.
@@ -54,8 +56,7 @@ STATE_QUERY = """
 import json, sys
 from ray.util.state import list_actors, list_nodes
 addr = sys.argv[1]
-actors = list_actors(address=addr, filters=[("class_name", "=", "RewardWorker")], detail=True, limit=10000,
-                     raise_on_missing_output=False)
+actors = list_actors(address=addr, detail=True, limit=10000, raise_on_missing_output=False)  # placement checks all roles
 nodes = list_nodes(address=addr, detail=True, limit=1000, raise_on_missing_output=False)
 print(json.dumps({
     "actors": [{"name": a.name, "state": a.state, "node_id": a.node_id, "ns": a.ray_namespace} for a in actors],
@@ -157,8 +158,13 @@ def _scale(cluster: Cluster, n: int) -> None:
         f"rayward scale {n} failed (rc {p.returncode}): {p.stdout}\n{p.stderr[-3000:]}{_auth_hint(p.stderr)}")
 
 
+def _is_worker(actor: dict) -> bool:
+    """A RewardWorker of the run (`RUN/reward-3`), not its pool (`RUN/reward-pool`)."""
+    return re.fullmatch(rf"{RUN}/reward-\d+", actor["name"] or "") is not None
+
+
 def _alive_workers(cluster: Cluster) -> int:
-    return sum(a["state"] == "ALIVE" and (a["name"] or "").startswith(f"{RUN}/reward-") for a in cluster.state()["actors"])
+    return sum(a["state"] == "ALIVE" and _is_worker(a) for a in cluster.state()["actors"])
 
 
 def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
@@ -197,9 +203,9 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
         # Phase 1: two workers score the first steps.
         _wait(lambda: len(_rows(metrics)) >= 2, "2 steps on 2 reward workers", proc, log, timeout=240)
         _scale(cluster, 6)
+        _wait(lambda: _alive_workers(cluster) == 6, "6 live RewardWorker actors (state API)", proc, log, every=2)
         _wait(lambda: any(r.get("reward_pool/workers_used") == 6 for r in _rows(metrics)),
               "a step scored by all 6 reward workers", proc, log)
-        _wait(lambda: _alive_workers(cluster) == 6, "6 live RewardWorker actors (state API)", proc, log, every=2)
         _scale(cluster, 3)
         n3 = len(_rows(metrics))
         _wait(lambda: _alive_workers(cluster) == 3, "3 live RewardWorker actors (state API)", proc, log, every=2)
@@ -220,7 +226,7 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
         gap = float(re.search(r"logprob parity after sync: max abs diff (\S+)", _tail(log, 100_000)).group(1))
         assert gap < 1e-4, gap
         assert all(r["sampling/sampling_logp_difference/max"] < 1e-3 for r in _rows(metrics))
-        workers = [a for a in st["actors"] if (a["name"] or "").startswith(f"{RUN}/reward-")]
+        workers = [a for a in st["actors"] if _is_worker(a)]
         assert len(workers) == 6, workers  # 2 at start + 4 added; scaling down adds none
         placed = Counter(a["node_id"] for a in workers)
         assert set(placed) <= reward_nodes, f"reward workers off the reward nodes: {placed} (reward: {reward_nodes})"
@@ -231,7 +237,7 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
         # (b) pool size per step: 2 -> 6 -> 3, and the added workers took chunks.
         rows = _rows(metrics)
         assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-        sizes = [r["reward_pool/workers"] for r in rows]
+        sizes = [r["reward_pool/target_workers"] for r in rows]  # `workers` counts live ones only
         assert [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]] == [2, 6, 3], sizes
         used = [r["reward_pool/workers_used"] for r in rows]
         assert all(u <= 2 for u, s in zip(used, sizes, strict=True) if s == 2), (sizes, used)

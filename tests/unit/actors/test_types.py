@@ -43,6 +43,12 @@ def test_concat_adds_counters_and_keeps_order():
     assert s.metrics == {"m": [1.0, 1.0]} and s.metric_means() == {"m": 1.0}
 
 
+def test_concat_averages_queue_wait_per_sample():
+    a, b = scores(2), scores(6, start=2, worker=1)
+    a.queue_wait_s, b.queue_wait_s = 4.0, 0.0
+    assert a.concat(b).queue_wait_s == 1.0  # (4 x 2 + 0 x 6) / 8
+
+
 def test_concat_fills_log_extra_columns_one_side_lacks():
     a, b = scores(2), scores(1)
     b.extra = {"y": ["q"]}

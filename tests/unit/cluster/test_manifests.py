@@ -40,6 +40,9 @@ def test_ray_cluster_yaml_has_gpu_and_reward_node_types():
     assert cfg["head_node_type"] in types
     reward = [t for t in types.values() if "reward_node" in t["resources"]]
     assert reward and all("GPU" not in t["resources"] for t in reward)
+    # Reward nodes start from zero: the autoscaler brings them up for reward workers (the pool's autoscaler
+    # decides how many) and stops them once idle.
+    assert all(t.get("min_workers", 0) == 0 < t["max_workers"] for t in reward)
     assert any(t["node_config"]["InstanceType"].startswith(("g", "p")) for t in types.values())  # AWS GPU family
     assert sum(t.get("max_workers", 0) for n, t in types.items() if n != cfg["head_node_type"]) <= cfg["max_workers"]
     # token auth on every node, metrics on a fixed port Prometheus can scrape
@@ -107,8 +110,11 @@ def check_raycluster_spec(spec: dict, where: str) -> None:
         res = g["rayStartParams"].get("resources")
         if res:
             parsed = json.loads(json.loads(res))  # KubeRay's format: a quoted JSON object
-            reward |= "reward_node" in parsed
+            if "reward_node" in parsed:
+                reward = True
+                assert g["minReplicas"] == 0 < g["maxReplicas"], f"{w}: reward pods scale from zero"
     assert gpu, f"{where}: a GPU worker group"
+    assert spec.get("enableInTreeAutoscaling") is True, f"{where}: the autoscaler starts reward pods"
     assert reward, f"{where}: a worker group with the reward_node custom resource"
 
 
@@ -178,7 +184,11 @@ def test_grafana_dashboard_uses_only_exported_metrics():
     for need in ("ray_rayward_global_step", "ray_rayward_reward_fn_mean", "ray_rayward_gate_closed_frac",
                  "ray_rayward_reward_fn_latency_s", "ray_rayward_reward_queue_depth",
                  "ray_rayward_reward_workers_alive", "ray_rayward_phase_seconds", "ray_rayward_tokens_per_s",
-                 "ray_rayward_weight_sync_s", "ray_rayward_logprob_gap_max"):
+                 "ray_rayward_weight_sync_s", "ray_rayward_logprob_gap_max",
+                 # reward-pool autoscaling: target / starting workers, utilisation, queue wait, decisions
+                 "ray_rayward_reward_workers_target", "ray_rayward_reward_workers_starting",
+                 "ray_rayward_reward_utilization", "ray_rayward_reward_queue_wait_s_bucket",
+                 "ray_rayward_reward_scale_decisions_total", "ray_rayward_reward_pool_target_workers"):
         assert need in used, need
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))

@@ -130,3 +130,24 @@ def test_learner_ranks():
     with pytest.raises(ConfigError, match=r"cluster\.num_learners \(8\) is more than the micro-batches per step"):
         parse_config({**MINIMAL, "generation": {"generation_batch_size": 32}, "grpo": {"per_device_train_batch_size": 8},
                       "cluster": {"num_learners": 8, "learner_strategy": "fsdp"}})
+
+
+def test_reward_autoscale_section():
+    assert parse_config(MINIMAL).cluster.reward_autoscale is None  # off: a fixed pool
+    cfg = parse_config({**MINIMAL, "cluster": {"reward_autoscale": {"max_workers": 8}}})
+    a = cfg.cluster.reward_autoscale
+    assert (a.min_workers, a.max_workers, a.upscale_delay_s, a.downscale_delay_s) == (1, 8, 30.0, 600.0)
+    with pytest.raises(ConfigError, match=r"cluster\.reward_autoscale\.max_workers: Field required"):
+        parse_config({**MINIMAL, "cluster": {"reward_autoscale": {"min_workers": 2}}})
+    with pytest.raises(ConfigError, match=r"cluster\.reward_autoscale: min_workers \(5\) must not exceed max_workers"):
+        parse_config({**MINIMAL, "cluster": {"reward_autoscale": {"min_workers": 5, "max_workers": 4}}})
+    with pytest.raises(ConfigError, match=r"cluster\.reward_autoscale\.target_utilisation: Extra inputs"):
+        parse_config({**MINIMAL, "cluster": {"reward_autoscale": {"max_workers": 4, "target_utilisation": 0.5}}})
+    from orchestrator.build import autoscale_settings
+
+    s = autoscale_settings(parse_config({**MINIMAL, "cluster": {"reward_autoscale": {"min_workers": 2, "max_workers": 6,
+                                                                                       "target_utilization": 0.3}}}))
+    assert (s.min_workers, s.max_workers, s.target_utilization) == (2, 6, 0.3)
+    assert autoscale_settings(parse_config(MINIMAL)) is None
+    keys = {k for k, _, _ in __import__("orchestrator.config", fromlist=["x"]).config_reference()}
+    assert {"cluster.reward_autoscale", "cluster.reward_autoscale.max_workers"} <= keys

@@ -38,3 +38,10 @@ def test_scale_unreachable_address_is_one_line(capsys):
     code = main(["scale", "no-such-run", "--reward-workers", "2", "--address", "127.0.0.1:1"])
     err = capsys.readouterr().err
     assert code == 3 and "cannot reach a Ray cluster at 127.0.0.1:1" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [[], ["--reward-workers", "4", "--max", "8"]])
+def test_scale_wants_a_count_or_bounds(args, capsys):
+    assert main(["scale", "some-run", *args, "--address", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "give --reward-workers N (a fixed count) or --min/--max (autoscaling bounds)" in err

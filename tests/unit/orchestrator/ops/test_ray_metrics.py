@@ -14,6 +14,8 @@ def test_step_metrics_map_onto_tagged_gauges():
         "sampling/sampling_logp_difference/max": 2e-6, "global_step": 7, "loss": 0.01, "kl": None,
         "policy_version": 6, "completions/mean_length": 12.0, "note": "text",
         "sync/gather_s": 0.1, "sync/transfer_s": 0.2, "sync/load_s": 0.05, "sync/bytes": 4e8, "sync/gb_per_s": 1.2,
+        "reward_pool/workers": 3,
+        "reward_pool/target_workers": 5, "reward_pool/queue_wait_s": 0.4, "reward_pool/utilization": 0.6,
     }
     got = {(n, tuple(sorted(t.items()))): v for n, v, t in map_step_metrics("r1", 7, m)}
 
@@ -34,6 +36,8 @@ def test_step_metrics_map_onto_tagged_gauges():
     assert {p: g("rayward_weight_sync_part_s", part=p) for p in ("gather", "transfer", "load")} == {
         "gather": 0.1, "transfer": 0.2, "load": 0.05}
     assert g("rayward_weight_sync_bytes") == 4e8 and g("rayward_weight_sync_gb_per_s") == 1.2
+    assert g("rayward_reward_pool_workers") == 3 and g("rayward_reward_pool_target_workers") == 5
+    assert g("rayward_reward_pool_queue_wait_s") == 0.4 and g("rayward_reward_pool_utilization") == 0.6
     assert {n for n, _ in got} <= set(GAUGES)
     assert not any(n == "rayward_kl" for n, _ in got)  # None skipped
 
