@@ -93,3 +93,11 @@ def test_beta_loads_a_frozen_reference_and_reports_kl(tiny_model_path):
     stats = lr.train_step(batch([1.0, -1.0, 1.0, -1.0]))
     assert lr.ref_model is not None and stats["kl"] >= 0
     assert all(not p.requires_grad for p in lr.ref_model.parameters())
+
+
+def test_cpu_threads_follow_model_size_and_the_cores_allowed():
+    from actors.learner.learner import PARAMS_PER_THREAD, threads_for
+
+    assert threads_for(200_000, 8) == 1  # the tiny model: one thread
+    assert threads_for(5 * PARAMS_PER_THREAD, 2) == 2  # a 100M model on a 2-core box: both cores
+    assert threads_for(5 * PARAMS_PER_THREAD, 16) == 5
