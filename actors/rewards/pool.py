@@ -1,7 +1,8 @@
 """RewardPool: the named actor that owns a run's reward workers and spreads scoring over them.
 
 One per run, named `<run>/reward-pool` in the run's namespace, so `rayward scale` (or any driver) can find it
-and resize it while the run trains. A batch is cut into chunks of whole groups; each chunk goes to the
+and resize it while the run trains (a run whose eval has rewards of its own has a second one,
+`<run>/eval-reward-pool`, with role "eval-reward": workers `<run>/eval-reward-<i>`). A batch is cut into chunks of whole groups; each chunk goes to the
 least-loaded live worker; results come back in batch order. A worker that dies mid-chunk is replaced and its
 chunks are re-run elsewhere, so every sample is scored exactly once (the dead worker's result never arrives).
 Retiring a worker (scale down) waits for its in-flight chunks before killing it.
@@ -56,9 +57,13 @@ class RewardPool:
         worker_options: dict[str, Any],
         sys_path: list[str] | None = None,
         trainer_state: TrainerState | None = None,
+        role: str = "reward",
     ):
+        """role: the workers are named `<run_name>/<role>-<i>`, and the pool's Ray metrics carry it as the
+        `pool` tag, so two pools of one run stay apart."""
         self.specs = specs
         self.run_name = run_name
+        self.role = role
         self.worker_options = worker_options
         self.sys_path = sys_path or []
         self.state = trainer_state or TrainerState()
@@ -70,33 +75,33 @@ class RewardPool:
         self.counters = {"chunks": 0, "retries": 0, "replaced": 0, "timeouts": 0, "errors": 0}
         # The chunk timeout: every reward's own bound (they run concurrently) plus grace.
         self.chunk_timeout_s = max(s.timeout_s for s in specs) + CHUNK_GRACE_S
-        tags = {"run": run_name}
+        self._tags = {"run": run_name, "pool": role}
         self._m_alive = ray_metrics.Gauge(
-            "rayward_reward_workers_alive", "live reward workers", tag_keys=("run",)
+            "rayward_reward_workers_alive", "live reward workers", tag_keys=("run", "pool")
         )
         self._m_queue = ray_metrics.Gauge(
-            "rayward_reward_queue_depth", "chunks waiting for a worker", tag_keys=("run",)
+            "rayward_reward_queue_depth", "chunks waiting for a worker", tag_keys=("run", "pool")
         )
         self._m_inflight = ray_metrics.Gauge(
-            "rayward_reward_inflight_chunks", "chunks being scored", tag_keys=("run",)
+            "rayward_reward_inflight_chunks", "chunks being scored", tag_keys=("run", "pool")
         )
         self._m_latency = ray_metrics.Histogram(
             "rayward_reward_chunk_latency_s",
             "seconds to score one chunk",
             boundaries=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
-            tag_keys=("run",),
+            tag_keys=("run", "pool"),
         )
         self._m_events = ray_metrics.Counter(
-            "rayward_reward_events_total", "timeouts, errors, retries", tag_keys=("run", "kind")
+            "rayward_reward_events_total", "timeouts, errors, retries", tag_keys=("run", "pool", "kind")
         )
         for m in (self._m_alive, self._m_queue, self._m_inflight, self._m_latency):
-            m.set_default_tags(tags)
+            m.set_default_tags(self._tags)
         for _ in range(num_workers):
             self._spawn()
 
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
-        return f"RewardPool(run={self.run_name!r}, rewards={[s.name for s in self.specs]})"
+        return f"RewardPool(run={self.run_name!r}, role={self.role!r}, rewards={[s.name for s in self.specs]})"
 
     # --- membership -------------------------------------------------------------------------------------
 
@@ -106,7 +111,7 @@ class RewardPool:
         handle = (
             ray.remote(RewardWorker)
             .options(
-                name=f"{self.run_name}/reward-{i}",
+                name=f"{self.run_name}/{self.role}-{i}",
                 max_concurrency=CHUNKS_PER_WORKER,
                 max_restarts=0,
                 **self.worker_options,
@@ -222,7 +227,7 @@ class RewardPool:
             except (RayActorError, asyncio.TimeoutError, GetTimeoutError):
                 # Its results, if they ever came, are dropped with the killed actor: nothing is scored twice.
                 self.counters["retries"] += 1
-                self._m_events.inc(1, tags={"run": self.run_name, "kind": "retry"})
+                self._m_events.inc(1, tags={**self._tags, "kind": "retry"})
                 queue.extendleft(reversed(take))
                 self.queued += len(take)
                 await self._release(slot)
@@ -234,9 +239,10 @@ class RewardPool:
             for i, r in zip(take, out, strict=True):
                 results[i] = r
 
-    async def score(self, batch: RewardBatch, chunk_groups: int = 1) -> Scores:
-        """Score a batch in chunks of `chunk_groups` whole groups; the scores come back in batch order."""
-        state = self.state  # every chunk of this batch sees the step current at dispatch
+    async def score(self, batch: RewardBatch, chunk_groups: int = 1, state: TrainerState | None = None) -> Scores:
+        """Score a batch in chunks of `chunk_groups` whole groups; the scores come back in batch order.
+        state: the trainer_state the reward functions see (an eval: the evaluated step); default the pool's."""
+        state = state or self.state  # every chunk of this batch sees the step current at dispatch
         t0 = time.monotonic()
         chunks = batch.chunks(batch.group_size * chunk_groups)
         queue, results = deque(range(len(chunks))), [None] * len(chunks)
@@ -251,7 +257,7 @@ class RewardPool:
             for kind, counts in (("timeout", merged.timeouts), ("error", merged.errors)):
                 self.counters[f"{kind}s"] += counts[name]
                 if counts[name]:
-                    self._m_events.inc(counts[name], tags={"run": self.run_name, "kind": kind})
+                    self._m_events.inc(counts[name], tags={**self._tags, "kind": kind})
         merged.busy_s = time.monotonic() - t0  # the pool's wall time on this batch
         merged.pool = self.stats()
         return merged
