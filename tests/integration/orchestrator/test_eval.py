@@ -100,18 +100,24 @@ def test_rayward_eval_on_the_final_checkpoint(demo_run, tmp_path, capsys):
 
 
 def test_pipelined_eval_overlaps_and_evaluates_the_weights_it_names(ray_cluster, tmp_path):
-    """Pipelined: evals at 0, 5 and 10, recorded at later step boundaries; checkpoint-best (saved as a candidate
-    when its eval was submitted) holds the weights that scored the recorded value."""
+    """Pipelined, with eval rewards of its own (scored by NAME/eval-reward-pool): evals at 0, 5 and 10, recorded
+    at later step boundaries; checkpoint-best (saved as a candidate when its eval was submitted) holds the
+    weights that scored the recorded value."""
+    own = ('[{"name": "letter", "function": "letter_fraction"}, '
+           '{"name": "starts", "function": "starts_with_letter", "weight": 0.5}]')
     over = [f"logging.dir={tmp_path}", "grpo.max_steps=10", "logging.check_logprob_parity=false",
             'eval={"data": {"path": "toy"}, "every_n_steps": 5, "at_start": true, "num_generations": 2, '
-            '"max_samples": 32}', "grpo.save_best=eval/reward"]
+            f'"max_samples": 32, "rewards": {own}}}', "grpo.save_best=eval/reward"]
     cfg = load_config(ROOT / "configs" / "pipelined.yaml", over)
     history = train(cfg, name="eval-pipe", verbose=False)
     steps = [h for h in history if "reward" in h]
     assert len(steps) == 10 and all(0 <= h["policy_staleness"] <= cfg.loop.max_staleness for h in steps)
+    assert all("rewards/starts/mean" not in h for h in steps)  # the eval's rewards are not trained on
     evals = evals_of(history)
     assert sorted(h["step"] for h in evals) == [0, 5, 10]
     assert all(h["eval/policy_version"] == h["step"] for h in evals)
+    for h in evals:  # the eval block's weights
+        assert h["eval/reward"] == pytest.approx(h["eval/rewards/letter/mean"] + 0.5 * h["eval/rewards/starts/mean"])
     state = json.loads((tmp_path / "eval-pipe" / "checkpoint-best" / "rayward_state.json").read_text())
     best = max(evals, key=lambda h: h["eval/reward"])
     assert state["best"]["step"] == best["step"] == state["global_step"]
