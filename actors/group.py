@@ -57,14 +57,17 @@ class ActorGroup:
     def call_sharded(self, method: str, items: list[Any], **kwargs: Any) -> list[Any]:
         """Split `items` into contiguous shards, one per member, call `method(shard, **kwargs)` on each, and
         concatenate the (list) results back in item order."""
+        return [x for part in ray.get(self.submit_sharded(method, items, **kwargs)) for x in part]
+
+    def submit_sharded(self, method: str, items: list[Any], **kwargs: Any) -> list[Any]:
+        """`call_sharded` without waiting: one ObjectRef per non-empty shard, in item order."""
         n = len(self.handles)
         bounds = [len(items) * i // n for i in range(n + 1)]
-        refs = [
+        return [
             getattr(h, method).remote(items[lo:hi], **kwargs)
             for h, lo, hi in zip(self.handles, bounds, bounds[1:], strict=False)
             if hi > lo
         ]
-        return [x for part in ray.get(refs) for x in part]
 
     def wait_alive(self, timeout_s: float) -> None:
         """Return once every member answers (after Ray restarted one that died). A member that is restarting

@@ -8,6 +8,7 @@
     stats    = train(run, batch)                            learner (pushes TrainerState to the pool)
     sync(run)                                               learner -> every engine (actors.weights)
     log_step(...); maybe_checkpoint(run)
+    run.evaluate.after_step(step)                           held-out eval (orchestrator/evaluator.py)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from actors.types import Rollouts, Sample, Scores, TrainBatch, TrainerState
 from orchestrator.advantages import to_train_batch
 from orchestrator.build import Run
 from orchestrator.config import RunConfig
-from orchestrator.data import is_conversational
+from orchestrator.data import to_rollouts
 from orchestrator.ops.metrics import PhaseTimer
 from orchestrator.selection import Refill
 
@@ -41,23 +42,10 @@ def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 top_p=g.top_p, top_k=g.top_k)
 
 
-def to_rollouts(cfg: RunConfig, rows: list[dict[str, Any]], groups: list[list[Sample]], policy_version: int) -> Rollouts:
-    """Flatten generator output (per prompt, G samples each) into one Rollouts batch."""
-    pcol = cfg.data.prompt_column
-    cols = [c for c in rows[0] if c not in (pcol, "prompt_ids")]
-    out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, cfg.generation.num_generations)
-    for row, samples in zip(rows, groups, strict=True):
-        chat = is_conversational(row[pcol])
-        for s in samples:
-            out.prompts.append(row[pcol])
-            out.prompt_ids.append(row["prompt_ids"])
-            out.completion_ids.append(s.completion_ids)
-            out.completions.append([{"role": "assistant", "content": s.text}] if chat else s.text)
-            out.sampling_logprobs.append(s.logprobs)
-            out.truncated.append(s.finish_reason == "length")
-            for c in cols:
-                out.columns[c].append(row[c])
-    return out
+def rollouts_of(cfg: RunConfig, rows: list[dict[str, Any]], groups: list[list[Sample]], policy_version: int) -> Rollouts:
+    """A training batch's generator output as Rollouts (the training data's prompt column, G per prompt)."""
+    return to_rollouts(rows, groups, policy_version, prompt_column=cfg.data.prompt_column,
+                       group_size=cfg.generation.num_generations)
 
 
 def with_generator_restarts(run: Run, call: Callable[[], Any]) -> Any:
@@ -80,7 +68,7 @@ def generate(run: Run, rows: list[dict[str, Any]]) -> Rollouts:
     groups = with_generator_restarts(
         run, lambda: run.generators.call_sharded("generate", ids, **sampling_kwargs(run.cfg))
     )
-    return to_rollouts(run.cfg, rows, groups, run.policy_version)
+    return rollouts_of(run.cfg, rows, groups, run.policy_version)
 
 
 # --- score ------------------------------------------------------------------------------------------------
@@ -228,9 +216,10 @@ def maybe_checkpoint(run: Run) -> None:
 
 
 def finish(run: Run) -> list[dict[str, Any]]:
-    """The end of either loop: the last weight sync lands, and the final checkpoint (unless stopping on SIGTERM,
-    where train() writes it)."""
+    """The end of either loop: the last weight sync lands, an eval still on its way is recorded, and the final
+    checkpoint (unless stopping on SIGTERM, where train() writes it)."""
     run.weights.drain()
+    run.evaluate.drain()
     if not run.stop_requested and run.cfg.grpo.save_steps is not None:
         save_checkpoint(run)
     return run.logger.history

@@ -1,7 +1,10 @@
-"""Python entry points: `train(cfg)` does what `rayward run` does, inside or outside an existing Ray session."""
+"""Python entry points: `train(cfg)` does what `rayward run` does, and `evaluate(cfg, checkpoint)` what
+`rayward eval` does, inside or outside an existing Ray session."""
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import threading
 import time
@@ -9,22 +12,29 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.build import prepare
-from orchestrator.config import ConfigError, RunConfig
+from orchestrator.config import ConfigError, DataSource, EvalConfig, RunConfig
 from orchestrator.data import DataError
 from orchestrator.ops.cluster import init_ray, new_run_name
 
+PERIODIC_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # not checkpoint-best, nor *.tmp / *.candidate
+
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The highest complete checkpoint-N in a run directory (incomplete ones are *.tmp and ignored)."""
-    done = [p for p in run_dir.glob("checkpoint-*") if p.suffix != ".tmp" and (p / "rayward_state.json").exists()]
-    return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
+    """The highest complete checkpoint-N in a run directory (incomplete ones are *.tmp and ignored; so is
+    checkpoint-best: resuming continues from the latest step, not the best one)."""
+    done = [
+        p for p in run_dir.glob("checkpoint-*")
+        if PERIODIC_CHECKPOINT.match(p.name) and (p / "rayward_state.json").exists()
+    ]
+    return max(done, key=lambda p: int(PERIODIC_CHECKPOINT.match(p.name).group(1)), default=None)
 
 
 def train(
     cfg: RunConfig, name: str | None = None, *, verbose: bool = True, resume: bool = False
 ) -> list[dict[str, Any]]:
     """Check the config's rewards, model and data, start (or join) Ray, build the groups, run the loop.
-    Returns the per-step metrics. A Ray session already initialised by the caller is used as it is.
+    Returns the logged rows: one per step, and one per held-out eval (keys `eval/...`, step = the step whose
+    weights it evaluated). A Ray session already initialised by the caller is used as it is.
     resume=True continues from the run directory's latest checkpoint (same name), if there is one."""
     import ray
 
@@ -60,6 +70,7 @@ def train(
         ckpt = latest_checkpoint(prepared.run_dir) if resume else None
         if ckpt is not None:
             restore(run, ckpt)
+            run.evaluate.restore()  # the best eval so far, from checkpoint-best (grpo.save_best)
             say(f"rayward: resumed from {ckpt} at step {run.global_step}", flush=True)
         if cfg.logging.check_logprob_parity:
             stats = run.weights.push()
@@ -80,12 +91,14 @@ def train(
         shutdown_run(run)
         if owns_ray:
             ray.shutdown()
-    first = [h["reward"] for h in history[:5] if h.get("reward") is not None]
-    last = [h["reward"] for h in history[-5:] if h.get("reward") is not None]
+    rewards = [h["reward"] for h in history if h.get("reward") is not None]
+    first, last = rewards[:5], rewards[-5:]
     if first and last:
+        evals = [h for h in history if h.get("eval/reward") is not None]
+        held_out = f"; eval reward {evals[0]['eval/reward']:.3f} -> {evals[-1]['eval/reward']:.3f}" if evals else ""
         say(
             f"rayward: done in {time.time() - t0:.0f}s; mean reward first 5 steps {sum(first) / len(first):.3f} "
-            f"-> last 5 steps {sum(last) / len(last):.3f}",
+            f"-> last 5 steps {sum(last) / len(last):.3f}{held_out}",
             flush=True,
         )
     return history
@@ -100,3 +113,81 @@ def restore(run: Any, ckpt: Path) -> None:
     if "data" in state:
         run.prompts.restore(state["data"])
     sync(run)
+
+
+def evaluate(
+    cfg: RunConfig, checkpoint: str | Path | None = None, *, name: str | None = None, output: str | Path | None = None,
+    verbose: bool = True,
+) -> dict[str, Any]:
+    """What `rayward eval` does: evaluate a checkpoint (an HF model directory), or the config's model, on the
+    eval block's data with its rewards, as an eval during training would (the config's `data` and the eval
+    defaults when it has no eval block). Prints the metrics and writes a JSON report (default
+    `<logging.dir>/<name>/eval.json`); returns the report."""
+    import ray
+
+    from orchestrator.build import (
+        eval_set,
+        kill_pool,
+        load_tokenizer,
+        prepare_eval,
+        resolve_model,
+        reward_specs,
+        start_generators,
+        start_reward_pool,
+    )
+    from orchestrator.evaluator import finish_eval, submit_eval
+
+    say = print if verbose else (lambda *a, **k: None)
+    if cfg.eval is None:
+        say("rayward eval: the config has no eval block: evaluating on its `data` with the eval defaults", flush=True)
+        held_out = DataSource(**cfg.data.model_dump(exclude={"shuffle_dataset"}))
+        cfg = cfg.model_copy(update={"eval": EvalConfig(data=held_out)})
+    name = name or cfg.name or new_run_name("eval")
+    model_path = resolve_model(cfg)  # the tokenizer, and the policy when no checkpoint is given
+    policy, engine, step = model_path, {}, 0
+    if checkpoint is not None:
+        ckpt = Path(checkpoint)
+        if not (ckpt / "config.json").is_file():
+            raise ConfigError(f"--checkpoint {str(checkpoint)!r}: not an HF model directory (no config.json)")
+        policy = str(ckpt)
+        if not any((ckpt / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+            engine["tokenizer"] = model_path  # checkpoints written before they carried their tokenizer
+        if (ckpt / "rayward_state.json").exists():
+            step = int(json.loads((ckpt / "rayward_state.json").read_text())["global_step"])
+    try:
+        rows, eval_specs = prepare_eval(cfg, load_tokenizer(cfg, model_path))
+    except DataError as err:
+        raise ConfigError(str(err)) from None
+    specs = eval_specs if eval_specs is not None else reward_specs(cfg.rewards)
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        init_ray(cfg.cluster, name)
+    pool = generators = None
+    try:
+        pool = start_reward_pool(cfg, name, specs, role="eval-reward")
+        generators = start_generators(cfg, name, policy, **engine)
+        es = eval_set(cfg, rows, pool)
+        result = finish_eval(es, submit_eval(es, generators, step))
+    finally:
+        if generators is not None:
+            generators.kill()
+        if pool is not None:
+            kill_pool(pool)
+        if owns_ray:
+            ray.shutdown()
+    out = Path(output) if output is not None else Path(cfg.logging.dir) / name / "eval.json"
+    report = {
+        "model": policy, "checkpoint": None if checkpoint is None else str(checkpoint), "step": step,
+        "eval": cfg.eval.model_dump(mode="json"), "metrics": result.metrics, "samples": result.samples(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=str))
+    e = cfg.eval
+    say(f"rayward eval: {policy} (step {step}) on {e.data.path!r}: {len(rows)} prompts x {e.num_generations} "
+        f"completions", flush=True)
+    width = max(len(k) for k in result.metrics)
+    say(f"{'metric':<{width}}  value")
+    for k, v in result.metrics.items():
+        say(f"{k:<{width}}  {v:.4g}")
+    say(f"rayward eval: report {out}", flush=True)
+    return report

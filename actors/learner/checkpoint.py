@@ -1,5 +1,5 @@
-"""Learner checkpoints: an HF model directory (loadable by transformers and vLLM) plus optimizer, scheduler
-and run state, written atomically (a temporary directory renamed), in one format whatever the number of ranks.
+"""Learner checkpoints: an HF model directory with its tokenizer (loadable by transformers and vLLM as it is)
+plus optimizer, scheduler and run state, written atomically (a temporary directory renamed), in one format whatever the number of ranks.
 Sharded learners gather on rank 0, which writes; loading reads on rank 0 and broadcasts."""
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def _write(
     tmp = final.with_name(final.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     save_model(tmp)
+    save_tokenizer(lr, tmp)
     buf = io.BytesIO()
     torch.save({"optimizer": optim, "scheduler": lr.scheduler.state_dict()}, buf)
     (tmp / "optimizer.pt").write_bytes(buf.getvalue())
@@ -72,6 +73,16 @@ def _write(
         final.rmdir()
     os.replace(tmp, final)
     return str(final)
+
+def save_tokenizer(lr: Learner, directory: Path) -> None:
+    """The policy's tokenizer next to the weights, so vLLM (`rayward eval --checkpoint`, serving) loads the
+    directory alone. Loaded once per learner."""
+    if getattr(lr, "_tokenizer", None) is None:
+        from transformers import AutoTokenizer
+
+        lr._tokenizer = AutoTokenizer.from_pretrained(lr.model_path, trust_remote_code=lr.trust_remote_code)
+    lr._tokenizer.save_pretrained(directory)
+
 
 def load(lr: Learner, path: str) -> dict[str, Any]:
     """Restore policy weights, optimizer, scheduler and global_step from `save_checkpoint`'s directory

@@ -174,6 +174,7 @@ class Learner:
         self.mask_truncated = mask_truncated_completions
         self.pad_id = self.model.config.pad_token_id or 0
         self.global_step = 0
+        self.model_path, self.trust_remote_code = model, trust_remote_code  # checkpoints copy its tokenizer
         self._rng = random.Random(seed)
         # Curriculum push: after every optimizer step the new step goes to the reward pool (an actor handle
         # with set_state), which forwards it to every reward worker. Awaited, so the next batch is scored

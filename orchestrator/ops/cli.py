@@ -1,5 +1,5 @@
-"""`rayward` command line: run | scale | tiny-model | rewards | config-reference, and on a (remote) Ray cluster
-through the Jobs API: submit | status | logs | stop | list."""
+"""`rayward` command line: run | eval | scale | tiny-model | rewards | config-reference, and on a (remote) Ray
+cluster through the Jobs API: submit | status | logs | stop | list."""
 
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.train import train
 
     train(load_config(args.config, args.overrides), args.name, resume=args.resume)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from orchestrator.train import evaluate
+
+    evaluate(load_config(args.config, args.overrides), args.checkpoint, name=args.name, output=args.output)
     return 0
 
 
@@ -135,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of run --name")
     r.set_defaults(func=_cmd_run)
 
+    e = sub.add_parser("eval", help="evaluate a checkpoint (or the config's model) on the eval block's data")
+    e.add_argument("config", help="YAML config: its eval block (data, k, rewards), model and cluster")
+    e.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.num_generations=8 eval.temperature=0")
+    e.add_argument("--checkpoint", help="an HF model directory, e.g. runs/NAME/checkpoint-best (default: model)")
+    e.add_argument("--name", help="name of the eval's actors and report directory (default: generated)")
+    e.add_argument("--output", help="JSON report path (default: <logging.dir>/<name>/eval.json)")
+    e.set_defaults(func=_cmd_eval)
+
     s = sub.add_parser("scale", help="resize a running run's reward pool, or set its autoscaling bounds")
     s.add_argument("run", help="run name")
     s.add_argument("--reward-workers", type=int, help="pin the pool at this many workers (pauses autoscaling)")
@@ -196,7 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    # Overrides may also follow options (`rayward eval CONFIG --checkpoint PATH key=value`): argparse stops
+    # collecting a positional list at the first option, so key=value words left over join it.
+    if rest and hasattr(args, "overrides") and all("=" in w and not w.startswith("-") for w in rest):
+        args.overrides = [*args.overrides, *rest]
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     from orchestrator.ops.cluster import run_sys_path
 
     for path in run_sys_path():  # `my_rewards:fn` imports from the run directory, as with `python -m`

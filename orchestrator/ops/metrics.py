@@ -36,7 +36,8 @@ class PhaseTimer:
 
 
 class MetricsLogger:
-    """Writes one JSON object per step to <run_dir>/metrics.jsonl and prints a one-line summary."""
+    """Writes one JSON object per step to <run_dir>/metrics.jsonl and prints a one-line summary; an eval is a
+    row of its own (`step` = the step whose weights it evaluated, keys `eval/...`), in every sink."""
 
     PROGRESS_KEYS = (
         "reward", "reward_std", "loss", "kl", "entropy", "completions/mean_length",
@@ -59,6 +60,9 @@ class MetricsLogger:
             import wandb
 
             self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "rayward"), name=run_name, config=config)
+            # wandb drops rows whose step goes backwards, and a pipelined run's eval arrives a step or two after
+            # the step it evaluated: eval rows are logged at the latest step, charted against their own step.
+            self._wandb.define_metric("eval/*", step_metric="eval/policy_version")
         if "mlflow" in report_to:
             import mlflow
 
@@ -67,12 +71,12 @@ class MetricsLogger:
         self.progress, self.max_steps = progress, max_steps
         # Ray's Prometheus endpoint (dashboard metrics, Grafana); a no-op outside a Ray session.
         self._ray = RayMetricsExporter(run_name or run_dir.name)
-        self.history: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []  # every row logged: steps and evals
+        self._last_step = 0
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
+    def _write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {"step": step, **{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}}
         self.history.append(row)
-        self._ray.export(step, metrics)
         if self._jsonl:
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()
@@ -81,9 +85,15 @@ class MetricsLogger:
             for k, v in scalars.items():
                 self._tb.add_scalar(k, v, step)
         if self._wandb:
-            self._wandb.log(scalars, step=step)
+            self._wandb.log(scalars, step=max(step, self._last_step))
         if self._mlflow:
             self._mlflow.log_metrics({k.replace("<-", "_from_"): v for k, v in scalars.items()}, step=step)
+        self._last_step = max(step, self._last_step)
+        return row
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = self._write(step, metrics)
+        self._ray.export(step, metrics)
         if self.progress:
             parts = [f"step {step:>4}/{self.max_steps}"]
             for k in self.PROGRESS_KEYS:
@@ -92,6 +102,23 @@ class MetricsLogger:
             t = {k[5:]: v for k, v in row.items() if k.startswith("time/") and k != "time/step"}
             parts.append("time " + " ".join(f"{k} {v:.2f}s" for k, v in t.items()))
             print(" | ".join(parts), file=sys.stdout, flush=True)
+
+    def log_eval(self, step: int, metrics: dict[str, Any]) -> None:
+        """An eval of the weights of `step` (keys `eval/...`): its own row and progress line."""
+        row = self._write(step, metrics)
+        self._ray.export(step, metrics, with_step=False)  # the step gauge is the learner's, never set back
+        if self.progress:
+            parts = [f"eval {step:>4}/{self.max_steps}"]
+            for k, v in row.items():
+                if k.startswith(("eval/reward", "eval/pass@", "eval/mean_length")) and isinstance(v, (int, float)):
+                    parts.append(f"{k.removeprefix('eval/').removeprefix('rewards/')} {v:.4g}")
+            parts.append(f"prompts {row.get('eval/prompts')} | time {row.get('eval/seconds', 0.0):.2f}s")
+            print(" | ".join(parts), file=sys.stdout, flush=True)
+
+    def note(self, text: str) -> None:
+        """A line in the progress output (when progress is on)."""
+        if self.progress:
+            print(f"rayward: {text}", file=sys.stdout, flush=True)
 
     def close(self) -> None:
         if self._jsonl:

@@ -86,6 +86,10 @@ def test_export_weights_and_checkpoint_roundtrip(tiny_model_path, tmp_path):
     for (k, a), (_, b) in zip(lr.model.state_dict().items(), other.model.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, msg=k)
     assert other.optimizer.state_dict()["state"]  # AdamW moments restored
+    from transformers import AutoTokenizer  # a model directory on its own: vLLM and `rayward eval` load it
+
+    assert AutoTokenizer.from_pretrained(path).encode("Write the letter a:") == AutoTokenizer.from_pretrained(
+        tiny_model_path).encode("Write the letter a:")
 
 
 def test_beta_loads_a_frozen_reference_and_reports_kl(tiny_model_path):

@@ -22,6 +22,15 @@ DEMO = str(ROOT / "configs" / "demo.yaml")
         ([DEMO, "model.name_or_path=/nonexistent/model"], "model.name_or_path '/nonexistent/model': cannot load tokenizer"),
         ([DEMO, "logging.report_to=[wandb]"], "needs the `wandb` package"),
         ([str(ROOT / "nope.yaml")], "config file not found"),
+        ([DEMO, "eval={data: {path: toy, prompt_column: question}}"],
+         "eval.data.prompt_column 'question' not in dataset 'toy'"),
+        ([DEMO, "eval={data: {path: /nonexistent/held_out.jsonl}}"], "eval.data.path '/nonexistent/held_out.jsonl': cannot load"),
+        ([DEMO, "eval={data: {path: toy}}", "eval.num_generations=0"],
+         "eval.num_generations: Input should be greater than or equal to 1"),
+        ([DEMO, "eval={data: {path: toy}, rewards: [{name: x, function: lettr}]}"], "eval.rewards[x].function: unknown built-in 'lettr'"),
+        ([DEMO, "eval={data: {path: toy}}", "grpo.save_best=eval/accuracy"],
+         "grpo.save_best 'eval/accuracy': eval produces no such metric (it produces ['eval/reward', "),
+        ([DEMO, "grpo.save_best=eval/reward"], "grpo.save_best 'eval/reward' needs an eval block"),
     ],
 )
 def test_run_rejects_bad_input_before_starting_anything(args, message, capsys, tiny_model_path):
@@ -32,6 +41,28 @@ def test_run_rejects_bad_input_before_starting_anything(args, message, capsys, t
     err = capsys.readouterr().err
     assert message in err, err
     assert ray.is_initialized() == was_up  # failed before Ray was touched
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([DEMO, "--checkpoint", "/nonexistent/checkpoint-40"],
+         "--checkpoint '/nonexistent/checkpoint-40': not an HF model directory"),
+        ([DEMO, "eval={data: {path: toy, prompt_column: question}}"],
+         "eval.data.prompt_column 'question' not in dataset 'toy'"),
+        ([DEMO, "eval={data: {path: toy}}", "eval.num_generations=0"],
+         "eval.num_generations: Input should be greater than or equal to 1"),
+        ([DEMO, "rewards.0.function=lettr_fraction"], "rewards[letter].function: unknown built-in 'lettr_fraction'"),
+    ],
+)
+def test_eval_rejects_bad_input_before_starting_anything(args, message, capsys, tiny_model_path):
+    import ray
+
+    was_up = ray.is_initialized()
+    assert main(["eval", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert ray.is_initialized() == was_up
 
 
 def test_scale_unreachable_address_is_one_line(capsys):
@@ -45,3 +76,15 @@ def test_scale_wants_a_count_or_bounds(args, capsys):
     assert main(["scale", "some-run", *args, "--address", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
     assert "give --reward-workers N (a fixed count) or --min/--max (autoscaling bounds)" in err
+
+
+def test_overrides_may_follow_options(capsys):
+    # the override after --checkpoint is applied: its error comes first, before the checkpoint is looked at
+    assert main(["eval", DEMO, "--checkpoint", "/nonexistent/ck", "grpo.max_steps=0"]) == 2
+    assert "grpo.max_steps: Input should be greater than or equal to 1" in capsys.readouterr().err
+
+
+def test_unknown_options_are_still_rejected(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", DEMO, "--checkpont", "x"])
+    assert "unrecognized arguments: --checkpont x" in capsys.readouterr().err
