@@ -19,6 +19,7 @@ from orchestrator.advantages import RewardAggregator, weighted_totals
 from orchestrator.config import TINY_MODEL, ConfigError, RunConfig
 from orchestrator.data import PromptSource, load_rows
 from orchestrator.ops.metrics import MetricsLogger
+from orchestrator.ops.progress import Display
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
 
 
@@ -182,8 +183,8 @@ def weight_transfer(cfg: RunConfig, learner: Any, generators: Any) -> Any:
     return transfer
 
 
-def build_run(p: Prepared) -> Run:
-    """Start the actor groups (Ray must be initialised)."""
+def build_run(p: Prepared, display: Display | None = None) -> Run:
+    """Start the actor groups (Ray must be initialised). `display` shows the steps (default: step lines)."""
     import ray
 
     from actors.generation.generator import Generator
@@ -234,7 +235,7 @@ def build_run(p: Prepared) -> Run:
     weights = weight_transfer(cfg, learner, generators)
     logger = MetricsLogger(
         p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,
-        max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"),
+        max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"), display=display,
     )
     aggregator = RewardAggregator(cfg.rewards)
     return Run(

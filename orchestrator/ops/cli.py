@@ -1,5 +1,9 @@
-"""`rayward` command line: run | scale | tiny-model | rewards | config-reference, and on a (remote) Ray cluster
-through the Jobs API: submit | status | logs | stop | list."""
+"""`rayward` command line: run | scale | tiny-model | rewards | config-reference, and on a
+(remote) Ray cluster through the Jobs API: submit | status | logs | stop | list.
+
+What goes wrong ends in a short message and a non-zero exit, never a traceback (unless --debug): 2 for a bad
+config or input, 1 for a run that failed (orchestrator/ops/errors.py says what and where), 3 for an unreachable
+cluster, 130 for Ctrl-C, 143 (128 + SIGTERM) for a run stopped by SIGTERM after its checkpoint."""
 
 from __future__ import annotations
 
@@ -9,11 +13,16 @@ import sys
 from orchestrator.config import ConfigError, load_config
 from orchestrator.ops.auth import AuthError
 
+# Exit codes beyond 0: a bad config or input, a failed run, an unreachable cluster, Ctrl-C, SIGTERM (128 + 15).
+EXIT_BAD_INPUT, EXIT_FAILED, EXIT_UNREACHABLE, EXIT_INTERRUPTED, EXIT_STOPPED = 2, 1, 3, 130, 143
+# Commands whose extra `key=value` words are config overrides, wherever they stand on the line.
+TAKES_OVERRIDES = ("run", "submit")
+
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.train import train
 
-    train(load_config(args.config, args.overrides), args.name, resume=args.resume)
+    train(load_config(args.config, args.overrides), args.name, resume=args.resume, show_actor_output=args.verbose)
     return 0
 
 
@@ -70,6 +79,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             args.config, args.overrides, name=args.name, working_dir=args.working_dir,
             extra_excludes=args.exclude, extra_env=args.env, max_file_mib=args.max_file_mib,
             ship_rayward=not args.no_ship_rayward, entrypoint_num_cpus=args.entrypoint_num_cpus,
+            run_flags=[f for f, on in (("--verbose", args.verbose), ("--debug", args.debug)) if on],
         )
         if args.dry_run:
             import json
@@ -113,9 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rayward", description="GRPO training on Ray: vLLM generators, reward pool, learner")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="train on an embedded local Ray cluster (or cluster.address)")
+    # --verbose / --debug: what a run shows (run, and submit for the job's driver)
+    shown = argparse.ArgumentParser(add_help=False)
+    shown.add_argument("-v", "--verbose", action="store_true",
+                       help="also show the actors' output (vLLM, Ray, reward functions' prints); it is always in "
+                            "<run dir>/actors.log")
+    shown.add_argument("--debug", action="store_true", help="full tracebacks (Ray's and rayward's) on errors")
+
+    r = sub.add_parser("run", parents=[shown], help="train on an embedded local Ray cluster (or cluster.address)")
     r.add_argument("config", help="YAML config (see configs/)")
-    r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_steps=10 generation.num_generations=4")
+    r.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. grpo.max_steps=10")
     r.add_argument("--name", help="run name (default: generated and printed)")
     r.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of run --name")
     r.set_defaults(func=_cmd_run)
@@ -139,9 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.ops.jobs import DEFAULT_MAX_FILE_MIB, default_address
 
     addr_help = "Ray dashboard / Jobs API URL (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS or http://127.0.0.1:8265)"
-    j = sub.add_parser("submit", help="submit a run to a Ray cluster through the Jobs API")
+    j = sub.add_parser("submit", parents=[shown], help="submit a run to a Ray cluster through the Jobs API")
     j.add_argument("config", help="YAML config (validated here before anything is uploaded)")
-    j.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_steps=10")
+    j.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. grpo.max_steps=10")
     j.add_argument("--name", help="run name (default: config name or generated); the job id is rayward-NAME")
     j.add_argument("--address", default=default_address(), help=addr_help)
     j.add_argument("--working-dir", default=".", help="directory shipped as the job's working_dir (default: .)")
@@ -178,13 +195,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line; `key=value` words after options (`run CONFIG --name x grpo.max_steps=3`) are
+    overrides too, in the order given. Anything else unknown is an error, as argparse says it."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        stray = [w for w in extra if w.startswith("-") or "=" not in w]
+        if args.command not in TAKES_OVERRIDES or stray:
+            parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     from orchestrator.ops.cluster import run_sys_path
 
     for path in run_sys_path():  # `my_rewards:fn` imports from the run directory, as with `python -m`
         if path not in sys.path:
             sys.path.insert(0, path)
+    debug = getattr(args, "debug", False)
     try:
         if args.command not in ("tiny-model", "rewards", "config-reference"):
             from orchestrator.ops.auth import prepare_client_auth
@@ -193,16 +224,27 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as err:
         print(f"rayward: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except AuthError as err:
         print(f"rayward {args.command}: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except ConnectionError as err:  # unreachable cluster (orchestrator.ops.cluster.UnreachableError and Ray's own)
         print(f"rayward: {err}", file=sys.stderr)
-        return 3
+        return EXIT_UNREACHABLE
     except KeyboardInterrupt:
         print("rayward: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as err:  # noqa: BLE001 - every failure ends in a short message (orchestrator/ops/errors.py)
+        from orchestrator.ops.errors import RunFailed, RunStopped, explain
+
+        if isinstance(err, RunStopped):
+            print(f"rayward: {err}", file=sys.stderr)
+            return EXIT_STOPPED
+        if isinstance(err, RunFailed):
+            print(explain(err, debug=debug), file=sys.stderr)
+            return EXIT_FAILED
+        print(explain(err, debug=debug, headline=f"rayward {args.command}: failed"), file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -38,3 +38,31 @@ def test_scale_unreachable_address_is_one_line(capsys):
     code = main(["scale", "no-such-run", "--reward-workers", "2", "--address", "127.0.0.1:1"])
     err = capsys.readouterr().err
     assert code == 3 and "cannot reach a Ray cluster at 127.0.0.1:1" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", DEMO, "--name", "x", "grpo.max_steps=3", "seed=1"],
+        ["run", DEMO, "grpo.max_steps=3", "--name", "x", "seed=1"],
+        ["run", "--name", "x", DEMO, "grpo.max_steps=3", "seed=1"],
+        ["run", DEMO, "grpo.max_steps=3", "--name", "x", "--verbose", "seed=1"],
+    ],
+)
+def test_overrides_anywhere_on_the_line_keep_their_order(argv):
+    from orchestrator.ops.cli import parse_args
+
+    args = parse_args(argv)
+    assert (args.config, args.name, args.overrides) == (DEMO, "x", ["grpo.max_steps=3", "seed=1"])
+
+
+def test_submit_takes_overrides_after_options_and_other_strays_are_errors(capsys):
+    from orchestrator.ops.cli import parse_args
+
+    args = parse_args(["submit", DEMO, "--name", "x", "grpo.max_steps=3", "--debug", "--address", "http://h:8265"])
+    assert args.overrides == ["grpo.max_steps=3"] and args.debug and args.address == "http://h:8265"
+    for argv in (["run", DEMO, "--name", "x", "stray"], ["run", DEMO, "--nope"], ["rewards", "a=1"]):
+        with pytest.raises(SystemExit) as info:
+            parse_args(argv)
+        assert info.value.code == 2
+        assert "unrecognized arguments" in capsys.readouterr().err
