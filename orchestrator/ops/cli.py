@@ -1,4 +1,4 @@
-"""`rayward` command line: run | scale | tiny-model | rewards | config-reference, and on a
+"""`rayward` command line: run | samples | plot | scale | tiny-model | rewards | config-reference, and on a
 (remote) Ray cluster through the Jobs API: submit | status | logs | stop | list.
 
 What goes wrong ends in a short message and a non-zero exit, never a traceback (unless --debug): 2 for a bad
@@ -23,6 +23,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.train import train
 
     train(load_config(args.config, args.overrides), args.name, resume=args.resume, show_actor_output=args.verbose)
+    return 0
+
+
+def _cmd_samples(args: argparse.Namespace) -> int:
+    from orchestrator.ops.samples import print_samples
+
+    return print_samples(args.run, logging_dir=args.dir, step=args.step, limit=args.limit, width=args.width)
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from orchestrator.ops.metrics import find_run_dir
+    from orchestrator.ops.plot import plot_run
+
+    run_dir = find_run_dir(args.run, args.dir)
+    out = plot_run(run_dir, args.out)
+    print(out)
     return 0
 
 
@@ -129,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="also show the actors' output (vLLM, Ray, reward functions' prints); it is always in "
                             "<run dir>/actors.log")
     shown.add_argument("--debug", action="store_true", help="full tracebacks (Ray's and rayward's) on errors")
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", help="full tracebacks on errors")
 
     r = sub.add_parser("run", parents=[shown], help="train on an embedded local Ray cluster (or cluster.address)")
     r.add_argument("config", help="YAML config (see configs/)")
@@ -136,6 +154,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--name", help="run name (default: generated and printed)")
     r.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of run --name")
     r.set_defaults(func=_cmd_run)
+
+    run_help = "run directory, or a run name under --dir"
+    sm = sub.add_parser("samples", parents=[debug], help="a run's latest samples: prompt, completion, rewards")
+    sm.add_argument("run", help=run_help)
+    sm.add_argument("--dir", default="runs", help="logging dir the run name is under (default: runs)")
+    sm.add_argument("--step", type=int, help="this step instead of the latest")
+    sm.add_argument("-n", "--limit", type=int, default=16, help="samples shown (default 16; 0: all)")
+    sm.add_argument("--width", type=int, help="table width in characters (default: the terminal's)")
+    sm.set_defaults(func=_cmd_samples)
+
+    pl = sub.add_parser("plot", parents=[debug], help="PNG of a run's rewards, eval reward, phase times, KL, entropy")
+    pl.add_argument("run", help=run_help)
+    pl.add_argument("--dir", default="runs", help="logging dir the run name is under (default: runs)")
+    pl.add_argument("--out", help="PNG path (default: <run dir>/plot.png)")
+    pl.set_defaults(func=_cmd_plot)
 
     s = sub.add_parser("scale", help="resize a running run's reward pool")
     s.add_argument("run", help="run name")
@@ -217,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.path.insert(0, path)
     debug = getattr(args, "debug", False)
     try:
-        if args.command not in ("tiny-model", "rewards", "config-reference"):
+        if args.command not in ("tiny-model", "rewards", "config-reference", "samples", "plot"):
             from orchestrator.ops.auth import prepare_client_auth
 
             prepare_client_auth()  # before anything imports ray: Ray 2.60 reads RAY_AUTH_MODE at import
@@ -231,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConnectionError as err:  # unreachable cluster (orchestrator.ops.cluster.UnreachableError and Ray's own)
         print(f"rayward: {err}", file=sys.stderr)
         return EXIT_UNREACHABLE
+    except FileNotFoundError as err:  # a run directory or file named on the command line
+        print(f"rayward {args.command}: {err.strerror or err}" + (f": {err.filename}" if err.filename else ""),
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("rayward: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -66,3 +66,10 @@ def test_submit_takes_overrides_after_options_and_other_strays_are_errors(capsys
             parse_args(argv)
         assert info.value.code == 2
         assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_samples_and_plot_of_a_missing_run_are_one_line(tmp_path, capsys):
+    for cmd in ("samples", "plot"):
+        assert main([cmd, "nope", "--dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"rayward {cmd}: no run 'nope'") and len(err.splitlines()) == 1, err
