@@ -22,6 +22,7 @@ from orchestrator.data import PromptSource, eval_rows, load_rows
 from orchestrator.evaluation import Best, EvalSchedule
 from orchestrator.evaluator import BestCheckpoint, BlockingEval, EvalSet, NoEval, OverlappedEval
 from orchestrator.ops.metrics import MetricsLogger
+from orchestrator.ops.progress import Display
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
 
 # An eval-only reward pool (eval.rewards set) scores a few hundred completions every few steps: one worker.
@@ -310,8 +311,8 @@ def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Any, learner: A
     )
 
 
-def build_run(p: Prepared) -> Run:
-    """Start the actor groups (Ray must be initialised)."""
+def build_run(p: Prepared, display: Display | None = None) -> Run:
+    """Start the actor groups (Ray must be initialised). `display` shows the steps (default: step lines)."""
     from actors.group import LearnerGroup
     from actors.learner.learner import Learner
     from orchestrator.ops.cluster import actor_options, namespace
@@ -334,7 +335,7 @@ def build_run(p: Prepared) -> Run:
     weights = weight_transfer(cfg, learner, generators)
     logger = MetricsLogger(
         p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,
-        max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"),
+        max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"), display=display,
     )
     aggregator = RewardAggregator(cfg.rewards)
     es = eval_set(cfg, p.eval_rows, eval_pool or reward_pool) if p.eval_rows is not None else None

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -191,15 +190,17 @@ def log_step(
 
 
 def log_completions(run: Run, rollouts: Rollouts, scores: Scores, table: dict[str, list]) -> None:
-    """One JSON line per trained sample in <run dir>/completions.jsonl: step, prompt, completion, each reward raw
-    and gated, total, advantage, and the reward functions' log_extra columns."""
-    with open(run.run_dir / "completions.jsonl", "a") as f:
-        for i in range(len(rollouts)):
-            row = {"step": run.global_step, "policy_version": rollouts.policy_version,
-                   "prompt": rollouts.prompts[i], "completion": rollouts.completions[i]}
-            row.update({k: v[i] for k, v in table.items()})
-            row.update({c: v[i] for c, v in scores.extra.items()})
-            f.write(json.dumps(row, default=str) + "\n")
+    """One row per trained sample to the run's completions log (<run dir>/completions.jsonl, and a W&B table
+    where W&B is on): step, prompt, completion, each reward raw and gated, total, advantage, and the reward
+    functions' log_extra columns."""
+    rows = []
+    for i in range(len(rollouts)):
+        row = {"step": run.global_step, "policy_version": rollouts.policy_version,
+               "prompt": rollouts.prompts[i], "completion": rollouts.completions[i]}
+        row.update({k: v[i] for k, v in table.items()})
+        row.update({c: v[i] for c, v in scores.extra.items()})
+        rows.append(row)
+    run.logger.log_completions(run.global_step, rows)
 
 
 def save_checkpoint(run: Run) -> str:

@@ -1,4 +1,5 @@
-"""A run stopped by SIGTERM (what `ray job stop` sends) leaves a checkpoint; --resume continues from it."""
+"""A run stopped by SIGTERM (what `ray job stop` sends) leaves a checkpoint and says so in one line (exit 143,
+no traceback); --resume continues from it."""
 
 import json
 import os
@@ -27,9 +28,12 @@ def test_sigterm_checkpoints_and_resume_continues(ray_cluster, tmp_path):
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    assert "rayward: stopped at step" in out, out[-3000:]
+    assert proc.returncode == 143 and "Traceback" not in out, out[-3000:]
     last = json.loads(metrics.read_text().splitlines()[-1])["step"]
     ckpt = tmp_path / name / f"checkpoint-{last}"
+    assert out.rstrip().splitlines()[-1] == (
+        f"rayward: stopped at step {last} (SIGTERM); checkpoint {ckpt} (continue with --name {name} --resume)"
+    ), out[-3000:]
     assert json.loads((ckpt / "rayward_state.json").read_text())["global_step"] == last
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", [*overrides, f"grpo.max_steps={last + 2}"])

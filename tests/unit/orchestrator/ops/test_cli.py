@@ -88,3 +88,38 @@ def test_unknown_options_are_still_rejected(capsys):
     with pytest.raises(SystemExit):
         main(["eval", DEMO, "--checkpont", "x"])
     assert "unrecognized arguments: --checkpont x" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", DEMO, "--name", "x", "grpo.max_steps=3", "seed=1"],
+        ["run", DEMO, "grpo.max_steps=3", "--name", "x", "seed=1"],
+        ["run", "--name", "x", DEMO, "grpo.max_steps=3", "seed=1"],
+        ["run", DEMO, "grpo.max_steps=3", "--name", "x", "--verbose", "seed=1"],
+    ],
+)
+def test_overrides_anywhere_on_the_line_keep_their_order(argv):
+    from orchestrator.ops.cli import parse_args
+
+    args = parse_args(argv)
+    assert (args.config, args.name, args.overrides) == (DEMO, "x", ["grpo.max_steps=3", "seed=1"])
+
+
+def test_submit_takes_overrides_after_options_and_other_strays_are_errors(capsys):
+    from orchestrator.ops.cli import parse_args
+
+    args = parse_args(["submit", DEMO, "--name", "x", "grpo.max_steps=3", "--debug", "--address", "http://h:8265"])
+    assert args.overrides == ["grpo.max_steps=3"] and args.debug and args.address == "http://h:8265"
+    for argv in (["run", DEMO, "--name", "x", "stray"], ["run", DEMO, "--nope"], ["rewards", "a=1"]):
+        with pytest.raises(SystemExit) as info:
+            parse_args(argv)
+        assert info.value.code == 2
+        assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_samples_and_plot_of_a_missing_run_are_one_line(tmp_path, capsys):
+    for cmd in ("samples", "plot"):
+        assert main([cmd, "nope", "--dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"rayward {cmd}: no run 'nope'") and len(err.splitlines()) == 1, err
