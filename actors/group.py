@@ -59,12 +59,15 @@ class ActorGroup:
         concatenate the (list) results back in item order."""
         return [x for part in ray.get(self.submit_sharded(method, items, **kwargs)) for x in part]
 
-    def submit_sharded(self, method: str, items: list[Any], **kwargs: Any) -> list[Any]:
-        """`call_sharded` without waiting: one ObjectRef per non-empty shard, in item order."""
+    def submit_sharded(
+        self, method: str, items: list[Any], *, aligned: dict[str, list[Any]] | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """`call_sharded` without waiting: one ObjectRef per non-empty shard, in item order. `aligned`: keyword
+        arguments holding one value per item, sharded with the items."""
         n = len(self.handles)
         bounds = [len(items) * i // n for i in range(n + 1)]
         return [
-            getattr(h, method).remote(items[lo:hi], **kwargs)
+            getattr(h, method).remote(items[lo:hi], **{k: v[lo:hi] for k, v in (aligned or {}).items()}, **kwargs)
             for h, lo, hi in zip(self.handles, bounds, bounds[1:], strict=False)
             if hi > lo
         ]

@@ -285,10 +285,9 @@ def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: Any) -> EvalSet:
     sampling = dict(
         n=e.num_generations, max_tokens=e.max_completion_length or g.max_completion_length,
         temperature=g.temperature if e.temperature is None else e.temperature, top_p=g.top_p, top_k=g.top_k,
-        seed=cfg.seed,  # the same random numbers at every eval: differences between evals are the policy's
     )
     return EvalSet(
-        rows=rows, prompt_column=e.data.prompt_column, sampling=sampling, pool=pool,
+        rows=rows, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
         aggregator=RewardAggregator(e.rewards if e.rewards is not None else cfg.rewards),
         chunk_groups=cfg.cluster.reward_chunk_groups, pass_threshold=e.pass_threshold, max_steps=cfg.grpo.max_steps,
     )

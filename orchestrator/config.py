@@ -311,7 +311,8 @@ class EvalConfig(_Section):
     """Completions per prompt: the k of `eval/pass@k`."""
     temperature: float | None = Field(None, ge=0)
     """Sampling temperature; 0 = greedy. Default: `generation.temperature`. top_p and top_k are generation's.
-    Every eval samples with the run's seed, so evals at different steps draw the same random numbers."""
+    Each prompt's completions are seeded from the run's seed and the prompt's position, the same at every eval,
+    so evals at different steps draw the same random numbers."""
     max_completion_length: int | None = Field(None, ge=1)
     """Maximum new tokens per eval completion. Default: `generation.max_completion_length`."""
     max_samples: int | None = Field(None, ge=1)

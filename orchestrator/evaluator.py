@@ -51,7 +51,8 @@ class EvalSet:
 
     rows: list[dict[str, Any]]  # the held-out rows, each with prompt_ids
     prompt_column: str
-    sampling: dict[str, Any]  # Generator.generate kwargs: n, max_tokens, temperature, top_p, top_k, seed
+    sampling: dict[str, Any]  # Generator.generate kwargs: n, max_tokens, temperature, top_p, top_k
+    seed: int  # row i's completions are drawn with seeds seed + i*n .. seed + i*n + n-1, at every eval
     pool: Any  # handle of the RewardPool that scores eval completions
     aggregator: RewardAggregator  # weights, gates and schedules of the eval rewards
     chunk_groups: int
@@ -94,7 +95,12 @@ class EvalResult:
 
 def submit_eval(es: EvalSet, generators: Any, step: int, epoch: float = 0.0) -> PendingEval:
     """Submit the eval's generation (the rows sharded over the generators); returns without waiting."""
-    refs = generators.submit_sharded("generate", [r["prompt_ids"] for r in es.rows], **es.sampling)
+    # Seeds per row, fixed across evals: two evals differ by the policy, not by the dice; vLLM adds j to a
+    # prompt's seed for its j-th completion, so rows are n apart and repeated prompts still differ.
+    seeds = [es.seed + i * es.group_size for i in range(len(es.rows))]
+    refs = generators.submit_sharded(
+        "generate", [r["prompt_ids"] for r in es.rows], aligned={"seeds": seeds}, **es.sampling
+    )
     return PendingEval(step, epoch, refs)
 
 
