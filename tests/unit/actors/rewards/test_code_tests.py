@@ -27,7 +27,7 @@ from actors.rewards.code_tests import (
 from actors.rewards.sandbox import SandboxError, probe
 
 TIMEOUT_S = 2.0
-SLACK_S = 5.0
+SLACK_S = 15.0  # proves the run was cut (it would run forever); generous: a loaded 2-core box took 7.6 s to reap a fork bomb
 
 try:
     PROBE = probe()

@@ -39,7 +39,7 @@ from actors.rewards.sandbox import (
 
 # Small limits keep the corpus fast on 2 cores; the bound on elapsed time is functional, not a benchmark.
 TIMEOUT_S = 2.0
-SLACK_S = 5.0
+SLACK_S = 15.0  # proves the run was cut (it would run forever); generous: a loaded 2-core box took 7.6 s to reap a fork bomb
 LIMITS = Limits(timeout_s=TIMEOUT_S, memory_mb=256, max_output_bytes=64 << 10, max_processes=16, max_file_mb=8,
                 disk_mb=32)
 FALLBACK = Limits(**{**LIMITS.__dict__, "use_namespaces": False})
