@@ -40,19 +40,29 @@ class _Signals:
     """SIGTERM (`rayward stop`, `ray job stop`) while the run starts ends it at once (RunStopped); once the loop
     runs, it asks the loop to stop at the next step boundary: the step in progress is trained and logged, then a
     checkpoint is written. (Ray SIGKILLs after RAY_JOB_STOP_WAIT_TIME_S, 3 s by default: raise it on the head
-    above one step plus a checkpoint.) Only the main thread can install handlers; elsewhere nothing changes."""
+    above one step plus a checkpoint.) Only the main thread can install handlers; elsewhere nothing changes.
+    ray.init installs its own handler (sys.exit(15)): `install` again after it."""
 
     def __init__(self, name: str):
-        self.name, self.run, self.looping = name, None, False
+        self.name, self.run, self.looping, self.requested = name, None, False, False
         main = threading.current_thread() is threading.main_thread()
         self.previous = signal.getsignal(signal.SIGTERM) if main else None
+        self.install()
+
+    def install(self) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self._on_term)
 
     def _on_term(self, signum: int, frame: Any) -> None:
+        self.requested = True
         if self.run is not None and self.looping:
             self.run.stop_requested = True
-        else:
+        else:  # raised wherever the start is (C code may turn it into a SystemError: train() checks `requested`)
+            raise RunStopped(self.name, None, None)
+
+    def check(self) -> None:
+        """Between start-up stages: a SIGTERM whose exception something swallowed still stops the run."""
+        if self.requested:
             raise RunStopped(self.name, None, None)
 
     def restore(self) -> None:
@@ -97,13 +107,16 @@ def train(
             output = ActorOutput(run_dir / ACTOR_LOG, echo=None if show_actor_output else _echo)
             output.capture_ray_logger()
             info = init_ray(cfg.cluster, name)
+            signals.install()
             if info.get("dashboard_url"):
                 say(f"rayward run {name!r}: Ray dashboard http://{info['dashboard_url']}")
             if output.attach(keep_ray_printing=show_actor_output) and not show_actor_output:
                 say(f"rayward run {name!r}: the actors' output is in {run_dir / ACTOR_LOG} (--verbose shows it here)")
             elif not show_actor_output:
                 say("rayward: this Ray version cannot separate the actors' output; it is shown here")
+        signals.check()
         run = signals.run = build_run(prepared, display=display)
+        signals.check()
         threads = [f"learner {ray.get(run.learner.handles[0].cpu_threads.remote())}"]
         threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.call("cpu_threads"))]
         say(f"rayward: compute: {'; '.join(threads)}")
@@ -120,6 +133,7 @@ def train(
                 f"logprob parity after sync: max abs diff {gap:.2e}"
             )
         loop = run_pipelined if cfg.loop.mode == "pipelined" else run_sync  # chosen once, at build time
+        signals.check()
         signals.looping = True
         display.start(run.global_step)
         history = loop(run)
@@ -128,7 +142,13 @@ def train(
             save_checkpoint(run)
     except (RunStopped, KeyboardInterrupt):
         raise
+    except SystemExit as err:  # SIGTERM inside ray.init, through Ray's handler
+        if err.code == signal.SIGTERM:
+            raise RunStopped(name, None, None) from None
+        raise
     except Exception as err:
+        if signals.requested and not signals.looping:  # what the interrupted start-up made of the SIGTERM
+            raise RunStopped(name, None, None) from None
         step = run.global_step + 1 if run is not None and signals.looping else None
         raise RunFailed(name, run_dir, step, latest_checkpoint(run_dir)) from err
     finally:

@@ -4,8 +4,8 @@ An error raised inside an actor reaches the driver wrapped by Ray, once per acto
 worker's error comes through the reward pool): `root_cause` unwraps it. `explain` writes the block: where the
 run stood, what failed in the user's terms (for a reward: its name, the sample, the start of the sample's prompt
 and completion, the exception, and the frames of the user's own file), the last checkpoint, and where the full
-story is (`--debug`, the actors' log). Nothing here imports Ray at module level (the CLI imports it for every
-command).
+story is (`--debug`, the actors' log). Ray, torch and the actors are imported only when an error is explained:
+the CLI's light commands (samples, plot) fail through here too.
 """
 
 from __future__ import annotations
@@ -205,9 +205,3 @@ def _full_traceback(err: BaseException) -> str:
     if getattr(cause, "traceback", None) and isinstance(cause.traceback, str):  # a RewardFunctionError's own
         text += "\nIn the reward worker:\n" + cause.traceback
     return text.rstrip()
-
-
-def describe(err: BaseException) -> str:
-    """One line for errors outside a run (a CLI command that failed unexpectedly)."""
-    cause: Any = root_cause(err)
-    return f"{type(cause).__name__}: {cause}".splitlines()[0]

@@ -40,3 +40,17 @@ def test_sigterm_checkpoints_and_resume_continues(ray_cluster, tmp_path):
     history = train(cfg, name=name, resume=True, verbose=False)
     assert [h["step"] for h in history] == [last + 1, last + 2]
     assert history[0]["policy_version"] == last  # generators got the checkpoint's weights
+
+
+def test_sigterm_while_starting_is_one_line(tmp_path):
+    """SIGTERM before the loop (here: as soon as the run printed its first line, before Ray starts) ends the run
+    at once: nothing to checkpoint, one line, exit 143."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "configs/demo.yaml", f"logging.dir={tmp_path}", "--name", "early"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "RAY_ADDRESS": ""},
+    )
+    assert proc.stdout.readline().startswith("rayward run 'early': logs and checkpoints in ")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and err == "rayward: stopped before training started (SIGTERM)\n", (out, err)
+    assert not list((tmp_path / "early").glob("checkpoint-*"))
