@@ -91,7 +91,7 @@ class Generator:
         """How this engine computes, for the start-up log."""
         if self.on_gpu:
             return f"GPU, tp {self.tensor_parallel_size}"
-        return f"vLLM OpenMP threads bound to {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}"
+        return f"engine OpenMP threads bound to {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}"
 
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.

@@ -68,6 +68,9 @@ def curriculum_config(path: Path) -> Path:
     cfg["grpo"]["beta"] = 0.04
     cfg["rewards"].append({"name": "flaky", "function": "tests.fixtures.bad_rewards:raises_on_odd_lengths",
                            "weight": 0.0, "on_error": "fallback"})
+    # a small held-out eval, so the dashboard's eval panel has data too
+    cfg["eval"] = {"data": {"path": "toy"}, "every_n_steps": 5, "at_start": True, "num_generations": 2,
+                   "max_samples": 8}
     path.write_text(yaml.safe_dump(cfg))
     return path
 
