@@ -96,6 +96,7 @@ class RewardPool:
         self._conds: dict[str, asyncio.Condition] | None = None  # made on first use, in the actor's event loop
         self.queued = 0  # chunks of all batches not yet sent to a worker
         self._published_at = 0.0
+        self._published_load = (0.0, 0.0)  # (worker_s, busy_s) at the last utilisation published without a policy
         self.counters = {
             "chunks": 0, "retries": 0, "replaced": 0, "timeouts": 0, "errors": 0, "start_failures": 0,
             "scale_ups": 0, "scale_downs": 0,
@@ -516,9 +517,17 @@ class RewardPool:
         self._m_starting.set(self.target() - self.size())
         self._m_queue.set(self.queued)
         self._m_inflight.set(self.inflight_chunks)
-        load = self.policy.load if self.policy else None
-        if load is not None:
-            self._m_util.set(load.utilization)
+        if self.policy is not None:
+            if self.policy.load is not None:
+                self._m_util.set(self.policy.load.utilization)
+            return
+        # A fixed pool has no policy window; its utilisation since the last publish tells the user whether
+        # `rayward scale` would help.
+        self._account()
+        worker_s, busy_s = self._published_load
+        if self.worker_s > worker_s:
+            self._m_util.set((self.busy_s - busy_s) / (self.worker_s - worker_s))
+            self._published_load = (self.worker_s, self.busy_s)
 
     def stats(self) -> dict[str, Any]:
         """The pool's state: `workers` live and taking chunks, `target_workers` alive or starting, `starting`

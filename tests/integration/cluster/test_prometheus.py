@@ -71,6 +71,10 @@ def curriculum_config(path: Path) -> Path:
     # a small held-out eval, so the dashboard's eval panel has data too
     cfg["eval"] = {"data": {"path": "toy"}, "every_n_steps": 5, "at_start": True, "num_generations": 2,
                    "max_samples": 8}
+    # a pool that scales itself, with no delays: fast rewards leave it idle, so it retires a worker and the
+    # autoscaling panel has a decision to show
+    cfg["cluster"]["reward_autoscale"] = {"min_workers": 1, "max_workers": 2, "look_back_s": 2.0,
+                                          "upscale_delay_s": 0.0, "downscale_delay_s": 0.0}
     path.write_text(yaml.safe_dump(cfg))
     return path
 
