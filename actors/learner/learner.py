@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import random
 import time
 from collections import defaultdict
@@ -36,7 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from actors.cpus import Share, describe, pick_cores
+from actors.cpus import describe, pick_cores
 from actors.learner import checkpoint
 from actors.learner.distributed import init_process_group, shard, tied_names
 from actors.types import TrainBatch, TrainerState
@@ -101,14 +100,13 @@ class Learner:
         world_size: int = 1,
         init_method: str | None = None,
         device: str | None = None,
-        cpu_share: Share | None = None,
     ):
         """strategy "single": one device, no process group. "fsdp": rank `rank` of `world_size` joins the
         process group at `init_method` (tcp://host:port of rank 0; optional for world_size 1) and the
         models are FSDP2-sharded. With dtype bfloat16/float16 FSDP keeps float32 master weights and
         optimizer state and computes in `dtype` (MixedPrecisionPolicy, gradients reduced in float32).
-        device: "cpu" or "cuda"; default CUDA when there is one. cpu_share: on a CPU learner, the [lo, hi)
-        fraction of this node's cores to pin to (pipelined loop); None: every allowed core (actors/cpus.py)."""
+        device: "cpu" or "cuda"; default CUDA when there is one. A CPU learner computes on every core this process
+        may use (actors/cpus.py), one torch thread per PARAMS_PER_THREAD parameters at most."""
         from transformers import AutoModelForCausalLM
 
         if strategy not in STRATEGIES:
@@ -121,9 +119,7 @@ class Learner:
         random.seed(seed)
         kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if kind == "cpu":
-            self.cores = pick_cores(cpu_share)
-            if cpu_share is not None:
-                os.sched_setaffinity(0, self.cores)
+            self.cores = pick_cores(None)
         if self.sharded:
             self.device = init_process_group(rank, world_size, init_method, kind)
         else:
