@@ -103,7 +103,7 @@ def run_trl(steps: int, workdir: Path) -> dict[str, Any]:
         max_steps=steps,
         use_cpu=True,
         bf16=False,
-        gradient_checkpointing=False,  # rayward's learner does not recompute activations either
+        gradient_checkpointing=False,  # the rayward runs turn it off too (both default to on)
         use_vllm=False,
         logging_steps=1,
         report_to="none",
@@ -198,6 +198,7 @@ def run_rayward(mode: str, steps: int, reward_workers: int, workdir: Path, extra
         f"loop.mode={mode}",
         f"logging.dir={workdir / 'runs'}",
         "logging.check_logprob_parity=false",
+        "grpo.gradient_checkpointing=false",  # as TRL is run above: the same work, no recomputation on either side
         *extra,  # --set / --variant: knobs for experiments (printed with the results)
     ]
     cfg = load_config(ROOT / "configs" / "demo.yaml", overrides)
