@@ -186,21 +186,28 @@ def load(lr: Learner, path: str) -> dict[str, Any]:
 
     weights: dict[str, Any] = {}
     by_name: dict[str, Any] = {}
-    small: list[Any] = [None, None, None]  # read error, scheduler state, run state: broadcast as objects
+    # read error, scheduler state, run state, whether the optimizer state holds tensors, its param_groups:
+    # broadcast as objects
+    small: list[Any] = [None, None, None, False, None]
     if lr.rank == 0:
         try:
             weights, by_name, opt, state = _read(lr, p)
-            small = [None, opt["scheduler"], state]
+            has_tensors = any(torch.is_tensor(v) for s in by_name["state"].values() for v in s.values())
+            small = [None, opt["scheduler"], state, has_tensors, by_name["param_groups"]]
         except Exception as err:  # noqa: BLE001 - re-raised on every rank below
-            small = [f"{type(err).__name__}: {err}", None, None]
+            small = [f"{type(err).__name__}: {err}", None, None, False, None]
     dist.broadcast_object_list(small, src=0)
-    if small[0] is not None:
-        raise RuntimeError(f"loading checkpoint {p} failed on rank 0: {small[0]}")
+    error, scheduler, state, has_tensors, groups = small
+    if error is not None:
+        raise RuntimeError(f"loading checkpoint {p} failed on rank 0: {error}")
     # strict=False: a LoRA checkpoint holds the adapter only; the frozen base is the one loaded at start
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=lr.lora is None)
     set_model_state_dict(lr.model, weights, options=opts)
-    set_optimizer_state_dict(lr.model, lr.optimizer, by_name, options=opts)
-    lr.scheduler.load_state_dict(small[1])
-    state = small[2]
+    if has_tensors:
+        set_optimizer_state_dict(lr.model, lr.optimizer, by_name, options=opts)
+    else:  # plain SGD keeps no state; torch's loader then finds no device and refuses: the hyper-parameters only
+        for group, saved in zip(lr.optimizer.param_groups, groups, strict=True):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+    lr.scheduler.load_state_dict(scheduler)
     lr.global_step = int(state["global_step"])
     return state
