@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.build import prepare
 from orchestrator.config import ConfigError, RunConfig
 from orchestrator.data import DataError
-from orchestrator.ops.cluster import init_ray, new_run_name
+from orchestrator.ops.cluster import check_learner_placement, init_ray, new_run_name
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -45,6 +45,12 @@ def train(
         info = init_ray(cfg.cluster, name)
         if info.get("dashboard_url"):
             say(f"rayward run {name!r}: Ray dashboard http://{info['dashboard_url']}", flush=True)
+    try:
+        check_learner_placement(cfg.cluster, ray.nodes())  # needs the cluster: the first thing once Ray is up
+    except ConfigError:
+        if owns_ray:
+            ray.shutdown()
+        raise
     t0 = time.time()
     run = build_run(prepared)
     threads = [f"learner {ray.get(run.learner.handles[0].cpu_threads.remote())}"]
