@@ -59,14 +59,20 @@ class ActorGroup:
     def call_sharded(self, method: str, items: list[Any], **kwargs: Any) -> list[Any]:
         """Split `items` into contiguous shards, one per member, call `method(shard, **kwargs)` on each, and
         concatenate the (list) results back in item order."""
+        return [x for part in ray.get(self.submit_sharded(method, items, **kwargs)) for x in part]
+
+    def submit_sharded(
+        self, method: str, items: list[Any], *, aligned: dict[str, list[Any]] | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """`call_sharded` without waiting: one ObjectRef per non-empty shard, in item order. `aligned`: keyword
+        arguments holding one value per item, sharded with the items."""
         n = len(self.handles)
         bounds = [len(items) * i // n for i in range(n + 1)]
-        refs = [
-            getattr(h, method).remote(items[lo:hi], **kwargs)
+        return [
+            getattr(h, method).remote(items[lo:hi], **{k: v[lo:hi] for k, v in (aligned or {}).items()}, **kwargs)
             for h, lo, hi in zip(self.handles, bounds, bounds[1:], strict=False)
             if hi > lo
         ]
-        return [x for part in ray.get(refs) for x in part]
 
     def wait_alive(self, timeout_s: float) -> None:
         """Return once every member answers (after Ray restarted one that died). A member that is restarting

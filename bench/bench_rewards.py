@@ -22,7 +22,7 @@ from actors.rewards.builtin import completion_text, letter_fraction
 
 SANDBOX_LATENCY_S = 0.05  # one "sandbox round trip" per completion
 
-__all__ = ["SANDBOX_LATENCY_S", "cpu_bound", "letter_fraction", "sandbox_reward", "sleepy", "spin"]
+__all__ = ["SANDBOX_LATENCY_S", "cpu_bound", "letter_fraction", "sandbox_reward", "sleepy", "spin", "threaded"]
 
 
 def sandbox_reward(completions: list[Any], letter: list[str] | None = None, **kwargs: Any) -> list[float]:
@@ -61,4 +61,22 @@ def cpu_bound(iters: int = 200_000):
     def reward(completions: list[Any], **kwargs: Any) -> list[float]:
         return [float(spin(iters) % 2) for _ in completions]
 
+    return reward
+
+
+def threaded(fn: Any, threads: int) -> Any:
+    """`fn` called once per completion on a pool of `threads` threads: how a TRL user who knows the reward is
+    I/O bound speeds it up (TRL calls a sync reward function once with the whole batch)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(threads)
+
+    def reward(completions: list[Any], **kwargs: Any) -> list[float]:
+        def one(i: int) -> float:
+            return fn([completions[i]], **{k: [v[i]] if isinstance(v, list) and len(v) == len(completions) else v
+                                         for k, v in kwargs.items()})[0]
+
+        return list(pool.map(one, range(len(completions))))
+
+    reward.__name__ = fn.__name__  # TRL logs rewards under the function's name
     return reward

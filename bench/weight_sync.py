@@ -29,40 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# (hidden, layers, intermediate, heads, kv heads, vocab): Qwen2-shaped, tied embeddings, about the named size.
-SHAPES = {
-    "25m": (512, 6, 1536, 8, 2, 16384),
-    "100m": (768, 12, 2048, 12, 4, 32000),
-    "400m": (1024, 28, 3584, 16, 4, 32000),
-}
+from bench.models import DEFAULT_CACHE, build_model  # noqa: E402
+
 FLOOR_BUCKET_MB = 256  # the floor sends the model's bytes as tensors of this size (distinct, fresh receivers)
-
-
-def build_model(size: str, cache: Path) -> Path:
-    """A random Qwen2-shaped model with the tiny model's tokenizer (vocab ids above its 512 are never sampled
-    from the tokenizer, but the weights are the size asked for)."""
-    import shutil
-
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from orchestrator.tiny import ensure_tiny_model
-
-    out = cache / f"qwen2-random-{size}"
-    if (out / "config.json").exists():
-        return out
-    h, layers, inter, heads, kv, vocab = SHAPES[size]
-    cfg = Qwen2Config(hidden_size=h, num_hidden_layers=layers, intermediate_size=inter, num_attention_heads=heads,
-                      num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=True,
-                      max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(cfg)
-    model.save_pretrained(out)
-    tiny = ensure_tiny_model()
-    for f in tiny.iterdir():
-        if "token" in f.name or f.name.endswith(".jinja"):
-            shutil.copy(f, out / f.name)
-    return out
 
 
 def model_bytes(path: Path) -> int:
@@ -181,7 +150,7 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=float, default=256.0)
     ap.add_argument("--step-share", action="store_true", help="also run the sync loop and report sync/step")
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--cache", default=str(Path.home() / ".cache" / "rayward" / "bench-models"))
+    ap.add_argument("--cache", default=str(DEFAULT_CACHE))
     args = ap.parse_args()
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)

@@ -17,10 +17,16 @@ from actors.rewards.builtin import BUILTIN_REWARDS
 from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
 from actors.types import TrainerState
 from orchestrator.advantages import RewardAggregator, weighted_totals
-from orchestrator.config import TINY_MODEL, ConfigError, RunConfig
-from orchestrator.data import PromptSource, load_rows
+from orchestrator.config import TINY_MODEL, ConfigError, RewardConfig, RunConfig
+from orchestrator.data import PromptSource, eval_rows, load_rows
+from orchestrator.evaluation import Best, EvalSchedule
+from orchestrator.evaluator import BestCheckpoint, BlockingEval, EvalSet, NoEval, OverlappedEval
 from orchestrator.ops.metrics import MetricsLogger
+from orchestrator.ops.progress import Display
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
+
+# An eval-only reward pool (eval.rewards set) scores a few hundred completions every few steps: one worker.
+EVAL_REWARD_WORKERS = 1
 
 
 def resolve_model(cfg: RunConfig) -> str:
@@ -31,16 +37,17 @@ def resolve_model(cfg: RunConfig) -> str:
     return cfg.model.name_or_path
 
 
-def reward_specs(cfg: RunConfig) -> list[RewardSpec]:
+def reward_specs(rewards: list[RewardConfig], field: str = "rewards") -> list[RewardSpec]:
     """The rewards as worker specs, built-in names resolved; each function imported once here so a typo
-    fails now, naming the reward, instead of inside a worker after Ray and vLLM have started."""
+    fails now, naming the reward (`field`: `rewards` or `eval.rewards`), instead of inside a worker after Ray
+    and vLLM have started."""
     specs = []
-    for r in cfg.rewards:
+    for r in rewards:
         fn = r.function
         if fn is not None and ":" not in fn:
             if fn not in BUILTIN_REWARDS:
                 raise ConfigError(
-                    f"rewards[{r.name}].function: unknown built-in {fn!r} (built-ins: {sorted(BUILTIN_REWARDS)}; "
+                    f"{field}[{r.name}].function: unknown built-in {fn!r} (built-ins: {sorted(BUILTIN_REWARDS)}; "
                     "or give module:callable)"
                 )
             fn = BUILTIN_REWARDS[fn]
@@ -52,7 +59,7 @@ def reward_specs(cfg: RunConfig) -> list[RewardSpec]:
             try:
                 load_reward_function(spec)
             except RewardFunctionError as err:
-                raise ConfigError(f"rewards[{r.name}].function: {err}") from None
+                raise ConfigError(f"{field}[{r.name}].function: {err}") from None
         specs.append(spec)
     return specs
 
@@ -178,26 +185,41 @@ class Prepared:
     specs: list[RewardSpec]
     prompts: PromptSource
     run_dir: Path
+    eval_rows: list[dict[str, Any]] | None = None  # the held-out rows, tokenized (None: no eval block)
+    eval_specs: list[RewardSpec] | None = None  # eval.rewards as specs (None: the training rewards score evals)
+
+
+def load_tokenizer(cfg: RunConfig, model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
+    except Exception as err:  # noqa: BLE001
+        raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r}: cannot load tokenizer ({err})") from None
+
+
+def prepare_eval(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]] | None, list[RewardSpec] | None]:
+    """The eval block's checks: its rewards import, its dataset has the prompt column. (None, None) without one."""
+    if cfg.eval is None:
+        return None, None
+    specs = reward_specs(cfg.eval.rewards, "eval.rewards") if cfg.eval.rewards is not None else None
+    return eval_rows(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, seed=cfg.seed), specs
 
 
 def prepare(cfg: RunConfig, name: str) -> Prepared:
     """The cheap checks, in order: reward functions import, model and tokenizer load, the learner's model options
-    fit the architecture, dataset has prompts."""
-    specs = reward_specs(cfg)
+    fit the architecture, datasets have prompts."""
+    specs = reward_specs(cfg.rewards)
     for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
         if sink in cfg.logging.report_to and importlib.util.find_spec(module) is None:
             raise ConfigError(f"logging.report_to: {sink!r} needs the `{module}` package (pip install {module})")
     model_path = resolve_model(cfg)
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
-    except Exception as err:  # noqa: BLE001
-        raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r}: cannot load tokenizer ({err})") from None
+    tokenizer = load_tokenizer(cfg, model_path)
     check_learner_model(cfg, model_path)
     rows = load_rows(cfg.data, seed=cfg.seed)
     prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed)
-    return Prepared(cfg, name, model_path, specs, prompts, Path(cfg.logging.dir) / name)
+    held_out, eval_specs = prepare_eval(cfg, tokenizer)
+    return Prepared(cfg, name, model_path, specs, prompts, Path(cfg.logging.dir) / name, held_out, eval_specs)
 
 
 @dataclass
@@ -216,6 +238,8 @@ class Run:
     select: Selector  # group selection between scoring and advantages: keep_all or dynamic sampling (DAPO)
     logger: MetricsLogger
     prompts_per_step: int
+    evaluate: Any = NoEval()  # held-out eval: NoEval, BlockingEval (sync loop) or OverlappedEval (pipelined)
+    eval_pool: Any = None  # handle of NAME/eval-reward-pool when eval.rewards has rewards of its own
     global_step: int = 0  # optimizer steps done (the learner's)
     policy_version: int = 0  # learner step whose weights the generators hold
     stop_requested: bool = False  # set by SIGTERM; the loops stop at the next step boundary
@@ -249,38 +273,47 @@ def weight_transfer(cfg: RunConfig, learner: Any, generators: Any) -> Any:
     return transfer
 
 
-def build_run(p: Prepared) -> Run:
-    """Start the actor groups (Ray must be initialised)."""
+def start_reward_pool(
+    cfg: RunConfig, name: str, specs: list[RewardSpec], *, role: str = "reward", num_workers: int | None = None
+) -> Any:
+    """The named reward pool `NAME/<role>-pool` and its workers (Ray must be initialised)."""
     import ray
 
-    from actors.generation.generator import Generator
-    from actors.group import ActorGroup, LearnerGroup
-    from actors.learner.learner import Learner
     from actors.rewards.pool import RewardPool
-    from orchestrator.ops.cluster import actor_options, generator_options, namespace, run_sys_path
+    from orchestrator.ops.cluster import actor_options, namespace, run_sys_path
 
-    cfg, c, gen = p.cfg, p.cfg.cluster, p.cfg.generation
-    ns = namespace(p.name)  # explicit, so `rayward scale NAME` finds the actors whatever the driver's namespace
-    reward_pool = (
+    ns = namespace(name)  # explicit, so `rayward scale NAME` finds the actors whatever the driver's namespace
+    return (
         ray.remote(RewardPool)
-        .options(name=f"{p.name}/reward-pool", namespace=ns, num_cpus=0, max_concurrency=1000)
+        .options(name=f"{name}/{role}-pool", namespace=ns, num_cpus=0, max_concurrency=1000)
         .remote(
-            p.specs,
-            run_name=p.name,
-            num_workers=c.num_reward_workers,
-            worker_options=actor_options(c.reward_worker, namespace=ns),
+            specs,
+            run_name=name,
+            num_workers=num_workers or cfg.cluster.num_reward_workers,
+            worker_options=actor_options(cfg.cluster.reward_worker, namespace=ns),
             sys_path=run_sys_path(),
             trainer_state=TrainerState(max_steps=cfg.grpo.max_steps),
             autoscale=autoscale_settings(cfg),
+            role=role,
         )
     )
-    generators = ActorGroup(
+
+
+def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) -> Any:
+    """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments)."""
+    from actors.generation.generator import Generator
+    from actors.group import ActorGroup
+    from orchestrator.ops.cluster import generator_options, namespace
+
+    c, gen = cfg.cluster, cfg.generation
+    return ActorGroup(
         Generator,
         c.num_generators,
-        run_name=p.name,
+        run_name=name,
         role="generator",
-        options=generator_options(c.generator, gen.tensor_parallel_size, c.generator_max_restarts, namespace=ns),
-        args=(p.model_path,),
+        options=generator_options(c.generator, gen.tensor_parallel_size, c.generator_max_restarts,
+                                  namespace=namespace(name)),
+        args=(model_path,),
         kwargs=dict(
             dtype=cfg.model.dtype,
             max_model_len=gen.max_model_len,
@@ -288,41 +321,98 @@ def build_run(p: Prepared) -> Run:
             gpu_memory_utilization=gen.gpu_memory_utilization,
             tensor_parallel_size=gen.tensor_parallel_size,
             cpu_share=cpu_shares(cfg)["generator"],
+            extra_engine_kwargs=engine or None,
         ),
         per_actor_kwargs=[{"seed": cfg.seed + i} for i in range(c.num_generators)],
     )
+
+
+def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: Any) -> EvalSet:
+    """What every eval of the run generates and how it is scored (cfg.eval set)."""
+    e, g = cfg.eval, cfg.generation
+    sampling = dict(
+        n=e.num_generations, max_tokens=e.max_completion_length or g.max_completion_length,
+        temperature=g.temperature if e.temperature is None else e.temperature, top_p=g.top_p, top_k=g.top_k,
+    )
+    return EvalSet(
+        rows=rows, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
+        aggregator=RewardAggregator(e.rewards if e.rewards is not None else cfg.rewards),
+        chunk_groups=cfg.cluster.reward_chunk_groups, pass_threshold=e.pass_threshold, max_steps=cfg.grpo.max_steps,
+    )
+
+
+def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Any, learner: Any, logger: MetricsLogger,
+              prompts: PromptSource, run_dir: Path) -> Any:
+    """The run's held-out evaluator: none, blocking between steps (sync loop), or overlapped with training
+    (pipelined loop); with grpo.save_best, keeping checkpoint-best."""
+    if es is None:
+        return NoEval()
+    e, g = cfg.eval, cfg.grpo
+    best = None
+    if g.save_best is not None:
+        best = BestCheckpoint(Best(g.save_best, g.save_best_mode), learner, run_dir, prompts.state)
+    kind = OverlappedEval if cfg.loop.mode == "pipelined" else BlockingEval
+    return kind(
+        es, EvalSchedule(e.every_n_steps, e.at_start, g.max_steps), generators=generators, logger=logger,
+        prompts=prompts, best=best, log_completions=cfg.logging.log_completions,
+    )
+
+
+def build_run(p: Prepared, display: Display | None = None) -> Run:
+    """Start the actor groups (Ray must be initialised). `display` shows the steps (default: step lines)."""
+    from actors.group import LearnerGroup
+    from actors.learner.learner import Learner
+    from orchestrator.ops.cluster import actor_options, namespace
+
+    cfg, c, gen = p.cfg, p.cfg.cluster, p.cfg.generation
+    reward_pool = start_reward_pool(cfg, p.name, p.specs)
+    eval_pool = None
+    if p.eval_specs is not None:
+        eval_pool = start_reward_pool(cfg, p.name, p.eval_specs, role="eval-reward", num_workers=EVAL_REWARD_WORKERS)
+    generators = start_generators(cfg, p.name, p.model_path)
     learner = LearnerGroup(  # one member to the loop, num_learners ranks behind it
         Learner,
         c.num_learners,
         run_name=p.name,
         strategy=c.learner_strategy,
         placement=c.learner_placement,
-        options=actor_options(c.learner, namespace=ns),
+        options=actor_options(c.learner, namespace=namespace(p.name)),
         kwargs=learner_kwargs(cfg, p.model_path),
         rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step
     )
     weights = weight_transfer(cfg, learner, generators)
     logger = MetricsLogger(
         p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,
-        max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"),
+        max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"), display=display,
     )
     aggregator = RewardAggregator(cfg.rewards)
+    es = eval_set(cfg, p.eval_rows, eval_pool or reward_pool) if p.eval_rows is not None else None
     return Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
         reward_pool=reward_pool, weights=weights, aggregator=aggregator, select=selector(cfg, aggregator),
         logger=logger, prompts_per_step=gen.generation_batch_size // gen.num_generations,
+        evaluate=evaluator(cfg, es, generators=generators, learner=learner, logger=logger, prompts=p.prompts,
+                           run_dir=p.run_dir),
+        eval_pool=eval_pool,
     )
 
 
 def shutdown_run(run: Run) -> None:
-    import ray
-
     run.logger.close()
     for group in (run.generators, run.learner):
         group.kill()
+    for pool in (run.reward_pool, run.eval_pool):
+        if pool is not None:
+            kill_pool(pool)
+
+
+def kill_pool(pool: Any) -> None:
+    """A reward pool and its workers (best effort, at teardown)."""
+    import ray
+
     try:
-        for h in ray.get(run.reward_pool.worker_handles.remote(), timeout=10).values():
+        for h in ray.get(pool.worker_handles.remote(), timeout=10).values():
             ray.kill(h, no_restart=True)
     except Exception:  # noqa: BLE001 - best effort at teardown
         pass
-    ray.kill(run.reward_pool, no_restart=True)
+    ray.kill(pool, no_restart=True)

@@ -9,8 +9,10 @@ meaning is the same. `load_config(path, overrides)` is the only entry point the 
 from __future__ import annotations
 
 import math
+import types
+import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -157,7 +159,7 @@ class ModelConfig(_Section):
     fine-tuning."""
 
 
-class DataConfig(_Section):
+class DataSource(_Section):
     path: str = "toy"
     """A local `.jsonl`/`.json`/`.parquet` file, a directory saved with `datasets.save_to_disk`, a hub
     dataset id, or a built-in task: `toy` (the letter task the tiny model learns in a few dozen steps) or `code`
@@ -167,6 +169,9 @@ class DataConfig(_Section):
     prompt_column: str = "prompt"
     """Column holding the prompt: plain text, or chat messages (list of {role, content}) to which the
     model's chat template is applied. Every other column travels with the sample to the reward functions."""
+
+
+class DataConfig(DataSource):
     shuffle_dataset: bool = True
     """Shuffle the prompts each epoch (TRL's name). False keeps file order, e.g. for difficulty curricula."""
 
@@ -280,6 +285,13 @@ class GRPOConfig(_Section):
     gradient_checkpointing_kwargs: dict[str, Any] | None = None
     """Keyword arguments for `torch.utils.checkpoint.checkpoint` (TRL's name), e.g. {use_reentrant: true}.
     null: transformers' default ({use_reentrant: false})."""
+    save_best: str | None = None
+    """Also keep `<dir>/<run name>/checkpoint-best`: the checkpoint of the policy with the best value so far of
+    this eval metric (`eval/reward`, `eval/pass@1`, `eval/rewards/<name>/mean`, ...; needs an `eval` block),
+    with its step and value in its rayward_state.json. Periodic checkpoints and --resume (from the latest
+    periodic one) are unchanged."""
+    save_best_mode: Literal["max", "min"] = "max"
+    """Whether a higher (`max`) or a lower (`min`) value of `save_best` is better."""
 
     @model_validator(mode="after")
     def _consistent(self) -> GRPOConfig:
@@ -339,6 +351,74 @@ class RewardConfig(_Section):
         if self.fallback is not None and not math.isfinite(self.fallback):
             raise ValueError("fallback must be a finite number or null")
         return self
+
+
+class EvalConfig(_Section):
+    data: DataSource
+    """Held-out prompts, from the same sources as `data` (a file, a saved or hub `datasets` dataset and its
+    split, or `toy`); every column besides the prompt reaches the reward functions."""
+    every_n_steps: int | None = Field(None, ge=1)
+    """Evaluate every this many optimizer steps, and after the last step. null: only after the last step (and
+    at the start with `at_start`)."""
+    at_start: bool = False
+    """Also evaluate the policy the run starts from (the initial model, or the resumed checkpoint) before its
+    first step: the baseline of the eval curve."""
+    num_generations: int = Field(1, ge=1)
+    """Completions per prompt: the k of `eval/pass@k`."""
+    temperature: float | None = Field(None, ge=0)
+    """Sampling temperature; 0 = greedy. Default: `generation.temperature`. top_p and top_k are generation's.
+    Each prompt's completions are seeded from the run's seed and the prompt's position, the same at every eval,
+    so evals at different steps draw the same random numbers."""
+    max_completion_length: int | None = Field(None, ge=1)
+    """Maximum new tokens per eval completion. Default: `generation.max_completion_length`."""
+    max_samples: int | None = Field(None, ge=1)
+    """Evaluate on the first this many prompts of the dataset (file order); null: all of them. An eval costs
+    about max_samples x num_generations completions of generation and scoring."""
+    rewards: list[RewardConfig] | None = None
+    """Reward functions for eval, as in `rewards` (weights, gates, schedules at the evaluated step); scored by
+    a separate one-worker pool, `<name>/eval-reward-pool`. null: the training rewards, scored by the run's
+    pool."""
+    pass_threshold: float = 1.0
+    """A completion passes when its total (weighted, gated) reward is at least this: the success behind
+    `eval/pass@1` and `eval/pass@k`."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EvalConfig:
+        if self.temperature == 0 and self.num_generations > 1:
+            raise ValueError(
+                f"temperature 0 (greedy) makes the num_generations ({self.num_generations}) completions of a "
+                "prompt identical: use num_generations 1, or a temperature above 0 for pass@k"
+            )
+        if self.rewards is not None:
+            if not self.rewards:
+                raise ValueError("rewards: give at least one reward, or null for the training rewards")
+            check_rewards(self.rewards)
+        return self
+
+    def metric_names(self, training_rewards: list[str]) -> list[str]:
+        """The eval metrics an eval produces (`orchestrator.evaluation.eval_metrics`) that `grpo.save_best`
+        may name."""
+        names = [r.name for r in self.rewards] if self.rewards is not None else training_rewards
+        k = self.num_generations
+        return ["eval/reward", *(f"eval/rewards/{n}/mean" for n in names), "eval/pass@1",
+                *([f"eval/pass@{k}"] if k > 1 else []), "eval/mean_length"]
+
+
+def check_rewards(rewards: list[RewardConfig]) -> None:
+    """A reward list's names are unique and its gates name other rewards of the list, with no cycle."""
+    names = [r.name for r in rewards]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"reward names must be unique, repeated: {dupes}")
+    for r in rewards:
+        if r.gate is not None:
+            if r.gate.reward not in names:
+                raise ValueError(f"reward {r.name!r}: gate names unknown reward {r.gate.reward!r} (have {names})")
+            if r.gate.reward == r.name:
+                raise ValueError(f"reward {r.name!r}: a reward cannot gate itself")
+    cycle = _gate_cycle({r.name: r.gate.reward for r in rewards if r.gate})
+    if cycle:
+        raise ValueError(f"gates form a cycle: {' -> '.join(cycle)}")
 
 
 class Resources(_Section):
@@ -525,22 +605,12 @@ class RunConfig(_Section):
     """How new weights travel from the learner into the generators after each optimizer step."""
     logging: LoggingConfig = LoggingConfig()
     """Metrics and logs."""
+    eval: EvalConfig | None = None
+    """Held-out evaluation during training (and for `rayward eval`); null: none."""
 
     @model_validator(mode="after")
     def _rewards_consistent(self) -> RunConfig:
-        names = [r.name for r in self.rewards]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"reward names must be unique, repeated: {dupes}")
-        for r in self.rewards:
-            if r.gate is not None:
-                if r.gate.reward not in names:
-                    raise ValueError(f"reward {r.name!r}: gate names unknown reward {r.gate.reward!r} (have {names})")
-                if r.gate.reward == r.name:
-                    raise ValueError(f"reward {r.name!r}: a reward cannot gate itself")
-        cycle = _gate_cycle({r.name: r.gate.reward for r in self.rewards if r.gate})
-        if cycle:
-            raise ValueError(f"gates form a cycle: {' -> '.join(cycle)}")
+        check_rewards(self.rewards)
         if self.generation.generation_batch_size % self.grpo.per_device_train_batch_size:
             raise ValueError(
                 f"generation.generation_batch_size ({self.generation.generation_batch_size}) must be a multiple of "
@@ -553,7 +623,25 @@ class RunConfig(_Section):
                 f"(generation_batch_size / grpo.per_device_train_batch_size = {micro}): some learner ranks "
                 "would have nothing to train on"
             )
+        self._check_eval()
         return self
+
+    def _check_eval(self) -> None:
+        e, best = self.eval, self.grpo.save_best
+        if e is not None:
+            length = e.max_completion_length or self.generation.max_completion_length
+            if length >= self.generation.max_model_len:
+                raise ValueError(
+                    f"eval.max_completion_length ({length}) must be below generation.max_model_len "
+                    f"({self.generation.max_model_len}), which also holds the prompt"
+                )
+        if best is None:
+            return
+        if e is None:
+            raise ValueError(f"grpo.save_best {best!r} needs an eval block (`eval: {{data: ...}}`) to measure it")
+        produced = e.metric_names([r.name for r in self.rewards])
+        if best not in produced:
+            raise ValueError(f"grpo.save_best {best!r}: eval produces no such metric (it produces {produced})")
 
 
 def _gate_cycle(edges: dict[str, str]) -> list[str] | None:
@@ -652,13 +740,13 @@ def config_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> li
         if sub is not None:
             rows.extend(config_reference(sub, f"{prefix}{name}."))
             continue
-        args = get_args(ann)
-        optional = [a for a in args if isinstance(a, type) and issubclass(a, _Section)] if type(None) in args else []
-        if optional:  # a section that may be null (off): its own row, then its fields
+        union = typing.get_origin(ann) in (typing.Union, types.UnionType)
+        optional = [a for a in typing.get_args(ann) if isinstance(a, type) and issubclass(a, _Section)] if union else []
+        if optional:  # an optional section (`eval`): its own row (off by default), then its fields
             rows.append((f"{prefix}{name}", repr(field.get_default()), (field.description or "").replace("\n", " ")))
             rows.extend(config_reference(optional[0], f"{prefix}{name}."))
             continue
-        if name == "rewards":
+        if name == "rewards" and model is RunConfig:
             rows.append((f"{prefix}rewards", "(required)", field.description or ""))
             rows.extend(config_reference(RewardConfig, f"{prefix}rewards[]."))
             continue

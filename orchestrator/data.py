@@ -1,4 +1,5 @@
-"""Prompt datasets: local files, saved or hub `datasets`, or the built-in toy task; chat templates; batches."""
+"""Prompt datasets: local files, saved or hub `datasets`, or the built-in toy task; chat templates; batches; and
+generated completions joined back to their prompt rows (`to_rollouts`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import random
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import DataConfig
+from actors.types import Rollouts, Sample
+from orchestrator.config import DataConfig, DataSource
 from orchestrator.tasks.code import code_dataset
 from orchestrator.tasks.letters import toy_dataset
 
@@ -18,22 +20,23 @@ class DataError(ValueError):
     """The dataset cannot serve prompts; the message names the path or column."""
 
 
-def load_rows(cfg: DataConfig, seed: int = 0) -> list[dict[str, Any]]:
-    """All rows as dicts. Prompt datasets for RL are small (thousands of rows), so they live in memory."""
+def load_rows(cfg: DataSource, seed: int = 0, field: str = "data") -> list[dict[str, Any]]:
+    """All rows as dicts. Prompt datasets for RL are small (thousands of rows), so they live in memory.
+    `field`: the config path of `cfg` (`data`, `eval.data`), named in errors."""
     if cfg.path in BUILTIN_DATASETS:
         rows = BUILTIN_DATASETS[cfg.path](seed=seed)
     else:
-        rows = _load_datasets(cfg)
+        rows = _load_datasets(cfg, field)
     if not rows:
-        raise DataError(f"data.path {cfg.path!r}: no rows")
+        raise DataError(f"{field}.path {cfg.path!r}: no rows")
     if cfg.prompt_column not in rows[0]:
         raise DataError(
-            f"data.prompt_column {cfg.prompt_column!r} not in dataset {cfg.path!r} (columns: {sorted(rows[0])})"
+            f"{field}.prompt_column {cfg.prompt_column!r} not in dataset {cfg.path!r} (columns: {sorted(rows[0])})"
         )
     return rows
 
 
-def _load_datasets(cfg: DataConfig) -> list[dict[str, Any]]:
+def _load_datasets(cfg: DataSource, field: str) -> list[dict[str, Any]]:
     import datasets
 
     p = Path(cfg.path)
@@ -41,7 +44,7 @@ def _load_datasets(cfg: DataConfig) -> list[dict[str, Any]]:
         if p.is_file():
             kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}.get(p.suffix)
             if kind is None:
-                raise DataError(f"data.path {cfg.path!r}: unsupported file type {p.suffix!r} (jsonl, json, parquet, csv)")
+                raise DataError(f"{field}.path {cfg.path!r}: unsupported file type {p.suffix!r} (jsonl, json, parquet, csv)")
             ds = datasets.load_dataset(kind, data_files=str(p), split="train")
         elif p.is_dir() and any((p / f).exists() for f in ("dataset_info.json", "dataset_dict.json")):
             ds = datasets.load_from_disk(str(p))
@@ -52,12 +55,49 @@ def _load_datasets(cfg: DataConfig) -> list[dict[str, Any]]:
     except DataError:
         raise
     except Exception as err:  # noqa: BLE001 - surface any loader failure with the field named
-        raise DataError(f"data.path {cfg.path!r}: cannot load ({type(err).__name__}: {err})") from err
+        raise DataError(f"{field}.path {cfg.path!r}: cannot load ({type(err).__name__}: {err})") from err
     return [dict(r) for r in ds]
 
 
 def is_conversational(prompt: Any) -> bool:
     return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and "role" in prompt[0]
+
+
+def to_rollouts(
+    rows: list[dict[str, Any]], groups: list[list[Sample]], policy_version: int, *, prompt_column: str,
+    group_size: int,
+) -> Rollouts:
+    """Flatten generator output (per prompt row, its group_size samples) into one Rollouts batch; the rows'
+    other columns travel with every sample."""
+    cols = [c for c in rows[0] if c not in (prompt_column, "prompt_ids")]
+    out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, group_size)
+    for row, samples in zip(rows, groups, strict=True):
+        chat = is_conversational(row[prompt_column])
+        for s in samples:
+            out.prompts.append(row[prompt_column])
+            out.prompt_ids.append(row["prompt_ids"])
+            out.completion_ids.append(s.completion_ids)
+            out.completions.append([{"role": "assistant", "content": s.text}] if chat else s.text)
+            out.sampling_logprobs.append(s.logprobs)
+            out.truncated.append(s.finish_reason == "length")
+            for c in cols:
+                out.columns[c].append(row[c])
+    return out
+
+
+def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
+    """Token ids of a prompt: chat messages through the chat template (with the generation prompt), text as is."""
+    if is_conversational(prompt):
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+
+def eval_rows(cfg: DataSource, tokenizer: Any, *, max_samples: int | None, seed: int = 0) -> list[dict[str, Any]]:
+    """The held-out prompts: the first `max_samples` rows (file order, all if None), each with `prompt_ids`.
+    The same rows every eval, so the evals of a run are comparable."""
+    rows = load_rows(cfg, seed=seed, field="eval.data")[:max_samples]
+    return [{**r, "prompt_ids": encode_prompt(tokenizer, r[cfg.prompt_column])} for r in rows]
 
 
 class PromptSource:
@@ -86,10 +126,7 @@ class PromptSource:
         return self.served / len(self.rows)
 
     def encode(self, prompt: Any) -> list[int]:
-        if is_conversational(prompt):
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        return encode_prompt(self.tokenizer, prompt)
 
     def next_batch(self, k: int) -> list[dict[str, Any]]:
         """k rows, each with `prompt_ids` added."""

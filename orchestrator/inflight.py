@@ -17,7 +17,7 @@ import ray
 
 from actors.types import FinishedGroups, Rollouts, Scores
 from orchestrator.build import Run
-from orchestrator.phases import sampling_kwargs, score_request, to_rollouts
+from orchestrator.phases import rollouts_of, sampling_kwargs, score_request
 
 
 @dataclass
@@ -77,7 +77,7 @@ def pump(run: Run, inflight: deque[InFlight], until: Any | None = None) -> None:
             continue
         part.seconds = out.seconds
         rows = [part.rows[i] for i, _ in out.groups]
-        r = to_rollouts(run.cfg, rows, [samples for _, samples in out.groups], batch.policy_version)
+        r = rollouts_of(run.cfg, rows, [samples for _, samples in out.groups], batch.policy_version)
         batch.scored.append((r, score_request(run, r)))
 
 

@@ -15,7 +15,9 @@ from orchestrator.ops.metrics import PhaseTimer
 
 
 def run_sync(run: Run) -> list[dict[str, Any]]:
-    """Synchronous GRPO: generate -> score -> advantages -> train -> sync, one step at a time."""
+    """Synchronous GRPO: generate -> score -> advantages -> train -> sync, one step at a time; held-out evals
+    between steps (orchestrator/evaluator.py)."""
+    run.evaluate.start(run.global_step)
     while not phases.done(run):
         timer = PhaseTimer()
         rows = run.prompts.next_batch(run.prompts_per_step)
@@ -31,6 +33,7 @@ def run_sync(run: Run) -> list[dict[str, Any]]:
             sync_m = phases.sync(run)
         phases.log_step(run, timer, rollouts, scores, table, {**reward_m, **select_m, **train_m, **sync_m})
         phases.maybe_checkpoint(run)
+        run.evaluate.after_step(run.global_step)  # the synced weights, on the idle generators
     return phases.finish(run)
 
 
@@ -41,6 +44,7 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
     batches = run.cfg.grpo.max_steps // per_batch
     inflight: deque[InFlight] = deque()
     submitted, dropped = run.global_step // per_batch, 0
+    run.evaluate.start(run.global_step)  # queued on the generators ahead of the first batches
     while not phases.done(run):
         timer = PhaseTimer()
         while len(inflight) <= lag and submitted < batches:
@@ -66,4 +70,5 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
              "time/generate_busy": generate_s, "pipeline/dropped_stale_batches": dropped}
         phases.log_step(run, timer, rollouts, scores, table, m)
         phases.maybe_checkpoint(run)
+        run.evaluate.after_step(run.global_step)  # queued behind the sync: the new weights; finished later
     return phases.finish(run)

@@ -8,11 +8,11 @@
     stats    = train(run, batch)                            learner (pushes TrainerState to the pool)
     sync(run)                                               learner -> every engine (actors.weights)
     log_step(...); maybe_checkpoint(run)
+    run.evaluate.after_step(step)                           held-out eval (orchestrator/evaluator.py)
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +23,7 @@ from actors.types import Rollouts, Sample, Scores, TrainBatch, TrainerState
 from orchestrator.advantages import to_train_batch
 from orchestrator.build import Run
 from orchestrator.config import RunConfig
-from orchestrator.data import is_conversational
+from orchestrator.data import to_rollouts
 from orchestrator.ops.metrics import PhaseTimer
 from orchestrator.selection import Refill
 
@@ -41,23 +41,10 @@ def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 top_p=g.top_p, top_k=g.top_k)
 
 
-def to_rollouts(cfg: RunConfig, rows: list[dict[str, Any]], groups: list[list[Sample]], policy_version: int) -> Rollouts:
-    """Flatten generator output (per prompt, G samples each) into one Rollouts batch."""
-    pcol = cfg.data.prompt_column
-    cols = [c for c in rows[0] if c not in (pcol, "prompt_ids")]
-    out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, cfg.generation.num_generations)
-    for row, samples in zip(rows, groups, strict=True):
-        chat = is_conversational(row[pcol])
-        for s in samples:
-            out.prompts.append(row[pcol])
-            out.prompt_ids.append(row["prompt_ids"])
-            out.completion_ids.append(s.completion_ids)
-            out.completions.append([{"role": "assistant", "content": s.text}] if chat else s.text)
-            out.sampling_logprobs.append(s.logprobs)
-            out.truncated.append(s.finish_reason == "length")
-            for c in cols:
-                out.columns[c].append(row[c])
-    return out
+def rollouts_of(cfg: RunConfig, rows: list[dict[str, Any]], groups: list[list[Sample]], policy_version: int) -> Rollouts:
+    """A training batch's generator output as Rollouts (the training data's prompt column, G per prompt)."""
+    return to_rollouts(rows, groups, policy_version, prompt_column=cfg.data.prompt_column,
+                       group_size=cfg.generation.num_generations)
 
 
 def with_generator_restarts(run: Run, call: Callable[[], Any]) -> Any:
@@ -80,7 +67,7 @@ def generate(run: Run, rows: list[dict[str, Any]]) -> Rollouts:
     groups = with_generator_restarts(
         run, lambda: run.generators.call_sharded("generate", ids, **sampling_kwargs(run.cfg))
     )
-    return to_rollouts(run.cfg, rows, groups, run.policy_version)
+    return rollouts_of(run.cfg, rows, groups, run.policy_version)
 
 
 # --- score ------------------------------------------------------------------------------------------------
@@ -203,15 +190,17 @@ def log_step(
 
 
 def log_completions(run: Run, rollouts: Rollouts, scores: Scores, table: dict[str, list]) -> None:
-    """One JSON line per trained sample in <run dir>/completions.jsonl: step, prompt, completion, each reward raw
-    and gated, total, advantage, and the reward functions' log_extra columns."""
-    with open(run.run_dir / "completions.jsonl", "a") as f:
-        for i in range(len(rollouts)):
-            row = {"step": run.global_step, "policy_version": rollouts.policy_version,
-                   "prompt": rollouts.prompts[i], "completion": rollouts.completions[i]}
-            row.update({k: v[i] for k, v in table.items()})
-            row.update({c: v[i] for c, v in scores.extra.items()})
-            f.write(json.dumps(row, default=str) + "\n")
+    """One row per trained sample to the run's completions log (<run dir>/completions.jsonl, and a W&B table
+    where W&B is on): step, prompt, completion, each reward raw and gated, total, advantage, and the reward
+    functions' log_extra columns."""
+    rows = []
+    for i in range(len(rollouts)):
+        row = {"step": run.global_step, "policy_version": rollouts.policy_version,
+               "prompt": rollouts.prompts[i], "completion": rollouts.completions[i]}
+        row.update({k: v[i] for k, v in table.items()})
+        row.update({c: v[i] for c, v in scores.extra.items()})
+        rows.append(row)
+    run.logger.log_completions(run.global_step, rows)
 
 
 def save_checkpoint(run: Run) -> str:
@@ -234,9 +223,11 @@ def save_merged(run: Run) -> str:
 
 
 def finish(run: Run) -> list[dict[str, Any]]:
-    """The end of either loop: the last weight sync lands, and the final checkpoint (unless stopping on SIGTERM,
-    where train() writes it), and with model.lora.save_merged the merged model of a finished run."""
+    """The end of either loop: the last weight sync lands, an eval still on its way is recorded, the final
+    checkpoint (unless stopping on SIGTERM, where train() writes it), and with model.lora.save_merged the merged
+    model of a finished run."""
     run.weights.drain()
+    run.evaluate.drain()
     if not run.stop_requested and run.cfg.grpo.save_steps is not None:
         save_checkpoint(run)
     lora = run.cfg.model.lora

@@ -1,31 +1,87 @@
-"""Python entry points: `train(cfg)` does what `rayward run` does, inside or outside an existing Ray session."""
+"""Python entry points: `train(cfg)` does what `rayward run` does, and `evaluate(cfg, checkpoint)` what
+`rayward eval` does, inside or outside an existing Ray session."""
 
 from __future__ import annotations
 
+import json
+import re
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from orchestrator.build import prepare
-from orchestrator.config import ConfigError, RunConfig
+from orchestrator.config import ConfigError, DataSource, EvalConfig, RunConfig
 from orchestrator.data import DataError
+from orchestrator.ops.actor_logs import ActorOutput
 from orchestrator.ops.cluster import check_learner_placement, init_ray, new_run_name
+from orchestrator.ops.errors import RunFailed, RunStopped
+from orchestrator.ops.progress import open_display, summary_footer, summary_table
+
+# Every line the run's actors wrote, in the run directory (the terminal shows only rayward's own).
+ACTOR_LOG = "actors.log"
+
+PERIODIC_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # not checkpoint-best, nor *.tmp / *.candidate
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The highest complete checkpoint-N in a run directory (incomplete ones are *.tmp and ignored)."""
-    done = [p for p in run_dir.glob("checkpoint-*") if p.suffix != ".tmp" and (p / "rayward_state.json").exists()]
-    return max(done, key=lambda p: int(p.name.split("-")[1]), default=None)
+    """The highest complete checkpoint-N in a run directory (incomplete ones are *.tmp and ignored; so is
+    checkpoint-best: resuming continues from the latest step, not the best one)."""
+    done = [
+        p for p in run_dir.glob("checkpoint-*")
+        if PERIODIC_CHECKPOINT.match(p.name) and (p / "rayward_state.json").exists()
+    ]
+    return max(done, key=lambda p: int(PERIODIC_CHECKPOINT.match(p.name).group(1)), default=None)
+
+
+class _Signals:
+    """SIGTERM (`rayward stop`, `ray job stop`) while the run starts ends it at once (RunStopped); once the loop
+    runs, it asks the loop to stop at the next step boundary: the step in progress is trained and logged, then a
+    checkpoint is written. (Ray SIGKILLs after RAY_JOB_STOP_WAIT_TIME_S, 3 s by default: raise it on the head
+    above one step plus a checkpoint.) Only the main thread can install handlers; elsewhere nothing changes.
+    ray.init installs its own handler (sys.exit(15)): `install` again after it."""
+
+    def __init__(self, name: str):
+        self.name, self.run, self.looping, self.requested = name, None, False, False
+        main = threading.current_thread() is threading.main_thread()
+        self.previous = signal.getsignal(signal.SIGTERM) if main else None
+        self.install()
+
+    def install(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        if self.run is not None and self.looping:
+            self.run.stop_requested = True
+        else:  # raised wherever the start is (C code may turn it into a SystemError: train() checks `requested`)
+            raise RunStopped(self.name, None, None)
+
+    def check(self) -> None:
+        """Between start-up stages: a SIGTERM whose exception something swallowed still stops the run."""
+        if self.requested:
+            raise RunStopped(self.name, None, None)
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.previous = None
 
 
 def train(
-    cfg: RunConfig, name: str | None = None, *, verbose: bool = True, resume: bool = False
+    cfg: RunConfig, name: str | None = None, *, verbose: bool = True, resume: bool = False,
+    show_actor_output: bool = False,
 ) -> list[dict[str, Any]]:
     """Check the config's rewards, model and data, start (or join) Ray, build the groups, run the loop.
-    Returns the per-step metrics. A Ray session already initialised by the caller is used as it is.
-    resume=True continues from the run directory's latest checkpoint (same name), if there is one."""
+    Returns the logged rows: one per step, and one per held-out eval (keys `eval/...`, step = the step whose
+    weights it evaluated). A Ray session already initialised by the caller is used as it is (and its log settings
+    are left alone); otherwise the actors' output goes to <run dir>/actors.log, and on the terminal only rayward's
+    own lines (show_actor_output=True: everything, as Ray prints it).
+    resume=True continues from the run directory's latest checkpoint (same name), if there is one.
+    Raises RunFailed (the error that ended it as __cause__) or RunStopped (SIGTERM)."""
     import ray
 
     from actors.weights.parity import logprob_parity
@@ -38,63 +94,86 @@ def train(
         prepared = prepare(cfg, name)  # reward imports, model/tokenizer, dataset: before Ray starts
     except DataError as err:
         raise ConfigError(str(err)) from None
-    say = print if verbose else (lambda *a, **k: None)
-    say(f"rayward run {name!r}: logs and checkpoints in {prepared.run_dir}", flush=True)
+    run_dir = prepared.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    display = open_display(cfg.logging.progress and verbose, cfg.grpo.max_steps)
+    say = display.message if verbose else (lambda *a, **k: None)
+    say(f"rayward run {name!r}: logs and checkpoints in {run_dir}")
     owns_ray = not ray.is_initialized()
-    if owns_ray:
-        info = init_ray(cfg.cluster, name)
-        if info.get("dashboard_url"):
-            say(f"rayward run {name!r}: Ray dashboard http://{info['dashboard_url']}", flush=True)
+    signals = _Signals(name)
+    run, output, history, t0 = None, None, [], time.time()
     try:
-        check_learner_placement(cfg.cluster, ray.nodes())  # needs the cluster: the first thing once Ray is up
-    except ConfigError:
         if owns_ray:
-            ray.shutdown()
-        raise
-    t0 = time.time()
-    run = build_run(prepared)
-    threads = [f"learner {ray.get(run.learner.handles[0].cpu_threads.remote())}"]
-    threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.call("cpu_threads"))]
-    say(f"rayward: compute: {'; '.join(threads)}", flush=True)
-    # SIGTERM (`rayward stop`, `ray job stop`) asks the loop to stop at the next step boundary: the step in
-    # progress is trained and logged, then a checkpoint is written. (Ray SIGKILLs after RAY_JOB_STOP_WAIT_TIME_S,
-    # 3 s by default: raise it on the head above one step plus a checkpoint.)
-    previous = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-    if previous is not None:
-        signal.signal(signal.SIGTERM, lambda signum, frame: setattr(run, "stop_requested", True))
-    try:
-        ckpt = latest_checkpoint(prepared.run_dir) if resume else None
+            output = ActorOutput(run_dir / ACTOR_LOG, echo=None if show_actor_output else _echo)
+            output.capture_ray_logger()
+            info = init_ray(cfg.cluster, name)
+            signals.install()
+            if info.get("dashboard_url"):
+                say(f"rayward run {name!r}: Ray dashboard http://{info['dashboard_url']}")
+            if output.attach(keep_ray_printing=show_actor_output) and not show_actor_output:
+                say(f"rayward run {name!r}: the actors' output is in {run_dir / ACTOR_LOG} (--verbose shows it here)")
+            elif not show_actor_output:
+                say("rayward: this Ray version cannot separate the actors' output; it is shown here")
+        check_learner_placement(cfg.cluster, ray.nodes())  # needs the cluster: the first thing once Ray is up
+        signals.check()
+        run = signals.run = build_run(prepared, display=display)
+        signals.check()
+        threads = [f"learner {ray.get(run.learner.handles[0].cpu_threads.remote())}"]
+        threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.call("cpu_threads"))]
+        say(f"rayward: compute: {'; '.join(threads)}")
+        ckpt = latest_checkpoint(run_dir) if resume else None
         if ckpt is not None:
             restore(run, ckpt)
-            say(f"rayward: resumed from {ckpt} at step {run.global_step}", flush=True)
+            run.evaluate.restore()  # the best eval so far, from checkpoint-best (grpo.save_best)
+            say(f"rayward: resumed from {ckpt} at step {run.global_step}")
         if cfg.logging.check_logprob_parity:
             stats = run.weights.push()
             gap = logprob_parity(run.learner.handles[0], run.generators.handles, cfg.generation.temperature)
             say(
                 f"rayward: weight sync {stats.bytes / 1e6:.0f} MB in {stats.seconds:.2f}s; generator-learner "
-                f"logprob parity after sync: max abs diff {gap:.2e}",
-                flush=True,
+                f"logprob parity after sync: max abs diff {gap:.2e}"
             )
         loop = run_pipelined if cfg.loop.mode == "pipelined" else run_sync  # chosen once, at build time
+        signals.check()
+        signals.looping = True
+        display.start(run.global_step)
         history = loop(run)
+        display.close()
         if run.stop_requested:
-            path = save_checkpoint(run)
-            say(f"rayward: stopped at step {run.global_step}; checkpoint {path}", flush=True)
+            save_checkpoint(run)
+    except (RunStopped, KeyboardInterrupt, ConfigError):
+        raise
+    except SystemExit as err:  # SIGTERM inside ray.init, through Ray's handler
+        if err.code == signal.SIGTERM:
+            raise RunStopped(name, None, None) from None
+        raise
+    except Exception as err:
+        if signals.requested and not signals.looping:  # what the interrupted start-up made of the SIGTERM
+            raise RunStopped(name, None, None) from None
+        step = run.global_step + 1 if run is not None and signals.looping else None
+        raise RunFailed(name, run_dir, step, latest_checkpoint(run_dir)) from err
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        shutdown_run(run)
+        display.close()
+        signals.restore()
+        if run is not None:
+            shutdown_run(run)
+        if output is not None:
+            output.drain()
         if owns_ray:
             ray.shutdown()
-    first = [h["reward"] for h in history[:5] if h.get("reward") is not None]
-    last = [h["reward"] for h in history[-5:] if h.get("reward") is not None]
-    if first and last:
-        say(
-            f"rayward: done in {time.time() - t0:.0f}s; mean reward first 5 steps {sum(first) / len(first):.3f} "
-            f"-> last 5 steps {sum(last) / len(last):.3f}",
-            flush=True,
-        )
+        if output is not None:
+            output.close()
+    if verbose and history:
+        display.summary(summary_table(history, name=name, elapsed_s=time.time() - t0),
+                        summary_footer(run_dir, latest_checkpoint(run_dir)))
+    if run.stop_requested:
+        raise RunStopped(name, run.global_step, latest_checkpoint(run_dir))
     return history
+
+
+def _echo(message: str) -> None:
+    """An actor's rayward message on the driver's terminal (sys.stderr looked up now: a live bar redirects it)."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def restore(run: Any, ckpt: Path) -> None:
@@ -106,3 +185,81 @@ def restore(run: Any, ckpt: Path) -> None:
     if "data" in state:
         run.prompts.restore(state["data"])
     sync(run)
+
+
+def evaluate(
+    cfg: RunConfig, checkpoint: str | Path | None = None, *, name: str | None = None, output: str | Path | None = None,
+    verbose: bool = True,
+) -> dict[str, Any]:
+    """What `rayward eval` does: evaluate a checkpoint (an HF model directory), or the config's model, on the
+    eval block's data with its rewards, as an eval during training would (the config's `data` and the eval
+    defaults when it has no eval block). Prints the metrics and writes a JSON report (default
+    `<logging.dir>/<name>/eval.json`); returns the report."""
+    import ray
+
+    from orchestrator.build import (
+        eval_set,
+        kill_pool,
+        load_tokenizer,
+        prepare_eval,
+        resolve_model,
+        reward_specs,
+        start_generators,
+        start_reward_pool,
+    )
+    from orchestrator.evaluator import finish_eval, submit_eval
+
+    say = print if verbose else (lambda *a, **k: None)
+    if cfg.eval is None:
+        say("rayward eval: the config has no eval block: evaluating on its `data` with the eval defaults", flush=True)
+        held_out = DataSource(**cfg.data.model_dump(exclude={"shuffle_dataset"}))
+        cfg = cfg.model_copy(update={"eval": EvalConfig(data=held_out)})
+    name = name or cfg.name or new_run_name("eval")
+    model_path = resolve_model(cfg)  # the tokenizer, and the policy when no checkpoint is given
+    policy, engine, step = model_path, {}, 0
+    if checkpoint is not None:
+        ckpt = Path(checkpoint)
+        if not (ckpt / "config.json").is_file():
+            raise ConfigError(f"--checkpoint {str(checkpoint)!r}: not an HF model directory (no config.json)")
+        policy = str(ckpt)
+        if not any((ckpt / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+            engine["tokenizer"] = model_path  # checkpoints written before they carried their tokenizer
+        if (ckpt / "rayward_state.json").exists():
+            step = int(json.loads((ckpt / "rayward_state.json").read_text())["global_step"])
+    try:
+        rows, eval_specs = prepare_eval(cfg, load_tokenizer(cfg, model_path))
+    except DataError as err:
+        raise ConfigError(str(err)) from None
+    specs = eval_specs if eval_specs is not None else reward_specs(cfg.rewards)
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        init_ray(cfg.cluster, name)
+    pool = generators = None
+    try:
+        pool = start_reward_pool(cfg, name, specs, role="eval-reward")
+        generators = start_generators(cfg, name, policy, **engine)
+        es = eval_set(cfg, rows, pool)
+        result = finish_eval(es, submit_eval(es, generators, step))
+    finally:
+        if generators is not None:
+            generators.kill()
+        if pool is not None:
+            kill_pool(pool)
+        if owns_ray:
+            ray.shutdown()
+    out = Path(output) if output is not None else Path(cfg.logging.dir) / name / "eval.json"
+    report = {
+        "model": policy, "checkpoint": None if checkpoint is None else str(checkpoint), "step": step,
+        "eval": cfg.eval.model_dump(mode="json"), "metrics": result.metrics, "samples": result.samples(),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=str))
+    e = cfg.eval
+    say(f"rayward eval: {policy} (step {step}) on {e.data.path!r}: {len(rows)} prompts x {e.num_generations} "
+        f"completions", flush=True)
+    width = max(len(k) for k in result.metrics)
+    say(f"{'metric':<{width}}  value")
+    for k, v in result.metrics.items():
+        say(f"{k:<{width}}  {v:.4g}")
+    say(f"rayward eval: report {out}", flush=True)
+    return report

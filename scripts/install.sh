@@ -21,3 +21,19 @@ if [ "$TARGET" = cpu ]; then
   "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 "$VENV/bin/python" -c "import transformers, vllm, ray, trl; print('rayward install ok: vllm', vllm.__version__, 'ray', ray.__version__)"
+# Prometheus, for the dashboard's charts (cluster/prometheus.sh) and the test that checks every chart's query:
+# Debian's package, only where this runs as root with apt-get (CI containers). Best effort: the install never
+# fails for it, and without it that one test is skipped. RAYWARD_INSTALL_PROMETHEUS=0 leaves the system alone.
+# (On a host with systemd the package also starts its own service on :9090.)
+if [ "${RAYWARD_INSTALL_PROMETHEUS:-1}" = 1 ] && ! command -v prometheus >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }
+    if apt_install || { apt-get update -q >/dev/null 2>&1 && apt_install; }; then
+      echo "installed prometheus ($(command -v prometheus))"
+    else
+      echo "note: apt-get could not install prometheus; the Prometheus dashboard test will be skipped"
+    fi
+  else
+    echo "note: no prometheus binary (Debian/Ubuntu: sudo apt-get install prometheus); the Prometheus dashboard test will be skipped"
+  fi
+fi

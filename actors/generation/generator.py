@@ -91,7 +91,7 @@ class Generator:
         """How this engine computes, for the start-up log."""
         if self.on_gpu:
             return f"GPU, tp {self.tensor_parallel_size}"
-        return f"vLLM OpenMP threads bound to {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}"
+        return f"engine OpenMP threads bound to {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}"
 
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
@@ -101,14 +101,23 @@ class Generator:
     def ping(self) -> int:
         return os.getpid()
 
-    def generate(self, prompt_token_ids: list[list[int]], **sampling: Any) -> list[list[Sample]]:
+    def generate(
+        self, prompt_token_ids: list[list[int]], seeds: list[int] | None = None, **sampling: Any
+    ) -> list[list[Sample]]:
         """Sample `n` completions per prompt; result[i][j] is sample j of prompt i.
 
         sampling: n, max_tokens, temperature (required), top_p, top_k, seed (see `_sampling_params`).
+        seeds: one per prompt instead of `seed` (vLLM seeds sample j of a prompt with its seed + j), so that
+        repeated prompts still get different samples while a repeated call draws the same ones.
         """
         from vllm.inputs import TokensPrompt
 
-        params = self._sampling_params(**sampling)
+        if seeds is None:
+            params = self._sampling_params(**sampling)
+        else:
+            if len(seeds) != len(prompt_token_ids):
+                raise ValueError(f"{len(seeds)} seeds for {len(prompt_token_ids)} prompts")
+            params = [self._sampling_params(**sampling, seed=s) for s in seeds]
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
         # One call for the whole batch so vLLM schedules all prompts * n samples together.
         outputs = self.llm.generate(prompts, params, use_tqdm=False)

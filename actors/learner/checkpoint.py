@@ -1,7 +1,8 @@
 """Learner checkpoints: the policy plus optimizer, scheduler and run state, written atomically (a temporary directory
-renamed), in one format whatever the number of ranks. A full fine-tune writes an HF model directory (loadable by
-transformers and vLLM); a LoRA learner writes its adapter in PEFT's format (adapter_config.json +
-adapter_model.safetensors, loadable with `PeftModel.from_pretrained` on the base), and can write the merged model.
+renamed), in one format whatever the number of ranks. A full fine-tune writes an HF model directory with its
+tokenizer (loadable by transformers and vLLM as it is); a LoRA learner writes its adapter in PEFT's format
+(adapter_config.json + adapter_model.safetensors, loadable with `PeftModel.from_pretrained` on the base), and can
+write the merged model.
 Sharded learners gather on rank 0, which writes; loading reads on rank 0 and broadcasts."""
 
 from __future__ import annotations
@@ -96,11 +97,9 @@ def save_merged(lr: Learner, path: str) -> str:
     plus the base's tokenizer, as an HF model directory. Collective under FSDP; rank 0 writes."""
     state = lr.weights.full_state()
     if lr.rank == 0:
-        from transformers import AutoTokenizer
-
         def fill(d: Path) -> None:
             lr.model.get_base_model().save_pretrained(d, state_dict=state)
-            AutoTokenizer.from_pretrained(lr.model_path).save_pretrained(d)
+            save_tokenizer(lr, d)
 
         _atomic(Path(path), fill)
     if lr.sharded:
@@ -114,6 +113,7 @@ def _fill(
     lr: Learner, d: Path, save_model: Callable[[Path], None], optim: dict[str, Any], extra: dict[str, Any] | None
 ) -> None:
     save_model(d)
+    save_tokenizer(lr, d)
     buf = io.BytesIO()
     torch.save({"optimizer": optim, "scheduler": lr.scheduler.state_dict()}, buf)
     (d / "optimizer.pt").write_bytes(buf.getvalue())
@@ -131,6 +131,16 @@ def _atomic(final: Path, fill: Callable[[Path], None]) -> str:
         shutil.rmtree(final)
     os.replace(tmp, final)
     return str(final)
+
+
+def save_tokenizer(lr: Learner, directory: Path) -> None:
+    """The policy's tokenizer next to the weights, so vLLM (`rayward eval --checkpoint`, serving) loads the
+    directory alone. Loaded once per learner."""
+    if getattr(lr, "_tokenizer", None) is None:
+        from transformers import AutoTokenizer
+
+        lr._tokenizer = AutoTokenizer.from_pretrained(lr.model_path, trust_remote_code=lr.trust_remote_code)
+    lr._tokenizer.save_pretrained(directory)
 
 
 def _read(lr: Learner, p: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], Any, dict[str, Any]]:

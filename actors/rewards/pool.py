@@ -1,7 +1,8 @@
 """RewardPool: the named actor that owns a run's reward workers and spreads scoring over them.
 
 One per run, named `<run>/reward-pool` in the run's namespace, so `rayward scale` (or any driver) can find it
-and resize it while the run trains. A batch is cut into chunks of whole groups; each chunk goes to the
+and resize it while the run trains (a run whose eval has rewards of its own has a second one,
+`<run>/eval-reward-pool`, with role "eval-reward": workers `<run>/eval-reward-<i>`). A batch is cut into chunks of whole groups; each chunk goes to the
 least-loaded live worker; results come back in batch order. A worker that dies mid-chunk is replaced and its
 chunks are re-run elsewhere, so every sample is scored exactly once (the dead worker's result never arrives).
 Retiring a worker (scale down) waits for its in-flight chunks before killing it.
@@ -79,10 +80,14 @@ class RewardPool:
         sys_path: list[str] | None = None,
         trainer_state: TrainerState | None = None,
         autoscale: AutoscaleSettings | None = None,
+        role: str = "reward",
     ):
-        """`num_workers` at start (clamped to the autoscaling bounds when `autoscale` is given)."""
+        """`num_workers` at start (clamped to the autoscaling bounds when `autoscale` is given). role: the
+        workers are named `<run_name>/<role>-<i>`, and the pool's Ray metrics carry it as the `pool` tag, so
+        two pools of one run stay apart."""
         self.specs = specs
         self.run_name = run_name
+        self.role = role
         self.worker_options = worker_options
         self.sys_path = sys_path or []
         self.state = trainer_state or TrainerState()
@@ -111,55 +116,55 @@ class RewardPool:
         self._tasks: set[asyncio.Task] = set()  # strong references: asyncio keeps only weak ones
         # The chunk timeout: every reward's own bound (they run concurrently) plus grace.
         self.chunk_timeout_s = max(s.timeout_s for s in specs) + CHUNK_GRACE_S
-        tags = {"run": run_name}
+        self._tags = {"run": run_name, "pool": role}
         self._m_alive = ray_metrics.Gauge(
-            "rayward_reward_workers_alive", "live reward workers", tag_keys=("run",)
+            "rayward_reward_workers_alive", "live reward workers", tag_keys=("run", "pool")
         )
         self._m_queue = ray_metrics.Gauge(
-            "rayward_reward_queue_depth", "chunks waiting for a worker", tag_keys=("run",)
+            "rayward_reward_queue_depth", "chunks waiting for a worker", tag_keys=("run", "pool")
         )
         self._m_inflight = ray_metrics.Gauge(
-            "rayward_reward_inflight_chunks", "chunks being scored", tag_keys=("run",)
+            "rayward_reward_inflight_chunks", "chunks being scored", tag_keys=("run", "pool")
         )
         self._m_latency = ray_metrics.Histogram(
             "rayward_reward_chunk_latency_s",
             "seconds to score one chunk",
             boundaries=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
-            tag_keys=("run",),
+            tag_keys=("run", "pool"),
         )
         self._m_events = ray_metrics.Counter(
-            "rayward_reward_events_total", "timeouts, errors, retries", tag_keys=("run", "kind")
+            "rayward_reward_events_total", "timeouts, errors, retries", tag_keys=("run", "pool", "kind")
         )
         self._m_target = ray_metrics.Gauge(
-            "rayward_reward_workers_target", "reward workers alive or starting (the pool's target)", tag_keys=("run",)
+            "rayward_reward_workers_target", "reward workers alive or starting (the pool's target)", tag_keys=("run", "pool")
         )
         self._m_starting = ray_metrics.Gauge(
-            "rayward_reward_workers_starting", "reward workers waiting for a node or starting up", tag_keys=("run",)
+            "rayward_reward_workers_starting", "reward workers waiting for a node or starting up", tag_keys=("run", "pool")
         )
         self._m_util = ray_metrics.Gauge(
             "rayward_reward_utilization", "busy fraction of the live reward workers over the autoscaler's window",
-            tag_keys=("run",),
+            tag_keys=("run", "pool"),
         )
         self._m_wait = ray_metrics.Histogram(
             "rayward_reward_queue_wait_s",
             "seconds a chunk waited for a worker (mean of one worker call's chunks)",
             boundaries=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300],
-            tag_keys=("run",),
+            tag_keys=("run", "pool"),
         )
         self._m_decisions = ray_metrics.Counter(
             "rayward_reward_scale_decisions_total", "changes of the reward pool's target size",
-            tag_keys=("run", "direction"),
+            tag_keys=("run", "pool", "direction"),
         )
         for m in (self._m_alive, self._m_queue, self._m_inflight, self._m_latency, self._m_target, self._m_starting,
                   self._m_util, self._m_wait):
-            m.set_default_tags(tags)
+            m.set_default_tags(self._tags)
         for _ in range(autoscale.clamp(num_workers) if autoscale else num_workers):
             self._spawn()
         self._background(self._tick_loop())
 
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
-        return f"RewardPool(run={self.run_name!r}, rewards={[s.name for s in self.specs]})"
+        return f"RewardPool(run={self.run_name!r}, role={self.role!r}, rewards={[s.name for s in self.specs]})"
 
     # --- membership -------------------------------------------------------------------------------------
 
@@ -184,7 +189,7 @@ class RewardPool:
         handle = (
             ray.remote(RewardWorker)
             .options(
-                name=f"{self.run_name}/reward-{i}",
+                name=f"{self.run_name}/{self.role}-{i}",
                 max_concurrency=CHUNKS_PER_WORKER,
                 max_restarts=0,
                 **self.worker_options,
@@ -265,7 +270,7 @@ class RewardPool:
     def _apply(self, d: Decision) -> None:
         self.decisions.append(d)
         self.counters["scale_ups" if d.direction == "up" else "scale_downs"] += 1
-        self._m_decisions.inc(1, tags={"run": self.run_name, "direction": d.direction})
+        self._m_decisions.inc(1, tags={**self._tags, "direction": d.direction})
         self._log(f"workers {d.before} -> {d.after}: {d.reason}")
         self._set_target(d.after)
         self._publish(force=True)
@@ -437,7 +442,7 @@ class RewardPool:
             except (RayActorError, asyncio.TimeoutError, GetTimeoutError):
                 # Its results, if they ever came, are dropped with the killed actor: nothing is scored twice.
                 self.counters["retries"] += 1
-                self._m_events.inc(1, tags={"run": self.run_name, "kind": "retry"})
+                self._m_events.inc(1, tags={**self._tags, "kind": "retry"})
                 queue.extendleft(reversed(take))
                 self.inflight_chunks -= len(take)
                 self.queued += len(take)
@@ -457,9 +462,10 @@ class RewardPool:
                 before += max(r.latency_s.values(), default=0.0)
             self._m_wait.observe(sum(waits[i] for i in take) / len(take))
 
-    async def score(self, batch: RewardBatch, chunk_groups: int = 1) -> Scores:
-        """Score a batch in chunks of `chunk_groups` whole groups; the scores come back in batch order."""
-        state = self.state  # every chunk of this batch sees the step current at dispatch
+    async def score(self, batch: RewardBatch, chunk_groups: int = 1, state: TrainerState | None = None) -> Scores:
+        """Score a batch in chunks of `chunk_groups` whole groups; the scores come back in batch order.
+        state: the trainer_state the reward functions see (an eval: the evaluated step); default the pool's."""
+        state = state or self.state  # every chunk of this batch sees the step current at dispatch
         t0 = time.monotonic()
         chunks = batch.chunks(batch.group_size * chunk_groups)
         queue, results, waits = deque(range(len(chunks))), [None] * len(chunks), [0.0] * len(chunks)
@@ -478,7 +484,7 @@ class RewardPool:
             for kind, counts in (("timeout", merged.timeouts), ("error", merged.errors)):
                 self.counters[f"{kind}s"] += counts[name]
                 if counts[name]:
-                    self._m_events.inc(counts[name], tags={"run": self.run_name, "kind": kind})
+                    self._m_events.inc(counts[name], tags={**self._tags, "kind": kind})
         merged.busy_s = time.monotonic() - t0  # the pool's wall time on this batch
         merged.pool = self.stats()
         return merged

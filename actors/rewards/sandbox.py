@@ -904,7 +904,7 @@ def warn_missing_protections(limits: Limits | None = None, *, force: bool = Fals
         if os.geteuid() != 0 and "drop_uid" in missing:
             hint = " (run the reward workers as root to get a dedicated uid per program)"
         logger.warning(
-            "code sandbox: this machine does not grant %d protection(s) to sandboxed programs%s:\n%s",
+            "rayward: code sandbox: this machine does not grant %d protection(s) to sandboxed programs%s:\n%s",
             len(missing), hint, "\n".join(lines),
         )
     return missing

@@ -19,8 +19,10 @@ import inspect
 import math
 import os
 import sys
+import sysconfig
 import threading
 import time
+import traceback
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,8 +38,39 @@ from actors.types import RewardBatch, Scores, TrainerState
 SYNC_CALL_THREADS = 64
 
 
+# Characters of a sample's prompt and completion an error keeps (the driver shortens them further to show).
+PREVIEW_CHARS = 200
+# The user's frames an error keeps, innermost last (a deep recursion would otherwise fill the screen).
+MAX_USER_FRAMES = 8
+
+
 class RewardFunctionError(RuntimeError):
-    """A reward function raised or returned something unusable; the message names the reward and sample."""
+    """A reward function raised or returned something unusable; the message names the reward and sample.
+
+    Besides the one-line message it carries what the driver shows the user, as plain data (it crosses Ray
+    pickled, where tracebacks do not survive): `reward`, `sample` (index in the step's batch, or the first of a
+    batched call's samples), `prompt` / `completion` (their start), `error` ("ValueError: verifier exploded",
+    or what was wrong with the return value), `frames` (the reward's own frames: (file, line, function, source)),
+    `defined_at` (file:line of the function, for a bad return value) and `traceback` (all of it, for --debug).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reward: str | None = None,
+        sample: int | None = None,
+        error: str | None = None,
+        frames: list[tuple[str, int, str, str]] | None = None,
+        traceback: str | None = None,
+    ):
+        super().__init__(message)  # args == (message,): pickles and unpickles through Ray unchanged
+        self.reward, self.sample, self.error = reward, sample, error
+        self.frames = list(frames or [])
+        self.traceback = traceback
+        self.prompt: str | None = None
+        self.completion: str | None = None
+        self.defined_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -123,17 +156,19 @@ class _RewardModel:
 
 def _validate(name: str, out: Any, n: int, offset: int) -> list[float]:
     """TRL's return contract: a list of n numbers or None (None and NaN both mean "no opinion" -> NaN)."""
+
+    def bad(message: str, error: str, sample: int = offset) -> RewardFunctionError:
+        return RewardFunctionError(message, reward=name, sample=sample, error=error)
+
     if inspect.isawaitable(out):
-        raise RewardFunctionError(f"reward {name!r} returned an un-awaited coroutine")
+        raise bad(f"reward {name!r} returned an un-awaited coroutine", "returned an un-awaited coroutine")
     if not isinstance(out, (list, tuple)) and not hasattr(out, "tolist"):
-        raise RewardFunctionError(
-            f"reward {name!r} returned {type(out).__name__}, expected a list of {n} numbers"
-        )
+        what = f"returned {type(out).__name__}, expected a list of {n} numbers"
+        raise bad(f"reward {name!r} {what}", what)
     values = out.tolist() if hasattr(out, "tolist") else list(out)
     if len(values) != n:
-        raise RewardFunctionError(
-            f"reward {name!r} returned {len(values)} values for {n} completions (samples {offset}..{offset + n - 1})"
-        )
+        what = f"returned {len(values)} values for {n} completions"
+        raise bad(f"reward {name!r} {what} (samples {offset}..{offset + n - 1})", what)
     clean = []
     for j, v in enumerate(values):
         if v is None:
@@ -142,13 +177,13 @@ def _validate(name: str, out: Any, n: int, offset: int) -> list[float]:
         try:
             f = float(v)
         except (TypeError, ValueError):
-            raise RewardFunctionError(
-                f"reward {name!r} returned {v!r} ({type(v).__name__}) for sample {offset + j}, expected a number or None"
+            raise bad(
+                f"reward {name!r} returned {v!r} ({type(v).__name__}) for sample {offset + j}, expected a number or None",
+                f"returned {v!r} ({type(v).__name__}), expected a number or None", offset + j,
             ) from None
         if math.isinf(f):
-            raise RewardFunctionError(
-                f"reward {name!r} returned {f} for sample {offset + j}; rewards must be finite"
-            )
+            raise bad(f"reward {name!r} returned {f} for sample {offset + j}; rewards must be finite",
+                      f"returned {f}; rewards must be finite", offset + j)
         clean.append(f)
     return clean
 
@@ -251,7 +286,7 @@ class RewardWorker:
                 self._stuck += 1
                 vals, status, done = _fallback(spec, hi - lo), "timeout", start + spec.timeout_s
             except Exception as err:  # noqa: BLE001 - the reward's on_error policy decides
-                vals, status, done = _on_error(spec, err, hi - lo, ctx.offset + lo), "error", time.monotonic()
+                vals, status, done = _on_error(spec, self.functions[k], err, ctx, lo, hi), "error", time.monotonic()
             scores.extend(vals)
             timeouts += status == "timeout"
             errors += status == "error"
@@ -274,14 +309,69 @@ def _fallback(spec: RewardSpec, n: int) -> list[float]:
     return [math.nan if spec.fallback is None else float(spec.fallback)] * n
 
 
-def _on_error(spec: RewardSpec, err: Exception, n: int, offset: int) -> list[float]:
+def _on_error(spec: RewardSpec, fn: Any, err: Exception, ctx: _Chunk, lo: int, hi: int) -> list[float]:
     """The fallback values under `on_error: fallback`; otherwise the error, naming reward and samples."""
     if spec.on_error == "fallback":
-        return _fallback(spec, n)
-    if isinstance(err, RewardFunctionError):
-        raise err
-    where = f"sample {offset}" if n == 1 else f"samples {offset}..{offset + n - 1}"
-    raise RewardFunctionError(f"reward {spec.name!r} raised on {where}: {type(err).__name__}: {err}") from err
+        return _fallback(spec, hi - lo)
+    raise _explained(spec, fn, err, ctx, lo, hi)
+
+
+def _explained(spec: RewardSpec, fn: Any, err: Exception, ctx: _Chunk, lo: int, hi: int) -> RewardFunctionError:
+    """The RewardFunctionError the user sees: reward, sample, the start of its prompt and completion, and the
+    reward's own frames (where it raised) or where it is defined (when its return value was wrong)."""
+    n, offset = hi - lo, ctx.offset + lo
+    if isinstance(err, RewardFunctionError):  # a bad return value (_validate): nothing of the user's raised
+        out = err
+        out.defined_at = _defined_at(fn)
+    else:
+        where = f"sample {offset}" if n == 1 else f"samples {offset}..{offset + n - 1}"
+        error = f"{type(err).__name__}: {err}"
+        out = RewardFunctionError(
+            f"reward {spec.name!r} raised on {where}: {error}", reward=spec.name, sample=offset, error=error,
+            frames=_reward_frames(err.__traceback__), traceback="".join(traceback.format_exception(err)),
+        )
+    i = (out.sample if out.sample is not None else offset) - ctx.offset
+    if 0 <= i < ctx.n:
+        out.prompt = _preview(ctx.chunk.prompts[i])
+        out.completion = _preview(ctx.chunk.completions[i])
+    return out
+
+
+def _preview(x: Any) -> str:
+    """The start of a prompt or completion: plain text, or the last message's content of a conversation."""
+    if isinstance(x, list) and x and isinstance(x[-1], dict):
+        x = x[-1].get("content", "")
+    text = x if isinstance(x, str) else repr(x)
+    return text[:PREVIEW_CHARS]
+
+
+def _defined_at(fn: Any) -> str | None:
+    """file:line of a reward function (or of a callable object's __call__), for errors in its return value."""
+    target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn).__call__
+    code = getattr(inspect.unwrap(target), "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
+_THIS_FILE = os.path.abspath(__file__)
+
+
+def _is_library(filename: str) -> bool:
+    """Python's own files and installed packages: not the user's reward code."""
+    return (
+        filename.startswith(("<frozen", _STDLIB)) or f"{os.sep}site-packages{os.sep}" in filename
+        or f"{os.sep}dist-packages{os.sep}" in filename
+    )
+
+
+def _reward_frames(tb: Any) -> list[tuple[str, int, str, str]]:
+    """The frames below the reward call (this file's _timed_call / _call_async) that are the user's code, not
+    the standard library's or an installed package's; the innermost one if there are none (a library reward)."""
+    frames = traceback.extract_tb(tb)
+    call_site = max((i for i, f in enumerate(frames) if os.path.abspath(f.filename) == _THIS_FILE), default=-1)
+    below = frames[call_site + 1 :]
+    own = [f for f in below if not _is_library(f.filename)] or below[-1:]
+    return [(f.filename, f.lineno or 0, f.name, (f.line or "").strip()) for f in own[-MAX_USER_FRAMES:]]
 
 
 class _Chunk:
@@ -357,4 +447,4 @@ async def _call_async(spec: RewardSpec, fn: Any, ctx: _Chunk, lo: int, hi: int) 
     except asyncio.TimeoutError:
         return _fallback(spec, hi - lo), "timeout"
     except Exception as err:  # noqa: BLE001 - the reward's on_error policy decides
-        return _on_error(spec, err, hi - lo, ctx.offset + lo), "error"
+        return _on_error(spec, fn, err, ctx, lo, hi), "error"

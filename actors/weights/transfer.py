@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import RayActorError
 
 from actors.weights.collective import WeightTransferError
 
@@ -82,14 +82,9 @@ class _Transfer:
         deadline = self.timeout_s + DRIVER_GRACE_S
         ready, stalled = ray.wait(p.learner + p.generators, num_returns=len(p.learner) + len(p.generators),
                                   timeout=deadline)
-        for i, ref in enumerate(p.generators):  # a dead generator first: the caller restarts and rejoins it
-            if ref in ready:
-                try:
-                    ray.get(ref)
-                except RayActorError:
-                    raise
-                except Exception as err:  # noqa: BLE001
-                    raise WeightTransferError(f"weight sync: generator-{i}: {_short(err)}") from None
+        failed = _generator_failures(p.generators, ready)  # a dead generator first: the caller restarts it
+        if failed:
+            raise WeightTransferError(f"weight sync: {', '.join(failed)}")
         for ref in p.learner:
             if ref in ready:
                 try:
@@ -157,14 +152,7 @@ class CollectiveTransfer(_Transfer):
         ready, _ = ray.wait(learner + gens, num_returns=len(learner) + len(gens), timeout=self.timeout_s + DRIVER_GRACE_S)
         missing = [f"generator-{i} (ranks {1 + i * self.tp_size}..{(i + 1) * self.tp_size})"
                    for i, r in enumerate(gens) if r not in ready]
-        for i, r in enumerate(gens):
-            if r in ready:
-                try:
-                    ray.get(r)
-                except RayActorError:
-                    raise
-                except Exception as err:  # noqa: BLE001
-                    missing.append(f"generator-{i} ({_short(err)})")
+        missing += _generator_failures(gens, ready)
         if missing or not all(r in ready for r in learner):
             try:
                 ray.get([r for r in learner if r in ready])
@@ -195,6 +183,21 @@ class CollectiveTransfer(_Transfer):
         )
 
 
+def _generator_failures(refs: list[Any], ready: list[Any]) -> list[str]:
+    """`generator-i: error` for each finished call of generator i that failed. A generator that died raises
+    RayActorError at once: the caller waits for Ray to restart it and then re-forms the group."""
+    failed = []
+    for i, ref in enumerate(refs):
+        if ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                raise
+            except Exception as err:  # noqa: BLE001
+                failed.append(f"generator-{i}: {_short(err)}")
+    return failed
+
+
 def _short(err: BaseException) -> str:
     """The innermost message of a Ray task error, one line."""
     cause = getattr(err, "cause", None) or err
@@ -202,5 +205,4 @@ def _short(err: BaseException) -> str:
     return f"{type(cause).__name__}: {text[-1] if text else ''}"
 
 
-__all__ = ["CollectiveTransfer", "ObjectStoreTransfer", "PendingSync", "SyncStats", "WeightTransferError",
-           "GetTimeoutError"]
+__all__ = ["CollectiveTransfer", "ObjectStoreTransfer", "PendingSync", "SyncStats", "WeightTransferError"]

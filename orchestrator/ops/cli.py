@@ -1,5 +1,9 @@
-"""`rayward` command line: run | scale | tiny-model | rewards | config-reference, and on a (remote) Ray cluster
-through the Jobs API: submit | status | logs | stop | list."""
+"""`rayward` command line: run | eval | samples | plot | scale | tiny-model | rewards | config-reference, and on
+a (remote) Ray cluster through the Jobs API: submit | status | logs | stop | list.
+
+What goes wrong ends in a short message and a non-zero exit, never a traceback (unless --debug): 2 for a bad
+config or input, 1 for a run that failed (orchestrator/ops/errors.py says what and where), 3 for an unreachable
+cluster, 130 for Ctrl-C, 143 (128 + SIGTERM) for a run stopped by SIGTERM after its checkpoint."""
 
 from __future__ import annotations
 
@@ -9,11 +13,39 @@ import sys
 from orchestrator.config import ConfigError, load_config
 from orchestrator.ops.auth import AuthError
 
+# Exit codes beyond 0: a bad config or input, a failed run, an unreachable cluster, Ctrl-C, SIGTERM (128 + 15).
+EXIT_BAD_INPUT, EXIT_FAILED, EXIT_UNREACHABLE, EXIT_INTERRUPTED, EXIT_STOPPED = 2, 1, 3, 130, 143
+# Commands whose extra `key=value` words are config overrides, wherever they stand on the line.
+TAKES_OVERRIDES = ("run", "submit", "eval")
+
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.train import train
 
-    train(load_config(args.config, args.overrides), args.name, resume=args.resume)
+    train(load_config(args.config, args.overrides), args.name, resume=args.resume, show_actor_output=args.verbose)
+    return 0
+
+
+def _cmd_samples(args: argparse.Namespace) -> int:
+    from orchestrator.ops.samples import print_samples
+
+    return print_samples(args.run, logging_dir=args.dir, step=args.step, limit=args.limit, width=args.width)
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from orchestrator.ops.metrics import find_run_dir
+    from orchestrator.ops.plot import plot_run
+
+    run_dir = find_run_dir(args.run, args.dir)
+    out = plot_run(run_dir, args.out)
+    print(out)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from orchestrator.train import evaluate
+
+    evaluate(load_config(args.config, args.overrides), args.checkpoint, name=args.name, output=args.output)
     return 0
 
 
@@ -85,6 +117,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             args.config, args.overrides, name=args.name, working_dir=args.working_dir,
             extra_excludes=args.exclude, extra_env=args.env, max_file_mib=args.max_file_mib,
             ship_rayward=not args.no_ship_rayward, entrypoint_num_cpus=args.entrypoint_num_cpus,
+            run_flags=[f for f, on in (("--verbose", args.verbose), ("--debug", args.debug)) if on],
         )
         if args.dry_run:
             import json
@@ -128,12 +161,44 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rayward", description="GRPO training on Ray: vLLM generators, reward pool, learner")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="train on an embedded local Ray cluster (or cluster.address)")
+    # --verbose / --debug: what a run shows (run, and submit for the job's driver)
+    shown = argparse.ArgumentParser(add_help=False)
+    shown.add_argument("-v", "--verbose", action="store_true",
+                       help="also show the actors' output (vLLM, Ray, reward functions' prints); it is always in "
+                            "<run dir>/actors.log")
+    shown.add_argument("--debug", action="store_true", help="full tracebacks (Ray's and rayward's) on errors")
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", help="full tracebacks on errors")
+
+    r = sub.add_parser("run", parents=[shown], help="train on an embedded local Ray cluster (or cluster.address)")
     r.add_argument("config", help="YAML config (see configs/)")
-    r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_steps=10 generation.num_generations=4")
+    r.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. grpo.max_steps=10")
     r.add_argument("--name", help="run name (default: generated and printed)")
     r.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of run --name")
     r.set_defaults(func=_cmd_run)
+
+    e = sub.add_parser("eval", parents=[debug], help="evaluate a checkpoint (or the config's model) on the eval block's data")
+    e.add_argument("config", help="YAML config: its eval block (data, k, rewards), model and cluster")
+    e.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.num_generations=8 eval.temperature=0")
+    e.add_argument("--checkpoint", help="an HF model directory, e.g. runs/NAME/checkpoint-best (default: model)")
+    e.add_argument("--name", help="name of the eval's actors and report directory (default: generated)")
+    e.add_argument("--output", help="JSON report path (default: <logging.dir>/<name>/eval.json)")
+    e.set_defaults(func=_cmd_eval)
+
+    run_help = "run directory, or a run name under --dir"
+    sm = sub.add_parser("samples", parents=[debug], help="a run's latest samples: prompt, completion, rewards")
+    sm.add_argument("run", help=run_help)
+    sm.add_argument("--dir", default="runs", help="logging dir the run name is under (default: runs)")
+    sm.add_argument("--step", type=int, help="this step instead of the latest")
+    sm.add_argument("-n", "--limit", type=int, default=16, help="samples shown (default 16; 0: all)")
+    sm.add_argument("--width", type=int, help="table width in characters (default: the terminal's)")
+    sm.set_defaults(func=_cmd_samples)
+
+    pl = sub.add_parser("plot", parents=[debug], help="PNG of a run's rewards, eval reward, phase times, KL, entropy")
+    pl.add_argument("run", help=run_help)
+    pl.add_argument("--dir", default="runs", help="logging dir the run name is under (default: runs)")
+    pl.add_argument("--out", help="PNG path (default: <run dir>/plot.png)")
+    pl.set_defaults(func=_cmd_plot)
 
     s = sub.add_parser("scale", help="resize a running run's reward pool, or set its autoscaling bounds")
     s.add_argument("run", help="run name")
@@ -156,9 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.ops.jobs import DEFAULT_MAX_FILE_MIB, default_address
 
     addr_help = "Ray dashboard / Jobs API URL (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS or http://127.0.0.1:8265)"
-    j = sub.add_parser("submit", help="submit a run to a Ray cluster through the Jobs API")
+    j = sub.add_parser("submit", parents=[shown], help="submit a run to a Ray cluster through the Jobs API")
     j.add_argument("config", help="YAML config (validated here before anything is uploaded)")
-    j.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_steps=10")
+    j.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. grpo.max_steps=10")
     j.add_argument("--name", help="run name (default: config name or generated); the job id is rayward-NAME")
     j.add_argument("--address", default=default_address(), help=addr_help)
     j.add_argument("--working-dir", default=".", help="directory shipped as the job's working_dir (default: .)")
@@ -195,31 +260,60 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line; `key=value` words after options (`run CONFIG --name x grpo.max_steps=3`) are
+    overrides too, in the order given. Anything else unknown is an error, as argparse says it."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        stray = [w for w in extra if w.startswith("-") or "=" not in w]
+        if args.command not in TAKES_OVERRIDES or stray:
+            parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     from orchestrator.ops.cluster import run_sys_path
 
     for path in run_sys_path():  # `my_rewards:fn` imports from the run directory, as with `python -m`
         if path not in sys.path:
             sys.path.insert(0, path)
+    debug = getattr(args, "debug", False)
     try:
-        if args.command not in ("tiny-model", "rewards", "config-reference"):
+        if args.command not in ("tiny-model", "rewards", "config-reference", "samples", "plot"):
             from orchestrator.ops.auth import prepare_client_auth
 
             prepare_client_auth()  # before anything imports ray: Ray 2.60 reads RAY_AUTH_MODE at import
         return args.func(args)
     except ConfigError as err:
         print(f"rayward: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except AuthError as err:
         print(f"rayward {args.command}: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except ConnectionError as err:  # unreachable cluster (orchestrator.ops.cluster.UnreachableError and Ray's own)
         print(f"rayward: {err}", file=sys.stderr)
-        return 3
+        return EXIT_UNREACHABLE
+    except FileNotFoundError as err:  # a run directory or file named on the command line
+        print(f"rayward {args.command}: {err.strerror or err}" + (f": {err.filename}" if err.filename else ""),
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("rayward: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as err:  # noqa: BLE001 - every failure ends in a short message (orchestrator/ops/errors.py)
+        from orchestrator.ops.errors import RunFailed, RunStopped, explain
+
+        if isinstance(err, RunStopped):
+            print(f"rayward: {err}", file=sys.stderr)
+            return EXIT_STOPPED
+        if isinstance(err, RunFailed):
+            print(explain(err, debug=debug), file=sys.stderr)
+            return EXIT_FAILED
+        print(explain(err, debug=debug, headline=f"rayward {args.command}: failed"), file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ ACTOR_ENV = {
 }
 
 
-def new_run_name() -> str:
-    return f"run-{secrets.token_hex(3)}"
+def new_run_name(prefix: str = "run") -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"
 
 
 def namespace(run_name: str) -> str:

@@ -178,8 +178,10 @@ def build_submission(
     ship_rayward: bool = True,
     entrypoint_num_cpus: float | None = None,
     environ: dict[str, str] | None = None,
+    run_flags: list[str] | None = None,
 ) -> Submission:
-    """Validate the config (+ overrides) locally and build the job: raises ConfigError / JobsError."""
+    """Validate the config (+ overrides) locally and build the job: raises ConfigError / JobsError.
+    run_flags: `rayward run` options for the driver (`--verbose`, `--debug`)."""
     from orchestrator.config import load_config
     from orchestrator.ops.cluster import new_run_name
 
@@ -204,9 +206,8 @@ def build_submission(
     if cfg.cluster.address is None:
         # Inside a job RAY_ADDRESS names the cluster; the driver joins it instead of starting its own.
         overrides.append("cluster.address=auto")
-    entrypoint = prefix + " ".join(
-        shlex.quote(a) for a in ["python", "-m", "orchestrator", "run", cfg_arg, *overrides, "--name", run_name]
-    )
+    args = ["python", "-m", "orchestrator", "run", cfg_arg, *overrides, "--name", run_name, *(run_flags or [])]
+    entrypoint = prefix + " ".join(shlex.quote(a) for a in args)
 
     excludes = DEFAULT_EXCLUDES + list(extra_excludes or [])
     if not Path(cfg.logging.dir).is_absolute() and Path(cfg.logging.dir).as_posix() != ".":  # old runs' logs

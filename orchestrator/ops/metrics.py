@@ -1,17 +1,22 @@
-"""Step metrics: phase timing, reward/advantage statistics with TRL's names, JSON lines and a progress line."""
+"""Step metrics: phase timing, the metric sinks (JSON lines, TensorBoard, W&B, MLflow, Ray's Prometheus
+endpoint), the completions log, and reading a run directory back (`rayward samples`, `rayward plot`)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from orchestrator.ops.progress import Display, StepLines
 from orchestrator.ops.ray_metrics import RayMetricsExporter
+
+# The completions log of a run directory (TRL's name), one JSON line per trained sample.
+COMPLETIONS_FILE = "completions.jsonl"
+METRICS_FILE = "metrics.jsonl"
 
 
 class PhaseTimer:
@@ -36,20 +41,17 @@ class PhaseTimer:
 
 
 class MetricsLogger:
-    """Writes one JSON object per step to <run_dir>/metrics.jsonl and prints a one-line summary."""
-
-    PROGRESS_KEYS = (
-        "reward", "reward_std", "loss", "kl", "entropy", "completions/mean_length",
-        "sampling/sampling_logp_difference/max",
-    )
+    """Writes one JSON object per step to <run_dir>/metrics.jsonl (and the other sinks) and shows the step on
+    the run's display (a live bar, or one line per step); an eval is a row of its own (`step` = the step whose
+    weights it evaluated, keys `eval/...`), in every sink."""
 
     def __init__(
         self, run_dir: Path, *, report_to: list[str], progress: bool, max_steps: int, run_name: str = "",
-        config: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None, display: Display | None = None,
     ):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(run_dir / "metrics.jsonl", "a") if "jsonl" in report_to else None  # noqa: SIM115
+        self._jsonl = open(run_dir / METRICS_FILE, "a") if "jsonl" in report_to else None  # noqa: SIM115
         self._tb = self._wandb = self._mlflow = None
         if "tensorboard" in report_to:
             from torch.utils.tensorboard import SummaryWriter
@@ -59,20 +61,25 @@ class MetricsLogger:
             import wandb
 
             self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "rayward"), name=run_name, config=config)
+            # wandb drops rows whose step goes backwards, and a pipelined run's eval arrives a step or two after
+            # the step it evaluated: eval rows are logged at the latest step, charted against their own step.
+            self._wandb.define_metric("eval/*", step_metric="eval/policy_version")
+            self._wandb_table = wandb.Table
         if "mlflow" in report_to:
             import mlflow
 
             self._mlflow = mlflow
             mlflow.start_run(run_name=run_name)
-        self.progress, self.max_steps = progress, max_steps
+        self.display = display if display is not None else StepLines(max_steps) if progress else Display(max_steps)
+        self.max_steps = max_steps
         # Ray's Prometheus endpoint (dashboard metrics, Grafana); a no-op outside a Ray session.
         self._ray = RayMetricsExporter(run_name or run_dir.name)
-        self.history: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []  # every row logged: steps and evals
+        self._last_step = 0
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
+    def _write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {"step": step, **{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}}
         self.history.append(row)
-        self._ray.export(step, metrics)
         if self._jsonl:
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()
@@ -81,17 +88,40 @@ class MetricsLogger:
             for k, v in scalars.items():
                 self._tb.add_scalar(k, v, step)
         if self._wandb:
-            self._wandb.log(scalars, step=step)
+            self._wandb.log(scalars, step=max(step, self._last_step))
         if self._mlflow:
             self._mlflow.log_metrics({k.replace("<-", "_from_"): v for k, v in scalars.items()}, step=step)
-        if self.progress:
-            parts = [f"step {step:>4}/{self.max_steps}"]
-            for k in self.PROGRESS_KEYS:
-                if isinstance(row.get(k), (int, float)):
-                    parts.append(f"{k.split('/')[-1] if k.count('/') < 2 else 'logp_gap'} {row[k]:.4g}")
-            t = {k[5:]: v for k, v in row.items() if k.startswith("time/") and k != "time/step"}
-            parts.append("time " + " ".join(f"{k} {v:.2f}s" for k, v in t.items()))
-            print(" | ".join(parts), file=sys.stdout, flush=True)
+        self._last_step = max(step, self._last_step)
+        return row
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = self._write(step, metrics)
+        self._ray.export(step, metrics)
+        self.display.step(step, row)
+
+    def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """The step's samples: appended to completions.jsonl; with W&B, also a `completions` table (TRL's)."""
+        with open(self.run_dir / COMPLETIONS_FILE, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row, default=str) + "\n")
+        if self._wandb:
+            columns, data = completions_table(rows)
+            self._wandb.log({"completions": self._wandb_table(columns=columns, data=data)}, step=step)
+
+    def log_eval(self, step: int, metrics: dict[str, Any]) -> None:
+        """An eval of the weights of `step` (keys `eval/...`): its own row and progress line."""
+        row = self._write(step, metrics)
+        self._ray.export(step, metrics, with_step=False)  # the step gauge is the learner's, never set back
+        parts = [f"eval {step:>4}/{self.max_steps}"]
+        for k, v in row.items():
+            if k.startswith(("eval/reward", "eval/pass@", "eval/mean_length")) and isinstance(v, (int, float)):
+                parts.append(f"{k.removeprefix('eval/').removeprefix('rewards/')} {v:.4g}")
+        parts.append(f"prompts {row.get('eval/prompts')} | time {row.get('eval/seconds', 0.0):.2f}s")
+        self.display.message(" | ".join(parts))
+
+    def note(self, text: str) -> None:
+        """A line in the progress output."""
+        self.display.message(f"rayward: {text}")
 
     def close(self) -> None:
         if self._jsonl:
@@ -102,3 +132,47 @@ class MetricsLogger:
             self._wandb.finish()
         if self._mlflow:
             self._mlflow.end_run()
+
+
+def completions_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The W&B completions table, with TRL's columns (GRPOTrainer.log): step, prompt, completion, each reward's
+    raw score under its name, the reward functions' log_extra columns, advantage; then rayward's total and
+    policy_version. Conversations become their text (W&B cells are scalars)."""
+    rewards = sorted({k for r in rows for k in r if k.startswith("rewards/")})
+    fixed = {"step", "policy_version", "prompt", "completion", "total", "advantage"}
+    extra = sorted({k for r in rows for k in r if k not in fixed and not k.startswith(("rewards/", "gated/"))})
+    columns = ["step", "prompt", "completion", *(k.split("/", 1)[1] for k in rewards), *extra, "advantage", "total",
+               "policy_version"]
+    keys = ["step", "prompt", "completion", *rewards, *extra, "advantage", "total", "policy_version"]
+    data = [[_cell(r.get(k)) for k in keys] for r in rows]
+    return columns, data
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, list):  # chat messages: "role: content" per message
+        return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" if isinstance(m, dict) else str(m) for m in v)
+    if isinstance(v, dict):
+        return json.dumps(v, default=str)
+    return v
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file; a torn last line (a run still writing it) is skipped."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def find_run_dir(run: str, logging_dir: str = "runs") -> Path:
+    """A run directory from what the user typed: a directory path, or a run name under logging_dir."""
+    for candidate in (Path(run), Path(logging_dir) / run):
+        if candidate.is_dir() and ((candidate / METRICS_FILE).exists() or (candidate / COMPLETIONS_FILE).exists()):
+            return candidate
+    raise FileNotFoundError(
+        f"no run {run!r}: neither {run} nor {Path(logging_dir) / run} is a run directory (with {METRICS_FILE})"
+    )

@@ -50,6 +50,11 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rayward_reward_pool_target_workers": ("reward workers alive or starting (the pool's target) at that time", ()),
     "rayward_reward_pool_queue_wait_s": ("mean seconds the step's chunks waited for a reward worker", ()),
     "rayward_reward_pool_utilization": ("busy fraction of the reward workers over the autoscaler's window", ()),
+    "rayward_eval_reward": ("held-out eval: mean weighted total reward", ()),
+    "rayward_eval_reward_fn_mean": ("held-out eval: mean raw score per reward function", ("reward",)),
+    "rayward_eval_pass_at": ("held-out eval: unbiased pass@k (k = tag)", ("k",)),
+    "rayward_eval_mean_length": ("held-out eval: mean completion length in tokens", ()),
+    "rayward_eval_policy_version": ("held-out eval: learner step whose weights were evaluated", ()),
 }
 
 # step-dict key -> gauge (untagged besides run)
@@ -72,6 +77,9 @@ SCALARS: dict[str, str] = {
     "reward_pool/target_workers": "rayward_reward_pool_target_workers",
     "reward_pool/queue_wait_s": "rayward_reward_pool_queue_wait_s",
     "reward_pool/utilization": "rayward_reward_pool_utilization",
+    "eval/reward": "rayward_eval_reward",
+    "eval/mean_length": "rayward_eval_mean_length",
+    "eval/policy_version": "rayward_eval_policy_version",
 }
 
 # step-dict key pattern -> (gauge, tag key); the pattern's group is the tag value
@@ -83,6 +91,8 @@ PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"^gates/(.+)/closed_frac$"), "rayward_gate_closed_frac", "gate"),
     (re.compile(r"^time/(.+)$"), "rayward_phase_seconds", "phase"),
     (re.compile(r"^sync/(gather|transfer|load)_s$"), "rayward_weight_sync_part_s", "part"),
+    (re.compile(r"^eval/rewards/(.+)/mean$"), "rayward_eval_reward_fn_mean", "reward"),
+    (re.compile(r"^eval/pass@(\d+)$"), "rayward_eval_pass_at", "k"),
 ]
 
 # Metrics the reward pool actor exports itself (actors/rewards/pool.py), live between steps: workers alive,
@@ -108,9 +118,14 @@ def _number(v: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def map_step_metrics(run_name: str, step: int, metrics: dict[str, Any]) -> list[tuple[str, float, dict[str, str]]]:
-    """(gauge name, value, tags) for one step's metrics dict; non-numeric, None and NaN values are skipped."""
-    out: list[tuple[str, float, dict[str, str]]] = [("rayward_global_step", float(step), {"run": run_name})]
+def map_step_metrics(
+    run_name: str, step: int, metrics: dict[str, Any], with_step: bool = True
+) -> list[tuple[str, float, dict[str, str]]]:
+    """(gauge name, value, tags) for one step's metrics dict (or an eval's: with_step=False leaves the
+    global-step gauge alone); non-numeric, None and NaN values are skipped."""
+    out: list[tuple[str, float, dict[str, str]]] = []
+    if with_step:
+        out.append(("rayward_global_step", float(step), {"run": run_name}))
     for key, raw in metrics.items():
         v = _number(raw)
         if v is None:
@@ -143,13 +158,13 @@ class RayMetricsExporter:
             cls._gauges[name] = Gauge(name, description=desc, tag_keys=("run", *tags))
         return cls._gauges[name]
 
-    def export(self, step: int, metrics: dict[str, float]) -> None:
+    def export(self, step: int, metrics: dict[str, float], with_step: bool = True) -> None:
         try:
             import ray
 
             if not ray.is_initialized():
                 return
-            for name, value, tags in map_step_metrics(self.run_name, step, metrics):
+            for name, value, tags in map_step_metrics(self.run_name, step, metrics, with_step):
                 self._gauge(name).set(value, tags=tags)
         except Exception as err:  # noqa: BLE001 - metrics must never stop a run
             if self.run_name not in self._warned:

@@ -1,4 +1,5 @@
-"""A run stopped by SIGTERM (what `ray job stop` sends) leaves a checkpoint; --resume continues from it."""
+"""A run stopped by SIGTERM (what `ray job stop` sends) leaves a checkpoint and says so in one line (exit 143,
+no traceback); --resume continues from it."""
 
 import json
 import os
@@ -27,12 +28,29 @@ def test_sigterm_checkpoints_and_resume_continues(ray_cluster, tmp_path):
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
-    assert "rayward: stopped at step" in out, out[-3000:]
+    assert proc.returncode == 143 and "Traceback" not in out, out[-3000:]
     last = json.loads(metrics.read_text().splitlines()[-1])["step"]
     ckpt = tmp_path / name / f"checkpoint-{last}"
+    assert out.rstrip().splitlines()[-1] == (
+        f"rayward: stopped at step {last} (SIGTERM); checkpoint {ckpt} (continue with --name {name} --resume)"
+    ), out[-3000:]
     assert json.loads((ckpt / "rayward_state.json").read_text())["global_step"] == last
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", [*overrides, f"grpo.max_steps={last + 2}"])
     history = train(cfg, name=name, resume=True, verbose=False)
     assert [h["step"] for h in history] == [last + 1, last + 2]
     assert history[0]["policy_version"] == last  # generators got the checkpoint's weights
+
+
+def test_sigterm_while_starting_is_one_line(tmp_path):
+    """SIGTERM before the loop (here: as soon as the run printed its first line, before Ray starts) ends the run
+    at once: nothing to checkpoint, one line, exit 143."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", "configs/demo.yaml", f"logging.dir={tmp_path}", "--name", "early"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "RAY_ADDRESS": ""},
+    )
+    assert proc.stdout.readline().startswith("rayward run 'early': logs and checkpoints in ")
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and err == "rayward: stopped before training started (SIGTERM)\n", (out, err)
+    assert not list((tmp_path / "early").glob("checkpoint-*"))

@@ -192,3 +192,27 @@ def test_grafana_dashboard_uses_only_exported_metrics():
         assert need in used, need
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
+
+
+# ---- Prometheus ------------------------------------------------------------------------------------------
+
+
+def test_prometheus_script_scrapes_rays_service_discovery_file(tmp_path):
+    import shutil
+    import subprocess
+
+    env = {"PATH": "/usr/bin:/bin", "RAY_TEMP_DIR": "/data/ray", "SCRAPE_INTERVAL": "5s"}
+    out = subprocess.run(["bash", str(CLUSTER / "prometheus.sh"), "--print-config"], env=env, capture_output=True,
+                         text=True, check=True).stdout
+    cfg = yaml.safe_load(out)
+    (job,) = cfg["scrape_configs"]
+    assert job["file_sd_configs"][0]["files"] == ["/data/ray/prom_metrics_service_discovery.json"]
+    assert cfg["global"]["scrape_interval"] == "5s"
+    if shutil.which("promtool"):  # Debian's prometheus package ships it
+        (tmp_path / "prometheus.yml").write_text(out)
+        check = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+                               capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+    missing = subprocess.run(["bash", str(CLUSTER / "prometheus.sh")], env={**env, "PROMETHEUS": "no-such-binary"},
+                             capture_output=True, text=True)
+    assert missing.returncode == 1 and "apt-get install prometheus" in missing.stderr

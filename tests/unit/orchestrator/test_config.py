@@ -194,3 +194,50 @@ def test_learner_placement():
         parse_config({**MINIMAL, "cluster": {"learner_placement": "spread"}})
     with pytest.raises(ConfigError, match=r"cluster\.learner_placement: Input should be 'pack' or 'spread'"):
         parse_config({**MINIMAL, "cluster": {**fsdp, "learner_placement": "scatter"}})
+
+
+EVAL = {"data": {"path": "toy"}}
+
+
+def test_eval_block():
+    cfg = parse_config({**MINIMAL, "eval": {**EVAL, "every_n_steps": 10, "at_start": True, "num_generations": 4}})
+    assert cfg.eval.num_generations == 4 and cfg.eval.temperature is None and cfg.eval.rewards is None
+    assert parse_config(MINIMAL).eval is None  # off unless given
+    with pytest.raises(ConfigError, match=r"eval\.num_generations: Input should be greater than or equal to 1"):
+        parse_config({**MINIMAL, "eval": {**EVAL, "num_generations": 0}})
+    with pytest.raises(ConfigError, match=r"eval\.data: Field required"):
+        parse_config({**MINIMAL, "eval": {"every_n_steps": 5}})
+    with pytest.raises(ConfigError, match=r"eval\.every_n_step: Extra inputs are not permitted"):
+        parse_config({**MINIMAL, "eval": {**EVAL, "every_n_step": 5}})
+    with pytest.raises(ConfigError, match=r"temperature 0 \(greedy\) makes the num_generations \(4\)"):
+        parse_config({**MINIMAL, "eval": {**EVAL, "temperature": 0, "num_generations": 4}})
+    assert parse_config({**MINIMAL, "eval": {**EVAL, "temperature": 0}}).eval.temperature == 0
+    with pytest.raises(ConfigError, match=r"eval\.max_completion_length \(512\) must be below generation\.max_model_len"):
+        parse_config({**MINIMAL, "eval": {**EVAL, "max_completion_length": 512}})
+    gated = {"name": "b", "function": "brevity", "gate": {"reward": "nope", "threshold": 1}}
+    with pytest.raises(ConfigError, match=r"eval: .*gate names unknown reward 'nope'"):
+        parse_config({**MINIMAL, "eval": {**EVAL, "rewards": [gated]}})
+
+
+def test_save_best_names_a_metric_eval_produces():
+    with_eval = {**MINIMAL, "eval": {**EVAL, "num_generations": 4}}
+    for metric in ("eval/reward", "eval/pass@1", "eval/pass@4", "eval/rewards/r/mean", "eval/mean_length"):
+        assert parse_config({**with_eval, "grpo": {"save_best": metric}}).grpo.save_best == metric
+    for metric in ("eval/accuracy", "eval/pass@8", "reward", "eval/rewards/other/mean"):
+        with pytest.raises(ConfigError, match=rf"grpo\.save_best '{metric}': eval produces no such metric"):
+            parse_config({**with_eval, "grpo": {"save_best": metric}})
+    with pytest.raises(ConfigError, match=r"grpo\.save_best 'eval/reward' needs an eval block"):
+        parse_config({**MINIMAL, "grpo": {"save_best": "eval/reward"}})
+    own = {**MINIMAL, "eval": {**EVAL, "rewards": [{"name": "short", "function": "brevity"}]}}
+    assert parse_config({**own, "grpo": {"save_best": "eval/rewards/short/mean"}})
+    with pytest.raises(ConfigError, match="no such metric"):  # eval.rewards replaces the training rewards
+        parse_config({**own, "grpo": {"save_best": "eval/rewards/r/mean"}})
+
+
+def test_config_reference_documents_the_eval_block():
+    from orchestrator.config import config_reference
+
+    rows = {k: (d, doc) for k, d, doc in config_reference()}
+    assert rows["eval"][0] == "None" and "eval.data.path" in rows and "eval.data.shuffle_dataset" not in rows
+    assert rows["eval.num_generations"][0] == "1" and rows["grpo.save_best"][0] == "None"
+    assert "rewards[].name" in rows and "eval.rewards" in rows and "eval.rewards[].name" not in rows

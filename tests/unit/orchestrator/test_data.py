@@ -66,3 +66,33 @@ def test_errors_name_the_field(tmp_path):
     bad.write_text("hi")
     with pytest.raises(DataError, match="unsupported file type"):
         load_rows(DataConfig(path=str(bad)))
+
+
+def test_eval_rows_are_the_first_max_samples_tokenized(tmp_path, tok):
+    from orchestrator.config import DataSource
+    from orchestrator.data import eval_rows
+
+    f = tmp_path / "held_out.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in ROWS))
+    rows = eval_rows(DataSource(path=str(f)), tok, max_samples=2)
+    assert [r["id"] for r in rows] == [0, 1]  # file order, every time
+    want = tok.apply_chat_template(ROWS[0]["prompt"], add_generation_prompt=True, tokenize=False)
+    assert tok.decode(rows[0]["prompt_ids"]) == want
+    assert len(eval_rows(DataSource(path=str(f)), tok, max_samples=None)) == 3
+    with pytest.raises(DataError, match=r"eval\.data\.prompt_column 'question' not in dataset"):
+        eval_rows(DataSource(path=str(f), prompt_column="question"), tok, max_samples=None)
+
+
+def test_to_rollouts_joins_samples_to_their_rows():
+    from actors.types import Sample
+    from orchestrator.data import to_rollouts
+
+    rows = [{"prompt": ROWS[0]["prompt"], "letter": "a", "prompt_ids": [1, 2]}, {"prompt": "plain", "letter": "b",
+                                                                               "prompt_ids": [3]}]
+    groups = [[Sample([5], [-0.1], "a", "stop"), Sample([6, 7], [-0.2, -0.3], "aa", "length")],
+              [Sample([8], [-0.4], "b", "stop"), Sample([9], [-0.5], "c", "stop")]]
+    r = to_rollouts(rows, groups, 3, prompt_column="prompt", group_size=2)
+    assert len(r) == 4 and r.num_groups == 2 and r.policy_version == 3
+    assert r.completions[0] == [{"role": "assistant", "content": "a"}] and r.completions[2] == "b"  # chat stays chat
+    assert r.columns == {"letter": ["a", "a", "b", "b"]} and r.prompt_ids[3] == [3]
+    assert r.truncated == [False, True, False, False]

@@ -145,6 +145,19 @@ def test_generate_returns_aligned_samples(generator: Generator) -> None:
     ]
 
 
+def test_seeds_per_prompt_tell_repeated_prompts_apart(generator: Generator) -> None:
+    """Eval's seeds: one per prompt, n apart, so a repeated prompt gets other samples, and the same call again
+    draws the same ones."""
+    prompt = chat_prompt(generator.tokenizer, "Write the letter a:")
+    kw = dict(n=2, max_tokens=16, temperature=1.0)
+    out = generator.generate([prompt, prompt], seeds=[5, 7], **kw)
+    ids = [[s.completion_ids for s in group] for group in out]
+    assert ids[0] != ids[1]
+    assert [[s.completion_ids for s in g] for g in generator.generate([prompt, prompt], seeds=[5, 7], **kw)] == ids
+    with pytest.raises(ValueError, match="1 seeds for 2 prompts"):
+        generator.generate([prompt, prompt], seeds=[5], **kw)
+
+
 def test_generate_stream_yields_every_group_once_as_generate_would(generator: Generator) -> None:
     """The pipelined loop's stream: each prompt's group exactly once, under its own index, equal to what
     `generate` samples with the same request seed (so the index mapping cannot mix groups up)."""

@@ -87,6 +87,10 @@ def test_export_weights_and_checkpoint_roundtrip(tiny_model_path, tmp_path):
     for (k, a), (_, b) in zip(lr.model.state_dict().items(), other.model.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, msg=k)
     assert other.optimizer.state_dict()["state"]  # AdamW moments restored
+    from transformers import AutoTokenizer  # a model directory on its own: vLLM and `rayward eval` load it
+
+    assert AutoTokenizer.from_pretrained(path).encode("Write the letter a:") == AutoTokenizer.from_pretrained(
+        tiny_model_path).encode("Write the letter a:")
 
 
 def test_beta_loads_a_frozen_reference_and_reports_kl(tiny_model_path):
@@ -125,3 +129,11 @@ def test_gradient_checkpointing_on_a_model_without_it_is_refused(no_checkpointin
         make(no_checkpointing_model_path, gradient_checkpointing=True)
     stats = make(no_checkpointing_model_path, gradient_checkpointing=False).train_step(batch([1.0, -1.0]))
     assert math.isfinite(stats["loss"])  # it trains, without checkpointing
+
+
+def test_cpu_threads_follow_model_size_and_the_cores_allowed():
+    from actors.learner.learner import PARAMS_PER_THREAD, threads_for
+
+    assert threads_for(200_000, 8) == 1  # the tiny model: one thread
+    assert threads_for(5 * PARAMS_PER_THREAD, 2) == 2  # a 100M model on a 2-core box: both cores
+    assert threads_for(5 * PARAMS_PER_THREAD, 16) == 5

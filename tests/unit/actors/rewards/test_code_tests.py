@@ -27,7 +27,7 @@ from actors.rewards.code_tests import (
 from actors.rewards.sandbox import SandboxError, probe
 
 TIMEOUT_S = 2.0
-SLACK_S = 5.0
+SLACK_S = 15.0  # proves the run was cut (it would run forever); generous: a loaded 2-core box took 7.6 s to reap a fork bomb
 
 try:
     PROBE = probe()
@@ -242,8 +242,9 @@ def decoys() -> Iterator[dict[str, object]]:
     token = outside / "auth_token"
     token.write_text(secret)
     token.chmod(0o644)
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
-    os.environ.update(RAY_AUTH_TOKEN=secret, RAY_AUTH_TOKEN_PATH=str(token))
+    env = pytest.MonkeyPatch()  # undone in the finally below
+    env.setenv("RAY_AUTH_TOKEN", secret)
+    env.setenv("RAY_AUTH_TOKEN_PATH", str(token))
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(4)
@@ -253,11 +254,7 @@ def decoys() -> Iterator[dict[str, object]]:
                "listener": listener}
     finally:
         listener.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        env.undo()
         shutil.rmtree(outside, ignore_errors=True)
 
 

@@ -39,7 +39,7 @@ from actors.rewards.sandbox import (
 
 # Small limits keep the corpus fast on 2 cores; the bound on elapsed time is functional, not a benchmark.
 TIMEOUT_S = 2.0
-SLACK_S = 5.0
+SLACK_S = 15.0  # proves the run was cut (it would run forever); generous: a loaded 2-core box took 7.6 s to reap a fork bomb
 LIMITS = Limits(timeout_s=TIMEOUT_S, memory_mb=256, max_output_bytes=64 << 10, max_processes=16, max_file_mb=8,
                 disk_mb=32)
 FALLBACK = Limits(**{**LIMITS.__dict__, "use_namespaces": False})
@@ -108,8 +108,10 @@ def decoys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Decoys]:
     for p, text in files.items():
         p.write_text(text)
         p.chmod(0o666 if p.parent == open_dir else 0o644)
-    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "HOME")}
-    os.environ.update(RAY_AUTH_TOKEN=secret, RAY_AUTH_TOKEN_PATH=str(token_path), HOME=str(home))
+    env = pytest.MonkeyPatch()  # undone in the finally below
+    env.setenv("RAY_AUTH_TOKEN", secret)
+    env.setenv("RAY_AUTH_TOKEN_PATH", str(token_path))
+    env.setenv("HOME", str(home))
     # A neighbour with the secret in its environment and on its (world-readable) command line.
     neighbour = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", secret],
                                  env={**os.environ}, stdout=subprocess.DEVNULL)
@@ -124,11 +126,7 @@ def decoys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Decoys]:
         listener.close()
         neighbour.kill()
         neighbour.wait()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        env.undo()
         shutil.rmtree(outside, ignore_errors=True)
 
 

@@ -113,6 +113,31 @@ def test_exception_raises_naming_sample_or_falls_back():
     assert out.scores[0][0] == 1.0 and math.isnan(out.scores[0][1])
 
 
+def test_errors_carry_what_the_driver_shows_and_survive_pickling():
+    """What crosses Ray is the pickled error: no traceback, so the reward's frames travel as data."""
+    import pickle
+
+    chat = [{"role": "user", "content": "Write the letter q:"}]
+    w = worker(RewardSpec("bad", "tests.fixtures.bad_rewards:misbehaving", kwargs={"mode": "raise"}))
+    with pytest.raises(RewardFunctionError) as info:
+        w.score(RewardBatch([chat, chat], [[{"role": "assistant", "content": "qqq"}]] * 2, [[1]] * 2, {}, 2, offset=4))
+    err = pickle.loads(pickle.dumps(info.value))
+    assert (err.reward, err.sample, err.error) == ("bad", 4, "ValueError: verifier exploded")
+    assert (err.prompt, err.completion) == ("Write the letter q:", "qqq")  # a conversation's last message
+    # the user's frames only: not the worker's, not concurrent.futures'
+    assert [(f[0].rsplit("/", 1)[-1], f[2]) for f in err.frames] == [
+        ("bad_rewards.py", "reward"), ("bad_rewards.py", "<listcomp>"), ("bad_rewards.py", "check_answer")]
+    assert err.frames[-1][3] == 'raise ValueError("verifier exploded")'
+    assert "concurrent/futures" in err.traceback and err.defined_at is None
+
+    w = worker(RewardSpec("bad", "tests.fixtures.bad_rewards:misbehaving", kwargs={"mode": "strings"}))
+    with pytest.raises(RewardFunctionError) as info:
+        w.score(chunk(["a", "b"]))
+    err = pickle.loads(pickle.dumps(info.value))
+    assert err.frames == [] and err.defined_at.endswith("tests/fixtures/bad_rewards.py:19")
+    assert err.error == "returned 'high' (str), expected a number or None" and err.completion == "a"
+
+
 @pytest.mark.parametrize("fn", ["sleepy", "async_sleepy"])
 def test_timeout_gives_fallback_to_the_slow_sample_only(fn):
     w = worker(RewardSpec("s", f"{__name__}:{fn}", timeout_s=0.5, fallback=-2.0))

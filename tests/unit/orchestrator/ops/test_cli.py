@@ -27,6 +27,15 @@ DEMO = str(ROOT / "configs" / "demo.yaml")
         ([DEMO, "grpo.gradient_checkpointing_kwargs={use_reentrnt: true}"],
          "grpo.gradient_checkpointing_kwargs: ['use_reentrnt'] are not arguments of torch.utils.checkpoint.checkpoint"),
         ([str(ROOT / "nope.yaml")], "config file not found"),
+        ([DEMO, "eval={data: {path: toy, prompt_column: question}}"],
+         "eval.data.prompt_column 'question' not in dataset 'toy'"),
+        ([DEMO, "eval={data: {path: /nonexistent/held_out.jsonl}}"], "eval.data.path '/nonexistent/held_out.jsonl': cannot load"),
+        ([DEMO, "eval={data: {path: toy}}", "eval.num_generations=0"],
+         "eval.num_generations: Input should be greater than or equal to 1"),
+        ([DEMO, "eval={data: {path: toy}, rewards: [{name: x, function: lettr}]}"], "eval.rewards[x].function: unknown built-in 'lettr'"),
+        ([DEMO, "eval={data: {path: toy}}", "grpo.save_best=eval/accuracy"],
+         "grpo.save_best 'eval/accuracy': eval produces no such metric (it produces ['eval/reward', "),
+        ([DEMO, "grpo.save_best=eval/reward"], "grpo.save_best 'eval/reward' needs an eval block"),
     ],
 )
 def test_run_rejects_bad_input_before_starting_anything(args, message, capsys, tiny_model_path):
@@ -49,6 +58,28 @@ def test_gradient_checkpointing_on_a_model_without_it_is_a_config_error(no_check
     assert ray.is_initialized() == was_up
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([DEMO, "--checkpoint", "/nonexistent/checkpoint-40"],
+         "--checkpoint '/nonexistent/checkpoint-40': not an HF model directory"),
+        ([DEMO, "eval={data: {path: toy, prompt_column: question}}"],
+         "eval.data.prompt_column 'question' not in dataset 'toy'"),
+        ([DEMO, "eval={data: {path: toy}}", "eval.num_generations=0"],
+         "eval.num_generations: Input should be greater than or equal to 1"),
+        ([DEMO, "rewards.0.function=lettr_fraction"], "rewards[letter].function: unknown built-in 'lettr_fraction'"),
+    ],
+)
+def test_eval_rejects_bad_input_before_starting_anything(args, message, capsys, tiny_model_path):
+    import ray
+
+    was_up = ray.is_initialized()
+    assert main(["eval", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert ray.is_initialized() == was_up
+
+
 def test_scale_unreachable_address_is_one_line(capsys):
     code = main(["scale", "no-such-run", "--reward-workers", "2", "--address", "127.0.0.1:1"])
     err = capsys.readouterr().err
@@ -60,3 +91,50 @@ def test_scale_wants_a_count_or_bounds(args, capsys):
     assert main(["scale", "some-run", *args, "--address", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
     assert "give --reward-workers N (a fixed count) or --min/--max (autoscaling bounds)" in err
+
+
+def test_overrides_may_follow_options(capsys):
+    # the override after --checkpoint is applied: its error comes first, before the checkpoint is looked at
+    assert main(["eval", DEMO, "--checkpoint", "/nonexistent/ck", "grpo.max_steps=0"]) == 2
+    assert "grpo.max_steps: Input should be greater than or equal to 1" in capsys.readouterr().err
+
+
+def test_unknown_options_are_still_rejected(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", DEMO, "--checkpont", "x"])
+    assert "unrecognized arguments: --checkpont x" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", DEMO, "--name", "x", "grpo.max_steps=3", "seed=1"],
+        ["run", DEMO, "grpo.max_steps=3", "--name", "x", "seed=1"],
+        ["run", "--name", "x", DEMO, "grpo.max_steps=3", "seed=1"],
+        ["run", DEMO, "grpo.max_steps=3", "--name", "x", "--verbose", "seed=1"],
+    ],
+)
+def test_overrides_anywhere_on_the_line_keep_their_order(argv):
+    from orchestrator.ops.cli import parse_args
+
+    args = parse_args(argv)
+    assert (args.config, args.name, args.overrides) == (DEMO, "x", ["grpo.max_steps=3", "seed=1"])
+
+
+def test_submit_takes_overrides_after_options_and_other_strays_are_errors(capsys):
+    from orchestrator.ops.cli import parse_args
+
+    args = parse_args(["submit", DEMO, "--name", "x", "grpo.max_steps=3", "--debug", "--address", "http://h:8265"])
+    assert args.overrides == ["grpo.max_steps=3"] and args.debug and args.address == "http://h:8265"
+    for argv in (["run", DEMO, "--name", "x", "stray"], ["run", DEMO, "--nope"], ["rewards", "a=1"]):
+        with pytest.raises(SystemExit) as info:
+            parse_args(argv)
+        assert info.value.code == 2
+        assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_samples_and_plot_of_a_missing_run_are_one_line(tmp_path, capsys):
+    for cmd in ("samples", "plot"):
+        assert main([cmd, "nope", "--dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"rayward {cmd}: no run 'nope'") and len(err.splitlines()) == 1, err

@@ -59,6 +59,8 @@ def test_submission_naming_entrypoint_and_metadata(project, monkeypatch):
     assert sub.entrypoint == ("python -m orchestrator run configs/run.yaml grpo.max_steps=3 data.path=data/big.jsonl "
                               "cluster.address=auto --name exp-1")
     assert sub.metadata["rayward_run"] == "exp-1"
+    flagged = jobs.build_submission("configs/run.yaml", [], name="exp-1", environ={}, run_flags=["--verbose", "--debug"])
+    assert flagged.entrypoint.endswith("--name exp-1 --verbose --debug")  # `rayward submit -v --debug`
     assert sub.runtime_env["working_dir"] == str(project)
     assert "py_modules" in sub.runtime_env  # rayward's packages are not inside this working_dir: shipped
     shipped = sorted(Path(m).name for m in sub.runtime_env["py_modules"])

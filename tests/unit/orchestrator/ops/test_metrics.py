@@ -1,10 +1,12 @@
-"""Metric sinks and the phase timer."""
+"""Metric sinks, the completions log, the phase timer, reading a run directory back."""
 
 from __future__ import annotations
 
 import json
 
-from orchestrator.ops.metrics import MetricsLogger, PhaseTimer
+import pytest
+
+from orchestrator.ops.metrics import MetricsLogger, PhaseTimer, completions_table, find_run_dir, read_jsonl
 
 
 def test_metrics_sinks_write_jsonl_and_tensorboard(tmp_path):
@@ -23,3 +25,46 @@ def test_phase_timer_accumulates_per_phase():
             pass
     m = t.metrics()
     assert set(m) == {"time/generate", "time/step"} and 0 <= m["time/generate"] <= m["time/step"]
+
+
+def test_an_eval_is_a_row_of_its_own_with_a_progress_line(tmp_path, capsys):
+    log = MetricsLogger(tmp_path, report_to=["jsonl", "tensorboard"], progress=True, max_steps=40)
+    log.log(10, {"reward": 0.5})
+    log.log_eval(10, {"eval/reward": 0.25, "eval/rewards/letter/mean": 0.25, "eval/pass@1": 0.1,
+                      "eval/pass@4": float("nan"), "eval/mean_length": 16.0, "eval/prompts": 256,
+                      "eval/policy_version": 10, "eval/seconds": 1.25})
+    log.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[1]["step"] == 10 and rows[1]["eval/reward"] == 0.25 and rows[1]["eval/pass@4"] is None
+    assert log.history == rows
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line == ("eval   10/40 | reward 0.25 | letter/mean 0.25 | pass@1 0.1 | mean_length 16 | prompts 256 "
+                    "| time 1.25s"), line
+
+
+def test_completions_log_and_the_wandb_table_columns(tmp_path):
+    log = MetricsLogger(tmp_path, report_to=["jsonl"], progress=False, max_steps=2)
+    chat = [{"role": "user", "content": "hi"}]
+    rows = [
+        {"step": 1, "policy_version": 0, "prompt": chat, "completion": [{"role": "assistant", "content": "yo"}],
+         "total": 1.5, "advantage": 0.7, "rewards/a": 1.0, "gated/a": 1.0, "rewards/b": None, "gated/b": 0.0,
+         "judge_note": "fine"},
+    ]
+    log.log_completions(1, rows)
+    log.close()
+    assert [json.loads(x) for x in (tmp_path / "completions.jsonl").read_text().splitlines()] == rows
+    columns, data = completions_table(rows)
+    # TRL's GRPOTrainer table: step, prompt, completion, rewards by name, log_extra columns, advantage
+    assert columns == ["step", "prompt", "completion", "a", "b", "judge_note", "advantage", "total", "policy_version"]
+    assert data == [[1, "user: hi", "assistant: yo", 1.0, None, "fine", 0.7, 1.5, 0]]
+
+
+def test_find_run_dir_by_path_or_name(tmp_path):
+    run = tmp_path / "runs" / "demo"
+    MetricsLogger(run, report_to=["jsonl"], progress=False, max_steps=1).log(1, {"reward": 0.1})
+    assert find_run_dir(str(run)) == run
+    assert find_run_dir("demo", str(tmp_path / "runs")) == run
+    with pytest.raises(FileNotFoundError, match="no run 'other'"):
+        find_run_dir("other", str(tmp_path / "runs"))
+    (run / "metrics.jsonl").write_text((run / "metrics.jsonl").read_text() + '{"step": 2, "rew')  # being written
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1]

@@ -45,3 +45,18 @@ def test_step_metrics_map_onto_tagged_gauges():
 def test_non_numbers_are_skipped():
     got = {n for n, _, _ in map_step_metrics("r", 1, {"reward": 1.0, "time/generate": "not a number"})}
     assert "rayward_reward" in got and "rayward_phase_seconds" not in got
+
+
+def test_eval_metrics_map_onto_eval_gauges_without_moving_the_step():
+    m = {"eval/reward": 0.4, "eval/rewards/letter/mean": 0.3, "eval/pass@1": 0.25, "eval/pass@4": 0.6,
+         "eval/mean_length": 12.0, "eval/policy_version": 10, "eval/seconds": 1.5}
+    got = {(n, tuple(sorted(t.items()))): v for n, v, t in map_step_metrics("r1", 10, m, with_step=False)}
+    assert got == {
+        ("rayward_eval_reward", (("run", "r1"),)): 0.4,
+        ("rayward_eval_reward_fn_mean", (("reward", "letter"), ("run", "r1"))): 0.3,
+        ("rayward_eval_pass_at", (("k", "1"), ("run", "r1"))): 0.25,
+        ("rayward_eval_pass_at", (("k", "4"), ("run", "r1"))): 0.6,
+        ("rayward_eval_mean_length", (("run", "r1"),)): 12.0,
+        ("rayward_eval_policy_version", (("run", "r1"),)): 10,
+    }
+    assert {n for n, _ in got} <= set(GAUGES)

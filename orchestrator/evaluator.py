@@ -1,0 +1,295 @@
+"""Held-out evaluation on the engines, driver side: generate with the current weights at a step boundary, score
+with the eval rewards, log `eval/...`, keep checkpoint-best. The pure part (pass@k, the schedule, the metrics)
+is `orchestrator/evaluation.py`.
+
+Which evaluator a run has is chosen when it is built (`orchestrator/build.py: evaluator`); both loops call it
+the same way, one call per phase:
+
+    run.evaluate.start(step)        before the first step (eval.at_start)
+    run.evaluate.after_step(step)   after each step's weight sync (every eval.every_n_steps, and the last step)
+    run.evaluate.drain()            at the end of the loop (phases.finish)
+
+- `NoEval`: the run has no eval block; every call does nothing.
+- `BlockingEval` (sync loop): between two steps the generators are idle; the eval generates there, is scored
+  and recorded, and the next step starts after it.
+- `OverlappedEval` (pipelined loop): the eval's generation is submitted right behind the step's weight sync,
+  so every generator runs it with the new weights between two training batches (a generator runs its calls
+  in submission order), and the learner waits at most one eval generation longer for the batch queued behind
+  it. Its scoring and recording happen at later step boundaries, as its pieces finish. With grpo.save_best the
+  learner saves a candidate checkpoint at submission (queued before its next train step, so it holds the
+  evaluated weights); the eval's result decides whether the candidate becomes checkpoint-best.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from actors.types import Rollouts, Scores, TrainerState
+from orchestrator.advantages import RewardAggregator, raw_matrix, weighted_totals
+from orchestrator.data import to_rollouts
+from orchestrator.evaluation import Best, EvalSchedule, eval_metrics
+
+BEST_CHECKPOINT = "checkpoint-best"
+# Where the pipelined loop's learner writes the evaluated weights until the eval's result is known.
+BEST_CANDIDATE = "checkpoint-best.candidate"
+
+
+@dataclass
+class EvalSet:
+    """What an eval runs on, built once per run: the held-out rows (tokenized), how to sample them, and the
+    reward pool and aggregation that score them."""
+
+    rows: list[dict[str, Any]]  # the held-out rows, each with prompt_ids
+    prompt_column: str
+    sampling: dict[str, Any]  # Generator.generate kwargs: n, max_tokens, temperature, top_p, top_k
+    seed: int  # row i's completions are drawn with seeds seed + i*n .. seed + i*n + n-1, at every eval
+    pool: Any  # handle of the RewardPool that scores eval completions
+    aggregator: RewardAggregator  # weights, gates and schedules of the eval rewards
+    chunk_groups: int
+    pass_threshold: float
+    max_steps: int  # trainer_state.max_steps the eval rewards see
+
+    @property
+    def group_size(self) -> int:
+        return self.sampling["n"]
+
+
+@dataclass
+class PendingEval:
+    """One eval on its way: the generators' calls, then the pool's scoring of what they returned."""
+
+    step: int  # the optimizer step whose weights are evaluated
+    epoch: float
+    generation: list[Any]  # ObjectRefs of Generator.generate, one per shard, in row order
+    t0: float = field(default_factory=time.perf_counter)
+    scoring: tuple[Rollouts, Any] | None = None  # once generated: the rollouts and the ObjectRef of their Scores
+    candidate: list[Any] | None = None  # pipelined save_best: ObjectRefs of the learner's candidate checkpoint
+
+
+@dataclass
+class EvalResult:
+    step: int
+    metrics: dict[str, float]
+    rollouts: Rollouts
+    table: dict[str, list[Any]]  # per completion: total, passed, rewards/<name>
+
+    def samples(self) -> list[dict[str, Any]]:
+        """One record per completion (the eval log and the `rayward eval` report)."""
+        r = self.rollouts
+        return [
+            {"step": self.step, "prompt": r.prompts[i], "completion": r.completions[i],
+             **{k: v[i] for k, v in self.table.items()}}
+            for i in range(len(r))
+        ]
+
+
+def submit_eval(es: EvalSet, generators: Any, step: int, epoch: float = 0.0) -> PendingEval:
+    """Submit the eval's generation (the rows sharded over the generators); returns without waiting."""
+    # Seeds per row, fixed across evals: two evals differ by the policy, not by the dice; vLLM adds j to a
+    # prompt's seed for its j-th completion, so rows are n apart and repeated prompts still differ.
+    seeds = [es.seed + i * es.group_size for i in range(len(es.rows))]
+    refs = generators.submit_sharded(
+        "generate", [r["prompt_ids"] for r in es.rows], aligned={"seeds": seeds}, **es.sampling
+    )
+    return PendingEval(step, epoch, refs)
+
+
+def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
+    """Move an eval on: once its generation is done, submit its scoring. Returns whether its scores are ready
+    (block=True waits for the generation, not for the scores)."""
+    if p.scoring is None:
+        if not block and not _ready(p.generation):
+            return False
+        groups = [g for part in ray.get(p.generation) for g in part]
+        rollouts = to_rollouts(es.rows, groups, p.step, prompt_column=es.prompt_column, group_size=es.group_size)
+        state = TrainerState(global_step=p.step, max_steps=es.max_steps, epoch=p.epoch)
+        p.scoring = (rollouts, es.pool.score.remote(rollouts.reward_batch(), es.chunk_groups, state=state))
+    return _ready([p.scoring[1]])
+
+
+def finish_eval(es: EvalSet, p: PendingEval) -> EvalResult:
+    """Wait for an eval and compute its metrics."""
+    advance(es, p, block=True)
+    rollouts, ref = p.scoring
+    metrics, table = summarize(es, rollouts, ray.get(ref), p.step)
+    metrics["eval/seconds"] = time.perf_counter() - p.t0
+    return EvalResult(p.step, metrics, rollouts, table)
+
+
+def summarize(
+    es: EvalSet, rollouts: Rollouts, scores: Scores, step: int
+) -> tuple[dict[str, float], dict[str, list[Any]]]:
+    """The eval metrics (weights and gates at the evaluated step) and the per-completion table."""
+    raw = raw_matrix(scores)
+    total = weighted_totals(es.aggregator, scores, es.group_size, step=step)
+    metrics = eval_metrics(
+        es.aggregator.names, raw, total, [len(c) for c in rollouts.completion_ids], rollouts.truncated,
+        es.group_size, es.pass_threshold,
+    )
+    metrics["eval/policy_version"] = step
+    nan_to_none = lambda xs: [None if math.isnan(x) else x for x in xs]  # noqa: E731 - JSON has no NaN
+    table: dict[str, list[Any]] = {
+        "total": nan_to_none(total.tolist()), "passed": (total >= es.pass_threshold).tolist(),
+    }
+    for k, name in enumerate(es.aggregator.names):
+        table[f"rewards/{name}"] = nan_to_none(raw[:, k].tolist())
+    return metrics, table
+
+
+def _ready(refs: list[Any]) -> bool:
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    return len(done) == len(refs)
+
+
+# --- checkpoint-best --------------------------------------------------------------------------------------
+
+
+class BestCheckpoint:
+    """grpo.save_best: `<run dir>/checkpoint-best` is the checkpoint of the best eval so far (a full checkpoint:
+    HF model with its tokenizer, optimizer, run state), its rayward_state.json recording the metric, value and
+    step. --resume still continues from the latest periodic checkpoint-<step>."""
+
+    def __init__(self, best: Best, learner: Any, run_dir: Path, data_state: Callable[[], dict[str, Any]]):
+        self.best, self.learner, self.data_state = best, learner, data_state
+        self.path, self.candidate_path = run_dir / BEST_CHECKPOINT, run_dir / BEST_CANDIDATE
+
+    def restore(self) -> None:
+        """On resume: the best so far is the one checkpoint-best recorded (for the same metric)."""
+        state = self.path / "rayward_state.json"
+        if state.exists():
+            rec = json.loads(state.read_text()).get("best", {})
+            if rec.get("metric") == self.best.metric:
+                self.best.value, self.best.step = rec["value"], rec["step"]
+
+    def capture(self) -> list[Any]:
+        """Pipelined: the learner saves the current weights as the candidate, queued before its next train
+        step; returns the ranks' ObjectRefs."""
+        return self.learner.submit("save_checkpoint", str(self.candidate_path), extra={"data": self.data_state()})
+
+    def offer(self, step: int, metrics: dict[str, float], candidate: list[Any] | None) -> bool:
+        """Keep the evaluated checkpoint if its metric beats the best so far: the candidate (pipelined), or a
+        checkpoint saved now (sync: the learner still holds the evaluated weights). Returns whether it did."""
+        value = metrics[self.best.metric]
+        if candidate is not None:
+            ray.get(candidate)
+        if not self.best.improves(value):
+            if candidate is not None:
+                shutil.rmtree(self.candidate_path, ignore_errors=True)
+            return False
+        if candidate is None:
+            self.learner.call("save_checkpoint", str(self.candidate_path), extra={"data": self.data_state()})
+        state_file = self.candidate_path / "rayward_state.json"
+        state = json.loads(state_file.read_text())
+        state["best"] = {"metric": self.best.metric, "value": value, "step": step}
+        state_file.write_text(json.dumps(state))
+        if self.path.exists():
+            shutil.rmtree(self.path)
+        os.replace(self.candidate_path, self.path)
+        self.best.value, self.best.step = value, step
+        return True
+
+
+# --- the evaluators the loops call --------------------------------------------------------------------------
+
+
+class NoEval:
+    """No eval block: nothing to do at any step."""
+
+    def start(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def drain(self) -> None:
+        pass
+
+    def restore(self) -> None:
+        pass
+
+
+class _Evaluator:
+    """What both evaluators share: the eval set, the schedule, and recording a finished eval."""
+
+    def __init__(
+        self, es: EvalSet, schedule: EvalSchedule, *, generators: Any, logger: Any, prompts: Any,
+        best: BestCheckpoint | None, log_completions: bool,
+    ):
+        self.es, self.schedule, self.generators, self.logger = es, schedule, generators, logger
+        self.prompts, self.best_checkpoint, self.log_completions = prompts, best, log_completions
+
+    def restore(self) -> None:
+        if self.best_checkpoint is not None:
+            self.best_checkpoint.restore()
+
+    def _submit(self, step: int) -> PendingEval:
+        return submit_eval(self.es, self.generators, step, self.prompts.epoch_progress)
+
+    def _record(self, result: EvalResult, candidate: list[Any] | None) -> None:
+        self.logger.log_eval(result.step, result.metrics)
+        if self.log_completions:
+            with open(self.logger.run_dir / "eval_completions.jsonl", "a") as f:
+                for row in result.samples():
+                    f.write(json.dumps(row, default=str) + "\n")
+        keeper = self.best_checkpoint
+        if keeper is not None and keeper.offer(result.step, result.metrics, candidate):
+            self.logger.note(f"checkpoint-best: step {result.step} ({keeper.best.metric} {keeper.best.value:.4g})")
+
+
+class BlockingEval(_Evaluator):
+    """Sync loop: evaluate between steps and wait for it (the generators are idle there anyway)."""
+
+    def start(self, step: int) -> None:
+        if self.schedule.at_start:
+            self._evaluate(step)
+
+    def after_step(self, step: int) -> None:
+        if self.schedule.due(step):
+            self._evaluate(step)
+
+    def drain(self) -> None:
+        pass
+
+    def _evaluate(self, step: int) -> None:
+        self._record(finish_eval(self.es, self._submit(step)), candidate=None)
+
+
+class OverlappedEval(_Evaluator):
+    """Pipelined loop: the eval's generation queued behind the weight sync, finished at later step boundaries."""
+
+    pending: PendingEval | None = None
+
+    def start(self, step: int) -> None:
+        if self.schedule.at_start:
+            self._submit_overlapped(step)
+
+    def after_step(self, step: int) -> None:
+        if self.pending is not None and advance(self.es, self.pending):
+            self._finish()
+        if self.schedule.due(step):
+            self._submit_overlapped(step)
+
+    def drain(self) -> None:
+        if self.pending is not None:
+            self._finish()
+
+    def _submit_overlapped(self, step: int) -> None:
+        if self.pending is not None:  # generated long ago (it was queued before the batches since): its scoring
+            self._finish()
+        candidate = self.best_checkpoint.capture() if self.best_checkpoint is not None else None
+        self.pending = self._submit(step)
+        self.pending.candidate = candidate
+
+    def _finish(self) -> None:
+        p, self.pending = self.pending, None
+        self._record(finish_eval(self.es, p), p.candidate)
