@@ -16,9 +16,11 @@ import ray
 
 from actors.net import free_port, node_ip
 
-# How long the learner ranks' placement group may wait for a node with room for all of them (an autoscaler
-# may be starting one) before the build fails, naming what it asked for.
+# How long the learner ranks' placement group may wait for room (an autoscaler may be starting nodes) before the
+# build fails, naming what it asked for.
 PLACEMENT_TIMEOUT_S = 600
+# cluster.learner_placement -> the placement group strategy of the learner ranks: one node, or one node per rank.
+PLACEMENT_STRATEGIES = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}
 # How often wait_alive asks a restarting actor whether it is back (a vLLM engine takes ~20 s to start).
 RESTART_POLL_S = 1.0
 
@@ -126,9 +128,11 @@ class LearnerGroup:
     the reward pool, through `rank0_kwargs`).
 
     strategy "single" (one rank): the learner actor as before, `<run>/learner`. "fsdp": `num` actors
-    `<run>/learner-<r>` in a STRICT_PACK placement group of one bundle per rank (the `options` resources),
-    so the ranks share one node (NCCL over NVLink/PCIe, not the network); rank 0's address is taken on its
-    node before the actors start and passed to all of them for `init_process_group`.
+    `<run>/learner-<r>` in a placement group of one bundle per rank (the `options` resources): placement "pack"
+    (STRICT_PACK) puts the ranks on one node (NCCL over NVLink/PCIe, not the network), "spread" (STRICT_SPREAD)
+    each on its own node. Rank 0's address (its node's IP as Ray knows it, reachable from the other nodes, and
+    a port free there) is taken on its node before the actors start and passed to all of them for
+    `init_process_group`.
     """
 
     def __init__(
@@ -138,11 +142,12 @@ class LearnerGroup:
         *,
         run_name: str,
         strategy: str = "single",
+        placement: str = "pack",
         options: dict[str, Any] | None = None,
         kwargs: dict[str, Any] | None = None,
         rank0_kwargs: dict[str, Any] | None = None,
     ):
-        from ray.util.placement_group import placement_group, placement_group_table
+        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
         from ray.util.scheduling_strategies import (
             NodeAffinitySchedulingStrategy,
             PlacementGroupSchedulingStrategy,
@@ -160,12 +165,15 @@ class LearnerGroup:
         else:
             bundle = {"CPU": opts.get("num_cpus", 0), "GPU": opts.get("num_gpus", 0), **opts.get("resources", {})}
             bundle = {k: v for k, v in bundle.items() if v}  # Ray rejects zero amounts in a bundle
-            self.placement_group = placement_group([bundle] * num, strategy="STRICT_PACK", name=f"{run_name}/learner")
+            pg_strategy = PLACEMENT_STRATEGIES[placement]
+            self.placement_group = placement_group([bundle] * num, strategy=pg_strategy, name=f"{run_name}/learner")
             try:
                 ray.get(self.placement_group.ready(), timeout=PLACEMENT_TIMEOUT_S)
             except ray.exceptions.GetTimeoutError:
+                remove_placement_group(self.placement_group)  # a pending group would hold its claim on the cluster
+                where = "one node" if placement == "pack" else f"{num} different nodes"
                 raise RuntimeError(
-                    f"no node could hold {num} learner ranks of {bundle} each (STRICT_PACK: one node) "
+                    f"the cluster could not place {num} learner ranks of {bundle} each ({pg_strategy}: {where}) "
                     f"within {PLACEMENT_TIMEOUT_S} s"
                 ) from None
             node = placement_group_table(self.placement_group)["bundles_to_node_id"][0]

@@ -17,3 +17,15 @@ def node_ip() -> str:
     import ray
 
     return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+
+def interface_of(ip: str) -> str | None:
+    """The name of this host's network interface that holds `ip` (e.g. eth0, lo), or None."""
+    import socket
+
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            return name
+    return None

@@ -133,7 +133,7 @@ def run_trl(steps: int, workdir: Path, w: Workload, threads: int) -> dict[str, A
         max_steps=steps,
         use_cpu=True,
         bf16=False,
-        gradient_checkpointing=False,  # rayward's learner does not recompute activations either
+        gradient_checkpointing=False,  # the rayward runs turn it off too (both default to on)
         use_vllm=False,
         logging_steps=1,
         report_to="none",
@@ -230,6 +230,7 @@ def run_rayward(
         f"loop.mode={mode}",
         f"logging.dir={workdir / 'runs'}",
         "logging.check_logprob_parity=false",
+        "grpo.gradient_checkpointing=false",  # as TRL is run above: the same work, no recomputation on either side
         "logging.log_completions=false",
         *w.rayward_overrides(),
         *extra,  # --set / --variant: knobs for experiments (printed with the results)

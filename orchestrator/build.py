@@ -98,6 +98,12 @@ def autoscale_settings(cfg: RunConfig) -> AutoscaleSettings | None:
     return None if a is None else AutoscaleSettings(**a.model_dump())
 
 
+def lora_kwargs(cfg: RunConfig) -> dict[str, Any] | None:
+    """model.lora as PEFT LoraConfig keyword arguments (rayward's own fields left out), or None: full fine-tuning."""
+    lora = cfg.model.lora
+    return None if lora is None else lora.model_dump(exclude={"save_merged"})
+
+
 def learner_kwargs(cfg: RunConfig, model_path: str) -> dict[str, Any]:
     """The learner's constructor arguments, with the GRPO math bound in (pure; unit-tested)."""
     from orchestrator.grpo import grpo_loss, vllm_importance_weights
@@ -141,8 +147,48 @@ def learner_kwargs(cfg: RunConfig, model_path: str) -> dict[str, Any]:
         num_iterations=g.num_iterations,
         beta=g.beta,
         mask_truncated_completions=g.mask_truncated_completions,
+        gradient_checkpointing=g.gradient_checkpointing,
+        gradient_checkpointing_kwargs=g.gradient_checkpointing_kwargs,
+        lora=lora_kwargs(cfg),
         trust_remote_code=cfg.model.trust_remote_code,
     )
+
+
+def check_learner_model(cfg: RunConfig, model_path: str) -> None:
+    """The learner's model options against the model's architecture, built on the meta device (no weights): gradient
+    checkpointing support and its keyword arguments, and LoRA target modules PEFT can match and rayward can merge."""
+    import inspect
+
+    g = cfg.grpo
+    if g.gradient_checkpointing_kwargs:
+        from torch.utils.checkpoint import checkpoint
+
+        known = set(inspect.signature(checkpoint).parameters) - {"function", "args", "kwargs"}
+        unknown = sorted(set(g.gradient_checkpointing_kwargs) - known)
+        if unknown:
+            raise ConfigError(
+                f"grpo.gradient_checkpointing_kwargs: {unknown} are not arguments of torch.utils.checkpoint.checkpoint "
+                f"(it takes {sorted(known)})"
+            )
+    if not (g.gradient_checkpointing or cfg.model.lora):
+        return
+    from actors.learner.learner import meta_model
+    from actors.learner.lora import LoraError, apply_lora
+
+    try:
+        model = meta_model(model_path, cfg.model.trust_remote_code)
+    except Exception as err:  # noqa: BLE001 - any failure to build the architecture is the model field's
+        raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r}: cannot build the model ({err})") from None
+    if g.gradient_checkpointing and not model.supports_gradient_checkpointing:
+        raise ConfigError(
+            f"grpo.gradient_checkpointing: {type(model).__name__} does not support gradient checkpointing "
+            "(transformers' supports_gradient_checkpointing is False); set grpo.gradient_checkpointing=false"
+        )
+    if cfg.model.lora is not None:
+        try:
+            apply_lora(model, lora_kwargs(cfg))
+        except LoraError as err:
+            raise ConfigError(f"model.lora.{err}") from None  # names the LoraConfig field at fault
 
 
 @dataclass
@@ -177,13 +223,15 @@ def prepare_eval(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]] |
 
 
 def prepare(cfg: RunConfig, name: str) -> Prepared:
-    """The cheap checks, in order: reward functions import, model and tokenizer load, datasets have prompts."""
+    """The cheap checks, in order: reward functions import, model and tokenizer load, the learner's model options
+    fit the architecture, datasets have prompts."""
     specs = reward_specs(cfg.rewards)
     for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
         if sink in cfg.logging.report_to and importlib.util.find_spec(module) is None:
             raise ConfigError(f"logging.report_to: {sink!r} needs the `{module}` package (pip install {module})")
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg, model_path)
+    check_learner_model(cfg, model_path)
     rows = load_rows(cfg.data, seed=cfg.seed)
     prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed)
     held_out, eval_specs = prepare_eval(cfg, tokenizer)
@@ -343,6 +391,7 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
         c.num_learners,
         run_name=p.name,
         strategy=c.learner_strategy,
+        placement=c.learner_placement,
         options=actor_options(c.learner, namespace=namespace(p.name), **shared_cores_env(cfg, c.learner)),
         kwargs=learner_kwargs(cfg, p.model_path),
         rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step

@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from actors.rewards.autoscale import (
     DEFAULT_DOWNSCALE_DELAY_S,
@@ -99,6 +107,42 @@ TINY_MODEL = "tiny"
 RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9\-]{0,62}$"
 
 
+class LoraSettings(_Section):
+    """LoRA adapters through PEFT, with the meanings of PEFT's `LoraConfig` (same names; `alpha` and `dropout`
+    are accepted as short aliases of `lora_alpha` and `lora_dropout`)."""
+
+    r: int = Field(8, ge=1)
+    """LoRA rank (PEFT's `r`)."""
+    lora_alpha: int = Field(8, ge=1, validation_alias=AliasChoices("lora_alpha", "alpha"))
+    """Scale numerator (alias `alpha`): the adapter's update is scaled by lora_alpha / r (lora_alpha / sqrt(r)
+    with use_rslora). PEFT's default, 8."""
+    lora_dropout: float = Field(0.0, ge=0, lt=1, validation_alias=AliasChoices("lora_dropout", "dropout"))
+    """Dropout on the adapter's input in the learner's training forwards (alias `dropout`). The generators
+    sample from merged weights without it; 0 (PEFT's default) keeps sampling and training the same function."""
+    target_modules: str | list[str] | None = None
+    """Layers that get an adapter, as PEFT matches them: a list of module names (or name suffixes, e.g.
+    [q_proj, v_proj]), a regular expression matched against full module names, or `all-linear` (every linear
+    layer except the output head). null: PEFT's default for the architecture (q_proj and v_proj for Qwen2 and
+    Llama). Linear layers only; not the output head (as TRL)."""
+    bias: Literal["none", "all", "lora_only"] = "none"
+    """Which biases train with the adapter (PEFT's meaning). With `all` or `lora_only` the trained biases stay
+    in place when adapters are disabled, so the KL reference is then not exactly the base model."""
+    use_rslora: bool = False
+    """Rank-stabilised LoRA: scale by lora_alpha / sqrt(r) instead of lora_alpha / r (PEFT's name)."""
+    save_merged: bool = False
+    """When the run finishes, also write `<logging.dir>/<run name>/merged`: the base model with the adapter merged
+    in (the weights the generators run) and its tokenizer, a plain HF model directory for transformers or vLLM."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_each(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, alias in (("lora_alpha", "alpha"), ("lora_dropout", "dropout")):
+                if name in data and alias in data:
+                    raise ValueError(f"give `{name}` or its alias `{alias}`, not both")
+        return data
+
+
 class ModelConfig(_Section):
     name_or_path: str = TINY_MODEL
     """HF model directory or hub id of the policy. `tiny` builds rayward's offline tiny model (random
@@ -108,6 +152,11 @@ class ModelConfig(_Section):
     to ~1e-6 in logprobs); bfloat16 is the usual choice on GPUs."""
     trust_remote_code: bool = False
     """Passed to transformers and vLLM when loading the model and tokenizer."""
+    lora: LoraSettings | None = None
+    """Train LoRA adapters (PEFT) instead of every weight: e.g. {r: 8, alpha: 16, target_modules: all-linear}.
+    The optimizer holds the adapters only, the KL reference is the base with adapters disabled (no second
+    copy), the generators receive the merged weights, checkpoints hold the adapter in PEFT's format. null: full
+    fine-tuning."""
 
 
 class DataSource(_Section):
@@ -229,6 +278,13 @@ class GRPOConfig(_Section):
     the step trains on the groups it has (and logs it)."""
     save_steps: int | None = Field(None, ge=1)
     """Save a checkpoint (policy weights, optimizer, run state) every this many optimizer steps, and at the end."""
+    gradient_checkpointing: bool = True
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them from the forward
+    (TRL's name and default): less learner memory for more compute, the same loss and gradients. Needs a model
+    that supports it (transformers' `supports_gradient_checkpointing`)."""
+    gradient_checkpointing_kwargs: dict[str, Any] | None = None
+    """Keyword arguments for `torch.utils.checkpoint.checkpoint` (TRL's name), e.g. {use_reentrant: true}.
+    null: transformers' default ({use_reentrant: false})."""
     save_best: str | None = None
     """Also keep `<dir>/<run name>/checkpoint-best`: the checkpoint of the policy with the best value so far of
     this eval metric (`eval/reward`, `eval/pass@1`, `eval/rewards/<name>/mean`, ...; needs an `eval` block),
@@ -424,8 +480,12 @@ class ClusterConfig(_Section):
     num_generators: int = Field(1, ge=1)
     """vLLM generator actors; prompts are split across them."""
     num_learners: int = Field(1, ge=1)
-    """Learner ranks (data parallel), one actor each with the `learner` resources, placed together by a
-    STRICT_PACK placement group (one node). Above 1 needs `learner_strategy: fsdp`."""
+    """Learner ranks (data parallel), one actor each with the `learner` resources, placed by a placement group
+    as `learner_placement` says. Above 1 needs `learner_strategy: fsdp`."""
+    learner_placement: Literal["pack", "spread"] = "pack"
+    """Where the learner ranks go. `pack`: all on one node (Ray STRICT_PACK; NCCL over NVLink/PCIe). `spread`:
+    each rank on its own node (Ray STRICT_SPREAD), for a model or batch that needs several nodes; the cluster
+    must have num_learners nodes with room for one rank each (checked when Ray starts)."""
     learner_strategy: Literal["single", "fsdp"] = "single"
     """`single`: one learner process on one device. `fsdp`: the num_learners ranks form a torch.distributed
     process group (gloo on CPU, NCCL on GPUs), shard the policy and reference model with FSDP2 (per decoder
@@ -467,6 +527,11 @@ class ClusterConfig(_Section):
             raise ValueError(
                 "learner: FSDP ranks are placed by a placement group, whose bundles need a positive amount: "
                 "set learner.num_cpus or learner.num_gpus above 0"
+            )
+        if self.learner_placement == "spread" and self.num_learners < 2:
+            raise ValueError(
+                "learner_placement 'spread' puts each learner rank on its own node: it needs num_learners >= 2 "
+                "(with learner_strategy: fsdp)"
             )
         if self.num_learners > 1 and 0 < self.learner.num_gpus < 1:
             raise ValueError(

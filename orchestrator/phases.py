@@ -216,13 +216,23 @@ def maybe_checkpoint(run: Run) -> None:
         save_checkpoint(run)
 
 
+def save_merged(run: Run) -> str:
+    """LoRA: the base with the adapter merged in, and the tokenizer, as an HF model directory `<run dir>/merged`."""
+    (out,) = run.learner.call("save_merged", str(run.run_dir / "merged"))
+    return out
+
+
 def finish(run: Run) -> list[dict[str, Any]]:
-    """The end of either loop: the last weight sync lands, an eval still on its way is recorded, and the final
-    checkpoint (unless stopping on SIGTERM, where train() writes it)."""
+    """The end of either loop: the last weight sync lands, an eval still on its way is recorded, the final
+    checkpoint (unless stopping on SIGTERM, where train() writes it), and with model.lora.save_merged the merged
+    model of a finished run."""
     run.weights.drain()
     run.evaluate.drain()
     if not run.stop_requested and run.cfg.grpo.save_steps is not None:
         save_checkpoint(run)
+    lora = run.cfg.model.lora
+    if not run.stop_requested and lora is not None and lora.save_merged:
+        print(f"rayward: merged model (base + adapter) in {save_merged(run)}", flush=True)
     return run.logger.history
 
 

@@ -16,7 +16,7 @@ from orchestrator.build import prepare
 from orchestrator.config import ConfigError, DataSource, EvalConfig, RunConfig
 from orchestrator.data import DataError
 from orchestrator.ops.actor_logs import ActorOutput
-from orchestrator.ops.cluster import init_ray, new_run_name
+from orchestrator.ops.cluster import check_learner_placement, init_ray, new_run_name
 from orchestrator.ops.errors import RunFailed, RunStopped
 from orchestrator.ops.progress import open_display, summary_footer, summary_table
 
@@ -114,6 +114,7 @@ def train(
                 say(f"rayward run {name!r}: the actors' output is in {run_dir / ACTOR_LOG} (--verbose shows it here)")
             elif not show_actor_output:
                 say("rayward: this Ray version cannot separate the actors' output; it is shown here")
+        check_learner_placement(cfg.cluster, ray.nodes())  # needs the cluster: the first thing once Ray is up
         signals.check()
         run = signals.run = build_run(prepared, display=display)
         signals.check()
@@ -140,7 +141,7 @@ def train(
         display.close()
         if run.stop_requested:
             save_checkpoint(run)
-    except (RunStopped, KeyboardInterrupt):
+    except (RunStopped, KeyboardInterrupt, ConfigError):
         raise
     except SystemExit as err:  # SIGTERM inside ray.init, through Ray's handler
         if err.code == signal.SIGTERM:

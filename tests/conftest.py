@@ -29,3 +29,21 @@ def tiny_model_path():
     from orchestrator.tiny import ensure_tiny_model
 
     return str(ensure_tiny_model())
+
+
+@pytest.fixture(scope="session")
+def no_checkpointing_model_path(tmp_path_factory, tiny_model_path):
+    """A tiny random JetMoe causal LM (transformers declares no gradient checkpointing for it) with the tiny model's
+    tokenizer files."""
+    import shutil
+
+    from transformers import JetMoeConfig, JetMoeForCausalLM
+
+    out = tmp_path_factory.mktemp("jetmoe")
+    config = JetMoeConfig(vocab_size=512, hidden_size=64, num_hidden_layers=1, num_key_value_heads=2, kv_channels=16,
+                          intermediate_size=64, num_local_experts=2, num_experts_per_tok=1, max_position_embeddings=128)
+    JetMoeForCausalLM(config).save_pretrained(out)
+    for f in Path(tiny_model_path).iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(f, out / f.name)
+    return str(out)

@@ -6,11 +6,12 @@ Several learner ranks (one Ray actor each, or one process each in tests) form on
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import torch
 
-from actors.net import free_port
+from actors.net import free_port, interface_of, node_ip
 
 # Seconds a rank waits in a collective before raising. Long, because the other ranks wait at a barrier
 # while rank 0 writes a full checkpoint of a multi-GB model; a rank that raised (its peers block in the
@@ -57,6 +58,12 @@ def init_process_group(rank: int, world_size: int, init_method: str | None, kind
     if cuda:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
+        # gloo listens on the address this host's name resolves to, which on many machines is a loopback one
+        # (127.0.1.1 in Debian's /etc/hosts): ranks on other nodes could not connect. Bind it to the interface
+        # holding the node's address as Ray knows it (the one rank 0's rendezvous address is on), unless set.
+        ifname = interface_of(node_ip())
+        if ifname is not None:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", ifname)
         if init_method is None:
             if world_size != 1:
                 raise ValueError("world_size > 1 needs init_method (tcp://host:port of rank 0)")

@@ -20,16 +20,22 @@ not average) the gradients over ranks, so the summed gradient is the single-rank
 A rank with fewer micro-batches runs zero-weight padding micro-batches: FSDP's all-gathers and
 reduce-scatters need every rank in every forward and backward. Metrics are gathered from all ranks, so
 every rank (rank 0 reports) returns the global ones.
+
+Gradient checkpointing (transformers' `gradient_checkpointing_enable`, TRL's default) recomputes each decoder
+layer's activations in the backward pass: the same loss and gradients for less memory. LoRA (`lora`, PEFT's
+LoraConfig arguments; actors/learner/lora.py) trains adapters only: the optimizer holds them, the KL reference is
+the policy with adapters disabled, and the generators receive the merged weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -38,8 +44,9 @@ import torch.nn.functional as F
 from actors.cpus import describe, pick_cores
 from actors.learner import checkpoint
 from actors.learner.distributed import init_process_group, shard, tied_names
+from actors.learner.lora import apply_lora, merged_view
 from actors.types import TrainBatch, TrainerState
-from actors.weights.sender import WeightSender
+from actors.weights.sender import WeightSender, plain_view
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
@@ -71,6 +78,34 @@ def threads_for(num_params: int, cores: int) -> int:
     return max(1, min(cores, num_params // PARAMS_PER_THREAD))
 
 
+def meta_model(model: str, trust_remote_code: bool = False) -> torch.nn.Module:
+    """The model's architecture on the meta device (no weights, no memory): for checks before anything loads."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict[str, Any] | None) -> None:
+    """transformers' gradient checkpointing (every decoder layer recomputed in the backward pass), or a clear
+    error for an architecture without it."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+@contextlib.contextmanager
+def _eval(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode for a no-grad forward of the policy: no (LoRA) dropout and no checkpointing, which only
+    matters for a backward (reentrant checkpointing warns without inputs that require grad)."""
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train()
+
+
 class Learner:
     def __init__(
         self,
@@ -93,6 +128,9 @@ class Learner:
         num_iterations: int = 1,
         beta: float = 0.0,
         mask_truncated_completions: bool = False,
+        gradient_checkpointing: bool = True,
+        gradient_checkpointing_kwargs: dict[str, Any] | None = None,
+        lora: dict[str, Any] | None = None,
         trust_remote_code: bool = False,
         reward_pool: Any = None,
         strategy: str = "single",
@@ -106,7 +144,9 @@ class Learner:
         models are FSDP2-sharded. With dtype bfloat16/float16 FSDP keeps float32 master weights and
         optimizer state and computes in `dtype` (MixedPrecisionPolicy, gradients reduced in float32).
         device: "cpu" or "cuda"; default CUDA when there is one. A CPU learner computes on every core this process
-        may use (actors/cpus.py), one torch thread per PARAMS_PER_THREAD parameters at most."""
+        may use (actors/cpus.py), one torch thread per PARAMS_PER_THREAD parameters at most.
+        gradient_checkpointing(_kwargs): TRL's names and meaning. lora: PEFT LoraConfig keyword arguments (r,
+        lora_alpha, lora_dropout, target_modules, bias, use_rslora), or None to train every weight."""
         from transformers import AutoModelForCausalLM
 
         if strategy not in STRATEGIES:
@@ -132,18 +172,24 @@ class Learner:
             self.model = AutoModelForCausalLM.from_pretrained(model, **load)
         else:
             self.model = AutoModelForCausalLM.from_pretrained(model, **load).to(self.device)
-        self.tied = tied_names(self.model)
+        self.tied = tied_names(self.model)  # HF names, taken before any wrapping or sharding
         if self.device.type == "cpu":  # not Ray's OMP_NUM_THREADS=1 for a fractional num_cpus
             torch.set_num_threads(threads_for(sum(p.numel() for p in self.model.parameters()), len(self.cores)))
         self.model.train()
         for m in self.model.modules():  # GRPO ratios assume the same function at sampling and training time
             if isinstance(m, torch.nn.Dropout):
                 m.p = 0.0
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(self.model, gradient_checkpointing_kwargs)
+        self.lora = lora
+        if lora is not None:  # after the dropout reset: lora_dropout is the user's choice
+            self.model = apply_lora(self.model, lora)
         if self.sharded:
             shard(self.model, torch_dtype, self.device)
-        # beta = 0 loads no reference model (as TRL); otherwise a frozen copy lives here, next to the policy.
+        # beta = 0 loads no reference model (as TRL); with LoRA the reference is the policy with its adapters
+        # disabled (the base, as TRL); otherwise a frozen copy lives here, next to the policy.
         self.ref_model = None
-        if beta != 0.0:
+        if beta != 0.0 and lora is None:
             if self.sharded:
                 self.ref_model = AutoModelForCausalLM.from_pretrained(model, **load).eval()
                 self.ref_model.requires_grad_(False)
@@ -176,7 +222,8 @@ class Learner:
         # with set_state), which forwards it to every reward worker. Awaited, so the next batch is scored
         # under it.
         self.reward_pool = reward_pool
-        self.weights = WeightSender(self.model, tied=self.tied, dtype=torch_dtype, rank=rank, device=self.device)
+        view = merged_view(self.model, self.tied) if lora is not None else plain_view(self.model, self.tied)
+        self.weights = WeightSender(self.model, view=view, dtype=torch_dtype, rank=rank, device=self.device)
 
     def cpu_threads(self) -> str:
         """How this rank computes, for the start-up log."""
@@ -188,7 +235,11 @@ class Learner:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
         n = sum(p.numel() for p in self.model.parameters())
         ranks = f", rank={self.rank}/{self.world_size} fsdp" if self.sharded else ""
-        return f"Learner(params={n / 1e6:.2f}M, device={self.device}{ranks})"
+        lora = ""
+        if self.lora is not None:
+            trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            lora = f", lora r={self.lora.get('r', 8)} trains {trained / 1e6:.3f}M"
+        return f"Learner(params={n / 1e6:.2f}M, device={self.device}{ranks}{lora})"
 
     # --- log-probs ------------------------------------------------------------------------------------
 
@@ -219,20 +270,30 @@ class Learner:
                 tgt[b, : len(c)] = torch.tensor(c, dtype=torch.long)
         positions = (attn.cumsum(1) - 1).clamp(min=0)
         ids, attn, positions, tgt = (t.to(self.device) for t in (ids, attn, positions, tgt))
-        logits = model(input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=t_max + 1).logits
-        # [B, T+1, V]: position P-1+j predicts completion token j
-        logps_all = F.log_softmax(logits[:, :-1].float() / self.temperature, dim=-1)  # [B, T, V]
+        logits = model(
+            input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=t_max + 1, use_cache=False
+        ).logits[:, :-1]  # [B, T+1, V] computed: position P-1+j predicts completion token j
+        # [B, T, V] tensors are the largest a long completion makes (a 32k vocabulary at T = 512: 64 MB per row),
+        # so none is made that is not needed: no copy for float32 at temperature 1, the logits freed once the
+        # log-softmax (which autograd keeps) exists, the entropy's product computed in place.
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        logps_all = F.log_softmax(logits, dim=-1)  # [B, T, V]
+        del logits
         logps = logps_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)  # [B, T]
         entropy = None
         if with_entropy:
             with torch.no_grad():
-                entropy = -(logps_all.exp() * logps_all).sum(-1)
+                entropy = -logps_all.exp().mul_(logps_all).sum(-1)
         return logps, entropy
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
         """Log-probs of tokens 1..end of a fixed sequence (for the generator-learner parity check)."""
-        logps, _ = self._forward_logps(self.model, [token_ids[:1]], [token_ids[1:]], with_entropy=False)
+        with _eval(self.model):
+            logps, _ = self._forward_logps(self.model, [token_ids[:1]], [token_ids[1:]], with_entropy=False)
         return logps[0].tolist()
 
     # --- the update -----------------------------------------------------------------------------------
@@ -358,10 +419,13 @@ class Learner:
         ray.get(self.reward_pool.set_state.remote(state))
 
     def _ref_logps(self, prompts: list[list[int]], comps: list[list[int]]) -> torch.Tensor | None:
-        if self.ref_model is None:
+        if self.beta == 0.0:
             return None
         with torch.no_grad():
-            return self._forward_logps(self.ref_model, prompts, comps, with_entropy=False)[0]
+            if self.ref_model is not None:
+                return self._forward_logps(self.ref_model, prompts, comps, with_entropy=False)[0]
+            with self.model.disable_adapter(), _eval(self.model):  # LoRA: the base model, as TRL's reference
+                return self._forward_logps(self.model, prompts, comps, with_entropy=False)[0]
 
     def _is_weights(self, old, idx, batch, mask, sums) -> torch.Tensor | None:
         """Importance weights for the sampler-learner mismatch, and the logprob-gap metric (the alarm for
@@ -420,3 +484,10 @@ class Learner:
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         return checkpoint.load(self, path)
+
+    def save_merged(self, path: str) -> str:
+        """LoRA: the base with the adapter merged in (the generators' weights) and the tokenizer, as a plain HF model
+        directory, written atomically by rank 0 (a collective under FSDP)."""
+        if self.lora is None:
+            raise ValueError("save_merged needs a LoRA learner: a full fine-tune's checkpoints are whole models already")
+        return checkpoint.save_merged(self, path)

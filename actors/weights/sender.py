@@ -5,11 +5,17 @@ full tensors (a collective of the learner ranks), and rank 0 alone belongs to th
 broadcasts. Gathering a bucket completes on all ranks before rank 0 sends it: gathers interleaved with the
 send, rank against rank, have hung peers (TRL PR 7131). Extra memory on rank 0: two buckets (the one on the
 wire and the next one being packed), never a copy of the model.
+
+What the generators receive is a *view* of the learner's state_dict under the base model's HF names (`Source` per
+name, fixed when the learner is built): the plan (names, shapes) and every send walk the same view. A full
+fine-tune's view is its state_dict without tied aliases; a LoRA learner's view (actors/learner/lora.py) names the
+base weights and merges each adapter into its weight as the tensor is sent.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,31 +25,68 @@ from actors.weights.collective import Bucket, WeightGroup, plan_buckets, plan_to
 MB = 1 << 20
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where one tensor the generators load comes from in the learner's state_dict: the tensor at `key`, plus for
+    a LoRA-adapted weight the adapter merged into it on the way out: W + scaling * (B @ A) (transposed for
+    fan_in_fan_out layers), PEFT's delta of a LoRA Linear layer, computed in float32."""
+
+    key: str
+    lora_a: str | None = None
+    lora_b: str | None = None
+    scaling: float = 1.0
+    fan_in_fan_out: bool = False
+
+
+def plain_view(model: torch.nn.Module, tied: dict[str, str]) -> dict[str, Source]:
+    """HF name -> Source of a model trained as it is: its state_dict, tied aliases dropped (the receiver derives
+    them)."""
+    return {k: Source(k) for k in model.state_dict() if k not in tied}
+
+
 class WeightSender:
     def __init__(
-        self, model: torch.nn.Module, *, tied: dict[str, str], dtype: torch.dtype, rank: int, device: torch.device
+        self, model: torch.nn.Module, *, view: dict[str, Source], dtype: torch.dtype, rank: int, device: torch.device
     ):
-        """tied: {alias: source} of the model's tied tensors (the alias is not sent: the receiver derives it).
-        dtype: the dtype the generators run in (FSDP may hold float32 masters and compute in bfloat16)."""
-        self.model, self.tied, self.dtype, self.rank, self.device = model, tied, dtype, rank, device
+        """view: HF name -> Source, every tensor the generators load (`plain_view`, or a LoRA learner's merged
+        view). dtype: the dtype the generators run in (FSDP may hold float32 masters and compute in bfloat16)."""
+        self.model, self.view, self.dtype, self.rank, self.device = model, view, dtype, rank, device
         self.buckets: list[Bucket] = []
         self.group: WeightGroup | None = None
         self._store: Any = None  # rank 0's TCPStore: outlives every generation of the group
         self._world_size = 0
         self._timeout_s = 0.0
 
-    def _tensors(self) -> dict[str, torch.Tensor]:
-        """HF name -> this rank's tensor (a DTensor shard under FSDP), tied aliases dropped."""
-        return {k: v for k, v in self.model.state_dict().items() if k not in self.tied}
+    def _full(self, state: dict[str, torch.Tensor], src: Source) -> torch.Tensor | None:
+        """The whole tensor for one HF name in the generators' dtype, on rank 0 (None on the others). Under FSDP
+        a collective of all learner ranks: every rank gathers the weight (and its adapter), in view order."""
+        parts = [_whole(state[k]) for k in (src.key, src.lora_a, src.lora_b) if k is not None]
+        if self.rank != 0:
+            return None
+        if src.lora_a is None:
+            return parts[0].detach().to(self.dtype)
+        base, a, b = (t.detach() for t in parts)
+        delta = b.float() @ a.float()
+        if src.fan_in_fan_out:
+            delta = delta.T
+        return (base.float() + src.scaling * delta).to(self.dtype)
 
-    def _full(self, t: torch.Tensor) -> torch.Tensor:
-        """The whole tensor in the generators' dtype (a collective of all learner ranks for a DTensor)."""
-        full = t.full_tensor() if hasattr(t, "full_tensor") else t
-        return full.detach().to(self.dtype)
+    def full_state(self) -> dict[str, torch.Tensor]:
+        """Every tensor the generators load, whole, on rank 0's CPU ({} on the others; a collective under FSDP):
+        the object-store backend's payload and a LoRA run's merged model."""
+        state = self.model.state_dict()
+        out = {}
+        for name, src in self.view.items():
+            t = self._full(state, src)
+            if t is not None:
+                out[name] = t.cpu()
+        return out
 
     def plan(self, bucket_mb: float) -> list[list[Any]]:
-        """Cut the policy into buckets of at most bucket_mb; returns the plan in wire form (sent once)."""
-        shapes = [(name, self.dtype, tuple(t.shape)) for name, t in self._tensors().items()]
+        """Cut the policy into buckets of at most bucket_mb; returns the plan in wire form (sent once). The
+        shapes are the view's (a merged LoRA weight has its base weight's shape)."""
+        state = self.model.state_dict()
+        shapes = [(name, self.dtype, tuple(state[src.key].shape)) for name, src in self.view.items()]
         self.buckets = plan_buckets(shapes, int(bucket_mb * MB))
         return plan_to_wire(self.buckets)
 
@@ -51,7 +94,7 @@ class WeightSender:
         """Every tensor as safetensors bytes on rank 0 (b"" elsewhere): the object-store backend."""
         from safetensors.torch import save
 
-        full = {name: self._full(t).cpu() for name, t in self._tensors().items()}
+        full = self.full_state()
         return save(full) if self.rank == 0 else b""
 
     def open(self, world_size: int, timeout_s: float) -> tuple[str, int]:
@@ -85,12 +128,12 @@ class WeightSender:
         changes them while the learner actor is inside this call)."""
         if not self.buckets:
             raise RuntimeError("send before plan: the weight transfer was not connected")
-        tensors = self._tensors()
+        state = self.model.state_dict()
         stats = {"gather_s": 0.0, "transfer_s": 0.0, "bytes": 0.0}
         in_flight: tuple[list[Any], int] | None = None  # (works, bucket index) of the bucket on the wire
         for k, bucket in enumerate(self.buckets):
             t0 = time.perf_counter()
-            full = [self._full(tensors[m.name]) for m in bucket.tensors]  # every rank, together
+            full = [self._full(state, self.view[m.name]) for m in bucket.tensors]  # every rank, together
             if self.rank != 0:
                 continue
             bufs = wire_tensors(bucket, full, self.device)
@@ -108,3 +151,8 @@ class WeightSender:
     def _wait(self, works: list[Any], k: int) -> float:
         assert self.group is not None
         return self.group.wait(works, f"sending bucket {k + 1}/{len(self.buckets)}")
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A tensor whole: a DTensor shard all-gathered (a collective), a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

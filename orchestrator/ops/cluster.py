@@ -6,7 +6,7 @@ import os
 import secrets
 from typing import Any
 
-from orchestrator.config import ClusterConfig, Resources
+from orchestrator.config import ClusterConfig, ConfigError, Resources
 
 NAMESPACE_PREFIX = "rayward-"
 # Environment every rayward process needs (driver and actors): torch tensors through the object store
@@ -44,6 +44,23 @@ def generator_options(res: Resources, tensor_parallel_size: int, max_restarts: i
     opts = actor_options(res, max_restarts=max_restarts, **extra)
     opts["num_gpus"] = res.num_gpus * tensor_parallel_size
     return opts
+
+
+def check_learner_placement(cfg: ClusterConfig, nodes: list[dict[str, Any]]) -> None:
+    """`learner_placement: spread` against the cluster's nodes (`ray.nodes()`: Alive, Resources totals): it needs
+    num_learners live nodes that can each hold one rank. Raises ConfigError naming the field (pure; called when Ray
+    has started, before any actor)."""
+    if cfg.learner_placement != "spread":
+        return
+    bundle = {"CPU": cfg.learner.num_cpus, "GPU": cfg.learner.num_gpus, **cfg.learner.resources}
+    fit = [n for n in nodes if n.get("Alive") and all(n["Resources"].get(k, 0) >= v for k, v in bundle.items() if v)]
+    if len(fit) < cfg.num_learners:
+        need = {k: v for k, v in bundle.items() if v}
+        raise ConfigError(
+            f"cluster.learner_placement: spread puts each of the {cfg.num_learners} learner ranks on its own node, "
+            f"but the cluster has {len(fit)} live node(s) with room for one rank ({need}) of {len(nodes)} node(s); "
+            "use learner_placement: pack (one node), or add nodes"
+        )
 
 
 def run_sys_path() -> list[str]:

@@ -153,6 +153,49 @@ def test_reward_autoscale_section():
     assert {"cluster.reward_autoscale", "cluster.reward_autoscale.max_workers"} <= keys
 
 
+def test_lora_section_takes_peft_names_and_the_short_aliases():
+    assert parse_config(MINIMAL).model.lora is None  # full fine-tuning
+    short = parse_config({**MINIMAL, "model": {"lora": {"r": 8, "alpha": 16, "dropout": 0.05}}}).model.lora
+    peft = parse_config({**MINIMAL, "model": {"lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.05}}}).model.lora
+    assert short == peft and (short.r, short.lora_alpha, short.lora_dropout) == (8, 16, 0.05)
+    assert short.target_modules is None and short.bias == "none" and not short.save_merged  # PEFT's defaults
+    cfg = load_config(ROOT / "configs" / "demo.yaml", ['model.lora={"r": 8, "alpha": 16}', "model.lora.target_modules=all-linear"])
+    assert cfg.model.lora.target_modules == "all-linear" and cfg.model.lora.lora_alpha == 16
+    from orchestrator.build import learner_kwargs, lora_kwargs
+
+    assert lora_kwargs(cfg) == {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear",
+                                "bias": "none", "use_rslora": False}  # PEFT LoraConfig arguments
+    assert learner_kwargs(cfg, "m")["lora"] == lora_kwargs(cfg) and learner_kwargs(parse_config(MINIMAL), "m")["lora"] is None
+    with pytest.raises(ConfigError, match=r"model\.lora: give `lora_alpha` or its alias `alpha`, not both"):
+        parse_config({**MINIMAL, "model": {"lora": {"alpha": 16, "lora_alpha": 8}}})
+    with pytest.raises(ConfigError, match=r"model\.lora\.rank: Extra inputs"):
+        parse_config({**MINIMAL, "model": {"lora": {"rank": 8}}})
+    with pytest.raises(ConfigError, match=r"model\.lora\.r: Input should be greater than or equal to 1"):
+        parse_config({**MINIMAL, "model": {"lora": {"r": 0}}})
+    with pytest.raises(ConfigError, match=r"model\.lora\.dropout: Input should be less than 1"):
+        parse_config({**MINIMAL, "model": {"lora": {"dropout": 1.5}}})
+
+
+def test_gradient_checkpointing_defaults_to_trls():
+    g = parse_config(MINIMAL).grpo
+    assert g.gradient_checkpointing is True and g.gradient_checkpointing_kwargs is None
+    cfg = parse_config({**MINIMAL, "grpo": {"gradient_checkpointing_kwargs": {"use_reentrant": True}}})
+    from orchestrator.build import learner_kwargs
+
+    kw = learner_kwargs(cfg, "m")
+    assert kw["gradient_checkpointing"] is True and kw["gradient_checkpointing_kwargs"] == {"use_reentrant": True}
+
+
+def test_learner_placement():
+    fsdp = {"num_learners": 2, "learner_strategy": "fsdp"}
+    assert parse_config({**MINIMAL, "cluster": fsdp}).cluster.learner_placement == "pack"
+    assert parse_config({**MINIMAL, "cluster": {**fsdp, "learner_placement": "spread"}}).cluster.learner_placement == "spread"
+    with pytest.raises(ConfigError, match=r"cluster: learner_placement 'spread' puts each learner rank on its own node"):
+        parse_config({**MINIMAL, "cluster": {"learner_placement": "spread"}})
+    with pytest.raises(ConfigError, match=r"cluster\.learner_placement: Input should be 'pack' or 'spread'"):
+        parse_config({**MINIMAL, "cluster": {**fsdp, "learner_placement": "scatter"}})
+
+
 EVAL = {"data": {"path": "toy"}}
 
 

@@ -1,6 +1,7 @@
 """The Learner as a plain class on the tiny model: logprobs, the update, num_iterations, weights, checkpoints."""
 
 import functools
+import math
 
 import pytest
 import torch
@@ -97,6 +98,37 @@ def test_beta_loads_a_frozen_reference_and_reports_kl(tiny_model_path):
     stats = lr.train_step(batch([1.0, -1.0, 1.0, -1.0]))
     assert lr.ref_model is not None and stats["kl"] >= 0
     assert all(not p.requires_grad for p in lr.ref_model.parameters())
+
+
+@pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}])
+def test_gradient_checkpointing_keeps_loss_and_gradients(tiny_model_path, lora):
+    """The same step with and without gradient checkpointing: the same loss, KL and gradients (SGD at lr 0 keeps
+    the gradients on the parameters). With beta the reference forward runs too (a copy, or disabled adapters)."""
+    seen = []
+    for on in (False, True):
+        lr = make(tiny_model_path, gradient_checkpointing=on, lora=lora, beta=0.1, optim="sgd", learning_rate=0.0,
+                  max_grad_norm=None, loss_fn=functools.partial(grpo_loss, loss_type="grpo", beta=0.1))
+        assert lr.model.is_gradient_checkpointing == on
+        if lora:  # lora_B starts at 0: give the adapters a non-trivial gradient and the KL a non-zero value
+            g = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for n, p in lr.model.named_parameters():
+                    if "lora_B" in n:
+                        p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        stats = lr.train_step(batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5]))
+        seen.append((stats, {n: p.grad.clone() for n, p in lr.model.named_parameters() if p.grad is not None}))
+    (off, g_off), (on, g_on) = seen
+    assert on["loss"] == pytest.approx(off["loss"], rel=1e-6) and on["kl"] == pytest.approx(off["kl"], rel=1e-6)
+    assert g_on.keys() == g_off.keys() and len(g_on) == (28 if lora else 26)
+    for k in g_off:
+        torch.testing.assert_close(g_on[k], g_off[k], rtol=1e-6, atol=1e-7, msg=k)
+
+
+def test_gradient_checkpointing_on_a_model_without_it_is_refused(no_checkpointing_model_path):
+    with pytest.raises(ValueError, match="JetMoeForCausalLM does not support gradient checkpointing"):
+        make(no_checkpointing_model_path, gradient_checkpointing=True)
+    stats = make(no_checkpointing_model_path, gradient_checkpointing=False).train_step(batch([1.0, -1.0]))
+    assert math.isfinite(stats["loss"])  # it trains, without checkpointing
 
 
 def test_cpu_threads_follow_model_size_and_the_cores_allowed():

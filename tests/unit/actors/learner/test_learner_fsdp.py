@@ -2,12 +2,15 @@
 
 One spawn of 2 ranks runs every scenario (the spawn, not the tiny model, is the slow part) and rank 0
 writes what it saw; the tests compare it with single-rank learners built here on the same batch:
-updated weights, metrics, export bytes, and checkpoints moving 2 ranks -> 1 rank and 1 rank -> 2 ranks.
+updated weights, metrics, export bytes, and checkpoints moving 2 ranks -> 1 rank and 1 rank -> 2 ranks, for full
+fine-tuning and for LoRA (adapters sharded with their layers, the reference by disabled adapters, the merged export,
+the adapter checkpoint). Gradient checkpointing is on (the Learner's default, TRL's) on both sides.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 
 import pytest
@@ -41,7 +44,13 @@ SCENARIOS = {
     "cispo": (12, dict(loss_type="cispo", micro_batch_size=4, epsilon_high=5.0, num_iterations=2)),
     "sapo": (12, dict(loss_type="sapo", micro_batch_size=2)),
     "luspo": (6, dict(loss_type="luspo", micro_batch_size=4)),
+    # LoRA on every linear layer, KL to the base (adapters disabled), AdamW (its checkpoint carries moments): the
+    # first iteration moves lora_B off zero, the second moves lora_A too.
+    "lora": (12, dict(loss_type="grpo", micro_batch_size=4, num_iterations=2, beta=0.1, optim="adamw_torch",
+                      learning_rate=1e-2, lora={"r": 4, "lora_alpha": 8, "target_modules": "all-linear"})),
 }
+# Scenarios whose checkpoints move between 1 and 2 ranks: AdamW moments, plain SGD (no optimizer state at all), LoRA.
+CHECKPOINTED = ("dapo", "grpo", "lora")
 
 
 def make_batch(n: int) -> TrainBatch:
@@ -66,7 +75,7 @@ def learner_kwargs(loss_type: str, is_mode: str | None = None, beta: float = 0.0
                 **{"optim": "sgd", "learning_rate": 0.1, **kw})
 
 
-def _rank(rank: int, port: int, path: str, out: str, ckpt_1rank: str) -> None:
+def _rank(rank: int, port: int, path: str, out: str, *ckpts: str) -> None:
     """One rank: every scenario, then the checkpoints. Rank 0 saves its observations to `out`."""
     torch.set_num_threads(1)
     fsdp = dict(strategy="fsdp", rank=rank, world_size=WORLD, init_method=f"tcp://127.0.0.1:{port}")
@@ -77,11 +86,12 @@ def _rank(rank: int, port: int, path: str, out: str, ckpt_1rank: str) -> None:
         lr = Learner(path, **learner_kwargs(**kw), **fsdp)
         metrics = lr.train_step(make_batch(n))
         seen[name] = {"metrics": metrics, "weights": full_state_dict(lr), "export": lr.export_weights()}
-        if name == "dapo":
-            lr.save_checkpoint(f"{out}-ckpt-2rank", extra={"note": "2 ranks"})
-    lr = Learner(path, **learner_kwargs(**SCENARIOS["dapo"][1]), **fsdp)
-    seen["loaded_1rank"] = lr.load_checkpoint(ckpt_1rank)
-    lr.save_checkpoint(f"{out}-ckpt-resaved")
+        if name in CHECKPOINTED:
+            lr.save_checkpoint(f"{out}-ckpt-{name}-2rank", extra={"note": "2 ranks"})
+    for name, ckpt in zip(CHECKPOINTED, ckpts, strict=True):
+        lr = Learner(path, **learner_kwargs(**SCENARIOS[name][1]), **fsdp)
+        seen[f"loaded_1rank_{name}"] = lr.load_checkpoint(ckpt)
+        lr.save_checkpoint(f"{out}-ckpt-{name}-resaved")
     if rank == 0:
         torch.save(seen, out)
 
@@ -90,10 +100,11 @@ def _rank(rank: int, port: int, path: str, out: str, ckpt_1rank: str) -> None:
 def ranks(tiny_model_path, tmp_path_factory):
     """Rank 0's observations, after a 1-rank checkpoint of the dapo scenario was written for them to load."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    single = single_after_step(tiny_model_path, "dapo")
-    ckpt = single.save_checkpoint(str(tmp / "ckpt-1rank"), extra={"note": "1 rank"})
+    ckpts = [single_after_step(tiny_model_path, name).save_checkpoint(str(tmp / f"ckpt-{name}-1rank"),
+                                                                      extra={"note": "1 rank"})
+             for name in CHECKPOINTED]
     out = str(tmp / "rank0.pt")
-    mp.spawn(_rank, args=(free_port(), tiny_model_path, out, ckpt), nprocs=WORLD, join=True)
+    mp.spawn(_rank, args=(free_port(), tiny_model_path, out, *ckpts), nprocs=WORLD, join=True)
     return torch.load(out, weights_only=False), tmp
 
 
@@ -114,8 +125,8 @@ def test_two_ranks_update_and_report_as_one(ranks, tiny_model_path, name):
     assert got["weights"].keys() == want.keys()
     for k, v in want.items():
         torch.testing.assert_close(got["weights"][k], v, rtol=0, atol=atol, msg=k)
-    moved = max((single.model.state_dict()[k] - v).abs().max().item()
-                for k, v in Learner(tiny_model_path, **learner_kwargs("dapo")).model.state_dict().items())
+    fresh = Learner(tiny_model_path, **learner_kwargs(**SCENARIOS[name][1]))
+    moved = max((single.model.state_dict()[k] - v).abs().max().item() for k, v in fresh.model.state_dict().items())
     assert moved > 10 * atol  # the step really moved the weights, the comparison is not vacuous
     m1, m2 = single.metrics, got["metrics"]
     keys = {k for k in m1 if not k.startswith("time/")}
@@ -123,25 +134,27 @@ def test_two_ranks_update_and_report_as_one(ranks, tiny_model_path, name):
     for k in keys:
         assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
     assert m2["global_step"] == SCENARIOS[name][1].get("num_iterations", 1)
-    if name == "grpo":
-        assert m2["kl"] > 0  # the sharded reference model took part
+    if name in ("grpo", "lora"):
+        assert m2["kl"] > 0  # the sharded reference model (LoRA: the sharded policy, adapters disabled) took part
     if name == "dapo":
         assert 0 < m2["sampling/importance_sampling_ratio/mean"] and m2["sampling/importance_sampling_ratio/max"] <= 3.0
 
 
-def test_export_weights_from_rank0_equals_single_rank(ranks, tiny_model_path):
+@pytest.mark.parametrize("name", ["dapo", "lora"])
+def test_export_weights_from_rank0_equals_single_rank(ranks, tiny_model_path, name):
     seen, _ = ranks
     single = Learner(tiny_model_path, **learner_kwargs("dapo"))
     assert seen["export_at_init"] == single.export_weights()  # byte for byte
-    trained = single_after_step(tiny_model_path, "dapo")
-    got, want = safetensors_load(seen["dapo"]["export"]), safetensors_load(trained.export_weights())
+    trained = single_after_step(tiny_model_path, name)
+    got, want = safetensors_load(seen[name]["export"]), safetensors_load(trained.export_weights())
     assert got.keys() == want.keys() and "lm_head.weight" not in got  # tied: sent once, as today
+    assert not any("lora_" in k or "base_layer" in k for k in got)  # LoRA: merged, under the HF names
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=ATOL_ADAM, msg=k)
 
 
 def _assert_optimizer_states_close(a: dict, b: dict) -> None:
-    assert a["state"].keys() == b["state"].keys() and len(a["state"]) > 0
+    assert a["state"].keys() == b["state"].keys()
     for i in a["state"]:
         for key in a["state"][i]:
             torch.testing.assert_close(a["state"][i][key].cpu().float(), b["state"][i][key].cpu().float(),
@@ -151,27 +164,31 @@ def _assert_optimizer_states_close(a: dict, b: dict) -> None:
     assert same[0] == same[1]
 
 
-def test_checkpoint_from_two_ranks_resumes_on_one(ranks, tiny_model_path):
+@pytest.mark.parametrize("name", CHECKPOINTED)
+def test_checkpoint_from_two_ranks_resumes_on_one(ranks, tiny_model_path, name):
     seen, tmp = ranks
-    single = single_after_step(tiny_model_path, "dapo")
-    other = Learner(tiny_model_path, **learner_kwargs(**SCENARIOS["dapo"][1]))
-    state = other.load_checkpoint(str(tmp / "rank0.pt-ckpt-2rank"))
+    single = single_after_step(tiny_model_path, name)
+    other = Learner(tiny_model_path, **learner_kwargs(**SCENARIOS[name][1]))
+    state = other.load_checkpoint(str(tmp / f"rank0.pt-ckpt-{name}-2rank"))
     assert state["note"] == "2 ranks" and other.global_step == 2
     for k, v in single.model.state_dict().items():
         torch.testing.assert_close(other.model.state_dict()[k], v, rtol=0, atol=ATOL_ADAM, msg=k)
     _assert_optimizer_states_close(other.optimizer.state_dict(), single.optimizer.state_dict())
+    assert bool(other.optimizer.state_dict()["state"]) == (SCENARIOS[name][1].get("optim") == "adamw_torch")
     assert other.scheduler.state_dict() == single.scheduler.state_dict()
     # and the resumed learner trains on
     assert math.isfinite(other.train_step(make_batch(12))["loss"]) and other.global_step == 4
 
 
-def test_checkpoint_from_one_rank_resumes_on_two(ranks):
+@pytest.mark.parametrize("name", CHECKPOINTED)
+def test_checkpoint_from_one_rank_resumes_on_two(ranks, name):
     seen, tmp = ranks
-    assert seen["loaded_1rank"]["note"] == "1 rank"
+    assert seen[f"loaded_1rank_{name}"]["note"] == "1 rank"
     from safetensors.torch import load_file
 
-    a, b = tmp / "ckpt-1rank", tmp / "rank0.pt-ckpt-resaved"  # loaded on 2 ranks, saved again by them
-    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    a, b = tmp / f"ckpt-{name}-1rank", tmp / f"rank0.pt-ckpt-{name}-resaved"  # loaded on 2 ranks, saved again
+    file = "adapter_model.safetensors" if name == "lora" else "model.safetensors"
+    wa, wb = load_file(str(a / file)), load_file(str(b / file))
     assert wa.keys() == wb.keys()
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
@@ -179,7 +196,11 @@ def test_checkpoint_from_one_rank_resumes_on_two(ranks):
     ob = torch.load(b / "optimizer.pt", weights_only=False)
     _assert_optimizer_states_close(ob["optimizer"], oa["optimizer"])
     assert oa["scheduler"] == ob["scheduler"]
-    assert (b / "config.json").read_text() == (a / "config.json").read_text()
+    if name == "lora":  # PEFT writes target_modules from a set: its order varies between processes
+        ca, cb = (json.loads((d / "adapter_config.json").read_text()) for d in (a, b))
+        assert sorted(ca.pop("target_modules")) == sorted(cb.pop("target_modules")) and ca == cb
+    else:
+        assert (b / "config.json").read_text() == (a / "config.json").read_text()
 
 
 def test_strategy_single_refuses_several_ranks(tiny_model_path):

@@ -21,6 +21,11 @@ DEMO = str(ROOT / "configs" / "demo.yaml")
         ([DEMO, "data.prompt_column=question"], "data.prompt_column 'question' not in dataset"),
         ([DEMO, "model.name_or_path=/nonexistent/model"], "model.name_or_path '/nonexistent/model': cannot load tokenizer"),
         ([DEMO, "logging.report_to=[wandb]"], "needs the `wandb` package"),
+        ([DEMO, 'model.lora={"r": 8, "target_modules": ["q_prj"]}'],
+         "model.lora.target_modules ['q_prj']: match no layer of Qwen2ForCausalLM"),
+        ([DEMO, "model.lora.target_modules=[lm_head]"], "model.lora.target_modules ['lm_head']: adapt ['lm_head (Linear)']"),
+        ([DEMO, "grpo.gradient_checkpointing_kwargs={use_reentrnt: true}"],
+         "grpo.gradient_checkpointing_kwargs: ['use_reentrnt'] are not arguments of torch.utils.checkpoint.checkpoint"),
         ([str(ROOT / "nope.yaml")], "config file not found"),
         ([DEMO, "eval={data: {path: toy, prompt_column: question}}"],
          "eval.data.prompt_column 'question' not in dataset 'toy'"),
@@ -41,6 +46,16 @@ def test_run_rejects_bad_input_before_starting_anything(args, message, capsys, t
     err = capsys.readouterr().err
     assert message in err, err
     assert ray.is_initialized() == was_up  # failed before Ray was touched
+
+
+def test_gradient_checkpointing_on_a_model_without_it_is_a_config_error(no_checkpointing_model_path, capsys):
+    import ray
+
+    was_up = ray.is_initialized()
+    assert main(["run", DEMO, f"model.name_or_path={no_checkpointing_model_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "grpo.gradient_checkpointing: JetMoeForCausalLM does not support gradient checkpointing" in err, err
+    assert ray.is_initialized() == was_up
 
 
 @pytest.mark.parametrize(

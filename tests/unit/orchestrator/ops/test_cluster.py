@@ -1,0 +1,39 @@
+"""orchestrator/ops/cluster.py: the spread-placement check against a cluster's nodes (as `ray.nodes()` lists them)."""
+
+import pytest
+
+from orchestrator.config import ConfigError, parse_config
+from orchestrator.ops.cluster import check_learner_placement
+
+MINIMAL = {"rewards": [{"name": "r", "function": "letter_fraction"}]}
+
+
+def cluster(**kw):
+    return parse_config({**MINIMAL, "cluster": {"num_learners": 2, "learner_strategy": "fsdp", **kw}}).cluster
+
+
+def node(alive=True, **resources):
+    return {"NodeID": "x", "Alive": alive, "Resources": {"CPU": 2.0, "memory": 1e9, **resources}}
+
+
+def test_spread_needs_a_node_per_rank():
+    spread = cluster(learner_placement="spread")
+    check_learner_placement(spread, [node(), node()])
+    with pytest.raises(ConfigError, match=r"cluster\.learner_placement: spread puts each of the 2 learner ranks on its "
+                                          r"own node, but the cluster has 1 live node\(s\) with room for one rank "
+                                          r"\(\{'CPU': 0\.5\}\) of 1 node\(s\)"):
+        check_learner_placement(spread, [node()])
+    with pytest.raises(ConfigError, match="has 1 live node"):
+        check_learner_placement(spread, [node(), node(alive=False)])  # a dead node holds no rank
+    check_learner_placement(cluster(), [node()])  # pack: one node is what it wants
+
+
+def test_spread_counts_nodes_that_can_hold_a_rank():
+    gpus = cluster(learner_placement="spread", learner={"num_cpus": 4, "num_gpus": 1})
+    with pytest.raises(ConfigError, match=r"has 1 live node\(s\) with room for one rank \(\{'CPU': 4\.0, 'GPU': 1\.0\}\) "
+                                          r"of 3 node\(s\)"):
+        check_learner_placement(gpus, [node(CPU=8.0, GPU=8.0), node(CPU=8.0), node(CPU=2.0, GPU=1.0)])
+    check_learner_placement(gpus, [node(CPU=8.0, GPU=8.0), node(CPU=4.0, GPU=1.0)])
+    custom = cluster(learner_placement="spread", learner={"num_cpus": 1, "resources": {"learner_node": 1}})
+    with pytest.raises(ConfigError, match="has 1 live node"):
+        check_learner_placement(custom, [node(learner_node=1.0), node()])
