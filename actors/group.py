@@ -146,7 +146,10 @@ class LearnerGroup:
         options: dict[str, Any] | None = None,
         kwargs: dict[str, Any] | None = None,
         rank0_kwargs: dict[str, Any] | None = None,
+        concurrency_groups: dict[str, int] | None = None,
     ):
+        """concurrency_groups: Ray concurrency groups of the learner actors ({name: max concurrency}; Ray takes
+        them with the class, not in `.options()`)."""
         from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
         from ray.util.scheduling_strategies import (
             NodeAffinitySchedulingStrategy,
@@ -156,7 +159,7 @@ class LearnerGroup:
         self.role = "learner"
         self.placement_group = None
         opts, kw = dict(options or {}), dict(kwargs or {})
-        remote_cls = ray.remote(cls)
+        remote_cls = ray.remote(concurrency_groups=concurrency_groups)(cls) if concurrency_groups else ray.remote(cls)
         name = (lambda r: f"{run_name}/learner") if num == 1 else (lambda r: f"{run_name}/learner-{r}")
         if strategy == "single":
             if num != 1:

@@ -273,15 +273,30 @@ def selector(cfg: RunConfig, aggregator: RewardAggregator) -> Selector:
     )
 
 
+def overlapped_sync(cfg: RunConfig) -> bool:
+    """Whether the learner sends weights in the background while its next step trains: the pipelined loop (the sync
+    loop's generators wait for the weights anyway), the collective backend, one learner rank (FSDP ranks gather
+    each bucket together, collectives that must not interleave with training's)."""
+    return cfg.loop.mode == "pipelined" and cfg.weight_sync.backend == "collective" and cfg.cluster.num_learners == 1
+
+
+def learner_concurrency(cfg: RunConfig) -> dict[str, int] | None:
+    """The learner actor's concurrency groups: one for `send_result` where sends overlap training."""
+    from actors.weights.transfer import SEND_GROUP
+
+    return {SEND_GROUP: 1} if overlapped_sync(cfg) else None
+
+
 def weight_transfer(cfg: RunConfig, learner: Any, generators: Any) -> Any:
     """The run's weight-transfer backend (weight_sync.backend), connected."""
-    from actors.weights.transfer import CollectiveTransfer, ObjectStoreTransfer
+    from actors.weights.transfer import CollectiveTransfer, ObjectStoreTransfer, OverlappedCollectiveTransfer
 
     w = cfg.weight_sync
     if w.backend == "object_store":
         transfer = ObjectStoreTransfer(learner, generators, timeout_s=w.timeout_s)
     else:
-        transfer = CollectiveTransfer(
+        kind = OverlappedCollectiveTransfer if overlapped_sync(cfg) else CollectiveTransfer
+        transfer = kind(
             learner, generators, timeout_s=w.timeout_s, bucket_mb=w.bucket_mb,
             tp_size=cfg.generation.tensor_parallel_size,
         )
@@ -393,6 +408,7 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
         strategy=c.learner_strategy,
         placement=c.learner_placement,
         options=actor_options(c.learner, namespace=namespace(p.name), **shared_cores_env(cfg, c.learner)),
+        concurrency_groups=learner_concurrency(cfg),
         kwargs=learner_kwargs(cfg, p.model_path),
         rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step
     )

@@ -364,6 +364,7 @@ class Learner:
                     if not torch.isnan(v):
                         sums[k].append(v.item())
             grad_norm = self._clip()
+            self.weights.settle()  # an overlapped weight send reads the parameters until it is done
             self.optimizer.step()
             self.scheduler.step()
             self.global_step += 1
@@ -479,10 +480,22 @@ class Learner:
         """Broadcast the policy to every engine worker, bucket by bucket (every rank gathers; rank 0 sends)."""
         return self.weights.send()
 
+    def start_send_weights(self, seq: int) -> None:
+        """One rank: start weight sync `seq` in the background and return, so the next train step's forward and
+        backward overlap it (the optimizer step waits for it). Its numbers: `send_result(seq)`."""
+        self.weights.start(seq)
+
+    def send_result(self, seq: int, timeout_s: float | None = None) -> dict[str, float]:
+        """Weight sync `seq`'s numbers (send_weights's), once it has finished; its error if it failed. Called in
+        the actor's concurrency group for it (actors/weights/transfer.py, SEND_GROUP), so it answers while a train
+        step runs."""
+        return self.weights.result(seq, timeout_s)
+
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> str:
         return checkpoint.save(self, path, extra)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
+        self.weights.settle()
         return checkpoint.load(self, path)
 
     def save_merged(self, path: str) -> str:

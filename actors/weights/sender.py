@@ -10,10 +10,18 @@ What the generators receive is a *view* of the learner's state_dict under the ba
 name, fixed when the learner is built): the plan (names, shapes) and every send walk the same view. A full
 fine-tune's view is its state_dict without tied aliases; a LoRA learner's view (actors/learner/lora.py) names the
 base weights and merges each adapter into its weight as the tensor is sent.
+
+Overlapped sends (one learner rank, pipelined loop): `start(seq)` runs `send()` on a thread of the learner's process
+and returns, so the learner's next train step computes its forward and backward while the buckets go out and the
+engines load them; `settle()` (before the optimizer changes the weights, and before any other use of the group)
+waits for it, and `result(seq)` hands the send's numbers, or its error, to whoever asks (the driver, through a
+method the learner actor runs in a concurrency group of its own). Not with FSDP ranks: the per-bucket gathers are
+collectives of the learner ranks, which must not interleave with the train step's.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +64,9 @@ class WeightSender:
         self._store: Any = None  # rank 0's TCPStore: outlives every generation of the group
         self._world_size = 0
         self._timeout_s = 0.0
+        self._thread: threading.Thread | None = None  # an overlapped send in progress
+        self._finished = threading.Condition()
+        self._results: dict[int, dict[str, float] | BaseException] = {}  # seq -> numbers or error, until asked
 
     def _full(self, state: dict[str, torch.Tensor], src: Source) -> torch.Tensor | None:
         """The whole tensor for one HF name in the generators' dtype, on rank 0 (None on the others). Under FSDP
@@ -110,6 +121,7 @@ class WeightSender:
 
     def join(self, generation: int) -> int:
         """Rank 0 joins generation `generation` of the group (returns when every member has joined)."""
+        self.settle()  # a send still on the old group ends (or fails) before the group is re-formed
         if self.rank != 0:
             return 0
         if self.group is not None:
@@ -128,6 +140,8 @@ class WeightSender:
         changes them while the learner actor is inside this call)."""
         if not self.buckets:
             raise RuntimeError("send before plan: the weight transfer was not connected")
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            self.settle()  # a direct send after an overlapped one: one at a time on the group
         state = self.model.state_dict()
         stats = {"gather_s": 0.0, "transfer_s": 0.0, "bytes": 0.0}
         in_flight: tuple[list[Any], int] | None = None  # (works, bucket index) of the bucket on the wire
@@ -151,6 +165,45 @@ class WeightSender:
     def _wait(self, works: list[Any], k: int) -> float:
         assert self.group is not None
         return self.group.wait(works, f"sending bucket {k + 1}/{len(self.buckets)}")
+
+    # --- overlapped sends ----------------------------------------------------------------------------
+
+    def start(self, seq: int) -> None:
+        """Start sync `seq` on a thread and return. Until `settle()` the caller may read the weights (forward,
+        backward) but must not change them: large tensors go on the wire from the parameters themselves."""
+        if self.rank != 0 or self._world_size == 0:
+            raise RuntimeError("an overlapped send needs a single learner rank that joined the weight group")
+        self.settle()
+
+        def run() -> None:
+            try:
+                out: dict[str, float] | BaseException = self.send()
+                if self.device.type == "cuda":  # the wire has read the weights before the optimizer writes them
+                    torch.cuda.current_stream(self.device).synchronize()
+            except BaseException as err:  # noqa: BLE001 - handed to result(): the driver names it
+                out = err
+            with self._finished:
+                self._results[seq] = out
+                self._finished.notify_all()
+
+        self._thread = threading.Thread(target=run, name=f"rayward-weight-send-{seq}", daemon=True)
+        self._thread.start()
+
+    def settle(self) -> None:
+        """Wait for an overlapped send in progress (its error, if any, goes to `result`, not here)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def result(self, seq: int, timeout_s: float | None = None) -> dict[str, float]:
+        """Sync `seq`'s numbers once it has finished (it may not have started yet); raises its error."""
+        with self._finished:
+            if not self._finished.wait_for(lambda: seq in self._results, timeout=timeout_s):
+                raise TimeoutError(f"weight sync {seq} did not finish within {timeout_s:.0f} s")
+            out = self._results.pop(seq)
+        if isinstance(out, BaseException):
+            raise out
+        return out
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:

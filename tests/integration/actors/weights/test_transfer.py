@@ -15,9 +15,10 @@ import pytest
 import ray
 import torch
 
+from actors.types import TrainBatch
 from actors.weights.collective import WeightTransferError
-from actors.weights.parity import logprob_parity
-from actors.weights.transfer import CollectiveTransfer
+from actors.weights.parity import PARITY_TOKENS, logprob_parity
+from actors.weights.transfer import CollectiveTransfer, OverlappedCollectiveTransfer
 from orchestrator.build import build_run, prepare, shutdown_run
 from orchestrator.config import load_config
 from tests.conftest import ROOT
@@ -75,6 +76,45 @@ def test_sync_into_two_engines_then_a_group_that_cannot_form_then_reform(ray_clu
         perturb(run)
         run.weights.rejoin()
         assert gap(run) <= PARITY_TOL
+    finally:
+        shutdown_run(run)
+
+
+def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_was_started_with(ray_cluster):
+    """The pipelined loop's sync: the learner sends in the background and its next train step runs meanwhile. The
+    engine is kept busy generating, so the send is still on the wire when the step reaches its optimizer: the step
+    must wait for it, and the engine must receive the weights of before the step, every bucket of them."""
+    run = build("wt-overlap", "loop.mode=pipelined", "grpo.vllm_importance_sampling_correction=false")  # made-up batch
+    try:
+        assert isinstance(run.weights, OverlappedCollectiveTransfer)
+        learner, engine = run.learner.ranks[0], run.generators.handles[0]
+        temperature = run.cfg.generation.temperature
+        perturb(run)
+        before = ray.get(learner.sequence_logprobs.remote(PARITY_TOKENS))
+        busy = engine.generate.remote([PARITY_TOKENS] * 256, n=8, max_tokens=16, temperature=1.0)  # ~1 s queued
+        run.weights.submit_async()  # queued on the engine behind that generation
+        g = torch.Generator().manual_seed(0)
+        batch = TrainBatch(
+            prompt_ids=[PARITY_TOKENS] * 8,
+            completion_ids=[torch.randint(3, 500, (12,), generator=g).tolist() for _ in range(8)],
+            sampling_logprobs=[[-2.0] * 12 for _ in range(8)],
+            advantages=[1.0, -1.0] * 4,
+            truncated=[False] * 8,
+        )
+        t0 = time.monotonic()
+        ray.get(run.learner.submit("train_step", batch))  # queued behind start_send_weights, not behind the sync
+        step_s = time.monotonic() - t0
+        ray.get(busy)
+        run.weights.drain()
+        got = ray.get(engine.sequence_logprobs.remote(PARITY_TOKENS, temperature))
+        assert max(abs(a - b) for a, b in zip(got, before, strict=True)) <= PARITY_TOL, (
+            "the engine did not get the weights the sync started with (the train step changed them mid-send)"
+        )
+        assert gap(run) > 100 * PARITY_TOL  # the step moved the learner on ...
+        assert run.weights.last is not None and run.weights.last.bytes > 1e6 and step_s > 0
+        run.weights.submit_async()
+        run.weights.drain()
+        assert gap(run) <= PARITY_TOL  # ... and the next sync brings the engine there
     finally:
         shutdown_run(run)
 
