@@ -18,8 +18,9 @@ def make(path, **kw):
     return Learner(path, **args)
 
 
-def batch(adv, n_tokens=6):
-    g = torch.Generator().manual_seed(0)
+def batch(adv, n_tokens=6, seed=0):
+    """A TrainBatch of random completions with the given advantages (no sampling logprobs)."""
+    g = torch.Generator().manual_seed(seed)
     comps = [torch.randint(3, 500, (n_tokens,), generator=g).tolist() for _ in adv]
     return TrainBatch(
         prompt_ids=[[10, 11, 12]] * len(adv),

@@ -15,6 +15,7 @@ from actors.learner.learner import Learner, meta_model
 from actors.learner.lora import LoraError, apply_lora, hf_name
 from actors.types import TrainBatch
 from orchestrator.grpo import grpo_loss
+from tests.unit.actors.learner.test_learner import batch
 
 LORA = dict(r=4, lora_alpha=8, target_modules="all-linear")
 LINEARS = 7 * 2  # q, k, v, o, gate, up, down in each of the tiny model's 2 layers
@@ -25,18 +26,6 @@ def make(path, lora=LORA, **kw):
                 lora=lora)
     args.update(kw)
     return Learner(path, **args)
-
-
-def batch(adv, n_tokens=6, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    comps = [torch.randint(3, 500, (n_tokens,), generator=g).tolist() for _ in adv]
-    return TrainBatch(
-        prompt_ids=[[10, 11, 12]] * len(adv),
-        completion_ids=comps,
-        sampling_logprobs=[[float("nan")] * n_tokens for _ in adv],
-        advantages=list(adv),
-        truncated=[False] * len(adv),
-    )
 
 
 def randomize_adapters(model, seed=1, scale=0.1):
