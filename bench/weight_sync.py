@@ -13,6 +13,7 @@ For random Qwen2-shaped models of about 25M, 100M and 400M parameters (float32),
     python bench/weight_sync.py                                   # 25m,100m,400m, collective backend
     python bench/weight_sync.py --sizes 100m --backends collective,object_store
     python bench/weight_sync.py --sizes 100m --step-share --steps 6
+    python bench/weight_sync.py --sizes 100m --step-share --set grpo.gradient_checkpointing=false
 """
 
 from __future__ import annotations
@@ -127,14 +128,14 @@ def rayward_sync(model: Path, backend: str, repeats: int, bucket_mb: float) -> d
         ray.shutdown()
 
 
-def step_share(model: Path, steps: int, bucket_mb: float) -> dict:
+def step_share(model: Path, steps: int, bucket_mb: float, extra: list[str]) -> dict:
     from orchestrator.config import load_config
     from orchestrator.train import train
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", [
         f"model.name_or_path={model}", f"grpo.max_steps={steps}", "generation.generation_batch_size=16",
         "grpo.per_device_train_batch_size=16", "logging.progress=false", f"logging.dir={tempfile.mkdtemp()}",
-        "logging.log_completions=false", f"weight_sync.bucket_mb={bucket_mb}",
+        "logging.log_completions=false", f"weight_sync.bucket_mb={bucket_mb}", *extra,
     ])
     hist = train(cfg, "bench-step", verbose=False)[1:]  # the first step carries start-up effects
     med = lambda k: statistics.median(h[k] for h in hist)  # noqa: E731
@@ -150,6 +151,8 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=float, default=256.0)
     ap.add_argument("--step-share", action="store_true", help="also run the sync loop and report sync/step")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for the --step-share run (repeatable), e.g. grpo.gradient_checkpointing=false")
     ap.add_argument("--cache", default=str(DEFAULT_CACHE))
     args = ap.parse_args()
     cache = Path(args.cache)
@@ -169,7 +172,7 @@ def main() -> None:
                   f"{r['transfer_s']:.3f}, load {r['load_s']:.3f}); peak extra memory learner "
                   f"{r['learner_extra_mb']:.0f} MB, generator {r['generator_extra_mb']:.0f} MB", flush=True)
         if args.step_share:
-            s = step_share(model, args.steps, args.bucket_mb)
+            s = step_share(model, args.steps, args.bucket_mb, args.set)
             parts = ", ".join(f"{k} {v:.3f}" for k, v in s["parts"].items())
             print(f"  sync loop ({args.steps} steps, demo config, 16 completions/step): time/sync {s['sync_s']:.3f}s "
                   f"({parts}) of time/step {s['step_s']:.3f}s = {100 * s['share']:.1f} %", flush=True)
