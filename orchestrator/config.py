@@ -119,11 +119,14 @@ class LoraSettings(_Section):
     lora_dropout: float = Field(0.0, ge=0, lt=1, validation_alias=AliasChoices("lora_dropout", "dropout"))
     """Dropout on the adapter's input in the learner's training forwards (alias `dropout`). The generators
     sample from merged weights without it; 0 (PEFT's default) keeps sampling and training the same function."""
-    target_modules: str | list[str] | None = None
+    target_modules: str | list[str] | None = "all-linear"
     """Layers that get an adapter, as PEFT matches them: a list of module names (or name suffixes, e.g.
     [q_proj, v_proj]), a regular expression matched against full module names, or `all-linear` (every linear
-    layer except the output head). null: PEFT's default for the architecture (q_proj and v_proj for Qwen2 and
-    Llama). Linear layers only; not the output head (as TRL)."""
+    layer except the output head). rayward's default is `all-linear`, not PEFT's (null: the architecture's
+    default, q_proj and v_proj for Qwen2 and Llama): LoRA on the MLPs too is what keeps up with full fine-tuning
+    in RL (Thinking Machines, "LoRA Without Regret", 2025), and on the demo at its learning rate all-linear
+    lifts the reward 0.024 -> 0.131 in 40 steps where q/v only reach 0.030. Linear layers only; not the output
+    head (as TRL)."""
     bias: Literal["none", "all", "lora_only"] = "none"
     """Which biases train with the adapter (PEFT's meaning). With `all` or `lora_only` the trained biases stay
     in place when adapters are disabled, so the KL reference is then not exactly the base model."""

@@ -9,8 +9,10 @@ from orchestrator.train import train
 from tests.conftest import ROOT
 
 STEPS = 24
-# LoRA needs a larger step than the demo's full fine-tuning (3e-3 barely moves the adapters; README table)
-LORA = ['model.lora={"r": 8, "alpha": 16, "save_merged": true}', "grpo.learning_rate=2e-2"]
+# Adapters on q_proj and v_proj only, at a larger step than the demo's (3e-3 barely moves them; README table):
+# the fastest learner of the README's table within the test's 24 steps
+LORA = ['model.lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"], "save_merged": true}',
+        "grpo.learning_rate=2e-2"]
 
 
 def test_lora_learns_checkpoints_in_peft_format_writes_the_merged_model_and_resumes(ray_cluster, tmp_path):

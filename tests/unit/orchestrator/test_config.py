@@ -158,7 +158,8 @@ def test_lora_section_takes_peft_names_and_the_short_aliases():
     short = parse_config({**MINIMAL, "model": {"lora": {"r": 8, "alpha": 16, "dropout": 0.05}}}).model.lora
     peft = parse_config({**MINIMAL, "model": {"lora": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.05}}}).model.lora
     assert short == peft and (short.r, short.lora_alpha, short.lora_dropout) == (8, 16, 0.05)
-    assert short.target_modules is None and short.bias == "none" and not short.save_merged  # PEFT's defaults
+    assert short.bias == "none" and not short.save_merged  # PEFT's defaults
+    assert short.target_modules == "all-linear"  # rayward's default, not PEFT's q/v (config docstring)
     cfg = load_config(ROOT / "configs" / "demo.yaml", ['model.lora={"r": 8, "alpha": 16}', "model.lora.target_modules=all-linear"])
     assert cfg.model.lora.target_modules == "all-linear" and cfg.model.lora.lora_alpha == 16
     from orchestrator.build import learner_kwargs, lora_kwargs
