@@ -37,3 +37,10 @@ def omp_bind(cores: list[int], ranks: int = 1) -> str:
 
 def describe(cores: list[int]) -> str:
     return f"cores {omp_bind(cores)}" if cores else "no cores"
+
+
+def omp_waits() -> str:
+    """How this process's OpenMP threads wait at barriers, for the start-up log: "" (libgomp's default: spin, then
+    sleep) or ", passive OpenMP waits" (OMP_WAIT_POLICY=PASSIVE, set where the learner and a generator share
+    cores)."""
+    return ", passive OpenMP waits" if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" else ""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from actors.cpus import Share, omp_bind, pick_cores
+from actors.cpus import Share, omp_bind, omp_waits, pick_cores
 from actors.generation.vllm_plugin import SPIN_ENV
 from actors.types import FinishedGroups, Sample
 
@@ -91,7 +91,7 @@ class Generator:
         """How this engine computes, for the start-up log."""
         if self.on_gpu:
             return f"GPU, tp {self.tensor_parallel_size}"
-        return f"engine OpenMP threads bound to {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}"
+        return f"engine OpenMP threads bound to {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}{omp_waits()}"
 
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.

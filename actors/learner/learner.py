@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from actors.cpus import describe, pick_cores
+from actors.cpus import describe, omp_waits, pick_cores
 from actors.learner import checkpoint
 from actors.learner.distributed import init_process_group, shard, tied_names
 from actors.learner.lora import apply_lora, merged_view
@@ -229,7 +229,7 @@ class Learner:
         """How this rank computes, for the start-up log."""
         if self.device.type != "cpu":
             return f"{self.device}, {torch.get_num_threads()} CPU threads"
-        return f"{torch.get_num_threads()} torch threads on {describe(self.cores)}"
+        return f"{torch.get_num_threads()} torch threads on {describe(self.cores)}{omp_waits()}"
 
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
