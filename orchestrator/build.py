@@ -258,6 +258,7 @@ class Run:
     eval_pool: Any = None  # handle of NAME/eval-reward-pool when eval.rewards has rewards of its own
     global_step: int = 0  # optimizer steps done (the learner's)
     policy_version: int = 0  # learner step whose weights the generators hold
+    generator_restarts: int = 0  # generator deaths survived (restarted, weights re-synced)
     stop_requested: bool = False  # set by SIGTERM; the loops stop at the next step boundary
 
 

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
 from actors.types import FinishedGroups, Rollouts, Scores
 from orchestrator.build import Run
-from orchestrator.phases import rollouts_of, sampling_kwargs, score_request
+from orchestrator.phases import restart_generators, rollouts_of, sampling_kwargs, score_request
 
 
 @dataclass
@@ -26,8 +27,16 @@ class Part:
 
     rows: list[dict[str, Any]]
     stream: Any  # ray ObjectRefGenerator of Generator.generate_stream
+    generator: int  # index of the generator it runs on
+    epoch: int  # run.generator_restarts when it was submitted
     done: bool = False
     seconds: float = 0.0  # generator-busy seconds so far
+    yielded: set[int] = field(default_factory=set)  # indices into rows of the groups it has yielded
+
+
+def _stream(run: Run, generator: int, rows: list[dict[str, Any]]) -> Any:
+    call = run.generators.handles[generator].generate_stream.options(num_returns="streaming")
+    return call.remote([r["prompt_ids"] for r in rows], **sampling_kwargs(run.cfg))
 
 
 @dataclass
@@ -52,11 +61,19 @@ def submit_batch(run: Run) -> InFlight:
     bounds = [len(rows) * i // n_parts for i in range(n_parts + 1)]
     parts = []
     for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        call = handles[i % len(handles)].generate_stream.options(num_returns="streaming")
-        parts.append(
-            Part(rows[lo:hi], call.remote([r["prompt_ids"] for r in rows[lo:hi]], **sampling_kwargs(run.cfg)))
-        )
+        g = i % len(handles)
+        parts.append(Part(rows[lo:hi], _stream(run, g, rows[lo:hi]), g, run.generator_restarts))
     return InFlight(run.policy_version, parts)
+
+
+def _resume(run: Run, part: Part) -> None:
+    """A part whose generator died: once the generator is back (restarted and re-synced, once per death however
+    many parts it cuts), its groups not yet yielded are generated again on it."""
+    if part.epoch == run.generator_restarts:
+        restart_generators(run)
+    part.rows = [r for i, r in enumerate(part.rows) if i not in part.yielded]
+    part.yielded, part.epoch = set(), run.generator_restarts
+    part.stream = _stream(run, part.generator, part.rows)
 
 
 def pump(run: Run, inflight: deque[InFlight], until: Any | None = None) -> None:
@@ -75,6 +92,12 @@ def pump(run: Run, inflight: deque[InFlight], until: Any | None = None) -> None:
         except StopIteration:
             part.done = True
             continue
+        except RayActorError:
+            if run.cfg.cluster.generator_max_restarts == 0:
+                raise
+            _resume(run, part)
+            continue
+        part.yielded.update(i for i, _ in out.groups)
         part.seconds = out.seconds
         rows = [part.rows[i] for i, _ in out.groups]
         r = rollouts_of(run.cfg, rows, [samples for _, samples in out.groups], batch.policy_version)

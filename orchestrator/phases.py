@@ -55,11 +55,18 @@ def with_generator_restarts(run: Run, call: Callable[[], Any]) -> Any:
     except RayActorError:
         if run.cfg.cluster.generator_max_restarts == 0:
             raise
+    restart_generators(run)
+    return call()
+
+
+def restart_generators(run: Run) -> None:
+    """After a generator died: wait for Ray to restart it, re-form the weight-transfer group and bring every engine
+    the current weights."""
     print("rayward: a generator died; waiting for Ray to restart it, then re-syncing weights", flush=True)
     run.generators.wait_alive(RESTART_WAIT_S)
     run.weights.rejoin()
     run.policy_version = run.global_step
-    return call()
+    run.generator_restarts += 1
 
 
 def generate(run: Run, rows: list[dict[str, Any]]) -> Rollouts:
@@ -164,8 +171,9 @@ def sync(run: Run) -> dict[str, float]:
 
 def sync_async(run: Run) -> dict[str, float]:
     """Pipelined: submit the sync without waiting (it queues on each generator behind generation already
-    submitted, so every later generation uses the new weights); returns the metrics of the last finished sync."""
-    run.weights.submit_async()
+    submitted, so every later generation uses the new weights); returns the metrics of the last finished sync. A
+    generator that died since the last one is restarted and brought the current weights first."""
+    with_generator_restarts(run, run.weights.submit_async)
     run.policy_version = run.global_step
     return run.weights.last.metrics() if run.weights.last is not None else {}
 
@@ -226,7 +234,7 @@ def finish(run: Run) -> list[dict[str, Any]]:
     """The end of either loop: the last weight sync lands, an eval still on its way is recorded, the final
     checkpoint (unless stopping on SIGTERM, where train() writes it), and with model.lora.save_merged the merged
     model of a finished run."""
-    run.weights.drain()
+    with_generator_restarts(run, run.weights.drain)
     run.evaluate.drain()
     if not run.stop_requested and run.cfg.grpo.save_steps is not None:
         save_checkpoint(run)

@@ -172,7 +172,9 @@ class WeightSender:
         """Start sync `seq` on a thread and return. Until `settle()` the caller may read the weights (forward,
         backward) but must not change them: large tensors go on the wire from the parameters themselves."""
         if self.rank != 0 or self._world_size == 0:
-            raise RuntimeError("an overlapped send needs a single learner rank that joined the weight group")
+            err = RuntimeError("an overlapped send needs a single learner rank that joined the weight group")
+            self._finish(seq, err)  # whoever waits in result(seq) hears it now, not at its timeout
+            raise err
         self.settle()
 
         def run() -> None:
@@ -182,12 +184,15 @@ class WeightSender:
                     torch.cuda.current_stream(self.device).synchronize()
             except BaseException as err:  # noqa: BLE001 - handed to result(): the driver names it
                 out = err
-            with self._finished:
-                self._results[seq] = out
-                self._finished.notify_all()
+            self._finish(seq, out)
 
         self._thread = threading.Thread(target=run, name=f"rayward-weight-send-{seq}", daemon=True)
         self._thread.start()
+
+    def _finish(self, seq: int, out: dict[str, float] | BaseException) -> None:
+        with self._finished:
+            self._results[seq] = out
+            self._finished.notify_all()
 
     def settle(self) -> None:
         """Wait for an overlapped send in progress (its error, if any, goes to `result`, not here)."""

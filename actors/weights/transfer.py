@@ -72,6 +72,7 @@ class _Transfer:
 
     def rejoin(self) -> None:
         """After a generator restarted (fresh engine, initial weights): bring it the current weights."""
+        self._pending = None  # a pipelined sync the death cut short: superseded by this one
         self.push()
 
     def submit(self) -> PendingSync:
@@ -174,6 +175,7 @@ class CollectiveTransfer(_Transfer):
     def rejoin(self) -> None:
         """Every member makes a new group (a failed or timed-out op leaves the old one dead on every end), then
         the current weights go to every engine."""
+        self._pending = None  # a pipelined sync the death cut short: superseded by this one
         self.connect()
         self.push()
 

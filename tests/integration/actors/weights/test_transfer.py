@@ -134,13 +134,14 @@ def test_fsdp_learner_ranks_send_into_a_tensor_parallel_engine(ray_cluster):
         shutdown_run(run)
 
 
-def test_a_killed_generator_restarts_rejoins_and_the_run_finishes(ray_cluster, tmp_path):
+@pytest.mark.parametrize("loop", ["sync", "pipelined"])  # pipelined: the learner's send runs in the background
+def test_a_killed_generator_restarts_rejoins_and_the_run_finishes(ray_cluster, tmp_path, loop):
     from orchestrator.train import train
 
-    name, steps = "wt-restart", 6
+    name, steps = f"wt-restart-{loop}", 6
     cfg = load_config(ROOT / "configs" / "demo.yaml", [
         f"grpo.max_steps={steps}", "cluster.num_reward_workers=1", "cluster.generator_max_restarts=1",
-        f"logging.dir={tmp_path}", "logging.progress=false",
+        f"logging.dir={tmp_path}", "logging.progress=false", f"loop.mode={loop}",
     ])
     metrics = tmp_path / name / "metrics.jsonl"
     killed: list[int] = []
@@ -160,6 +161,8 @@ def test_a_killed_generator_restarts_rejoins_and_the_run_finishes(ray_cluster, t
     t.join(timeout=10)
     assert killed, "the generator was never killed"
     assert [h["step"] for h in history] == list(range(1, steps + 1))
+    if loop == "pipelined":  # what this checks: a background send cut by the kill and the re-formed group do not
+        return  # deadlock the learner; samples are one step stale by design, so the gap check below is sync's
     # every step after the restart sampled with the learner's weights (the restarted engine rejoined and synced)
     assert all(h["sampling/sampling_logp_difference/max"] < 1e-3 for h in history), [
         h["sampling/sampling_logp_difference/max"] for h in history
