@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.models import DEFAULT_CACHE, build_model  # noqa: E402
+from orchestrator.config import DEFAULT_BUCKET_MB  # noqa: E402
 
 FLOOR_BUCKET_MB = 256  # the floor sends the model's bytes as tensors of this size (distinct, fresh receivers)
 
@@ -86,6 +87,14 @@ def _hwm_reset(pid: int) -> int:
     return _status(pid, "VmRSS")
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a process has used."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
 def _status(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):
@@ -111,10 +120,13 @@ def rayward_sync(model: Path, backend: str, repeats: int, bucket_mb: float) -> d
         pid = lambda h: ray.get(h.__ray_call__.remote(lambda self: os.getpid()))  # noqa: E731
         lpid, gpid = pid(run.learner.ranks[0]), pid(run.generators.handles[0])
         run.weights.push()  # the first sync after start-up is slower (allocations, first loads)
-        stats, extra_l, extra_g = [], [], []
+        stats, extra_l, extra_g, cpu_l, cpu_g = [], [], [], [], []
         for _ in range(repeats):
             base_l, base_g = _hwm_reset(lpid), _hwm_reset(gpid)
+            c0 = _cpu_s(lpid), _cpu_s(gpid)
             stats.append(run.weights.push())
+            cpu_l.append(_cpu_s(lpid) - c0[0])
+            cpu_g.append(_cpu_s(gpid) - c0[1])
             extra_l.append(_status(lpid, "VmHWM") - base_l)
             extra_g.append(_status(gpid, "VmHWM") - base_g)
         med = lambda xs: statistics.median(xs)  # noqa: E731
@@ -122,6 +134,7 @@ def rayward_sync(model: Path, backend: str, repeats: int, bucket_mb: float) -> d
             "seconds": med([s.seconds for s in stats]), "gather_s": med([s.gather_s for s in stats]),
             "transfer_s": med([s.transfer_s for s in stats]), "load_s": med([s.load_s for s in stats]),
             "learner_extra_mb": max(extra_l) / 2**20, "generator_extra_mb": max(extra_g) / 2**20,
+            "learner_cpu_s": med(cpu_l), "generator_cpu_s": med(cpu_g),
         }
     finally:
         shutdown_run(run)
@@ -140,15 +153,16 @@ def step_share(model: Path, steps: int, bucket_mb: float, extra: list[str]) -> d
     hist = train(cfg, "bench-step", verbose=False)[1:]  # the first step carries start-up effects
     med = lambda k: statistics.median(h[k] for h in hist)  # noqa: E731
     return {"sync_s": med("time/sync"), "step_s": med("time/step"), "share": med("time/sync") / med("time/step"),
-            "parts": {k: med(f"sync/{k}_s") for k in ("gather", "transfer", "load")}}
+            "parts": {k: med(f"sync/{k}_s") for k in ("gather", "transfer", "load")},
+            "phases": {k: med(f"time/{k}") for k in ("generate", "train")}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="25m,100m,400m")
-    ap.add_argument("--backends", default="collective")
+    ap.add_argument("--backends", default="collective", help="comma-separated: collective, object_store")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--bucket-mb", type=float, default=256.0)
+    ap.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB)
     ap.add_argument("--step-share", action="store_true", help="also run the sync loop and report sync/step")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -170,18 +184,21 @@ def main() -> None:
             print(f"  {backend}: {r['seconds']:.3f}s = {r['seconds'] / floor:.2f}x floor, "
                   f"{nbytes / r['seconds'] / 1e9:.2f} GB/s (gather+pack {r['gather_s']:.3f}, wire "
                   f"{r['transfer_s']:.3f}, load {r['load_s']:.3f}); peak extra memory learner "
-                  f"{r['learner_extra_mb']:.0f} MB, generator {r['generator_extra_mb']:.0f} MB", flush=True)
+                  f"{r['learner_extra_mb']:.0f} MB, generator {r['generator_extra_mb']:.0f} MB; CPU seconds learner "
+                  f"{r['learner_cpu_s']:.2f}, generator {r['generator_cpu_s']:.2f}", flush=True)
         if args.step_share:
             s = step_share(model, args.steps, args.bucket_mb, args.set)
             parts = ", ".join(f"{k} {v:.3f}" for k, v in s["parts"].items())
             print(f"  sync loop ({args.steps} steps, demo config, 16 completions/step): time/sync {s['sync_s']:.3f}s "
-                  f"({parts}) of time/step {s['step_s']:.3f}s = {100 * s['share']:.1f} %", flush=True)
-    print("\n| model | MB | floor s | backend | sync s | x floor | GB/s | learner +MB | generator +MB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+                  f"({parts}) of time/step {s['step_s']:.3f}s = {100 * s['share']:.1f} % (generate "
+                  f"{s['phases']['generate']:.3f}s, train {s['phases']['train']:.3f}s)", flush=True)
+    print("\n| model | MB | floor s | backend | sync s | x floor | GB/s | learner +MB | generator +MB | CPU-s "
+          "learner / generator |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for size, nbytes, floor, backend, r in rows:
         print(f"| {size} | {nbytes / 1e6:.0f} | {floor:.3f} | {backend} | {r['seconds']:.3f} | "
               f"{r['seconds'] / floor:.2f} | {nbytes / r['seconds'] / 1e9:.2f} | {r['learner_extra_mb']:.0f} | "
-              f"{r['generator_extra_mb']:.0f} |")
+              f"{r['generator_extra_mb']:.0f} | {r['learner_cpu_s']:.2f} / {r['generator_cpu_s']:.2f} |")
 
 
 if __name__ == "__main__":

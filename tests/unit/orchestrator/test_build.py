@@ -10,10 +10,12 @@ def cfg(loop: str, **cluster):
     return parse_config({**MINIMAL, "loop": {"mode": loop}, "cluster": cluster})
 
 
-def test_sync_loop_binds_nothing_and_leaves_openmp_alone():
+def test_sync_loop_binds_nothing_but_both_sides_wait_passively():
+    """The phases take turns, but a weight sync runs the learner's sender and the engine's reload at once."""
     c = cfg("sync")
     assert generator_cpu_share(c) is None
-    assert shared_cores_env(c, c.cluster.learner) == {} and shared_cores_env(c, c.cluster.generator) == {}
+    for res in (c.cluster.learner, c.cluster.generator):
+        assert shared_cores_env(c, res) == {"runtime_env": {"env_vars": SHARED_CORES_ENV}}
 
 
 def test_pipelined_cpu_binds_the_generator_and_makes_both_sides_wait_passively():
