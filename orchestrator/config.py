@@ -501,11 +501,11 @@ class ClusterConfig(_Section):
     """Let the reward pool size itself between min_workers and max_workers from its load (see README,
     "Autoscaling the reward pool"). null: a fixed pool of num_reward_workers."""
     cpu_split: float = Field(0.5, gt=0, lt=1)
-    """CPU nodes, pipelined loop: the generator's vLLM threads are bound to the last (1 - cpu_split) of a node's
-    cores; the learner's torch threads run on every core, sharing the generator's while it generates and using
-    them all while it waits for the next batch (both sides' OpenMP threads sleep, not spin, when they wait). The
-    sync loop binds nothing: its phases take turns, so each uses every core of its node. GPU actors keep Ray's
-    thread defaults."""
+    """CPU nodes, pipelined loop: the generator's engine gets the last (1 - cpu_split) of a node's cores (a thread
+    per core; bound to them at tensor_parallel_size > 1); the learner's torch threads run on every core, sharing
+    the generator's while it generates and using them all while it waits for the next batch. The sync loop splits
+    nothing: its phases take turns, so each uses every core of its node. In both loops both sides' OpenMP threads
+    sleep, not spin, when they wait. GPU actors keep Ray's thread defaults."""
     generator_max_restarts: int = Field(3, ge=0)
     """How often Ray restarts a generator actor that died (vLLM crash, OOM, lost node). A restarted generator
     rejoins the weight-transfer group and gets the current weights before it generates again."""

@@ -15,11 +15,12 @@ import pytest
 import ray
 import torch
 
+from actors.cpus import pick_cores
 from actors.types import TrainBatch
 from actors.weights.collective import WeightTransferError
 from actors.weights.parity import PARITY_TOKENS, logprob_parity
 from actors.weights.transfer import CollectiveTransfer, OverlappedCollectiveTransfer
-from orchestrator.build import build_run, prepare, shutdown_run
+from orchestrator.build import build_run, generator_cpu_share, prepare, shutdown_run
 from orchestrator.config import load_config
 from tests.conftest import ROOT
 
@@ -54,9 +55,16 @@ def gap(run) -> float:
     return logprob_parity(run.learner.handles[0], run.generators.handles, run.cfg.generation.temperature)
 
 
+def engine_threads(run) -> list[int]:
+    """Each generator's torch threads (its in-process engine computes on them: generation and weight reloads)."""
+    return ray.get([h.__ray_call__.remote(lambda self: torch.get_num_threads()) for h in run.generators.handles])
+
+
 def test_sync_into_two_engines_then_a_group_that_cannot_form_then_reform(ray_cluster):
     run = build("wt-two", "cluster.num_generators=2")
     try:
+        # Sync loop: each engine has every core (Ray starts a fractional-CPU actor at one thread).
+        assert engine_threads(run) == [len(pick_cores(None))] * 2
         stats = run.weights.push()
         assert gap(run) <= PARITY_TOL
         perturb(run)
@@ -87,6 +95,7 @@ def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_
     run = build("wt-overlap", "loop.mode=pipelined", "grpo.vllm_importance_sampling_correction=false")  # made-up batch
     try:
         assert isinstance(run.weights, OverlappedCollectiveTransfer)
+        assert engine_threads(run) == [len(pick_cores(generator_cpu_share(run.cfg)))]  # its cluster.cpu_split share
         learner, engine = run.learner.ranks[0], run.generators.handles[0]
         temperature = run.cfg.generation.temperature
         perturb(run)
