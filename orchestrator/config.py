@@ -559,8 +559,8 @@ class LoopConfig(_Section):
 
 # Weight-sync bucket: 64 MiB overlaps the wire with vLLM's load finely enough that a 100M fp32 model (400 MB)
 # syncs in 0.53-0.54 s on 2 CPU cores against 0.67 s with 256 MiB buckets and 0.60 s with 32 MiB
-# (bench/weight_sync.py --sizes 100m --bucket-mb N); on NCCL a 64 MiB broadcast is still far above the size where
-# launch latency matters.
+# (bench/weight_sync.py --sizes 100m --bucket-mb N; 0.41-0.47 s since the engine computes on every core); on NCCL
+# a 64 MiB broadcast is still far above the size where launch latency matters.
 DEFAULT_BUCKET_MB = 64.0
 
 
