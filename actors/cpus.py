@@ -3,8 +3,8 @@
 Ray gives an actor with num_cpus 0.5 one intra-op thread (OMP_NUM_THREADS=1), so on a CPU box the learner used
 half the machine even in the sync loop, where nothing else runs while it trains. The driver decides instead,
 when it builds the run: in the sync loop the phases take turns, so each actor may use every core of its node; in
-the pipelined loop the learner and the generator run at once: the generator's engine threads are bound to their
-share of the node's cores (`cluster.cpu_split`), and the learner computes on every core, so it has the
+the pipelined loop the learner and the generator run at once: the generator's engine gets its share of the node's
+cores (`cluster.cpu_split`, a thread per core), and the learner computes on every core, so it has the
 generator's cores too while the generator waits for its next batch. Both loops make both sides' OpenMP waits passive
 (orchestrator/build.py, SHARED_CORES_ENV): they compute at once in the pipelined loop and during weight syncs.
 """

@@ -86,7 +86,7 @@ def generator_cpu_share(cfg: RunConfig) -> tuple[float, float] | None:
     return (c.cpu_split, 1.0) if cfg.loop.mode == "pipelined" and not c.generator.num_gpus else None
 
 
-def shared_cores_env(cfg: RunConfig, res: Resources) -> dict[str, Any]:
+def shared_cores_env(res: Resources) -> dict[str, Any]:
     """`.options()` of the learner or a generator on a CPU node, which shares the node's cores with the other
     (see SHARED_CORES_ENV): a runtime_env with SHARED_CORES_ENV, set before torch or vLLM load OpenMP; Ray merges
     its env_vars into the job's. {} on GPU actors."""
@@ -347,7 +347,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) 
         run_name=name,
         role="generator",
         options=generator_options(c.generator, gen.tensor_parallel_size, c.generator_max_restarts,
-                                  namespace=namespace(name), **shared_cores_env(cfg, c.generator)),
+                                  namespace=namespace(name), **shared_cores_env(c.generator)),
         args=(model_path,),
         kwargs=dict(
             dtype=cfg.model.dtype,
@@ -411,7 +411,7 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
         run_name=p.name,
         strategy=c.learner_strategy,
         placement=c.learner_placement,
-        options=actor_options(c.learner, namespace=namespace(p.name), **shared_cores_env(cfg, c.learner)),
+        options=actor_options(c.learner, namespace=namespace(p.name), **shared_cores_env(c.learner)),
         concurrency_groups=learner_concurrency(cfg),
         kwargs=learner_kwargs(cfg, p.model_path),
         rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step
