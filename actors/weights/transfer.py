@@ -71,8 +71,11 @@ class _Transfer:
         pass
 
     def rejoin(self) -> None:
-        """After a generator restarted (fresh engine, initial weights): bring it the current weights."""
+        """After a generator restarted (fresh engine, initial weights): connect again (the collective backend
+        re-forms its group: a failed or timed-out op leaves the old one dead on every end), then bring every
+        engine the current weights."""
         self._pending = None  # a pipelined sync the death cut short: superseded by this one
+        self.connect()
         self.push()
 
     def submit(self) -> PendingSync:
@@ -171,13 +174,6 @@ class CollectiveTransfer(_Transfer):
                 f"within {self.timeout_s:.0f} s: not joined: {', '.join(missing) or 'none'}{why}. Check that the "
                 "generator nodes can reach the learner's node over TCP, or set weight_sync.backend: object_store"
             )
-
-    def rejoin(self) -> None:
-        """Every member makes a new group (a failed or timed-out op leaves the old one dead on every end), then
-        the current weights go to every engine."""
-        self._pending = None  # a pipelined sync the death cut short: superseded by this one
-        self.connect()
-        self.push()
 
     def submit(self) -> PendingSync:
         return PendingSync(
