@@ -4,7 +4,9 @@
     RewardBatch         driver -> reward pool -> reward workers (a chunk is a RewardBatch with an offset)
     Scores              reward workers -> pool -> driver   raw scores [K][N], counters, log_metric/log_extra
     TrainBatch          driver -> learner          token ids, sampling logprobs, advantages
+    TrainResult         learner -> driver          the new global_step and the step's metrics
     TrainerState        learner -> reward pool -> reward workers   (TRL's trainer_state fields)
+    PoolStats           reward pool -> driver (with every Scores, and to `rayward scale`)
 
 They live in `actors/` because both sides import them and `actors/` never imports the driver
 (`orchestrator/`). Plain dataclasses: Ray pickles them as they are, and the pure driver code builds and
@@ -14,7 +16,7 @@ K reward functions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -130,7 +132,7 @@ class Scores:
     workers: list[int]  # reward workers that scored some of it
     busy_s: float = 0.0  # the pool's wall time on it
     queue_wait_s: float = 0.0  # mean seconds its chunks waited for a worker (in the pool or behind another chunk)
-    pool: dict[str, Any] = field(default_factory=dict)  # the pool's state after it (workers, retries, ...)
+    pool: PoolStats | None = None  # the pool's state after it (workers, retries, ...)
 
     def __len__(self) -> int:
         return len(self.scores[0]) if self.scores else 0
@@ -197,3 +199,48 @@ class TrainerState:
         from transformers import TrainerState as HFTrainerState
 
         return HFTrainerState(global_step=self.global_step, max_steps=self.max_steps, epoch=self.epoch)
+
+
+@dataclass
+class TrainResult:
+    """What one `Learner.train_step` returns: the optimizer step it reached and the step's metrics (TRL's names:
+    loss, grad_norm, learning_rate, kl, entropy, clip_ratio/..., sampling/...), global over learner ranks."""
+
+    global_step: int  # optimizer steps done after this batch (num_iterations per batch)
+    metrics: dict[str, float]
+    num_tokens: float  # loss tokens in the batch (TRL's num_tokens)
+    compute_s: float  # the learner's wall time on the batch (time/train_compute)
+
+
+@dataclass
+class PoolStats:
+    """A reward pool's state (`RewardPool.stats`): with every Scores, on `rayward scale`, in the step's metrics."""
+
+    workers: int  # live workers taking chunks
+    target_workers: int  # alive or starting, not retiring: the size the pool is heading to
+    starting: int  # waiting for a node or importing
+    retiring: int
+    inflight: int  # worker calls in flight
+    queue_depth: int  # chunks waiting for a worker
+    global_step: int  # the trainer_state the pool holds
+    worker_s: float  # live worker-seconds so far
+    utilization: float  # busy fraction over the autoscaler's window (NaN before one, or with autoscaling off)
+    decisions: int  # scaling decisions so far
+    autoscale: str  # "off", "min..max", or "pinned (bounds min..max)"
+    chunks: int = 0
+    retries: int = 0
+    replaced: int = 0
+    timeouts: int = 0
+    errors: int = 0
+    start_failures: int = 0
+    scale_ups: int = 0
+    scale_downs: int = 0
+
+    # Copied into every step's metrics as reward_pool/<name>.
+    STEP_METRICS = (
+        "workers", "target_workers", "starting", "retries", "replaced", "queue_depth", "decisions", "worker_s",
+        "utilization",
+    )
+
+    def step_metrics(self) -> dict[str, float]:
+        return {f"reward_pool/{k}": float(getattr(self, k)) for k in self.STEP_METRICS}

@@ -208,7 +208,7 @@ def run_rayward(
     mode: str, steps: int, reward_workers: int, workdir: Path, extra: list[str], w: Workload
 ) -> dict[str, Any]:
     from orchestrator.config import load_config
-    from orchestrator.ops.metrics import MetricsLogger
+    from orchestrator.telemetry.metrics import MetricsLogger
     from orchestrator.train import train
 
     # CPU accounting per step (instrumentation of this subprocess only): after each step is logged, read the

@@ -106,8 +106,8 @@ def rayward_sync(model: Path, backend: str, repeats: int, bucket_mb: float) -> d
     import ray
 
     from orchestrator.build import build_run, prepare, shutdown_run
+    from orchestrator.cluster import init_ray
     from orchestrator.config import load_config
-    from orchestrator.ops.cluster import init_ray
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", [
         f"model.name_or_path={model}", f"weight_sync.backend={backend}", f"weight_sync.bucket_mb={bucket_mb}",

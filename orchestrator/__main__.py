@@ -1,6 +1,6 @@
 import sys
 
-from orchestrator.ops.cli import main
+from orchestrator.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

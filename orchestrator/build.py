@@ -16,14 +16,14 @@ from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.builtin import BUILTIN_REWARDS
 from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
 from actors.types import TrainerState
-from orchestrator.advantages import RewardAggregator, weighted_totals
+from orchestrator.aggregation import RewardAggregator, weighted_totals
 from orchestrator.config import TINY_MODEL, ConfigError, Resources, RewardConfig, RunConfig
 from orchestrator.data import PromptSource, eval_rows, load_rows
-from orchestrator.evaluation import Best, EvalSchedule
+from orchestrator.eval_metrics import Best, EvalSchedule
 from orchestrator.evaluator import BestCheckpoint, BlockingEval, EvalSet, NoEval, OverlappedEval
-from orchestrator.ops.metrics import MetricsLogger
-from orchestrator.ops.progress import Display
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
+from orchestrator.telemetry.metrics import MetricsLogger
+from orchestrator.telemetry.progress import Display
 
 # An eval-only reward pool (eval.rewards set) scores a few hundred completions every few steps: one worker.
 EVAL_REWARD_WORKERS = 1
@@ -315,7 +315,7 @@ def start_reward_pool(
     import ray
 
     from actors.rewards.pool import RewardPool
-    from orchestrator.ops.cluster import actor_options, namespace, run_sys_path
+    from orchestrator.cluster import actor_options, namespace, run_sys_path
 
     ns = namespace(name)  # explicit, so `rayward scale NAME` finds the actors whatever the driver's namespace
     return (
@@ -338,7 +338,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) 
     """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments)."""
     from actors.generation.generator import Generator
     from actors.group import ActorGroup
-    from orchestrator.ops.cluster import generator_options, namespace
+    from orchestrator.cluster import generator_options, namespace
 
     c, gen = cfg.cluster, cfg.generation
     return ActorGroup(
@@ -397,7 +397,7 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
     """Start the actor groups (Ray must be initialised). `display` shows the steps (default: step lines)."""
     from actors.group import LearnerGroup
     from actors.learner.learner import Learner
-    from orchestrator.ops.cluster import actor_options, namespace
+    from orchestrator.cluster import actor_options, namespace
 
     cfg, c, gen = p.cfg, p.cfg.cluster, p.cfg.generation
     reward_pool = start_reward_pool(cfg, p.name, p.specs)

@@ -399,7 +399,7 @@ class EvalConfig(_Section):
         return self
 
     def metric_names(self, training_rewards: list[str]) -> list[str]:
-        """The eval metrics an eval produces (`orchestrator.evaluation.eval_metrics`) that `grpo.save_best`
+        """The eval metrics an eval produces (`orchestrator.eval_metrics.eval_metrics`) that `grpo.save_best`
         may name."""
         names = [r.name for r in self.rewards] if self.rewards is not None else training_rewards
         k = self.num_generations

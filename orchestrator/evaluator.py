@@ -1,6 +1,6 @@
 """Held-out evaluation on the engines, driver side: generate with the current weights at a step boundary, score
 with the eval rewards, log `eval/...`, keep checkpoint-best. The pure part (pass@k, the schedule, the metrics)
-is `orchestrator/evaluation.py`.
+is `orchestrator/eval_metrics.py`.
 
 Which evaluator a run has is chosen when it is built (`orchestrator/build.py: evaluator`); both loops call it
 the same way, one call per phase:
@@ -35,9 +35,9 @@ from typing import Any
 import ray
 
 from actors.types import Rollouts, Scores, TrainerState
-from orchestrator.advantages import RewardAggregator, raw_matrix, weighted_totals
+from orchestrator.aggregation import RewardAggregator, raw_matrix, weighted_totals
 from orchestrator.data import to_rollouts
-from orchestrator.evaluation import Best, EvalSchedule, eval_metrics
+from orchestrator.eval_metrics import Best, EvalSchedule, eval_metrics
 
 BEST_CHECKPOINT = "checkpoint-best"
 # Where the pipelined loop's learner writes the evaluated weights until the eval's result is known.

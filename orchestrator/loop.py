@@ -11,7 +11,7 @@ import ray
 from orchestrator import phases
 from orchestrator.build import Run
 from orchestrator.inflight import InFlight, collect, pump, submit_batch
-from orchestrator.ops.metrics import PhaseTimer
+from orchestrator.telemetry.metrics import PhaseTimer
 
 
 def run_sync(run: Run) -> list[dict[str, Any]]:

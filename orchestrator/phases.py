@@ -20,12 +20,12 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors.types import Rollouts, Sample, Scores, TrainBatch, TrainerState
-from orchestrator.advantages import to_train_batch
+from orchestrator.aggregation import to_train_batch
 from orchestrator.build import Run
 from orchestrator.config import RunConfig
 from orchestrator.data import to_rollouts
-from orchestrator.ops.metrics import PhaseTimer
 from orchestrator.selection import Refill
+from orchestrator.telemetry.metrics import PhaseTimer
 
 # How long a restarted generator may take to come back (a fresh vLLM engine loads the model) before the run
 # gives up on it.

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.build import prepare
+from orchestrator.cluster import check_learner_placement, init_ray, new_run_name
 from orchestrator.config import ConfigError, DataSource, EvalConfig, RunConfig
 from orchestrator.data import DataError
-from orchestrator.ops.actor_logs import ActorOutput
-from orchestrator.ops.cluster import check_learner_placement, init_ray, new_run_name
-from orchestrator.ops.errors import RunFailed, RunStopped
-from orchestrator.ops.progress import open_display, summary_footer, summary_table
+from orchestrator.errors import RunFailed, RunStopped
+from orchestrator.telemetry.actor_logs import ActorOutput
+from orchestrator.telemetry.progress import open_display, summary_footer, summary_table
 
 # Every line the run's actors wrote, in the run directory (the terminal shows only rayward's own).
 ACTOR_LOG = "actors.log"

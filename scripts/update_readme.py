@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # This checkout's config, not an installed rayward's (an editable install may point at another checkout).
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.ops.cli import main  # noqa: E402
+from orchestrator.cli.main import main  # noqa: E402
 
 START, END = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
 readme = ROOT / "README.md"

@@ -20,7 +20,7 @@ def record_file(tmp_path_factory):
 def ray_cluster(record_file):
     import ray
 
-    from orchestrator.ops.cluster import ACTOR_ENV
+    from orchestrator.cluster import ACTOR_ENV
 
     env = {**ACTOR_ENV, "PYTHONPATH": str(ROOT), "RAYWARD_TEST_RECORD": str(record_file)}
     os.environ.update(env)

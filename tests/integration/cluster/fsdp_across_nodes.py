@@ -60,8 +60,8 @@ def main(address: str, out: Path) -> None:
     from actors.group import LearnerGroup
     from actors.learner.learner import Learner
     from orchestrator.build import learner_kwargs
+    from orchestrator.cluster import check_learner_placement
     from orchestrator.config import load_config
-    from orchestrator.ops.cluster import check_learner_placement
     from orchestrator.tiny import ensure_tiny_model
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", OVERRIDES)

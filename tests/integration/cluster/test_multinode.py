@@ -134,7 +134,7 @@ def _tail(path: Path, n: int = 4000) -> str:
 def _auth_hint(text: str) -> str:
     if "InvalidAuthToken" in text or "Missing authentication token" in text:
         return ("\n=> rayward did not send the cluster token: Ray 2.60 reads RAY_AUTH_MODE once, at `import ray`, so "
-                "orchestrator.ops.auth.prepare_client_auth() must run before anything imports ray (orchestrator/cli.py main)")
+                "orchestrator.cli.auth.prepare_client_auth() must run before anything imports ray (orchestrator/cli.py main)")
     return ""
 
 

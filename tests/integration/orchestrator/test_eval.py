@@ -10,8 +10,8 @@ import json
 
 import pytest
 
+from orchestrator.cli.main import main
 from orchestrator.config import load_config
-from orchestrator.ops.cli import main
 from orchestrator.train import evaluate, latest_checkpoint, train
 from tests.conftest import ROOT
 

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from orchestrator.ops.ray_metrics import GAUGES, METRIC_NAME_RE, REWARD_POOL_METRICS
+from orchestrator.telemetry.ray_metrics import GAUGES, METRIC_NAME_RE, REWARD_POOL_METRICS
 from tests.conftest import ROOT
 
 CLUSTER = ROOT / "cluster"
@@ -158,7 +158,7 @@ def exported_prometheus_names() -> set[str]:
     names = {f"ray_{n}" for n in GAUGES}
     pool_src = (ROOT / "actors" / "rewards" / "pool.py").read_text()
     pool = set(re.findall(r'ray_metrics\.(?:Gauge|Counter|Histogram)\(\s*"(rayward_\w+)"', pool_src))
-    assert pool == set(REWARD_POOL_METRICS), "orchestrator.ops.ray_metrics.REWARD_POOL_METRICS is out of date"
+    assert pool == set(REWARD_POOL_METRICS), "orchestrator.telemetry.ray_metrics.REWARD_POOL_METRICS is out of date"
     for n in pool:
         names.add(f"ray_{n}")
         if re.search(rf'Histogram\(\s*"{n}"', pool_src):

@@ -104,7 +104,7 @@ def test_readme_config_reference_is_current():
     import io
     from contextlib import redirect_stdout
 
-    from orchestrator.ops.cli import main
+    from orchestrator.cli.main import main
 
     readme = (ROOT / "README.md").read_text()
     section = readme.split("<!-- config-reference:start -->\n")[1].split("<!-- config-reference:end -->")[0]

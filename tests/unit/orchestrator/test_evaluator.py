@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.evaluation import Best
+from orchestrator.eval_metrics import Best
 from orchestrator.evaluator import BEST_CHECKPOINT, BestCheckpoint
 
 

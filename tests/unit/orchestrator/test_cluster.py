@@ -1,9 +1,9 @@
-"""orchestrator/ops/cluster.py: the spread-placement check against a cluster's nodes (as `ray.nodes()` lists them)."""
+"""orchestrator/cluster.py: the spread-placement check against a cluster's nodes (as `ray.nodes()` lists them)."""
 
 import pytest
 
+from orchestrator.cluster import check_learner_placement
 from orchestrator.config import ConfigError, parse_config
-from orchestrator.ops.cluster import check_learner_placement
 
 MINIMAL = {"rewards": [{"name": "r", "function": "letter_fraction"}]}
 

@@ -3,7 +3,7 @@
 
 import pytest
 
-from orchestrator.ops.cli import main
+from orchestrator.cli.main import main
 from tests.conftest import ROOT
 
 DEMO = str(ROOT / "configs" / "demo.yaml")
@@ -115,14 +115,14 @@ def test_unknown_options_are_still_rejected(capsys):
     ],
 )
 def test_overrides_anywhere_on_the_line_keep_their_order(argv):
-    from orchestrator.ops.cli import parse_args
+    from orchestrator.cli.main import parse_args
 
     args = parse_args(argv)
     assert (args.config, args.name, args.overrides) == (DEMO, "x", ["grpo.max_steps=3", "seed=1"])
 
 
 def test_submit_takes_overrides_after_options_and_other_strays_are_errors(capsys):
-    from orchestrator.ops.cli import parse_args
+    from orchestrator.cli.main import parse_args
 
     args = parse_args(["submit", DEMO, "--name", "x", "grpo.max_steps=3", "--debug", "--address", "http://h:8265"])
     assert args.overrides == ["grpo.max_steps=3"] and args.debug and args.address == "http://h:8265"

@@ -7,7 +7,7 @@ import re
 
 from rich.console import Console
 
-from orchestrator.ops.progress import (
+from orchestrator.telemetry.progress import (
     LiveBar,
     StepClock,
     StepLines,

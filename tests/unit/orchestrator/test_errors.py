@@ -12,7 +12,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from actors.rewards.worker import RewardFunctionError, RewardSpec, RewardWorker
 from actors.types import RewardBatch
 from actors.weights.collective import WeightTransferError
-from orchestrator.ops.errors import RunFailed, RunStopped, explain, failed_in, root_cause
+from orchestrator.errors import RunFailed, RunStopped, explain, failed_in, root_cause
 
 BAD = "tests.fixtures.bad_rewards:misbehaving"
 
@@ -108,7 +108,7 @@ def test_an_internal_error_in_an_actor_names_the_role_and_where(tmp_path):
     lines = text.splitlines()
     assert lines[:2] == ["rayward: run 'demo' failed at step 7",
                          "the learner raised RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"]
-    assert lines[2].startswith("  at tests/unit/orchestrator/ops/test_errors.py:") and "in train_step" in lines[2]
+    assert lines[2].startswith("  at tests/unit/orchestrator/test_errors.py:") and "in train_step" in lines[2]
     assert "Traceback" not in text
 
 

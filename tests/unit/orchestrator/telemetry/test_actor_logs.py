@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from orchestrator.ops.actor_logs import ActorOutput, rayward_messages
+from orchestrator.telemetry.actor_logs import ActorOutput, rayward_messages
 
 VLLM_NOISE = [
     "Triton is installed, but doesn't include CPU backend. Disabling Triton.",

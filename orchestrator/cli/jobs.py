@@ -20,7 +20,7 @@ What travels (runtime_env):
     KEY=VALUE. Ray shows a job's runtime_env in the dashboard: anyone with dashboard access sees these
     values (HF_TOKEN, WANDB_API_KEY). Ray's auth token is never forwarded.
 
-Authentication: clients send the token only with RAY_AUTH_MODE=token; orchestrator.ops.auth finds the token
+Authentication: clients send the token only with RAY_AUTH_MODE=token; orchestrator.cli.auth finds the token
 where Ray looks for it (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token). Every command first asks
 the dashboard's public /api/authentication_mode (5 s timeout), so an unreachable address or a missing
 token is one clear line within seconds instead of a hang or a traceback.
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli.auth import AuthError, explain_auth_failure, find_token, prepare_client_auth
 from orchestrator.config import RUN_NAME_PATTERN
-from orchestrator.ops.auth import AuthError, explain_auth_failure, find_token, prepare_client_auth
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 SUBMISSION_PREFIX = "rayward-"
@@ -97,7 +97,7 @@ def dashboard_job_url(address: str, sub_id: str) -> str:
 def forwarded_env(environ: dict[str, str] | None = None, extra: list[str] | None = None) -> dict[str, str]:
     """Environment the run needs on the cluster: set RAYWARD_/HF_/VLLM_/WANDB_/MLFLOW_ variables, rayward's
     ACTOR_ENV (the local value when set), and KEY=VALUE extras. Never the Ray auth token."""
-    from orchestrator.ops.cluster import ACTOR_ENV
+    from orchestrator.cluster import ACTOR_ENV
 
     environ = dict(os.environ if environ is None else environ)
     env = {k: environ.get(k, v) for k, v in ACTOR_ENV.items()}
@@ -182,8 +182,8 @@ def build_submission(
 ) -> Submission:
     """Validate the config (+ overrides) locally and build the job: raises ConfigError / JobsError.
     run_flags: `rayward run` options for the driver (`--verbose`, `--debug`)."""
+    from orchestrator.cluster import new_run_name
     from orchestrator.config import load_config
-    from orchestrator.ops.cluster import new_run_name
 
     overrides = list(overrides or [])
     cfg = load_config(config, overrides)  # ConfigError names the bad field before anything is uploaded
@@ -341,7 +341,7 @@ def run_actors(address: str, run_name: str) -> list[dict[str, Any]]:
     """The run's actors (namespace rayward-<run>) from Ray's state API: name, class, state, pid, node."""
     from ray.util.state import list_actors
 
-    from orchestrator.ops.cluster import namespace
+    from orchestrator.cluster import namespace
 
     with _ray_errors(address):
         actors = list_actors(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from orchestrator.ops.metrics import METRICS_FILE, read_jsonl
+from orchestrator.telemetry.metrics import METRICS_FILE, read_jsonl
 
 # 10 x 7 inches at 80 dpi: 800 x 560 pixels, readable on a screen and small in a repository (~60 kB).
 FIGSIZE = (10, 7)

@@ -12,7 +12,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.ops.metrics import COMPLETIONS_FILE, find_run_dir
+from orchestrator.telemetry.metrics import COMPLETIONS_FILE, find_run_dir
 
 # Characters of a prompt / completion shown in a cell (a table of whole completions would not fit a screen).
 CELL_CHARS = 240

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.ops.ray_metrics import RayMetricsExporter
+from orchestrator.telemetry.ray_metrics import RayMetricsExporter
 
 
 class FreshExporter(RayMetricsExporter):

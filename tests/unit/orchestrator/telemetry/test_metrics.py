@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from orchestrator.ops.metrics import MetricsLogger, PhaseTimer, completions_table, find_run_dir, read_jsonl
+from orchestrator.telemetry.metrics import (
+    MetricsLogger,
+    PhaseTimer,
+    completions_table,
+    find_run_dir,
+    read_jsonl,
+)
 
 
 def test_metrics_sinks_write_jsonl_and_tensorboard(tmp_path):

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from orchestrator.ops.progress import Display, StepLines
-from orchestrator.ops.ray_metrics import RayMetricsExporter
+from orchestrator.telemetry.progress import Display, StepLines
+from orchestrator.telemetry.ray_metrics import RayMetricsExporter
 
 # The completions log of a run directory (TRL's name), one JSON line per trained sample.
 COMPLETIONS_FILE = "completions.jsonl"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli import jobs
+from orchestrator.cluster import ACTOR_ENV
 from orchestrator.config import ConfigError
-from orchestrator.ops import jobs
-from orchestrator.ops.cluster import ACTOR_ENV
 from tests.conftest import ROOT
 
 DEMO = ROOT / "configs" / "demo.yaml"

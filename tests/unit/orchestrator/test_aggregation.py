@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.advantages import Gate, RewardAggregator, apply_gates, schedule_value
+from orchestrator.aggregation import Gate, RewardAggregator, apply_gates, schedule_value
 from orchestrator.config import parse_config
 from tests.conftest import ROOT
 

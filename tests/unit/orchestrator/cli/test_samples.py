@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.ops.cli import main
-from orchestrator.ops.samples import TAIL_BLOCK, latest_step_rows, step_rows, visible
+from orchestrator.cli.main import main
+from orchestrator.cli.samples import TAIL_BLOCK, latest_step_rows, step_rows, visible
 
 
 def completions(path, steps: int, per_step: int, pad: int = 0) -> None:

@@ -2,7 +2,7 @@
 a (remote) Ray cluster through the Jobs API: submit | status | logs | stop | list.
 
 What goes wrong ends in a short message and a non-zero exit, never a traceback (unless --debug): 2 for a bad
-config or input, 1 for a run that failed (orchestrator/ops/errors.py says what and where), 3 for an unreachable
+config or input, 1 for a run that failed (orchestrator/errors.py says what and where), 3 for an unreachable
 cluster, 130 for Ctrl-C, 143 (128 + SIGTERM) for a run stopped by SIGTERM after its checkpoint."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from orchestrator.cli.auth import AuthError
 from orchestrator.config import ConfigError, load_config
-from orchestrator.ops.auth import AuthError
 
 # Exit codes beyond 0: a bad config or input, a failed run, an unreachable cluster, Ctrl-C, SIGTERM (128 + 15).
 EXIT_BAD_INPUT, EXIT_FAILED, EXIT_UNREACHABLE, EXIT_INTERRUPTED, EXIT_STOPPED = 2, 1, 3, 130, 143
@@ -27,14 +27,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_samples(args: argparse.Namespace) -> int:
-    from orchestrator.ops.samples import print_samples
+    from orchestrator.cli.samples import print_samples
 
     return print_samples(args.run, logging_dir=args.dir, step=args.step, limit=args.limit, width=args.width)
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from orchestrator.ops.metrics import find_run_dir
-    from orchestrator.ops.plot import plot_run
+    from orchestrator.cli.plot import plot_run
+    from orchestrator.telemetry.metrics import find_run_dir
 
     run_dir = find_run_dir(args.run, args.dir)
     out = plot_run(run_dir, args.out)
@@ -58,7 +58,7 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     import ray
     from ray.exceptions import RayTaskError
 
-    from orchestrator.ops.cluster import UnreachableError, check_reachable, namespace
+    from orchestrator.cluster import UnreachableError, check_reachable, namespace
 
     check_reachable(args.address or "auto")
     try:
@@ -109,7 +109,7 @@ def _cmd_config_reference(args: argparse.Namespace) -> int:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from orchestrator.ops import jobs
+    from orchestrator.cli import jobs
 
     def go() -> int:
         address = jobs.normalize_address(args.address)
@@ -130,7 +130,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from orchestrator.ops import jobs
+    from orchestrator.cli import jobs
 
     return jobs.guarded(
         "status", lambda: jobs.status(jobs.normalize_address(args.address), args.run, as_json=args.json)
@@ -138,19 +138,19 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
-    from orchestrator.ops import jobs
+    from orchestrator.cli import jobs
 
     return jobs.guarded("logs", lambda: jobs.logs(jobs.normalize_address(args.address), args.run, follow=args.follow))
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    from orchestrator.ops import jobs
+    from orchestrator.cli import jobs
 
     return jobs.guarded("stop", lambda: jobs.stop(jobs.normalize_address(args.address), args.run, wait_s=args.wait))
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from orchestrator.ops import jobs
+    from orchestrator.cli import jobs
 
     return jobs.guarded(
         "list", lambda: jobs.list_runs(jobs.normalize_address(args.address), show_all=args.all, as_json=args.json)
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         func=_cmd_config_reference
     )
 
-    from orchestrator.ops.jobs import DEFAULT_MAX_FILE_MIB, default_address
+    from orchestrator.cli.jobs import DEFAULT_MAX_FILE_MIB, default_address
 
     addr_help = "Ray dashboard / Jobs API URL (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS or http://127.0.0.1:8265)"
     j = sub.add_parser("submit", parents=[shown], help="submit a run to a Ray cluster through the Jobs API")
@@ -275,7 +275,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from orchestrator.ops.cluster import run_sys_path
+    from orchestrator.cluster import run_sys_path
 
     for path in run_sys_path():  # `my_rewards:fn` imports from the run directory, as with `python -m`
         if path not in sys.path:
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = getattr(args, "debug", False)
     try:
         if args.command not in ("tiny-model", "rewards", "config-reference", "samples", "plot"):
-            from orchestrator.ops.auth import prepare_client_auth
+            from orchestrator.cli.auth import prepare_client_auth
 
             prepare_client_auth()  # before anything imports ray: Ray 2.60 reads RAY_AUTH_MODE at import
         return args.func(args)
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     except AuthError as err:
         print(f"rayward {args.command}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except ConnectionError as err:  # unreachable cluster (orchestrator.ops.cluster.UnreachableError and Ray's own)
+    except ConnectionError as err:  # unreachable cluster (orchestrator.cluster.UnreachableError and Ray's own)
         print(f"rayward: {err}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except FileNotFoundError as err:  # a run directory or file named on the command line
@@ -303,8 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rayward: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as err:  # noqa: BLE001 - every failure ends in a short message (orchestrator/ops/errors.py)
-        from orchestrator.ops.errors import RunFailed, RunStopped, explain
+    except Exception as err:  # noqa: BLE001 - every failure ends in a short message (orchestrator/errors.py)
+        from orchestrator.errors import RunFailed, RunStopped, explain
 
         if isinstance(err, RunStopped):
             print(f"rayward: {err}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.ops.ray_metrics import GAUGES, map_step_metrics
+from orchestrator.telemetry.ray_metrics import GAUGES, map_step_metrics
 
 
 def test_step_metrics_map_onto_tagged_gauges():

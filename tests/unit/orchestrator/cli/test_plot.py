@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.ops.cli import main
-from orchestrator.ops.metrics import MetricsLogger
-from orchestrator.ops.plot import phase_keys, reward_keys, series
+from orchestrator.cli.main import main
+from orchestrator.cli.plot import phase_keys, reward_keys, series
+from orchestrator.telemetry.metrics import MetricsLogger
 
 
 def write_run(run_dir, steps: int = 6) -> list[dict]:
