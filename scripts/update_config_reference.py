@@ -1,4 +1,7 @@
-"""Regenerate README.md's config reference from the config docstrings (tests/unit/test_config.py checks it)."""
+"""Regenerate the config reference page (docs/config.md) from the config's field docstrings.
+
+tests/unit/orchestrator/test_config.py::test_config_reference_page_is_current fails until this has been run
+after a field or its docstring changed."""
 
 import io
 import sys
@@ -11,11 +14,23 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.cli.main import main  # noqa: E402
 
+PAGE = ROOT / "docs" / "config.md"
 START, END = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
-readme = ROOT / "README.md"
-buf = io.StringIO()
-with redirect_stdout(buf):
-    main(["config-reference"])
-text = readme.read_text()
-head, rest = text.split(START)
-readme.write_text(head + START + buf.getvalue() + END + rest.split(END)[1])
+
+
+def generated() -> str:
+    """The table `rayward config-reference` prints."""
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        main(["config-reference"])
+    return buf.getvalue()
+
+
+def current(text: str) -> str:
+    """The table between the page's markers."""
+    return text.split(START)[1].split(END)[0]
+
+
+if __name__ == "__main__":
+    head, rest = PAGE.read_text().split(START)
+    PAGE.write_text(head + START + generated() + END + rest.split(END)[1])
