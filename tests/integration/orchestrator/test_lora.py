@@ -9,8 +9,8 @@ from orchestrator.train import train
 from tests.conftest import ROOT
 
 STEPS = 24
-# Adapters on q_proj and v_proj only, at a larger step than the demo's (3e-3 barely moves them; README table):
-# the fastest learner of the README's table within the test's 24 steps
+# Adapters on q_proj and v_proj only, at a larger step than the demo's (3e-3 barely moves them): the fastest
+# learner within the test's 24 steps in bench/README.md, "LoRA on the demo"
 LORA = ['model.lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"], "save_merged": true}',
         "grpo.learning_rate=2e-2"]
 

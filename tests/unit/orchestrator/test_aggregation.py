@@ -88,7 +88,7 @@ def test_aggregator_weights_follow_schedules_and_gate_thresholds():
 
 
 def test_readme_worked_example():
-    """README's worked example: configs/letter-curriculum.yaml at step 12."""
+    """The worked example of docs/rewards.md: configs/letter-curriculum.yaml at step 12."""
 
     from orchestrator.config import load_config
     from orchestrator.grpo import compute_advantages
