@@ -55,13 +55,12 @@ def _status_mib(field: str) -> float:
 
 
 def _learner(model: str, kind: str, gc: bool, completions: int, length: int, prompt_length: int, micro: int):
-    import functools
-
     import torch
 
     from actors.learner.learner import Learner
+    from actors.learner.loss import LossConfig
+    from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
     from actors.types import TrainBatch
-    from orchestrator.grpo import grpo_loss
 
     g = torch.Generator().manual_seed(0)
     batch = TrainBatch(
@@ -71,8 +70,11 @@ def _learner(model: str, kind: str, gc: bool, completions: int, length: int, pro
         advantages=torch.randn(completions, generator=g).tolist(),
         truncated=[False] * completions,
     )
-    lr = Learner(model, loss_fn=functools.partial(grpo_loss, loss_type="dapo", max_completion_length=length),
-                 learning_rate=1e-5, micro_batch_size=micro, gradient_checkpointing=gc, lora=KINDS[kind], device="cpu")
+    lr = Learner(LearnerSpec(
+        model=ModelSpec(model, gradient_checkpointing=gc, lora=KINDS[kind]), optim=OptimSpec(learning_rate=1e-5),
+        loss=LossConfig(loss_type="dapo", max_completion_length=length), step=StepSpec(micro_batch_size=micro),
+        device="cpu",
+    ))
     return lr, batch
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors.learner.loss import ImportanceSampling, LossConfig
+from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
 from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.builtin import BUILTIN_REWARDS
 from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
@@ -107,13 +109,17 @@ def lora_kwargs(cfg: RunConfig) -> dict[str, Any] | None:
     return None if lora is None else lora.model_dump(exclude={"save_merged"})
 
 
-def learner_kwargs(cfg: RunConfig, model_path: str) -> dict[str, Any]:
-    """The learner's constructor arguments, with the GRPO math bound in (pure; unit-tested)."""
-    from orchestrator.grpo import grpo_loss, vllm_importance_weights
-
+def loss_config(cfg: RunConfig) -> LossConfig:
+    """The learner's loss settings (grpo.*; the vLLM importance-sampling correction or None when it is off)."""
     g = cfg.grpo
-    loss_fn = functools.partial(
-        grpo_loss,
+    correction = None
+    if g.vllm_importance_sampling_correction:
+        correction = ImportanceSampling(
+            mode=g.vllm_importance_sampling_mode,
+            clip_max=g.vllm_importance_sampling_clip_max,
+            clip_min=g.vllm_importance_sampling_clip_min,
+        )
+    return LossConfig(
         loss_type=g.loss_type,
         epsilon=g.epsilon,
         epsilon_high=g.epsilon_high,
@@ -122,39 +128,39 @@ def learner_kwargs(cfg: RunConfig, model_path: str) -> dict[str, Any]:
         beta=g.beta,
         use_bias_correction_kl=g.use_bias_correction_kl,
         max_completion_length=cfg.generation.max_completion_length,
-    )
-    is_fn = None
-    if g.vllm_importance_sampling_correction:
-        is_fn = functools.partial(
-            vllm_importance_weights,
-            mode=g.vllm_importance_sampling_mode,
-            clip_max=g.vllm_importance_sampling_clip_max,
-            clip_min=g.vllm_importance_sampling_clip_min,
-        )
-    return dict(
-        model=model_path,
-        loss_fn=loss_fn,
-        is_weights_fn=is_fn,
+        vllm_importance_sampling=correction,
         temperature=cfg.generation.temperature,
+    )
+
+
+def learner_spec(cfg: RunConfig, model_path: str) -> LearnerSpec:
+    """What every learner rank is built from (pure; unit-tested). Plain records of actors/learner's own types, so
+    unpickling them in a learner process imports nothing of the driver."""
+    g = cfg.grpo
+    model = ModelSpec(
+        name_or_path=model_path,
         dtype=cfg.model.dtype,
-        seed=cfg.seed,
-        learning_rate=g.learning_rate,
+        trust_remote_code=cfg.model.trust_remote_code,
+        gradient_checkpointing=g.gradient_checkpointing,
+        gradient_checkpointing_kwargs=g.gradient_checkpointing_kwargs,
+        lora=lora_kwargs(cfg),
+    )
+    optim = OptimSpec(
         optim=g.optim,
+        learning_rate=g.learning_rate,
         weight_decay=g.weight_decay,
         adam_betas=(g.adam_beta1, g.adam_beta2),
         lr_scheduler_type=g.lr_scheduler_type,
         warmup_steps=g.warmup_steps,
         max_steps=g.max_steps,
         max_grad_norm=g.max_grad_norm,
+    )
+    step = StepSpec(
         micro_batch_size=g.per_device_train_batch_size,
         num_iterations=g.num_iterations,
-        beta=g.beta,
         mask_truncated_completions=g.mask_truncated_completions,
-        gradient_checkpointing=g.gradient_checkpointing,
-        gradient_checkpointing_kwargs=g.gradient_checkpointing_kwargs,
-        lora=lora_kwargs(cfg),
-        trust_remote_code=cfg.model.trust_remote_code,
     )
+    return LearnerSpec(model=model, optim=optim, loss=loss_config(cfg), step=step, seed=cfg.seed)
 
 
 def check_learner_model(cfg: RunConfig, model_path: str) -> None:
@@ -413,7 +419,7 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
         placement=c.learner_placement,
         options=actor_options(c.learner, namespace=namespace(p.name), **shared_cores_env(c.learner)),
         concurrency_groups=learner_concurrency(cfg),
-        kwargs=learner_kwargs(cfg, p.model_path),
+        kwargs={"spec": learner_spec(cfg, p.model_path)},
         rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step
     )
     weights = weight_transfer(cfg, learner, generators)

@@ -62,8 +62,8 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
         with timer("train"):
             train_ref = phases.submit_train(run, batch)
             pump(run, inflight, until=train_ref)  # keep scoring what the generators finish meanwhile
-            train_m = ray.get(train_ref)
-        run.global_step = int(train_m["global_step"])
+            result = ray.get(train_ref)
+        run.global_step, train_m = result.global_step, phases.train_metrics(result)
         with timer("sync"):  # submitted, not awaited: it queues behind generation already submitted
             sync_m = phases.sync_async(run)
         m = {**reward_m, **select_m, **train_m, **sync_m, "policy_staleness": staleness,

@@ -19,7 +19,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors.types import Rollouts, Sample, Scores, TrainBatch, TrainerState
+from actors.types import Rollouts, Sample, Scores, TrainBatch, TrainerState, TrainResult
 from orchestrator.aggregation import to_train_batch
 from orchestrator.build import Run
 from orchestrator.config import RunConfig
@@ -151,13 +151,18 @@ def trainer_state(run: Run) -> TrainerState:
 
 
 def train(run: Run, batch: TrainBatch) -> dict[str, float]:
-    (stats,) = run.learner.call("train_step", batch, reward_state=trainer_state(run))
-    run.global_step = int(stats["global_step"])
-    return stats
+    (result,) = run.learner.call("train_step", batch, reward_state=trainer_state(run))
+    run.global_step = result.global_step
+    return train_metrics(result)
+
+
+def train_metrics(result: TrainResult) -> dict[str, float]:
+    """The train step's metrics for the step's row: the learner's, its loss tokens and its compute time."""
+    return {**result.metrics, "num_tokens": result.num_tokens, "time/train_compute": result.compute_s}
 
 
 def submit_train(run: Run, batch: TrainBatch) -> Any:
-    """Pipelined: start the train step; returns rank 0's ObjectRef of its metrics."""
+    """Pipelined: start the train step; returns rank 0's ObjectRef of its TrainResult."""
     (learner,) = run.learner.handles
     return learner.train_step.remote(batch, reward_state=trainer_state(run))
 

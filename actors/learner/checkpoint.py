@@ -7,11 +7,13 @@ Sharded learners gather on rank 0, which writes; loading reads on rank 0 and bro
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,90 +21,106 @@ import torch
 
 from actors.learner.lora import adapter_keys, load_adapter_file, save_adapter
 
-# Each function takes the Learner (`lr`: its model, optimizer, scheduler, global_step, rank, tied names, lora).
-Learner = Any
+STATE_FILE = "rayward_state.json"
 
 
-def full_state_dict(lr: Learner) -> dict[str, torch.Tensor]:
+@dataclass(frozen=True)
+class TrainState:
+    """What a checkpoint saves and restores: the learner's training objects (restored in place) and how this rank
+    holds them."""
+
+    model: torch.nn.Module  # the policy (a PEFT model with LoRA; FSDP-sharded when `sharded`)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    global_step: int  # optimizer steps done
+    rank: int
+    sharded: bool
+    tied: dict[str, str]  # {alias: source} HF names of tied weights (written once)
+    lora: bool  # the model is a PEFT model: checkpoints hold the adapter
+    model_path: str  # the base model's directory: its tokenizer goes next to the weights
+    trust_remote_code: bool
+
+
+def full_state_dict(st: TrainState) -> dict[str, torch.Tensor]:
     """Collective: the unsharded weights on rank 0's CPU ({} on the others), tied aliases dropped."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    full = get_model_state_dict(lr.model, options=opts)
-    return {k: v.contiguous() for k, v in full.items() if k not in lr.tied}
+    full = get_model_state_dict(st.model, options=opts)
+    return {k: v.contiguous() for k, v in full.items() if k not in st.tied}
 
 
-def adapter_state_dict(lr: Learner) -> dict[str, torch.Tensor]:
+def adapter_state_dict(st: TrainState) -> dict[str, torch.Tensor]:
     """Collective under FSDP: the LoRA adapter's whole tensors on rank 0's CPU ({} on the others), keyed as in
     the model's state_dict. Only the adapter is gathered, never the frozen base."""
-    state = lr.model.state_dict()
+    state = st.model.state_dict()
     out = {}
-    for key in adapter_keys(lr.model).values():
+    for key in adapter_keys(st.model).values():
         t = state[key]
         t = t.full_tensor() if hasattr(t, "full_tensor") else t  # every rank, in the same order
-        if lr.rank == 0:
+        if st.rank == 0:
             out[key] = t.detach().cpu().contiguous()
     return out
 
 
-def optimizer_param_names(lr: Learner) -> list[str]:
+def optimizer_param_names(st: TrainState) -> list[str]:
     """Parameter names in the optimizer's order: what `optimizer.state_dict()`'s integer ids index."""
-    names = {id(p): n for n, p in lr.model.named_parameters()}
-    return [names[id(p)] for g in lr.optimizer.param_groups for p in g["params"]]
+    names = {id(p): n for n, p in st.model.named_parameters()}
+    return [names[id(p)] for g in st.optimizer.param_groups for p in g["params"]]
 
 
-def _optimizer_state(lr: Learner) -> dict[str, Any]:
+def _optimizer_state(st: TrainState) -> dict[str, Any]:
     """The optimizer's state as a single learner's `state_dict()` has it (integer parameter ids); sharded, a
     collective whose result rank 0 holds ({} on the others)."""
-    if not lr.sharded:
-        return lr.optimizer.state_dict()
+    if not st.sharded:
+        return st.optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    by_name = get_optimizer_state_dict(lr.model, lr.optimizer, options=opts)  # keyed by param name
-    if lr.rank != 0:
+    by_name = get_optimizer_state_dict(st.model, st.optimizer, options=opts)  # keyed by param name
+    if st.rank != 0:
         return {}
-    ids = {n: i for i, n in enumerate(optimizer_param_names(lr))}
+    ids = {n: i for i, n in enumerate(optimizer_param_names(st))}
     return {  # the local optimizer's param_groups: integer ids, hyper-parameters as a 1-rank one has them
         "state": {ids[n]: v for n, v in by_name["state"].items()},
-        "param_groups": lr.optimizer.state_dict()["param_groups"],
+        "param_groups": st.optimizer.state_dict()["param_groups"],
     }
 
 
-def save(lr: Learner, path: str, extra: dict[str, Any] | None = None) -> str:
+def save(st: TrainState, path: str, extra: dict[str, Any] | None = None) -> str:
     """The policy (HF checkpoint, or the LoRA adapter in PEFT's format) + optimizer/scheduler + run state,
     written to a temporary directory and renamed, so a killed job never leaves a half-written checkpoint.
     Sharded: a collective; rank 0 writes the full weights and the full optimizer state in the same format
     (integer parameter ids), so checkpoints move between any numbers of ranks."""
-    if lr.lora is not None:
-        adapter = adapter_state_dict(lr)
-        save_model: Callable[[Path], None] = lambda d: save_adapter(lr.model, d, adapter)  # noqa: E731
-    elif lr.sharded:
-        weights = full_state_dict(lr)
-        save_model = lambda d: lr.model.save_pretrained(d, state_dict=weights)  # noqa: E731
+    if st.lora:
+        adapter = adapter_state_dict(st)
+        save_model: Callable[[Path], None] = lambda d: save_adapter(st.model, d, adapter)  # noqa: E731
+    elif st.sharded:
+        weights = full_state_dict(st)
+        save_model = lambda d: st.model.save_pretrained(d, state_dict=weights)  # noqa: E731
     else:
-        save_model = lr.model.save_pretrained
-    optim = _optimizer_state(lr)
-    if lr.rank == 0:
-        _atomic(Path(path), lambda d: _fill(lr, d, save_model, optim, extra))
-    if lr.sharded:
+        save_model = st.model.save_pretrained
+    optim = _optimizer_state(st)
+    if st.rank == 0:
+        _atomic(Path(path), lambda d: _fill(st, d, save_model, optim, extra))
+    if st.sharded:
         import torch.distributed as dist
 
         dist.barrier()  # no rank returns before the checkpoint exists
     return str(Path(path))
 
 
-def save_merged(lr: Learner, path: str) -> str:
-    """A LoRA learner's merged model (exactly what the generators load: base + adapter, tied aliases dropped)
-    plus the base's tokenizer, as an HF model directory. Collective under FSDP; rank 0 writes."""
-    state = lr.weights.full_state()
-    if lr.rank == 0:
+def save_merged(st: TrainState, path: str, merged: dict[str, torch.Tensor]) -> str:
+    """A LoRA learner's merged model (`merged`: exactly what the generators load, base + adapter, tied aliases
+    dropped, whole on rank 0) plus the base's tokenizer, as an HF model directory. Collective under FSDP; rank 0
+    writes."""
+    if st.rank == 0:
         def fill(d: Path) -> None:
-            lr.model.get_base_model().save_pretrained(d, state_dict=state)
-            save_tokenizer(lr, d)
+            st.model.get_base_model().save_pretrained(d, state_dict=merged)
+            save_tokenizer(st, d)
 
         _atomic(Path(path), fill)
-    if lr.sharded:
+    if st.sharded:
         import torch.distributed as dist
 
         dist.barrier()
@@ -110,14 +128,14 @@ def save_merged(lr: Learner, path: str) -> str:
 
 
 def _fill(
-    lr: Learner, d: Path, save_model: Callable[[Path], None], optim: dict[str, Any], extra: dict[str, Any] | None
+    st: TrainState, d: Path, save_model: Callable[[Path], None], optim: dict[str, Any], extra: dict[str, Any] | None
 ) -> None:
     save_model(d)
-    save_tokenizer(lr, d)
+    save_tokenizer(st, d)
     buf = io.BytesIO()
-    torch.save({"optimizer": optim, "scheduler": lr.scheduler.state_dict()}, buf)
+    torch.save({"optimizer": optim, "scheduler": st.scheduler.state_dict()}, buf)
     (d / "optimizer.pt").write_bytes(buf.getvalue())
-    (d / "rayward_state.json").write_text(json.dumps({"global_step": lr.global_step, **(extra or {})}))
+    (d / STATE_FILE).write_text(json.dumps({"global_step": st.global_step, **(extra or {})}))
 
 
 def _atomic(final: Path, fill: Callable[[Path], None]) -> str:
@@ -133,21 +151,25 @@ def _atomic(final: Path, fill: Callable[[Path], None]) -> str:
     return str(final)
 
 
-def save_tokenizer(lr: Learner, directory: Path) -> None:
+def save_tokenizer(st: TrainState, directory: Path) -> None:
     """The policy's tokenizer next to the weights, so vLLM (`rayward eval --checkpoint`, serving) loads the
-    directory alone. Loaded once per learner."""
-    if getattr(lr, "_tokenizer", None) is None:
-        from transformers import AutoTokenizer
-
-        lr._tokenizer = AutoTokenizer.from_pretrained(lr.model_path, trust_remote_code=lr.trust_remote_code)
-    lr._tokenizer.save_pretrained(directory)
+    directory alone."""
+    _tokenizer(st.model_path, st.trust_remote_code).save_pretrained(directory)
 
 
-def _read(lr: Learner, p: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], Any, dict[str, Any]]:
+@functools.cache
+def _tokenizer(model_path: str, trust_remote_code: bool) -> Any:
+    """Loaded once per learner process."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+
+
+def _read(st: TrainState, p: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any], Any, dict[str, Any]]:
     """Rank 0's read of a checkpoint: (weights keyed as the model's state_dict, optimizer state keyed by
     parameter name, scheduler state, run state)."""
-    if lr.lora is not None:
-        keys = adapter_keys(lr.model)
+    if st.lora:
+        keys = adapter_keys(st.model)
         saved = load_adapter_file(p)
         if saved.keys() != keys.keys():
             raise ValueError(
@@ -163,29 +185,29 @@ def _read(lr: Learner, p: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
                 f"{p} holds no model.safetensors: it was written by a LoRA learner (model.lora), so it resumes one"
             )
         weights = load_file(str(p / "model.safetensors"))
-        for alias, source in lr.tied.items():  # the file holds a tied weight once
+        for alias, source in st.tied.items():  # the file holds a tied weight once
             weights.setdefault(alias, weights[source])
     opt = torch.load(p / "optimizer.pt", map_location="cpu", weights_only=False)
-    names = optimizer_param_names(lr)
+    names = optimizer_param_names(st)
     by_name = {
         "state": {names[i]: v for i, v in opt["optimizer"]["state"].items()},
         "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in opt["optimizer"]["param_groups"]],
     }
-    return weights, by_name, opt, json.loads((p / "rayward_state.json").read_text())
+    return weights, by_name, opt, json.loads((p / STATE_FILE).read_text())
 
 
-def load(lr: Learner, path: str) -> dict[str, Any]:
-    """Restore the policy (weights or adapter), optimizer, scheduler and global_step from `save`'s directory
-    (written by any number of ranks). Sharded: a collective; rank 0 reads, the others get broadcasts (a read
-    error on rank 0 is raised on every rank)."""
+def load(st: TrainState, path: str) -> dict[str, Any]:
+    """Restore the policy (weights or adapter), optimizer and scheduler in place from `save`'s directory (written by
+    any number of ranks); returns its run state (`global_step` and save's `extra`), for the learner to take its
+    global_step from. Sharded: a collective; rank 0 reads, the others get broadcasts (a read error on rank 0 is
+    raised on every rank)."""
     p = Path(path)
-    if not lr.sharded:
-        weights, _, opt, state = _read(lr, p)
-        result = lr.model.load_state_dict(weights, strict=False)
+    if not st.sharded:
+        weights, _, opt, state = _read(st, p)
+        result = st.model.load_state_dict(weights, strict=False)
         assert not result.unexpected_keys, result.unexpected_keys
-        lr.optimizer.load_state_dict(opt["optimizer"])
-        lr.scheduler.load_state_dict(opt["scheduler"])
-        lr.global_step = int(state["global_step"])
+        st.optimizer.load_state_dict(opt["optimizer"])
+        st.scheduler.load_state_dict(opt["scheduler"])
         return state
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import (
@@ -199,9 +221,9 @@ def load(lr: Learner, path: str) -> dict[str, Any]:
     # read error, scheduler state, run state, whether the optimizer state holds tensors, its param_groups:
     # broadcast as objects
     small: list[Any] = [None, None, None, False, None]
-    if lr.rank == 0:
+    if st.rank == 0:
         try:
-            weights, by_name, opt, state = _read(lr, p)
+            weights, by_name, opt, state = _read(st, p)
             has_tensors = any(torch.is_tensor(v) for s in by_name["state"].values() for v in s.values())
             small = [None, opt["scheduler"], state, has_tensors, by_name["param_groups"]]
         except Exception as err:  # noqa: BLE001 - re-raised on every rank below
@@ -211,13 +233,12 @@ def load(lr: Learner, path: str) -> dict[str, Any]:
     if error is not None:
         raise RuntimeError(f"loading checkpoint {p} failed on rank 0: {error}")
     # strict=False: a LoRA checkpoint holds the adapter only; the frozen base is the one loaded at start
-    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=lr.lora is None)
-    set_model_state_dict(lr.model, weights, options=opts)
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not st.lora)
+    set_model_state_dict(st.model, weights, options=opts)
     if has_tensors:
-        set_optimizer_state_dict(lr.model, lr.optimizer, by_name, options=opts)
+        set_optimizer_state_dict(st.model, st.optimizer, by_name, options=opts)
     else:  # plain SGD keeps no state; torch's loader then finds no device and refuses: the hyper-parameters only
-        for group, saved in zip(lr.optimizer.param_groups, groups, strict=True):
+        for group, saved in zip(st.optimizer.param_groups, groups, strict=True):
             group.update({k: v for k, v in saved.items() if k != "params"})
-    lr.scheduler.load_state_dict(scheduler)
-    lr.global_step = int(state["global_step"])
+    st.scheduler.load_state_dict(scheduler)
     return state

@@ -34,19 +34,6 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
     return out
 
 
-def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """state_dict without tied duplicates (e.g. lm_head tied to embed_tokens), as save_pretrained writes it."""
-    seen: set[int] = set()
-    out = {}
-    for name, t in model.state_dict().items():
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        out[name] = t.detach().contiguous()
-    return out
-
-
 def init_process_group(rank: int, world_size: int, init_method: str | None, kind: str) -> torch.device:
     """Join the learners' process group (once per process); returns this rank's device."""
     import torch.distributed as dist

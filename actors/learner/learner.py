@@ -1,8 +1,8 @@
 """Learner: the policy in torch, the GRPO update, and the weights the generators load after each step.
 
-A plain class (Ray wraps it in `actors.group`). The GRPO math is injected, not imported: the driver hands
-over `loss_fn` (rayward's `orchestrator.grpo.grpo_loss` with the run's options bound) and optionally
-`is_weights_fn` (`vllm_importance_weights`), so this file depends on torch and transformers, not on the driver.
+A plain class (Ray wraps it in `actors.group`), built from frozen specs (actors/learner/specs.py) that the driver
+builds once from the run config; the GRPO loss is this package's own (actors/learner/loss.py), configured by the
+spec's `LossConfig`, so this file depends on torch and transformers, never on the driver.
 
 One `train_step(batch)` consumes one generation batch: it is split into micro-batches of
 `micro_batch_size` completions with gradient accumulation, and trained on `num_iterations` times (one
@@ -12,12 +12,11 @@ as TRL buffers them.
 Several ranks (`strategy="fsdp"`, `world_size` > 1; one Ray actor each, or one process each in tests) form
 one torch.distributed process group (gloo on CPU, NCCL on CUDA) and shard the policy and the reference
 model with FSDP2 (`fully_shard` on every decoder layer and on the root). Data parallelism keeps the
-single-rank numbers: every rank receives the whole batch, draws the same shuffle and cuts the same
-micro-batches as one rank would, and takes a contiguous run of them (rank r: micro-batches
-[ga*r/W, ga*(r+1)/W)). Each micro-batch loss keeps the single-rank normalisers (grad_accum_steps = ga, the
-micro-batches of the WHOLE step; num_items_in_batch = the whole batch's loss tokens), and FSDP sums (does
-not average) the gradients over ranks, so the summed gradient is the single-rank one for every loss_type.
-A rank with fewer micro-batches runs zero-weight padding micro-batches: FSDP's all-gathers and
+single-rank numbers: every rank receives the whole batch and trains on its contiguous run of the single-rank
+micro-batches (actors/learner/micro_batches.py). Each micro-batch loss keeps the single-rank normalisers
+(grad_accum_steps = the micro-batches of the WHOLE step; num_items_in_batch = the whole batch's loss tokens), and
+FSDP sums (does not average) the gradients over ranks, so the summed gradient is the single-rank one for every
+loss_type. A rank with fewer micro-batches runs zero-weight padding slots: FSDP's all-gathers and
 reduce-scatters need every rank in every forward and backward. Metrics are gathered from all ranks, so
 every rank (rank 0 reports) returns the global ones.
 
@@ -45,12 +44,11 @@ from actors.cpus import describe, omp_waits, pick_cores
 from actors.learner import checkpoint
 from actors.learner.distributed import init_process_group, shard, tied_names
 from actors.learner.lora import apply_lora, merged_view
-from actors.types import TrainBatch, TrainerState
+from actors.learner.loss import LossInputs, grpo_loss, vllm_importance_weights
+from actors.learner.micro_batches import plan_micro_batches
+from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, ParallelSpec
+from actors.types import TrainBatch, TrainerState, TrainResult
 from actors.weights.sender import WeightSender, plain_view
-
-LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-STRATEGIES = ("single", "fsdp")
 
 
 def _lr_lambda(kind: str, warmup_steps: int, max_steps: int) -> Callable[[int], float]:
@@ -69,8 +67,8 @@ def _lr_lambda(kind: str, warmup_steps: int, max_steps: int) -> Callable[[int], 
 
 # CPU learners: one torch thread per this many parameters, up to the cores the learner may use. A thread's share of
 # a small model's matrices is too small to pay for the OpenMP barriers, which on a busy machine stall whenever one
-# thread is descheduled (tiny model, 2 threads: train step 2-7x slower than 1 thread under load); a 100M model
-# trains 1.7x faster on 2 threads than on 1 (3.3 vs 5.7 s per step here).
+# thread is descheduled, so a tiny model trains fastest on one thread; a model of a hundred million parameters and
+# more has enough work per thread to gain from every core.
 PARAMS_PER_THREAD = 20_000_000
 
 
@@ -109,121 +107,106 @@ def _eval(model: torch.nn.Module) -> Iterator[None]:
 class Learner:
     def __init__(
         self,
-        model: str,
+        spec: LearnerSpec,
         *,
-        loss_fn: LossFn,
-        is_weights_fn: LossFn | None = None,
-        temperature: float = 1.0,
-        dtype: str = "float32",
-        seed: int = 0,
-        learning_rate: float = 1e-6,
-        optim: str = "adamw_torch",
-        weight_decay: float = 0.0,
-        adam_betas: tuple[float, float] = (0.9, 0.999),
-        lr_scheduler_type: str = "constant",
-        warmup_steps: int = 0,
-        max_steps: int = 1,
-        max_grad_norm: float | None = 1.0,
-        micro_batch_size: int = 8,
-        num_iterations: int = 1,
-        beta: float = 0.0,
-        mask_truncated_completions: bool = False,
-        gradient_checkpointing: bool = True,
-        gradient_checkpointing_kwargs: dict[str, Any] | None = None,
-        lora: dict[str, Any] | None = None,
-        trust_remote_code: bool = False,
         reward_pool: Any = None,
         strategy: str = "single",
         rank: int = 0,
         world_size: int = 1,
         init_method: str | None = None,
-        device: str | None = None,
     ):
-        """strategy "single": one device, no process group. "fsdp": rank `rank` of `world_size` joins the
-        process group at `init_method` (tcp://host:port of rank 0; optional for world_size 1) and the
-        models are FSDP2-sharded. With dtype bfloat16/float16 FSDP keeps float32 master weights and
-        optimizer state and computes in `dtype` (MixedPrecisionPolicy, gradients reduced in float32).
-        device: "cpu" or "cuda"; default CUDA when there is one. A CPU learner computes on every core this process
-        may use (actors/cpus.py), one torch thread per PARAMS_PER_THREAD parameters at most.
-        gradient_checkpointing(_kwargs): TRL's names and meaning. lora: PEFT LoraConfig keyword arguments (r,
-        lora_alpha, lora_dropout, target_modules, bias, use_rslora), or None to train every weight."""
-        from transformers import AutoModelForCausalLM
-
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r} (have {STRATEGIES})")
-        if strategy == "single" and world_size != 1:
-            raise ValueError(f"strategy 'single' runs one rank, not world_size={world_size}")
-        self.sharded = strategy == "fsdp"
-        self.rank, self.world_size = rank, world_size
-        torch.manual_seed(seed)
-        random.seed(seed)
-        kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if kind == "cpu":
-            self.cores = pick_cores(None)
-        if self.sharded:
-            self.device = init_process_group(rank, world_size, init_method, kind)
-        else:
-            self.device = torch.device(kind)
-        torch_dtype = getattr(torch, dtype)
-        self.dtype = torch_dtype
-        load_dtype = torch.float32 if self.sharded else torch_dtype  # FSDP: fp32 masters, compute in dtype
-        load = dict(dtype=load_dtype, trust_remote_code=trust_remote_code)
-        if self.sharded:  # loaded on the CPU; fully_shard moves each rank's shard to its device
-            self.model = AutoModelForCausalLM.from_pretrained(model, **load)
-        else:
-            self.model = AutoModelForCausalLM.from_pretrained(model, **load).to(self.device)
-        self.tied = tied_names(self.model)  # HF names, taken before any wrapping or sharding
-        if self.device.type == "cpu":  # not Ray's OMP_NUM_THREADS=1 for a fractional num_cpus
-            torch.set_num_threads(threads_for(sum(p.numel() for p in self.model.parameters()), len(self.cores)))
-        self.model.train()
-        for m in self.model.modules():  # GRPO ratios assume the same function at sampling and training time
-            if isinstance(m, torch.nn.Dropout):
-                m.p = 0.0
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(self.model, gradient_checkpointing_kwargs)
-        self.lora = lora
-        if lora is not None:  # after the dropout reset: lora_dropout is the user's choice
-            self.model = apply_lora(self.model, lora)
-        if self.sharded:
-            shard(self.model, torch_dtype, self.device)
-        # beta = 0 loads no reference model (as TRL); with LoRA the reference is the policy with its adapters
-        # disabled (the base, as TRL); otherwise a frozen copy lives here, next to the policy.
-        self.ref_model = None
-        if beta != 0.0 and lora is None:
-            if self.sharded:
-                self.ref_model = AutoModelForCausalLM.from_pretrained(model, **load).eval()
-                self.ref_model.requires_grad_(False)
-                shard(self.ref_model, torch_dtype, self.device)
-            else:
-                self.ref_model = AutoModelForCausalLM.from_pretrained(model, **load).to(self.device).eval()
-                self.ref_model.requires_grad_(False)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if optim == "adamw_torch":
-            self.optimizer = torch.optim.AdamW(
-                params, lr=learning_rate, betas=adam_betas, weight_decay=weight_decay
-            )
-        elif optim == "sgd":
-            self.optimizer = torch.optim.SGD(params, lr=learning_rate, weight_decay=weight_decay)
-        else:
-            raise ValueError(f"unknown optim {optim!r}")
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _lr_lambda(lr_scheduler_type, warmup_steps, max_steps)
-        )
-        self.loss_fn, self.is_weights_fn = loss_fn, is_weights_fn
-        self.temperature, self.beta = temperature, beta
-        self.max_grad_norm = max_grad_norm
-        self.micro_batch_size, self.num_iterations = micro_batch_size, num_iterations
-        self.mask_truncated = mask_truncated_completions
+        """spec: what to train and how (the same on every rank). strategy, rank, world_size, init_method: this rank's
+        place (`ParallelSpec`; LearnerGroup passes them to each rank). reward_pool: a handle with `set_state`, to which
+        every new optimizer step goes (TrainerState), awaited so that the next batch is scored under it; rank 0's
+        alone, None elsewhere. A CPU learner computes on every core this process may use (actors/cpus.py), one torch
+        thread per PARAMS_PER_THREAD parameters at most."""
+        self.spec, self.loss_config = spec, spec.loss
+        self.parallel = ParallelSpec(strategy, rank, world_size, init_method)
+        self.rank, self.world_size, self.sharded = rank, world_size, self.parallel.sharded
+        torch.manual_seed(spec.seed)
+        random.seed(spec.seed)
+        self.device = self._init_device(spec.device)
+        self.dtype = getattr(torch, spec.model.dtype)
+        self.lora = spec.model.lora
+        self.model, self.tied = self._load_policy(spec.model)
+        self.ref_model = self._load_reference(spec.model)
+        self.optimizer, self.scheduler = self._make_optimizer(spec.optim)
         self.pad_id = self.model.config.pad_token_id or 0
         self.global_step = 0
-        self.model_path, self.trust_remote_code = model, trust_remote_code  # checkpoints copy its tokenizer
-        self._rng = random.Random(seed)
-        # Curriculum push: after every optimizer step the new step goes to the reward pool (an actor handle
-        # with set_state), which forwards it to every reward worker. Awaited, so the next batch is scored
-        # under it.
+        self._rng = random.Random(spec.seed)  # the micro-batch shuffle: the same draws on every rank
         self.reward_pool = reward_pool
-        view = merged_view(self.model, self.tied) if lora is not None else plain_view(self.model, self.tied)
-        self.weights = WeightSender(self.model, view=view, dtype=torch_dtype, rank=rank, device=self.device)
+        view = merged_view(self.model, self.tied) if self.lora is not None else plain_view(self.model, self.tied)
+        self.weights = WeightSender(self.model, view=view, dtype=self.dtype, rank=rank, device=self.device)
+
+    # --- construction, in the order __init__ calls them ------------------------------------------------
+
+    def _init_device(self, device: str | None) -> torch.device:
+        """This rank's device, after joining the ranks' process group (FSDP)."""
+        kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.cores = pick_cores(None) if kind == "cpu" else []
+        if self.sharded:
+            p = self.parallel
+            return init_process_group(p.rank, p.world_size, p.init_method, kind)
+        return torch.device(kind)
+
+    def _from_pretrained(self, spec: ModelSpec) -> torch.nn.Module:
+        """The model's weights on this rank's device; FSDP: float32 masters on the CPU (fully_shard moves each rank's
+        shard to its device, and computes in the spec's dtype)."""
+        from transformers import AutoModelForCausalLM
+
+        dtype = torch.float32 if self.sharded else self.dtype
+        model = AutoModelForCausalLM.from_pretrained(
+            spec.name_or_path, dtype=dtype, trust_remote_code=spec.trust_remote_code
+        )
+        return model if self.sharded else model.to(self.device)
+
+    def _load_policy(self, spec: ModelSpec) -> tuple[torch.nn.Module, dict[str, str]]:
+        """The policy ready to train, and its tied names. The order matters: tied names are HF names, taken before
+        any wrapping or sharding; dropout is turned off before LoRA adds its own (lora_dropout is the user's choice);
+        checkpointing is on before PEFT wraps the model (PEFT then makes the embeddings' output require grad, which
+        reentrant checkpointing needs when the base is frozen); sharding comes last."""
+        model = self._from_pretrained(spec)
+        tied = tied_names(model)
+        if self.device.type == "cpu":  # not Ray's OMP_NUM_THREADS=1 for a fractional num_cpus
+            torch.set_num_threads(threads_for(sum(p.numel() for p in model.parameters()), len(self.cores)))
+        model.train()
+        for m in model.modules():  # GRPO ratios assume the same function at sampling and training time
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.0
+        if spec.gradient_checkpointing:
+            enable_gradient_checkpointing(model, spec.gradient_checkpointing_kwargs)
+        if spec.lora is not None:
+            model = apply_lora(model, spec.lora)
+        if self.sharded:
+            shard(model, self.dtype, self.device)
+        return model, tied
+
+    def _load_reference(self, spec: ModelSpec) -> torch.nn.Module | None:
+        """The KL reference: a frozen copy of the initial policy next to it. None with beta = 0 (no KL term, as TRL)
+        and with LoRA (the reference is the policy with its adapters disabled, as TRL)."""
+        if self.loss_config.beta == 0.0 or spec.lora is not None:
+            return None
+        ref = self._from_pretrained(spec).eval()
+        ref.requires_grad_(False)
+        if self.sharded:
+            shard(ref, self.dtype, self.device)
+        return ref
+
+    def _make_optimizer(
+        self, spec: OptimSpec
+    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+        """The optimizer over the trainable parameters (LoRA: the adapters) and its learning-rate schedule."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if spec.optim == "adamw_torch":
+            optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+                params, lr=spec.learning_rate, betas=spec.adam_betas, weight_decay=spec.weight_decay
+            )
+        elif spec.optim == "sgd":
+            optimizer = torch.optim.SGD(params, lr=spec.learning_rate, weight_decay=spec.weight_decay)
+        else:
+            raise ValueError(f"unknown optim {spec.optim!r}")
+        schedule = _lr_lambda(spec.lr_scheduler_type, spec.warmup_steps, spec.max_steps)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
     def cpu_threads(self) -> str:
         """How this rank computes, for the start-up log."""
@@ -278,8 +261,8 @@ class Learner:
         # log-softmax (which autograd keeps) exists, the entropy's product computed in place.
         if logits.dtype != torch.float32:
             logits = logits.float()
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
+        if self.loss_config.temperature != 1.0:
+            logits = logits / self.loss_config.temperature
         logps_all = F.log_softmax(logits, dim=-1)  # [B, T, V]
         del logits
         logps = logps_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)  # [B, T]
@@ -298,69 +281,55 @@ class Learner:
 
     # --- the update -----------------------------------------------------------------------------------
 
-    def train_step(self, batch: TrainBatch, reward_state: TrainerState | None = None) -> dict[str, float]:
-        """Runs num_iterations optimizer steps on the batch; returns metrics averaged over micro-batches.
-        reward_state (max_steps, epoch) is pushed to the reward pool with each new global_step.
-        With several ranks every rank gets the whole batch and trains on its share of the micro-batches."""
+    def train_step(self, batch: TrainBatch, reward_state: TrainerState | None = None) -> TrainResult:
+        """Runs num_iterations optimizer steps on the batch; returns the new global_step and the step's metrics
+        averaged over micro-batches (global over ranks). reward_state (max_steps, epoch) is pushed to the reward pool
+        with each new global_step. With several ranks every rank gets the whole batch and trains on its slots."""
         t0 = time.perf_counter()
-        n = len(batch.completion_ids)
-        order = list(range(n))
-        self._rng.shuffle(order)  # TRL shuffles rows across groups before splitting into micro-batches
-        micro = [order[i : i + self.micro_batch_size] for i in range(0, n, self.micro_batch_size)]
-        ga = len(micro)
-        masks = []
-        for idx in micro:
-            lens = [len(batch.completion_ids[i]) for i in idx]
-            m = torch.zeros(len(idx), max(max(lens), 1))
-            for r, (i, ln) in enumerate(zip(idx, lens, strict=True)):
-                if not (self.mask_truncated and batch.truncated[i]):
-                    m[r, :ln] = 1.0
-            masks.append(m.to(self.device))
+        step = self.spec.step
+        plan = plan_micro_batches(len(batch), step.micro_batch_size, self.rank, self.world_size, self._rng)
+        masks = [self._loss_mask(batch, idx) for idx in plan.micro_batches]
         num_items = sum(m.sum() for m in masks)  # dapo normaliser: loss tokens in the whole generation batch
-        # This rank's micro-batches (all of them on one rank); None = a zero-weight padding slot, so that
-        # every rank runs ceil(ga / world_size) forwards and backwards (FSDP's collectives run in lockstep).
-        lo, hi = ga * self.rank // self.world_size, ga * (self.rank + 1) // self.world_size
-        slots: list[int | None] = list(range(lo, hi)) + [None] * (-(-ga // self.world_size) - (hi - lo))
-        frozen: list[dict[str, torch.Tensor | None]] = [{} for _ in slots]
+        frozen: list[LossInputs | None] = [None] * len(plan.slots)  # each real slot's inputs bar the live logp
         sums: dict[str, list[float]] = defaultdict(list)
         losses, norms = [], []
-        for it in range(self.num_iterations):
+        for it in range(step.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
-            for s, j in enumerate(slots):
-                pad = j is None
-                idx = micro[lo if pad else j]  # lo < ga always: a padding slot reruns a real micro-batch
+            for s, slot in enumerate(plan.slots):
+                idx = plan.micro_batches[slot.micro_batch]
                 prompts = [batch.prompt_ids[i] for i in idx]
                 comps = [batch.completion_ids[i] for i in idx]
-                logp, entropy = self._forward_logps(self.model, prompts, comps, with_entropy=it == 0 and not pad)
-                if pad:  # zero gradient through every sharded unit; the ref forward keeps the lockstep too
-                    if it == 0:
+                first = it == 0
+                with_entropy = first and not slot.padding
+                logp, entropy = self._forward_logps(self.model, prompts, comps, with_entropy=with_entropy)
+                if slot.padding:  # zero gradient through every sharded unit; the ref forward keeps the lockstep too
+                    if first:
                         self._ref_logps(prompts, comps)
                     (logp * 0.0).sum().backward()
                     continue
-                mask = masks[j]
-                adv = torch.tensor(
-                    [batch.advantages[i] for i in idx], dtype=torch.float32, device=self.device
-                )
-                # Freeze old / ref / IS terms at the first pass (no optimizer step has happened yet).
-                if it == 0:
-                    frozen[s]["old"] = logp.detach() if self.num_iterations > 1 else None
-                    frozen[s]["ref"] = self._ref_logps(prompts, comps)
-                    frozen[s]["is"] = self._is_weights(logp.detach(), idx, batch, mask, sums)
+                mask = masks[slot.micro_batch]
+                if first:  # old / ref / IS terms frozen at the first pass (no optimizer step has happened yet)
+                    sampling = [batch.sampling_logprobs[i] for i in idx]
+                    is_weights, is_metrics = self._is_weights(logp.detach(), sampling, mask)
+                    for k, v in is_metrics.items():
+                        sums[k].append(v)
                     sums["entropy"].append(((entropy * mask).sum() / mask.sum().clamp(min=1)).item())
-                loss, metrics = self.loss_fn(
-                    logp,
-                    frozen[s]["old"],
-                    adv,
-                    mask,
-                    ref_logp=frozen[s]["ref"],
-                    is_weights=frozen[s]["is"],
-                    num_items_in_batch=num_items,
-                    grad_accum_steps=ga,
-                )
-                loss.backward()
-                total_loss += loss.item()
-                for k, v in metrics.items():
+                    frozen[s] = LossInputs(
+                        logp.detach(),  # replaced by the live logp on every pass
+                        old_logp=logp.detach() if step.num_iterations > 1 else None,
+                        advantages=torch.tensor([batch.advantages[i] for i in idx], dtype=torch.float32,
+                                                device=self.device),
+                        mask=mask,
+                        ref_logp=self._ref_logps(prompts, comps),
+                        is_weights=is_weights,
+                        num_items_in_batch=num_items,
+                        grad_accum_steps=plan.grad_accum_steps,
+                    )
+                result = grpo_loss(dataclasses.replace(frozen[s], logp=logp), self.loss_config)
+                result.loss.backward()
+                total_loss += result.loss.item()
+                for k, v in result.metrics.items():
                     if not torch.isnan(v):
                         sums[k].append(v.item())
             grad_norm = self._clip()
@@ -371,9 +340,30 @@ class Learner:
             self._push_state(reward_state)
             losses.append(total_loss)
             norms.append(grad_norm)
+        out = self._step_metrics(sums, losses, norms)
+        out["learning_rate"] = self.scheduler.get_last_lr()[0]
+        return TrainResult(global_step=self.global_step, metrics=out, num_tokens=float(num_items),
+                           compute_s=time.perf_counter() - t0)
+
+    def _loss_mask(self, batch: TrainBatch, idx: list[int]) -> torch.Tensor:
+        """[B, T] for the rows `idx` (T = their longest completion): 1 on each completion's tokens; all 0 for a
+        truncated completion with mask_truncated_completions."""
+        lens = [len(batch.completion_ids[i]) for i in idx]
+        m = torch.zeros(len(idx), max(max(lens), 1))
+        for r, (i, ln) in enumerate(zip(idx, lens, strict=True)):
+            if not (self.spec.step.mask_truncated_completions and batch.truncated[i]):
+                m[r, :ln] = 1.0
+        return m.to(self.device)
+
+    def _step_metrics(
+        self, sums: dict[str, list[float]], losses: list[float], norms: list[float]
+    ) -> dict[str, float]:
+        """The step's metrics from every rank's per-micro-batch values: means, and the extremes of `_max` / `_min`
+        names. loss: per optimizer step, the sum of its micro-batch losses (over ranks); grad_norm: already global
+        (the norm of the full gradient)."""
         sums = self._gather_metrics(sums)
-        sums["loss"] = self._sum_over_ranks(losses)  # per optimizer step: the sum of its micro-batch losses
-        sums["grad_norm"] = norms  # already global (the norm of the full gradient)
+        sums["loss"] = self._sum_over_ranks(losses)
+        sums["grad_norm"] = norms
         out = {k: sum(v) / len(v) for k, v in sums.items() if v and not k.endswith(("_max", "_min"))}
         out.update(
             {
@@ -382,10 +372,6 @@ class Learner:
                 if v and k.endswith(("_max", "_min"))
             }
         )
-        out["learning_rate"] = self.scheduler.get_last_lr()[0]
-        out["global_step"] = self.global_step
-        out["num_tokens"] = float(num_items)
-        out["time/train_compute"] = time.perf_counter() - t0
         return out
 
     def _gather_metrics(self, sums: dict[str, list[float]]) -> dict[str, list[float]]:
@@ -420,7 +406,7 @@ class Learner:
         ray.get(self.reward_pool.set_state.remote(state))
 
     def _ref_logps(self, prompts: list[list[int]], comps: list[list[int]]) -> torch.Tensor | None:
-        if self.beta == 0.0:
+        if self.loss_config.beta == 0.0:
             return None
         with torch.no_grad():
             if self.ref_model is not None:
@@ -428,36 +414,42 @@ class Learner:
             with self.model.disable_adapter(), _eval(self.model):  # LoRA: the base model, as TRL's reference
                 return self._forward_logps(self.model, prompts, comps, with_entropy=False)[0]
 
-    def _is_weights(self, old, idx, batch, mask, sums) -> torch.Tensor | None:
-        """Importance weights for the sampler-learner mismatch, and the logprob-gap metric (the alarm for
-        stale or garbage weights after a sync)."""
+    def _is_weights(
+        self, old: torch.Tensor, sampling: list[list[float]], mask: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """Importance weights for the sampler-learner mismatch ([B, T] or [B, 1]; None without the correction), and
+        their metrics with the logprob gap (the alarm for stale or garbage weights after a sync). old: [B, T] the
+        learner's log-probs at the first pass; sampling: each row's vLLM log-probs; mask: [B, T] loss tokens."""
         samp = torch.full_like(old, float("nan"))
-        for r, i in enumerate(idx):
-            lp = batch.sampling_logprobs[i]
+        for r, lp in enumerate(sampling):
             samp[r, : len(lp)] = torch.tensor(lp, dtype=samp.dtype)
+        metrics: dict[str, float] = {}
         valid = (mask > 0) & ~torch.isnan(samp)
         if valid.any():
             gap = (old - samp).abs()[valid]
-            sums["sampling/sampling_logp_difference/mean"].append(gap.mean().item())
-            sums["sampling/sampling_logp_difference/max"].append(gap.max().item())
-        if self.is_weights_fn is None:
-            return None
-        w = self.is_weights_fn(old, samp, mask)
+            metrics["sampling/sampling_logp_difference/mean"] = gap.mean().item()
+            metrics["sampling/sampling_logp_difference/max"] = gap.max().item()
+        correction = self.loss_config.vllm_importance_sampling
+        if correction is None:
+            return None, metrics
+        w = vllm_importance_weights(old, samp, mask, correction)
         wv = w[mask > 0] if w.shape == mask.shape else w.flatten()
         if wv.numel():
-            sums["sampling/importance_sampling_ratio/min"].append(wv.min().item())
-            sums["sampling/importance_sampling_ratio/mean"].append(wv.mean().item())
-            sums["sampling/importance_sampling_ratio/max"].append(wv.max().item())
-        return w
+            metrics["sampling/importance_sampling_ratio/min"] = wv.min().item()
+            metrics["sampling/importance_sampling_ratio/mean"] = wv.mean().item()
+            metrics["sampling/importance_sampling_ratio/max"] = wv.max().item()
+        return w, metrics
 
     def _clip(self) -> float:
+        """Clip the gradient to max_grad_norm (None: no clipping); returns its norm before clipping."""
+        max_norm = self.spec.optim.max_grad_norm
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.sharded:  # DTensor shards: clip_grad_norm_ reduces the norm over ranks (max_norm inf: no clip)
-            norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm or math.inf)
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm or math.inf)
             return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if self.max_grad_norm is None:
+        if max_norm is None:
             return float(torch.norm(torch.stack([p.grad.norm() for p in params])).item()) if params else 0.0
-        return float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm).item())
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm).item())
 
     # --- weights and checkpoints ----------------------------------------------------------------------
 
@@ -491,16 +483,28 @@ class Learner:
         step runs."""
         return self.weights.result(seq, timeout_s)
 
+    def train_state(self) -> checkpoint.TrainState:
+        """What a checkpoint saves and restores."""
+        m = self.spec.model
+        return checkpoint.TrainState(
+            model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, global_step=self.global_step,
+            rank=self.rank, sharded=self.sharded, tied=self.tied, lora=self.lora is not None,
+            model_path=m.name_or_path, trust_remote_code=m.trust_remote_code,
+        )
+
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> str:
-        return checkpoint.save(self, path, extra)
+        return checkpoint.save(self.train_state(), path, extra)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Restores the policy, optimizer, scheduler and global_step; returns the checkpoint's run state."""
         self.weights.settle()
-        return checkpoint.load(self, path)
+        state = checkpoint.load(self.train_state(), path)
+        self.global_step = int(state["global_step"])
+        return state
 
     def save_merged(self, path: str) -> str:
         """LoRA: the base with the adapter merged in (the generators' weights) and the tokenizer, as a plain HF model
         directory, written atomically by rank 0 (a collective under FSDP)."""
         if self.lora is None:
             raise ValueError("save_merged needs a LoRA learner: a full fine-tune's checkpoints are whole models already")
-        return checkpoint.save_merged(self, path)
+        return checkpoint.save_merged(self.train_state(), path, self.weights.full_state())

@@ -1,10 +1,17 @@
 """The dependency rules of the tree: no import circle among rayward's modules, and `actors/` (the stages) never
-imports `orchestrator/` (the driver). Every import counts: module level and inside functions."""
+imports `orchestrator/` (the driver). Every import counts: module level and inside functions, and at run time what
+the driver pickles to an actor (an object pickled by reference imports its module where it is unpickled)."""
 
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -93,6 +100,32 @@ def test_no_import_cycle():
 def test_actors_never_import_the_driver():
     bad = {(m, d) for m, deps in graph().items() if m.startswith("actors") for d in deps if d.startswith("orchestrator")}
     assert not bad, f"actors/ imports orchestrator/: {sorted(bad)}"
+
+
+# Run in a fresh interpreter: unpickle stdin, report what it is and which driver modules that imported.
+UNPICKLE = (
+    "import json, pickle, sys; obj = pickle.loads(sys.stdin.buffer.read()); "
+    "print(json.dumps([type(obj).__qualname__, sorted(m for m in sys.modules if m.startswith('orchestrator'))]))"
+)
+
+
+@pytest.mark.slow  # a second interpreter that imports torch
+def test_what_the_driver_sends_the_learner_unpickles_without_the_driver():
+    """build_run hands every learner rank `learner_spec(cfg, model_path)` (rank 0 also the reward pool's handle). Ray
+    pickles it with references to the classes and functions inside, and a learner process that unpickles it
+    imports their modules: none may be the driver's (a functools.partial of an orchestrator function would be)."""
+    from ray import cloudpickle
+
+    from orchestrator.build import learner_spec
+    from orchestrator.config import load_config
+
+    blob = cloudpickle.dumps(learner_spec(load_config(ROOT / "configs" / "demo.yaml"), "/models/policy"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", UNPICKLE], input=blob, capture_output=True, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr.decode()[-2000:]
+    kind, driver_modules = json.loads(out.stdout)
+    assert kind == "LearnerSpec"
+    assert driver_modules == [], f"unpickling the learner's spec imported the driver: {driver_modules}"
 
 
 def test_readme_layout_table_names_every_module():

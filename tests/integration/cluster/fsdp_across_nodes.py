@@ -2,7 +2,7 @@
 
     python -m tests.integration.cluster.fsdp_across_nodes HOST:PORT OUT_DIR
 
-Builds the learner exactly as `rayward run` does (`orchestrator.build.learner_kwargs` of a config with
+Builds the learner exactly as `rayward run` does (`orchestrator.build.learner_spec` of a config with
 `cluster.learner_placement: spread`, `actors.group.LearnerGroup`), 2 FSDP ranks and, beside them, 1 single learner,
 and feeds both the same batches: step 1, a checkpoint of the 2 ranks, a fresh pair of spread ranks resuming from it,
 step 2 on both sides, and a single learner resuming from the 2-rank checkpoint. Writes OUT_DIR/result.json: the nodes
@@ -59,7 +59,7 @@ def main(address: str, out: Path) -> None:
 
     from actors.group import LearnerGroup
     from actors.learner.learner import Learner
-    from orchestrator.build import learner_kwargs
+    from orchestrator.build import learner_spec
     from orchestrator.cluster import check_learner_placement
     from orchestrator.config import load_config
     from orchestrator.tiny import ensure_tiny_model
@@ -67,7 +67,7 @@ def main(address: str, out: Path) -> None:
     cfg = load_config(ROOT / "configs" / "demo.yaml", OVERRIDES)
     ray.init(address=address, namespace="rayward-mn-fsdp", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     check_learner_placement(cfg.cluster, ray.nodes())  # what train() checks at Ray start: it passes here
-    kw = learner_kwargs(cfg, str(ensure_tiny_model()))
+    kw = {"spec": learner_spec(cfg, str(ensure_tiny_model()))}
     opts = {"num_cpus": cfg.cluster.learner.num_cpus}
 
     def spread(name: str) -> LearnerGroup:
@@ -78,7 +78,7 @@ def main(address: str, out: Path) -> None:
     res: dict = {"nodes": placement_group_table(two.placement_group)["bundles_to_node_id"],
                  "initial_diff": max_diff(weights(two), weights(one))}
     initial = weights(one)
-    (m2,), (m1,) = two.call("train_step", batch(1)), one.call("train_step", batch(1))
+    m2, m1 = (g.call("train_step", batch(1))[0].metrics for g in (two, one))
     w2, w1 = weights(two), weights(one)
     res |= {"loss_2": m2["loss"], "loss_1": m1["loss"], "kl_2": m2["kl"], "kl_1": m1["kl"],
             "step1_diff": max_diff(w2, w1), "moved": max_diff(w1, initial)}
@@ -91,8 +91,8 @@ def main(address: str, out: Path) -> None:
     (state,) = resumed.call("load_checkpoint", ckpt)
     res["resumed_state"] = state
     res["resumed_diff"] = max_diff(weights(resumed), w2)
-    (r2,), (r1,) = resumed.call("train_step", batch(2)), one.call("train_step", batch(2))
-    res |= {"loss2_2": r2["loss"], "loss2_1": r1["loss"], "step2_global": r2["global_step"],
+    (t2,), (t1,) = resumed.call("train_step", batch(2)), one.call("train_step", batch(2))
+    res |= {"loss2_2": t2.metrics["loss"], "loss2_1": t1.metrics["loss"], "step2_global": t2.global_step,
             "step2_diff": max_diff(weights(resumed), weights(one))}
     single = LearnerGroup(Learner, 1, run_name="single-from-2", strategy="single", options=opts, kwargs=kw)
     single.call("load_checkpoint", ckpt)

@@ -30,3 +30,49 @@ def test_pipelined_gpu_actors_keep_rays_defaults():
     c = cfg("pipelined", learner={"num_gpus": 1}, generator={"num_gpus": 1})
     assert generator_cpu_share(c) is None
     assert shared_cores_env(c.cluster.learner) == {} and shared_cores_env(c.cluster.generator) == {}
+
+
+# --------------------------------------------------------------------------------------------- the learner's spec
+def test_learner_spec_carries_the_run_config():
+    from actors.learner.loss import ImportanceSampling
+    from orchestrator.build import learner_spec
+
+    c = parse_config({
+        **MINIMAL, "seed": 7, "model": {"dtype": "bfloat16"},
+        "generation": {"temperature": 0.7, "max_completion_length": 33},
+        "grpo": {"learning_rate": 3e-5, "optim": "sgd", "weight_decay": 0.1, "adam_beta1": 0.8, "adam_beta2": 0.95,
+                 "lr_scheduler_type": "cosine", "warmup_steps": 2, "max_steps": 10, "max_grad_norm": None,
+                 "per_device_train_batch_size": 4, "num_iterations": 2, "mask_truncated_completions": True,
+                 "loss_type": "cispo", "epsilon": 0.3, "epsilon_high": 4.0, "delta": 1.5,
+                 "importance_sampling_level": "sequence", "beta": 0.04, "use_bias_correction_kl": False,
+                 "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": 2.0,
+                 "vllm_importance_sampling_clip_min": 0.5},
+    })
+    s = learner_spec(c, "/models/m")
+    assert (s.model.name_or_path, s.model.dtype, s.seed, s.device) == ("/models/m", "bfloat16", 7, None)
+    o = s.optim
+    assert (o.optim, o.learning_rate, o.weight_decay, o.adam_betas) == ("sgd", 3e-5, 0.1, (0.8, 0.95))
+    assert (o.lr_scheduler_type, o.warmup_steps, o.max_steps, o.max_grad_norm) == ("cosine", 2, 10, None)
+    assert (s.step.micro_batch_size, s.step.num_iterations, s.step.mask_truncated_completions) == (4, 2, True)
+    e = s.loss
+    assert (e.loss_type, e.epsilon, e.epsilon_high, e.delta) == ("cispo", 0.3, 4.0, 1.5)
+    assert (e.importance_sampling_level, e.beta, e.use_bias_correction_kl) == ("sequence", 0.04, False)
+    assert (e.max_completion_length, e.temperature, e.steps_per_generation) == (33, 0.7, None)
+    assert e.vllm_importance_sampling == ImportanceSampling("token_truncate", clip_max=2.0, clip_min=0.5)
+    off = parse_config({**MINIMAL, "grpo": {"vllm_importance_sampling_correction": False}})
+    assert learner_spec(off, "m").loss.vllm_importance_sampling is None
+    assert learner_spec(parse_config(MINIMAL), "m") == learner_spec(parse_config(MINIMAL), "m")  # pure
+
+
+def test_lora_and_gradient_checkpointing_reach_the_learner_as_peft_and_trl_take_them():
+    from orchestrator.build import learner_spec, lora_kwargs
+    from orchestrator.config import load_config
+    from tests.conftest import ROOT
+
+    cfg = load_config(ROOT / "configs" / "demo.yaml", ['model.lora={"r": 8, "alpha": 16}', "model.lora.target_modules=all-linear"])
+    assert lora_kwargs(cfg) == {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear",
+                                "bias": "none", "use_rslora": False}  # PEFT LoraConfig arguments
+    assert learner_spec(cfg, "m").model.lora == lora_kwargs(cfg) and learner_spec(parse_config(MINIMAL), "m").model.lora is None
+    cfg = parse_config({**MINIMAL, "grpo": {"gradient_checkpointing_kwargs": {"use_reentrant": True}}})
+    m = learner_spec(cfg, "m").model
+    assert m.gradient_checkpointing is True and m.gradient_checkpointing_kwargs == {"use_reentrant": True}

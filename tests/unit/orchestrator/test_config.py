@@ -157,11 +157,6 @@ def test_lora_section_takes_peft_names_and_the_short_aliases():
     assert short.target_modules == "all-linear"  # rayward's default, not PEFT's q/v (config docstring)
     cfg = load_config(ROOT / "configs" / "demo.yaml", ['model.lora={"r": 8, "alpha": 16}', "model.lora.target_modules=all-linear"])
     assert cfg.model.lora.target_modules == "all-linear" and cfg.model.lora.lora_alpha == 16
-    from orchestrator.build import learner_kwargs, lora_kwargs
-
-    assert lora_kwargs(cfg) == {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear",
-                                "bias": "none", "use_rslora": False}  # PEFT LoraConfig arguments
-    assert learner_kwargs(cfg, "m")["lora"] == lora_kwargs(cfg) and learner_kwargs(parse_config(MINIMAL), "m")["lora"] is None
     with pytest.raises(ConfigError, match=r"model\.lora: give `lora_alpha` or its alias `alpha`, not both"):
         parse_config({**MINIMAL, "model": {"lora": {"alpha": 16, "lora_alpha": 8}}})
     with pytest.raises(ConfigError, match=r"model\.lora\.rank: Extra inputs"):
@@ -176,10 +171,7 @@ def test_gradient_checkpointing_defaults_to_trls():
     g = parse_config(MINIMAL).grpo
     assert g.gradient_checkpointing is True and g.gradient_checkpointing_kwargs is None
     cfg = parse_config({**MINIMAL, "grpo": {"gradient_checkpointing_kwargs": {"use_reentrant": True}}})
-    from orchestrator.build import learner_kwargs
-
-    kw = learner_kwargs(cfg, "m")
-    assert kw["gradient_checkpointing"] is True and kw["gradient_checkpointing_kwargs"] == {"use_reentrant": True}
+    assert cfg.grpo.gradient_checkpointing_kwargs == {"use_reentrant": True}
 
 
 def test_learner_placement():

@@ -9,14 +9,13 @@ from safetensors.torch import load as safetensors_load
 from actors.learner.checkpoint import full_state_dict
 from actors.learner.learner import Learner
 from actors.net import free_port
-from tests.gpu.actors.learner.test_learner_cuda import assert_step_follows_advantages
-from tests.unit.actors.learner.test_learner_fsdp import SCENARIOS, learner_kwargs, make_batch
+from tests.fixtures.learner import SCENARIOS, assert_step_follows_advantages, make_batch, scenario_spec
 
 ATOL = 1e-5  # fp32 on one GPU: the same kernels; FSDP adds only the (exact) all-gather and reduce
 
 
-def _cuda_kwargs(name: str) -> dict:
-    return {**learner_kwargs(**SCENARIOS[name][1]), "device": "cuda"}
+def _cuda_spec(path: str, name: str):
+    return scenario_spec(path, **SCENARIOS[name][1], device="cuda")
 
 
 def _assert_same_weights(got: dict, single: Learner) -> None:
@@ -29,12 +28,12 @@ def _assert_same_weights(got: dict, single: Learner) -> None:
 @pytest.mark.parametrize("name", ["grpo", "dapo"])  # grpo: with a sharded reference model (beta 0.1)
 def test_one_fsdp_rank_on_cuda_matches_the_single_device_learner(tiny_model_path, name):
     n = SCENARIOS[name][0]
-    single = Learner(tiny_model_path, **_cuda_kwargs(name))
-    m1 = single.train_step(make_batch(n))
-    fsdp = Learner(tiny_model_path, **_cuda_kwargs(name), strategy="fsdp")  # world 1: its own process group
+    single = Learner(_cuda_spec(tiny_model_path, name))
+    m1 = single.train_step(make_batch(n)).metrics
+    fsdp = Learner(_cuda_spec(tiny_model_path, name), strategy="fsdp")  # world 1: its own process group
     assert fsdp.device.type == "cuda"
-    m2 = fsdp.train_step(make_batch(n))
-    _assert_same_weights(fsdp._full_state_dict(), single)
+    m2 = fsdp.train_step(make_batch(n)).metrics
+    _assert_same_weights(full_state_dict(fsdp.train_state()), single)
     for k in ("loss", "grad_norm", "entropy"):
         assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
     got, want = safetensors_load(fsdp.export_weights()), safetensors_load(single.export_weights())
@@ -42,24 +41,24 @@ def test_one_fsdp_rank_on_cuda_matches_the_single_device_learner(tiny_model_path
 
 
 def test_bf16_fsdp_keeps_fp32_masters_and_learns(tiny_model_path):
-    kw = {**learner_kwargs("dapo", micro_batch_size=4, optim="adamw_torch", learning_rate=1e-2),
-          "device": "cuda", "dtype": "bfloat16"}
-    lr = Learner(tiny_model_path, **kw, strategy="fsdp")
+    spec = scenario_spec(tiny_model_path, loss_type="dapo", micro_batch_size=4, optim="adamw_torch",
+                         learning_rate=1e-2, device="cuda", dtype="bfloat16")
+    lr = Learner(spec, strategy="fsdp")
     assert all(p.dtype == torch.float32 for p in lr.model.parameters())  # masters; compute in bf16
     b = make_batch(8)
     b.advantages = [1.0, -1.0] * 4
     stats = assert_step_follows_advantages(lr, b)
     exported = safetensors_load(lr.export_weights())
     assert {t.dtype for t in exported.values()} == {torch.bfloat16}  # the generators' dtype, half the bytes
-    single = Learner(tiny_model_path, **kw)  # the single-device bf16 learner: bf16 weights, same first loss
-    assert single.train_step(b)["loss"] == pytest.approx(stats["loss"], rel=2e-2, abs=1e-4)
+    single = Learner(spec)  # the single-device bf16 learner: bf16 weights, same first loss
+    assert single.train_step(b).metrics["loss"] == pytest.approx(stats["loss"], rel=2e-2, abs=1e-4)
 
 
 def _nccl_rank(rank: int, port: int, path: str, out: str) -> None:
-    kw = _cuda_kwargs("grpo")
-    lr = Learner(path, **kw, strategy="fsdp", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
-    metrics = lr.train_step(make_batch(SCENARIOS["grpo"][0]))
-    weights = full_state_dict(lr)
+    lr = Learner(_cuda_spec(path, "grpo"), strategy="fsdp", rank=rank, world_size=2,
+                 init_method=f"tcp://127.0.0.1:{port}")
+    metrics = lr.train_step(make_batch(SCENARIOS["grpo"][0])).metrics
+    weights = full_state_dict(lr.train_state())
     if rank == 0:
         torch.save({"metrics": metrics, "weights": weights}, out)
 
@@ -69,7 +68,7 @@ def test_two_nccl_ranks_match_the_single_device_learner(tiny_model_path, tmp_pat
     out = str(tmp_path / "rank0.pt")
     mp.spawn(_nccl_rank, args=(free_port(), tiny_model_path, out), nprocs=2, join=True)
     seen = torch.load(out, weights_only=False)
-    single = Learner(tiny_model_path, **_cuda_kwargs("grpo"))
-    m1 = single.train_step(make_batch(SCENARIOS["grpo"][0]))
+    single = Learner(_cuda_spec(tiny_model_path, "grpo"))
+    m1 = single.train_step(make_batch(SCENARIOS["grpo"][0])).metrics
     _assert_same_weights(seen["weights"], single)
     assert seen["metrics"]["loss"] == pytest.approx(m1["loss"], rel=1e-4, abs=1e-6)

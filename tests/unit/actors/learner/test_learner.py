@@ -1,6 +1,5 @@
 """The Learner as a plain class on the tiny model: logprobs, the update, num_iterations, weights, checkpoints."""
 
-import functools
 import math
 
 import pytest
@@ -8,27 +7,12 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from actors.learner.learner import Learner
-from actors.types import TrainBatch
-from orchestrator.grpo import grpo_loss, vllm_importance_weights
+from actors.types import TrainResult
+from tests.fixtures.learner import batch, spec
 
 
 def make(path, **kw):
-    args = dict(loss_fn=functools.partial(grpo_loss, loss_type="dapo"), learning_rate=1e-2, micro_batch_size=4)
-    args.update(kw)
-    return Learner(path, **args)
-
-
-def batch(adv, n_tokens=6, seed=0):
-    """A TrainBatch of random completions with the given advantages (no sampling logprobs)."""
-    g = torch.Generator().manual_seed(seed)
-    comps = [torch.randint(3, 500, (n_tokens,), generator=g).tolist() for _ in adv]
-    return TrainBatch(
-        prompt_ids=[[10, 11, 12]] * len(adv),
-        completion_ids=comps,
-        sampling_logprobs=[[float("nan")] * n_tokens for _ in adv],
-        advantages=list(adv),
-        truncated=[False] * len(adv),
-    )
+    return Learner(spec(path, **{"loss_type": "dapo", "learning_rate": 1e-2, "micro_batch_size": 4, **kw}))
 
 
 def test_logprobs_match_trl_conventions(tiny_model_path):
@@ -48,30 +32,33 @@ def test_update_moves_logprobs_along_advantages(tiny_model_path):
     b = batch([1.0, 1.0, -1.0, -1.0])
     with torch.no_grad():
         before, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
-    stats = lr.train_step(b)
+    result = lr.train_step(b)
     with torch.no_grad():
         after, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
     delta = (after - before).sum(-1)
     assert delta[:2].min() > 0 and delta[2:].max() < 0, delta
-    assert stats["global_step"] == 1 and stats["grad_norm"] > 0 and "clip_ratio/region_mean" in stats
+    assert isinstance(result, TrainResult) and result.global_step == 1
+    stats = result.metrics
+    assert stats["grad_norm"] > 0 and "clip_ratio/region_mean" in stats
+    assert not {"global_step", "num_tokens", "time/train_compute"} & stats.keys()  # TrainResult's own fields
+    assert result.num_tokens == 4 * 6 and result.compute_s > 0  # every token of the 4 completions counts
 
 
 def test_num_iterations_runs_one_optimizer_step_each_with_frozen_old_logps(tiny_model_path):
     lr = make(tiny_model_path, num_iterations=3, learning_rate=5e-2)
-    stats = lr.train_step(batch([1.0, -1.0, 1.0, -1.0, 0.5, -0.5, 1.0, -1.0]))
-    assert lr.global_step == 3 and stats["global_step"] == 3
+    result = lr.train_step(batch([1.0, -1.0, 1.0, -1.0, 0.5, -0.5, 1.0, -1.0]))
+    assert lr.global_step == 3 and result.global_step == 3
     # later iterations are off-policy against the frozen old logps, so the ratio leaves [1-eps, 1+eps]
-    assert stats["clip_ratio/region_mean"] > 0
+    assert result.metrics["clip_ratio/region_mean"] > 0
 
 
 def test_importance_weights_and_logp_gap_are_reported(tiny_model_path):
-    is_fn = functools.partial(vllm_importance_weights, mode="token_truncate", clip_max=3.0)
-    lr = make(tiny_model_path, is_weights_fn=is_fn)
+    lr = make(tiny_model_path, is_mode="token_truncate")
     b = batch([1.0, -1.0, 1.0, -1.0])
     with torch.no_grad():
         logp, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
     b.sampling_logprobs = (logp - 0.25).tolist()  # the sampler was 0.25 nats less confident on every token
-    stats = lr.train_step(b)
+    stats = lr.train_step(b).metrics
     assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx(0.25, abs=1e-4)
     assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(torch.exp(torch.tensor(0.25)).item(), rel=1e-4)
 
@@ -95,10 +82,17 @@ def test_export_weights_and_checkpoint_roundtrip(tiny_model_path, tmp_path):
 
 
 def test_beta_loads_a_frozen_reference_and_reports_kl(tiny_model_path):
-    lr = make(tiny_model_path, beta=0.1, loss_fn=functools.partial(grpo_loss, loss_type="grpo", beta=0.1), num_iterations=2)
-    stats = lr.train_step(batch([1.0, -1.0, 1.0, -1.0]))
-    assert lr.ref_model is not None and stats["kl"] >= 0
+    """The reference stays the initial policy while the policy moves: the first iteration's KL is exactly 0 (policy
+    == reference), the second's is positive, so the step's mean KL is positive; with the policy as its own
+    reference (or beta ignored) it would be 0 (or absent)."""
+    lr = make(tiny_model_path, beta=0.1, loss_type="grpo", num_iterations=2)
+    initial = {k: v.clone() for k, v in lr.model.state_dict().items()}
+    stats = lr.train_step(batch([1.0, -1.0, 1.0, -1.0])).metrics
+    assert lr.ref_model is not None and stats["kl"] > 0
     assert all(not p.requires_grad for p in lr.ref_model.parameters())
+    ref = lr.ref_model.state_dict()
+    assert all(torch.equal(ref[k], v) for k, v in initial.items())  # frozen at the initial weights ...
+    assert any(not torch.equal(lr.model.state_dict()[k], v) for k, v in initial.items())  # ... the policy moved
 
 
 @pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}])
@@ -108,7 +102,7 @@ def test_gradient_checkpointing_keeps_loss_and_gradients(tiny_model_path, lora):
     seen = []
     for on in (False, True):
         lr = make(tiny_model_path, gradient_checkpointing=on, lora=lora, beta=0.1, optim="sgd", learning_rate=0.0,
-                  max_grad_norm=None, loss_fn=functools.partial(grpo_loss, loss_type="grpo", beta=0.1))
+                  max_grad_norm=None, loss_type="grpo")
         assert lr.model.is_gradient_checkpointing == on
         if lora:  # lora_B starts at 0: give the adapters a non-trivial gradient and the KL a non-zero value
             g = torch.Generator().manual_seed(1)
@@ -116,7 +110,7 @@ def test_gradient_checkpointing_keeps_loss_and_gradients(tiny_model_path, lora):
                 for n, p in lr.model.named_parameters():
                     if "lora_B" in n:
                         p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-        stats = lr.train_step(batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5]))
+        stats = lr.train_step(batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])).metrics
         seen.append((stats, {n: p.grad.clone() for n, p in lr.model.named_parameters() if p.grad is not None}))
     (off, g_off), (on, g_on) = seen
     assert on["loss"] == pytest.approx(off["loss"], rel=1e-6) and on["kl"] == pytest.approx(off["kl"], rel=1e-6)
@@ -128,7 +122,7 @@ def test_gradient_checkpointing_keeps_loss_and_gradients(tiny_model_path, lora):
 def test_gradient_checkpointing_on_a_model_without_it_is_refused(no_checkpointing_model_path):
     with pytest.raises(ValueError, match="JetMoeForCausalLM does not support gradient checkpointing"):
         make(no_checkpointing_model_path, gradient_checkpointing=True)
-    stats = make(no_checkpointing_model_path, gradient_checkpointing=False).train_step(batch([1.0, -1.0]))
+    stats = make(no_checkpointing_model_path, gradient_checkpointing=False).train_step(batch([1.0, -1.0])).metrics
     assert math.isfinite(stats["loss"])  # it trains, without checkpointing
 
 

@@ -9,7 +9,6 @@ the adapter checkpoint). Gradient checkpointing is on (the Learner's default, TR
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 
@@ -21,11 +20,11 @@ from safetensors.torch import load as safetensors_load
 from actors.learner.checkpoint import full_state_dict
 from actors.learner.learner import Learner
 from actors.net import free_port
-from actors.types import TrainBatch
-from orchestrator.grpo import grpo_loss, vllm_importance_weights
+from tests.fixtures.learner import SCENARIOS, make_batch, scenario_spec
+
+pytestmark = pytest.mark.slow  # spawns two ranks (and builds a dozen learners)
 
 WORLD = 2
-MAX_LEN = 8  # longest completion (the dr_grpo normaliser)
 # fp32, the same micro-batches: only the order of the cross-rank gradient sum differs (~1e-7 relative).
 # SGD (weights move linearly in the gradient) keeps that far below ATOL.
 ATOL = 1e-6
@@ -33,46 +32,8 @@ ATOL = 1e-6
 # arithmetic (softmax ignores a shift common to all keys), so their float noise (~1e-10) becomes steps of a
 # few % of lr that differ with the summation order. lr 1e-3 here: 5% of a step.
 ATOL_ADAM = 5e-5
-# (name, rows in the batch, learner overrides). Rows / micro_batch_size micro-batches over 2 ranks: 3 (one
-# rank pads a slot), 4 (even) or 2. dapo runs AdamW (its checkpoint carries moments); the others SGD.
-SCENARIOS = {
-    "dapo": (12, dict(loss_type="dapo", micro_batch_size=4, num_iterations=2, is_mode="token_truncate",
-                      optim="adamw_torch", learning_rate=1e-3)),
-    "grpo": (16, dict(loss_type="grpo", micro_batch_size=4, num_iterations=2, beta=0.1)),
-    "dr_grpo": (12, dict(loss_type="dr_grpo", micro_batch_size=3, num_iterations=2, mask_truncated_completions=True)),
-    "bnpo": (8, dict(loss_type="bnpo", micro_batch_size=4, max_grad_norm=None, is_mode="sequence_mask")),
-    "cispo": (12, dict(loss_type="cispo", micro_batch_size=4, epsilon_high=5.0, num_iterations=2)),
-    "sapo": (12, dict(loss_type="sapo", micro_batch_size=2)),
-    "luspo": (6, dict(loss_type="luspo", micro_batch_size=4)),
-    # LoRA on every linear layer, KL to the base (adapters disabled), AdamW (its checkpoint carries moments): the
-    # first iteration moves lora_B off zero, the second moves lora_A too.
-    "lora": (12, dict(loss_type="grpo", micro_batch_size=4, num_iterations=2, beta=0.1, optim="adamw_torch",
-                      learning_rate=1e-2, lora={"r": 4, "lora_alpha": 8, "target_modules": "all-linear"})),
-}
 # Scenarios whose checkpoints move between 1 and 2 ranks: AdamW moments, plain SGD (no optimizer state at all), LoRA.
 CHECKPOINTED = ("dapo", "grpo", "lora")
-
-
-def make_batch(n: int) -> TrainBatch:
-    g = torch.Generator().manual_seed(n)
-    comps = [torch.randint(3, 500, (int(torch.randint(2, MAX_LEN + 1, (1,), generator=g)),), generator=g).tolist()
-             for _ in range(n)]
-    return TrainBatch(
-        prompt_ids=[[10, 11, 12 + i % 3] for i in range(n)],
-        completion_ids=comps,
-        # around the tiny model's ~log(1/512): importance ratios on both sides of 1, some clipped
-        sampling_logprobs=[(-6.2 + 0.3 * torch.randn(len(c), generator=g)).tolist() for c in comps],
-        advantages=torch.randn(n, generator=g).tolist(),
-        truncated=[len(c) == MAX_LEN for c in comps],
-    )
-
-
-def learner_kwargs(loss_type: str, is_mode: str | None = None, beta: float = 0.0, epsilon_high=None, **kw) -> dict:
-    loss = functools.partial(grpo_loss, loss_type=loss_type, beta=beta, epsilon_high=epsilon_high,
-                             max_completion_length=MAX_LEN)
-    is_fn = functools.partial(vllm_importance_weights, mode=is_mode, clip_max=3.0) if is_mode else None
-    return dict(loss_fn=loss, is_weights_fn=is_fn, beta=beta, seed=0, device="cpu",  # gloo, also on GPU hosts
-                **{"optim": "sgd", "learning_rate": 0.1, **kw})
 
 
 def _rank(rank: int, port: int, path: str, out: str, *ckpts: str) -> None:
@@ -80,16 +41,16 @@ def _rank(rank: int, port: int, path: str, out: str, *ckpts: str) -> None:
     torch.set_num_threads(1)
     fsdp = dict(strategy="fsdp", rank=rank, world_size=WORLD, init_method=f"tcp://127.0.0.1:{port}")
     seen = {}
-    lr = Learner(path, **learner_kwargs("dapo"), **fsdp)
+    lr = Learner(scenario_spec(path, loss_type="dapo"), **fsdp)
     seen["export_at_init"] = lr.export_weights()
     for name, (n, kw) in SCENARIOS.items():
-        lr = Learner(path, **learner_kwargs(**kw), **fsdp)
-        metrics = lr.train_step(make_batch(n))
-        seen[name] = {"metrics": metrics, "weights": full_state_dict(lr), "export": lr.export_weights()}
+        lr = Learner(scenario_spec(path, **kw), **fsdp)
+        result = lr.train_step(make_batch(n))
+        seen[name] = {"result": result, "weights": full_state_dict(lr.train_state()), "export": lr.export_weights()}
         if name in CHECKPOINTED:
             lr.save_checkpoint(f"{out}-ckpt-{name}-2rank", extra={"note": "2 ranks"})
     for name, ckpt in zip(CHECKPOINTED, ckpts, strict=True):
-        lr = Learner(path, **learner_kwargs(**SCENARIOS[name][1]), **fsdp)
+        lr = Learner(scenario_spec(path, **SCENARIOS[name][1]), **fsdp)
         seen[f"loaded_1rank_{name}"] = lr.load_checkpoint(ckpt)
         lr.save_checkpoint(f"{out}-ckpt-{name}-resaved")
     if rank == 0:
@@ -110,8 +71,8 @@ def ranks(tiny_model_path, tmp_path_factory):
 
 def single_after_step(path: str, name: str) -> Learner:
     n, kw = SCENARIOS[name]
-    lr = Learner(path, **learner_kwargs(**kw))
-    lr.metrics = lr.train_step(make_batch(n))
+    lr = Learner(scenario_spec(path, **kw))
+    lr.result = lr.train_step(make_batch(n))
     return lr
 
 
@@ -125,15 +86,15 @@ def test_two_ranks_update_and_report_as_one(ranks, tiny_model_path, name):
     assert got["weights"].keys() == want.keys()
     for k, v in want.items():
         torch.testing.assert_close(got["weights"][k], v, rtol=0, atol=atol, msg=k)
-    fresh = Learner(tiny_model_path, **learner_kwargs(**SCENARIOS[name][1]))
+    fresh = Learner(scenario_spec(tiny_model_path, **SCENARIOS[name][1]))
     moved = max((single.model.state_dict()[k] - v).abs().max().item() for k, v in fresh.model.state_dict().items())
     assert moved > 10 * atol  # the step really moved the weights, the comparison is not vacuous
-    m1, m2 = single.metrics, got["metrics"]
-    keys = {k for k in m1 if not k.startswith("time/")}
-    assert keys == {k for k in m2 if not k.startswith("time/")}
-    for k in keys:
+    m1, m2 = single.result.metrics, got["result"].metrics
+    assert m1.keys() == m2.keys()
+    for k in m1:
         assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
-    assert m2["global_step"] == SCENARIOS[name][1].get("num_iterations", 1)
+    assert got["result"].num_tokens == single.result.num_tokens  # the whole batch's loss tokens on every rank
+    assert got["result"].global_step == single.result.global_step == SCENARIOS[name][1].get("num_iterations", 1)
     if name in ("grpo", "lora"):
         assert m2["kl"] > 0  # the sharded reference model (LoRA: the sharded policy, adapters disabled) took part
     if name == "dapo":
@@ -143,7 +104,7 @@ def test_two_ranks_update_and_report_as_one(ranks, tiny_model_path, name):
 @pytest.mark.parametrize("name", ["dapo", "lora"])
 def test_export_weights_from_rank0_equals_single_rank(ranks, tiny_model_path, name):
     seen, _ = ranks
-    single = Learner(tiny_model_path, **learner_kwargs("dapo"))
+    single = Learner(scenario_spec(tiny_model_path, loss_type="dapo"))
     assert seen["export_at_init"] == single.export_weights()  # byte for byte
     trained = single_after_step(tiny_model_path, name)
     got, want = safetensors_load(seen[name]["export"]), safetensors_load(trained.export_weights())
@@ -168,7 +129,7 @@ def _assert_optimizer_states_close(a: dict, b: dict) -> None:
 def test_checkpoint_from_two_ranks_resumes_on_one(ranks, tiny_model_path, name):
     seen, tmp = ranks
     single = single_after_step(tiny_model_path, name)
-    other = Learner(tiny_model_path, **learner_kwargs(**SCENARIOS[name][1]))
+    other = Learner(scenario_spec(tiny_model_path, **SCENARIOS[name][1]))
     state = other.load_checkpoint(str(tmp / f"rank0.pt-ckpt-{name}-2rank"))
     assert state["note"] == "2 ranks" and other.global_step == 2
     for k, v in single.model.state_dict().items():
@@ -177,7 +138,7 @@ def test_checkpoint_from_two_ranks_resumes_on_one(ranks, tiny_model_path, name):
     assert bool(other.optimizer.state_dict()["state"]) == (SCENARIOS[name][1].get("optim") == "adamw_torch")
     assert other.scheduler.state_dict() == single.scheduler.state_dict()
     # and the resumed learner trains on
-    assert math.isfinite(other.train_step(make_batch(12))["loss"]) and other.global_step == 4
+    assert math.isfinite(other.train_step(make_batch(12)).metrics["loss"]) and other.global_step == 4
 
 
 @pytest.mark.parametrize("name", CHECKPOINTED)
@@ -205,4 +166,4 @@ def test_checkpoint_from_one_rank_resumes_on_two(ranks, name):
 
 def test_strategy_single_refuses_several_ranks(tiny_model_path):
     with pytest.raises(ValueError, match="world_size"):
-        Learner(tiny_model_path, **learner_kwargs("dapo"), world_size=2)
+        Learner(scenario_spec(tiny_model_path, loss_type="dapo"), world_size=2)

@@ -4,7 +4,6 @@ peft_config."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import pytest
@@ -14,18 +13,14 @@ from safetensors.torch import load as safetensors_load
 from actors.learner.learner import Learner, meta_model
 from actors.learner.lora import LoraError, apply_lora, hf_name
 from actors.types import TrainBatch
-from orchestrator.grpo import grpo_loss
-from tests.unit.actors.learner.test_learner import batch
+from tests.fixtures.learner import batch, spec
 
 LORA = dict(r=4, lora_alpha=8, target_modules="all-linear")
 LINEARS = 7 * 2  # q, k, v, o, gate, up, down in each of the tiny model's 2 layers
 
 
 def make(path, lora=LORA, **kw):
-    args = dict(loss_fn=functools.partial(grpo_loss, loss_type="dapo"), learning_rate=1e-2, micro_batch_size=4,
-                lora=lora)
-    args.update(kw)
-    return Learner(path, **args)
+    return Learner(spec(path, **{"loss_type": "dapo", "learning_rate": 1e-2, "micro_batch_size": 4, "lora": lora, **kw}))
 
 
 def randomize_adapters(model, seed=1, scale=0.1):
@@ -58,7 +53,7 @@ def test_optimizer_holds_the_adapters_only_and_the_base_stays_frozen(tiny_model_
     in_optimizer = [p for g in lr.optimizer.param_groups for p in g["params"]]
     assert {id(p) for p in in_optimizer} == {id(p) for n, p in lr.model.named_parameters() if n in trainable}
     base = {k: v.clone() for k, v in lr.model.state_dict().items() if "lora_" not in k}
-    stats = lr.train_step(batch([1.0, 1.0, -1.0, -1.0]))
+    stats = lr.train_step(batch([1.0, 1.0, -1.0, -1.0])).metrics
     assert stats["grad_norm"] > 0
     assert all(torch.equal(base[k], v) for k, v in lr.model.state_dict().items() if "lora_" not in k)
     assert "lora r=4" in repr(lr)
@@ -78,19 +73,19 @@ def test_update_moves_logprobs_along_advantages(tiny_model_path):
 
 
 def test_reference_is_the_base_with_adapters_disabled_not_a_copy(tiny_model_path):
-    lr = make(tiny_model_path, beta=0.1, loss_fn=functools.partial(grpo_loss, loss_type="grpo", beta=0.1))
+    lr = make(tiny_model_path, beta=0.1, loss_type="grpo")
     assert lr.ref_model is None  # no second copy of the model
     randomize_adapters(lr.model)
     b = batch([1.0, -1.0, 1.0, -1.0])
     ref = lr._ref_logps(b.prompt_ids, b.completion_ids)
-    base = Learner(tiny_model_path, loss_fn=lr.loss_fn, lora=None)
+    base = Learner(spec(tiny_model_path))
     with torch.no_grad():
         want, _ = base._forward_logps(base.model, b.prompt_ids, b.completion_ids, with_entropy=False)
         policy, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
     torch.testing.assert_close(ref, want, rtol=0, atol=1e-5)
     assert (policy - ref).abs().max() > 1e-2  # the adapters do change the policy: the check is not vacuous
     assert lr.model.training and all(m.training for m in lr.model.modules())  # back in train mode
-    stats = lr.train_step(b)
+    stats = lr.train_step(b).metrics
     assert stats["kl"] > 0
 
 
@@ -141,9 +136,9 @@ def test_checkpoint_is_peft_format_and_resumes(tiny_model_path, tmp_path):
         assert torch.equal(a, b), k
     assert other.optimizer.state_dict()["state"]  # AdamW moments of the adapters restored
     b = batch([0.5, -1.0, 1.0, -0.5], seed=2)
-    assert other.train_step(b)["loss"] == pytest.approx(lr.train_step(b)["loss"], rel=1e-6)
+    assert other.train_step(b).metrics["loss"] == pytest.approx(lr.train_step(b).metrics["loss"], rel=1e-6)
 
-    full = Learner(tiny_model_path, loss_fn=lr.loss_fn).save_checkpoint(str(tmp_path / "full"))
+    full = Learner(spec(tiny_model_path)).save_checkpoint(str(tmp_path / "full"))
     with pytest.raises(FileNotFoundError, match="not written by a LoRA learner"):
         make(tiny_model_path).load_checkpoint(full)
     with pytest.raises(ValueError, match="does not fit this learner's LoRA layers"):
@@ -164,7 +159,7 @@ def test_merged_model_is_a_plain_hf_model(tiny_model_path, tmp_path):
         got, _ = lr._forward_logps(model.train(), b.prompt_ids, b.completion_ids, with_entropy=False)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="needs a LoRA learner"):
-        Learner(tiny_model_path, loss_fn=lr.loss_fn).save_merged(str(tmp_path / "x"))
+        Learner(spec(tiny_model_path)).save_merged(str(tmp_path / "x"))
 
 
 # --------------------------------------------------------------------------------------------- TRL cross-check
@@ -172,12 +167,13 @@ N, G, T = 8, 4, 7  # completions, group size, longest completion
 RTOL, ATOL = 1e-5, 1e-6
 
 
+@pytest.mark.slow  # builds TRL's GRPOTrainer
 @pytest.mark.parametrize("loss_type,beta", [("dapo", 0.04), ("grpo", 0.0), ("dr_grpo", 0.1)])
 def test_loss_and_gradients_match_trl_grpo_trainer_with_the_same_peft_config(tiny_model_path, tmp_path, loss_type, beta):
     """TRL's own GRPOTrainer, built with `peft_config=LoraConfig(...)` (its get_peft_model, reference by disabled
     adapters, fused LM head at the temperature), gradient checkpointing on as its Trainer.train() enables it.
     Its `_generate_and_score_completions` runs on fixed completions and rewards (the generation and reward calls
-    stubbed, as tests/unit/orchestrator/test_grpo.py does) and gives the padded batch, the advantages and the
+    stubbed, as tests/fixtures/trl_grpo.py does) and gives the padded batch, the advantages and the
     reference logprobs; `_compute_loss` + backward give the loss and the adapters' gradients. The Learner trains on
     the same completions and advantages in one micro-batch (SGD at lr 0: the gradients stay on the parameters)."""
     from datasets import Dataset
@@ -194,8 +190,8 @@ def test_loss_and_gradients_match_trl_grpo_trainer_with_the_same_peft_config(tin
         train_dataset=Dataset.from_list([{"prompt": "p"}] * N), peft_config=LoraConfig(task_type="CAUSAL_LM", **LORA),
     )
     lr = make(
-        tiny_model_path, loss_fn=functools.partial(grpo_loss, loss_type=loss_type, beta=beta, max_completion_length=T),
-        beta=beta, temperature=temperature, optim="sgd", learning_rate=0.0, max_grad_norm=None, micro_batch_size=N,
+        tiny_model_path, loss_type=loss_type, beta=beta, max_completion_length=T, temperature=temperature,
+        optim="sgd", learning_rate=0.0, max_grad_norm=None, micro_batch_size=N,
     )
     randomize_adapters(lr.model)
     ours = dict(lr.model.named_parameters())
@@ -224,7 +220,7 @@ def test_loss_and_gradients_match_trl_grpo_trainer_with_the_same_peft_config(tin
     stats = lr.train_step(TrainBatch(
         prompt_ids=prompts, completion_ids=comps, sampling_logprobs=[[math.nan] * len(c) for c in comps],
         advantages=inputs["advantages"].tolist(), truncated=[False] * N,
-    ))
+    )).metrics
     grads = {n: p.grad for n, p in lr.model.named_parameters() if p.grad is not None}
     assert stats["loss"] == pytest.approx(loss_trl.item(), rel=RTOL, abs=ATOL)
     if beta:
