@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors import cpus
+from actors.cpus import Share
 from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.builtin import BUILTIN_REWARDS
 from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
 from actors.types import TrainerState
 from orchestrator.aggregation import RewardAggregator, weighted_totals
-from orchestrator.config import TINY_MODEL, ConfigError, Resources, RewardConfig, RunConfig
+from orchestrator.config import TINY_MODEL, ConfigError, RewardConfig, RunConfig
 from orchestrator.data import PromptSource, eval_rows, load_rows
 from orchestrator.eval_metrics import Best, EvalSchedule
 from orchestrator.evaluator import BestCheckpoint, BlockingEval, EvalSet, NoEval, OverlappedEval
@@ -64,35 +66,11 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards") -> list[Re
     return specs
 
 
-# CPU nodes: the learner's torch threads run on every core, the generator's among them, and both compute at once
-# (the pipelined loop always; the sync loop during each weight sync, when the learner's sender and the engine's
-# reload run together), so neither side's threads may spin while they wait at OpenMP barriers for a thread whose
-# core the other holds (libgomp's default spins first, burning the cycles the slow thread needs). PASSIVE:
-# waiting threads sleep. Measured on 2 cores, 100M model: pipelined (bench/trl_vs_rayward.py --workload 100m
-# --which pipelined) 5.17 s/step with the learner pinned to one core; on both cores 4.92 s with spinning waits,
-# 4.47 s with the learner's waits passive, 4.30 s with both sides' waits passive. Sync loop (bench/weight_sync.py
-# --sizes 100m --step-share, medians of 7 steps): time/sync 0.67 s spinning -> 0.46 s passive (18.9 -> 13.6 % of
-# the step); time/generate 0.68 -> 0.72 s, time/train 2.17 -> 2.09 s.
-SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-
-
-def generator_cpu_share(cfg: RunConfig) -> tuple[float, float] | None:
-    """The generators' share of a CPU node's cores (actors/cpus.py), None = every core. The sync loop's phases take
-    turns, so each uses every core (and GPU actors keep Ray's defaults). In the pipelined loop the generator's
-    engine threads are bound to the last (1 - cpu_split) of the node's cores and the learner trains on every
-    core: while the generator is busy they share its cores, while it waits for the next batch (most of a step
-    when training is the slower phase) the learner has them all."""
+def generator_cpu_share(cfg: RunConfig) -> Share | None:
+    """The generators' share of a CPU node's cores (the policy: actors/cpus.py)."""
     c = cfg.cluster
-    return (c.cpu_split, 1.0) if cfg.loop.mode == "pipelined" and not c.generator.num_gpus else None
-
-
-def shared_cores_env(res: Resources) -> dict[str, Any]:
-    """`.options()` of the learner or a generator on a CPU node, which shares the node's cores with the other
-    (see SHARED_CORES_ENV): a runtime_env with SHARED_CORES_ENV, set before torch or vLLM load OpenMP; Ray merges
-    its env_vars into the job's. {} on GPU actors."""
-    if res.num_gpus:
-        return {}
-    return {"runtime_env": {"env_vars": dict(SHARED_CORES_ENV)}}
+    return cpus.generator_cpu_share(pipelined=cfg.loop.mode == "pipelined", cpu_split=c.cpu_split,
+                                    on_gpu=bool(c.generator.num_gpus))
 
 
 def autoscale_settings(cfg: RunConfig) -> AutoscaleSettings | None:
@@ -347,7 +325,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) 
         run_name=name,
         role="generator",
         options=generator_options(c.generator, gen.tensor_parallel_size, c.generator_max_restarts,
-                                  namespace=namespace(name), **shared_cores_env(c.generator)),
+                                  namespace=namespace(name), **cpus.shared_cores_env(c.generator.num_gpus)),
         args=(model_path,),
         kwargs=dict(
             dtype=cfg.model.dtype,
@@ -411,7 +389,7 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
         run_name=p.name,
         strategy=c.learner_strategy,
         placement=c.learner_placement,
-        options=actor_options(c.learner, namespace=namespace(p.name), **shared_cores_env(c.learner)),
+        options=actor_options(c.learner, namespace=namespace(p.name), **cpus.shared_cores_env(c.learner.num_gpus)),
         concurrency_groups=learner_concurrency(cfg),
         kwargs=learner_kwargs(cfg, p.model_path),
         rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step
