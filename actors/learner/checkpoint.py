@@ -19,6 +19,8 @@ import torch
 
 from actors.learner.lora import adapter_keys, load_adapter_file, save_adapter
 
+STATE_FILE = "rayward_state.json"
+
 # Each function takes the Learner (`lr`: its model, optimizer, scheduler, global_step, rank, tied names, lora).
 Learner = Any
 
@@ -117,7 +119,7 @@ def _fill(
     buf = io.BytesIO()
     torch.save({"optimizer": optim, "scheduler": lr.scheduler.state_dict()}, buf)
     (d / "optimizer.pt").write_bytes(buf.getvalue())
-    (d / "rayward_state.json").write_text(json.dumps({"global_step": lr.global_step, **(extra or {})}))
+    (d / STATE_FILE).write_text(json.dumps({"global_step": lr.global_step, **(extra or {})}))
 
 
 def _atomic(final: Path, fill: Callable[[Path], None]) -> str:
@@ -171,7 +173,7 @@ def _read(lr: Learner, p: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
         "state": {names[i]: v for i, v in opt["optimizer"]["state"].items()},
         "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in opt["optimizer"]["param_groups"]],
     }
-    return weights, by_name, opt, json.loads((p / "rayward_state.json").read_text())
+    return weights, by_name, opt, json.loads((p / STATE_FILE).read_text())
 
 
 def load(lr: Learner, path: str) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from actors.cpus import describe, omp_waits, pick_cores
 from actors.learner import checkpoint
 from actors.learner.distributed import init_process_group, shard, tied_names
 from actors.learner.lora import apply_lora, merged_view
-from actors.types import TrainBatch, TrainerState
+from actors.types import TrainBatch, TrainerState, TrainResult
 from actors.weights.sender import WeightSender, plain_view
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -298,7 +298,7 @@ class Learner:
 
     # --- the update -----------------------------------------------------------------------------------
 
-    def train_step(self, batch: TrainBatch, reward_state: TrainerState | None = None) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, reward_state: TrainerState | None = None) -> TrainResult:
         """Runs num_iterations optimizer steps on the batch; returns metrics averaged over micro-batches.
         reward_state (max_steps, epoch) is pushed to the reward pool with each new global_step.
         With several ranks every rank gets the whole batch and trains on its share of the micro-batches."""
@@ -383,10 +383,8 @@ class Learner:
             }
         )
         out["learning_rate"] = self.scheduler.get_last_lr()[0]
-        out["global_step"] = self.global_step
-        out["num_tokens"] = float(num_items)
-        out["time/train_compute"] = time.perf_counter() - t0
-        return out
+        return TrainResult(global_step=self.global_step, metrics=out, num_tokens=float(num_items),
+                           compute_s=time.perf_counter() - t0)
 
     def _gather_metrics(self, sums: dict[str, list[float]]) -> dict[str, list[float]]:
         """Every rank's per-micro-batch metric values, concatenated (identity on one rank)."""

@@ -48,18 +48,19 @@ def test_update_moves_logprobs_along_advantages(tiny_model_path):
     b = batch([1.0, 1.0, -1.0, -1.0])
     with torch.no_grad():
         before, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
-    stats = lr.train_step(b)
+    stats = lr.train_step(b).metrics
     with torch.no_grad():
         after, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
     delta = (after - before).sum(-1)
     assert delta[:2].min() > 0 and delta[2:].max() < 0, delta
-    assert stats["global_step"] == 1 and stats["grad_norm"] > 0 and "clip_ratio/region_mean" in stats
+    assert lr.global_step == 1 and stats["grad_norm"] > 0 and "clip_ratio/region_mean" in stats
 
 
 def test_num_iterations_runs_one_optimizer_step_each_with_frozen_old_logps(tiny_model_path):
     lr = make(tiny_model_path, num_iterations=3, learning_rate=5e-2)
-    stats = lr.train_step(batch([1.0, -1.0, 1.0, -1.0, 0.5, -0.5, 1.0, -1.0]))
-    assert lr.global_step == 3 and stats["global_step"] == 3
+    result = lr.train_step(batch([1.0, -1.0, 1.0, -1.0, 0.5, -0.5, 1.0, -1.0]))
+    stats = result.metrics
+    assert lr.global_step == 3 and result.global_step == 3
     # later iterations are off-policy against the frozen old logps, so the ratio leaves [1-eps, 1+eps]
     assert stats["clip_ratio/region_mean"] > 0
 
@@ -71,7 +72,7 @@ def test_importance_weights_and_logp_gap_are_reported(tiny_model_path):
     with torch.no_grad():
         logp, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
     b.sampling_logprobs = (logp - 0.25).tolist()  # the sampler was 0.25 nats less confident on every token
-    stats = lr.train_step(b)
+    stats = lr.train_step(b).metrics
     assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx(0.25, abs=1e-4)
     assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(torch.exp(torch.tensor(0.25)).item(), rel=1e-4)
 
@@ -96,7 +97,7 @@ def test_export_weights_and_checkpoint_roundtrip(tiny_model_path, tmp_path):
 
 def test_beta_loads_a_frozen_reference_and_reports_kl(tiny_model_path):
     lr = make(tiny_model_path, beta=0.1, loss_fn=functools.partial(grpo_loss, loss_type="grpo", beta=0.1), num_iterations=2)
-    stats = lr.train_step(batch([1.0, -1.0, 1.0, -1.0]))
+    stats = lr.train_step(batch([1.0, -1.0, 1.0, -1.0])).metrics
     assert lr.ref_model is not None and stats["kl"] >= 0
     assert all(not p.requires_grad for p in lr.ref_model.parameters())
 
@@ -116,7 +117,7 @@ def test_gradient_checkpointing_keeps_loss_and_gradients(tiny_model_path, lora):
                 for n, p in lr.model.named_parameters():
                     if "lora_B" in n:
                         p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-        stats = lr.train_step(batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5]))
+        stats = lr.train_step(batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])).metrics
         seen.append((stats, {n: p.grad.clone() for n, p in lr.model.named_parameters() if p.grad is not None}))
     (off, g_off), (on, g_on) = seen
     assert on["loss"] == pytest.approx(off["loss"], rel=1e-6) and on["kl"] == pytest.approx(off["kl"], rel=1e-6)
@@ -128,7 +129,7 @@ def test_gradient_checkpointing_keeps_loss_and_gradients(tiny_model_path, lora):
 def test_gradient_checkpointing_on_a_model_without_it_is_refused(no_checkpointing_model_path):
     with pytest.raises(ValueError, match="JetMoeForCausalLM does not support gradient checkpointing"):
         make(no_checkpointing_model_path, gradient_checkpointing=True)
-    stats = make(no_checkpointing_model_path, gradient_checkpointing=False).train_step(batch([1.0, -1.0]))
+    stats = make(no_checkpointing_model_path, gradient_checkpointing=False).train_step(batch([1.0, -1.0])).metrics
     assert math.isfinite(stats["loss"])  # it trains, without checkpointing
 
 

@@ -84,8 +84,8 @@ def _rank(rank: int, port: int, path: str, out: str, *ckpts: str) -> None:
     seen["export_at_init"] = lr.export_weights()
     for name, (n, kw) in SCENARIOS.items():
         lr = Learner(path, **learner_kwargs(**kw), **fsdp)
-        metrics = lr.train_step(make_batch(n))
-        seen[name] = {"metrics": metrics, "weights": full_state_dict(lr), "export": lr.export_weights()}
+        result = lr.train_step(make_batch(n))
+        seen[name] = {"metrics": result.metrics, "global_step": result.global_step, "weights": full_state_dict(lr), "export": lr.export_weights()}
         if name in CHECKPOINTED:
             lr.save_checkpoint(f"{out}-ckpt-{name}-2rank", extra={"note": "2 ranks"})
     for name, ckpt in zip(CHECKPOINTED, ckpts, strict=True):
@@ -111,7 +111,7 @@ def ranks(tiny_model_path, tmp_path_factory):
 def single_after_step(path: str, name: str) -> Learner:
     n, kw = SCENARIOS[name]
     lr = Learner(path, **learner_kwargs(**kw))
-    lr.metrics = lr.train_step(make_batch(n))
+    lr.metrics = lr.train_step(make_batch(n)).metrics
     return lr
 
 
@@ -133,7 +133,7 @@ def test_two_ranks_update_and_report_as_one(ranks, tiny_model_path, name):
     assert keys == {k for k in m2 if not k.startswith("time/")}
     for k in keys:
         assert m2[k] == pytest.approx(m1[k], rel=1e-4, abs=1e-6), k
-    assert m2["global_step"] == SCENARIOS[name][1].get("num_iterations", 1)
+    assert got["global_step"] == SCENARIOS[name][1].get("num_iterations", 1)
     if name in ("grpo", "lora"):
         assert m2["kl"] > 0  # the sharded reference model (LoRA: the sharded policy, adapters disabled) took part
     if name == "dapo":
@@ -177,7 +177,7 @@ def test_checkpoint_from_two_ranks_resumes_on_one(ranks, tiny_model_path, name):
     assert bool(other.optimizer.state_dict()["state"]) == (SCENARIOS[name][1].get("optim") == "adamw_torch")
     assert other.scheduler.state_dict() == single.scheduler.state_dict()
     # and the resumed learner trains on
-    assert math.isfinite(other.train_step(make_batch(12))["loss"]) and other.global_step == 4
+    assert math.isfinite(other.train_step(make_batch(12)).metrics["loss"]) and other.global_step == 4
 
 
 @pytest.mark.parametrize("name", CHECKPOINTED)

@@ -58,7 +58,7 @@ def test_optimizer_holds_the_adapters_only_and_the_base_stays_frozen(tiny_model_
     in_optimizer = [p for g in lr.optimizer.param_groups for p in g["params"]]
     assert {id(p) for p in in_optimizer} == {id(p) for n, p in lr.model.named_parameters() if n in trainable}
     base = {k: v.clone() for k, v in lr.model.state_dict().items() if "lora_" not in k}
-    stats = lr.train_step(batch([1.0, 1.0, -1.0, -1.0]))
+    stats = lr.train_step(batch([1.0, 1.0, -1.0, -1.0])).metrics
     assert stats["grad_norm"] > 0
     assert all(torch.equal(base[k], v) for k, v in lr.model.state_dict().items() if "lora_" not in k)
     assert "lora r=4" in repr(lr)
@@ -90,7 +90,7 @@ def test_reference_is_the_base_with_adapters_disabled_not_a_copy(tiny_model_path
     torch.testing.assert_close(ref, want, rtol=0, atol=1e-5)
     assert (policy - ref).abs().max() > 1e-2  # the adapters do change the policy: the check is not vacuous
     assert lr.model.training and all(m.training for m in lr.model.modules())  # back in train mode
-    stats = lr.train_step(b)
+    stats = lr.train_step(b).metrics
     assert stats["kl"] > 0
 
 
@@ -141,7 +141,7 @@ def test_checkpoint_is_peft_format_and_resumes(tiny_model_path, tmp_path):
         assert torch.equal(a, b), k
     assert other.optimizer.state_dict()["state"]  # AdamW moments of the adapters restored
     b = batch([0.5, -1.0, 1.0, -0.5], seed=2)
-    assert other.train_step(b)["loss"] == pytest.approx(lr.train_step(b)["loss"], rel=1e-6)
+    assert other.train_step(b).metrics["loss"] == pytest.approx(lr.train_step(b).metrics["loss"], rel=1e-6)
 
     full = Learner(tiny_model_path, loss_fn=lr.loss_fn).save_checkpoint(str(tmp_path / "full"))
     with pytest.raises(FileNotFoundError, match="not written by a LoRA learner"):
@@ -224,7 +224,7 @@ def test_loss_and_gradients_match_trl_grpo_trainer_with_the_same_peft_config(tin
     stats = lr.train_step(TrainBatch(
         prompt_ids=prompts, completion_ids=comps, sampling_logprobs=[[math.nan] * len(c) for c in comps],
         advantages=inputs["advantages"].tolist(), truncated=[False] * N,
-    ))
+    )).metrics
     grads = {n: p.grad for n, p in lr.model.named_parameters() if p.grad is not None}
     assert stats["loss"] == pytest.approx(loss_trl.item(), rel=RTOL, abs=ATOL)
     if beta:
