@@ -14,15 +14,19 @@ from typing import Any
 
 from actors import cpus
 from actors.cpus import Share
+from actors.group import SEND_GROUP, ActorGroup, LearnerGroup, RewardPoolGroup
 from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.builtin import BUILTIN_REWARDS
 from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
 from actors.types import TrainerState
+from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
+from orchestrator.checkpoints import BestCheckpoint
 from orchestrator.config import TINY_MODEL, ConfigError, RewardConfig, RunConfig
 from orchestrator.data import PromptSource, eval_rows, load_rows
 from orchestrator.eval_metrics import Best, EvalSchedule
-from orchestrator.evaluator import BestCheckpoint, BlockingEval, EvalSet, NoEval, OverlappedEval
+from orchestrator.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
+from orchestrator.run import Evaluator, Run
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
@@ -219,30 +223,6 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     return Prepared(cfg, name, model_path, specs, prompts, Path(cfg.logging.dir) / name, held_out, eval_specs)
 
 
-@dataclass
-class Run:
-    """The built run: named actor groups plus driver-side state. The loop calls one phase at a time on it."""
-
-    cfg: RunConfig
-    name: str
-    run_dir: Path
-    prompts: PromptSource
-    generators: Any  # ActorGroup of actors.generation.generator.Generator
-    learner: Any  # LearnerGroup: one actors.learner.learner.Learner to the loop (cluster.num_learners ranks)
-    reward_pool: Any  # handle of the named actors.rewards.pool.RewardPool
-    weights: Any  # actors.weights.transfer: CollectiveTransfer or ObjectStoreTransfer
-    aggregator: RewardAggregator
-    select: Selector  # group selection between scoring and advantages: keep_all or dynamic sampling (DAPO)
-    logger: MetricsLogger
-    prompts_per_step: int
-    evaluate: Any = NoEval()  # held-out eval: NoEval, BlockingEval (sync loop) or OverlappedEval (pipelined)
-    eval_pool: Any = None  # handle of NAME/eval-reward-pool when eval.rewards has rewards of its own
-    global_step: int = 0  # optimizer steps done (the learner's)
-    policy_version: int = 0  # learner step whose weights the generators hold
-    generator_restarts: int = 0  # generator deaths survived (restarted, weights re-synced)
-    stop_requested: bool = False  # set by SIGTERM; the loops stop at the next step boundary
-
-
 def selector(cfg: RunConfig, aggregator: RewardAggregator) -> Selector:
     """keep_all, or dynamic sampling with the run's aggregation and targets bound in."""
     if not cfg.grpo.dynamic_sampling:
@@ -264,58 +244,47 @@ def overlapped_sync(cfg: RunConfig) -> bool:
 
 def learner_concurrency(cfg: RunConfig) -> dict[str, int] | None:
     """The learner actor's concurrency groups: one for `send_result` where sends overlap training."""
-    from actors.weights.transfer import SEND_GROUP
-
     return {SEND_GROUP: 1} if overlapped_sync(cfg) else None
 
 
-def weight_transfer(cfg: RunConfig, learner: Any, generators: Any) -> Any:
-    """The run's weight-transfer backend (weight_sync.backend), connected."""
+def weight_transfer(cfg: RunConfig, learner: LearnerGroup, generators: ActorGroup) -> WeightTransfer:
+    """The run's weight-transfer backend (weight_sync.backend); the collective one's group formed."""
     from actors.weights.transfer import CollectiveTransfer, ObjectStoreTransfer, OverlappedCollectiveTransfer
 
     w = cfg.weight_sync
     if w.backend == "object_store":
-        transfer = ObjectStoreTransfer(learner, generators, timeout_s=w.timeout_s)
-    else:
-        kind = OverlappedCollectiveTransfer if overlapped_sync(cfg) else CollectiveTransfer
-        transfer = kind(
-            learner, generators, timeout_s=w.timeout_s, bucket_mb=w.bucket_mb,
-            tp_size=cfg.generation.tensor_parallel_size,
-        )
+        return ObjectStoreTransfer(learner, generators, timeout_s=w.timeout_s)
+    kind = OverlappedCollectiveTransfer if overlapped_sync(cfg) else CollectiveTransfer
+    transfer = kind(
+        learner, generators, timeout_s=w.timeout_s, bucket_mb=w.bucket_mb, tp_size=cfg.generation.tensor_parallel_size,
+    )
     transfer.connect()
     return transfer
 
 
 def start_reward_pool(
     cfg: RunConfig, name: str, specs: list[RewardSpec], *, role: str = "reward", num_workers: int | None = None
-) -> Any:
+) -> RewardPoolGroup:
     """The named reward pool `NAME/<role>-pool` and its workers (Ray must be initialised)."""
-    import ray
-
     from actors.rewards.pool import RewardPool
     from orchestrator.cluster import actor_options, namespace, run_sys_path
 
     ns = namespace(name)  # explicit, so `rayward scale NAME` finds the actors whatever the driver's namespace
-    return (
-        ray.remote(RewardPool)
-        .options(name=f"{name}/{role}-pool", namespace=ns, num_cpus=0, max_concurrency=1000)
-        .remote(
-            specs,
-            run_name=name,
-            num_workers=num_workers or cfg.cluster.num_reward_workers,
-            worker_options=actor_options(cfg.cluster.reward_worker, namespace=ns),
-            sys_path=run_sys_path(),
-            trainer_state=TrainerState(max_steps=cfg.grpo.max_steps),
-            autoscale=autoscale_settings(cfg),
-            role=role,
-        )
-    )
+    return RewardPoolGroup(RewardPool, run_name=name, role=role, namespace=ns, kwargs=dict(
+        specs=specs,
+        run_name=name,
+        num_workers=num_workers or cfg.cluster.num_reward_workers,
+        worker_options=actor_options(cfg.cluster.reward_worker, namespace=ns),
+        sys_path=run_sys_path(),
+        trainer_state=TrainerState(max_steps=cfg.grpo.max_steps),
+        autoscale=autoscale_settings(cfg),
+        role=role,
+    ))
 
 
-def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) -> Any:
+def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) -> ActorGroup:
     """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments)."""
     from actors.generation.generator import Generator
-    from actors.group import ActorGroup
     from orchestrator.cluster import generator_options, namespace
 
     c, gen = cfg.cluster, cfg.generation
@@ -340,13 +309,22 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) 
     )
 
 
-def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: Any) -> EvalSet:
-    """What every eval of the run generates and how it is scored (cfg.eval set)."""
-    e, g = cfg.eval, cfg.generation
-    sampling = dict(
-        n=e.num_generations, max_tokens=e.max_completion_length or g.max_completion_length,
-        temperature=g.temperature if e.temperature is None else e.temperature, top_p=g.top_p, top_k=g.top_k,
-    )
+def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """Generator.generate's sampling arguments for the training batches (generation.*)."""
+    g = cfg.generation
+    return dict(n=g.num_generations, max_tokens=g.max_completion_length, temperature=g.temperature, top_p=g.top_p,
+                top_k=g.top_k)
+
+
+def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup) -> EvalSet:
+    """What every eval of the run generates and how it is scored (cfg.eval set): the training batches' sampling,
+    with eval's num_generations, and its max_completion_length and temperature where given."""
+    e = cfg.eval
+    sampling = {**sampling_kwargs(cfg), "n": e.num_generations}
+    if e.max_completion_length is not None:
+        sampling["max_tokens"] = e.max_completion_length
+    if e.temperature is not None:
+        sampling["temperature"] = e.temperature
     return EvalSet(
         rows=rows, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
         aggregator=RewardAggregator(e.rewards if e.rewards is not None else cfg.rewards),
@@ -354,8 +332,8 @@ def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: Any) -> EvalSet:
     )
 
 
-def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Any, learner: Any, logger: MetricsLogger,
-              prompts: PromptSource, run_dir: Path) -> Any:
+def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: ActorGroup, learner: LearnerGroup,
+              logger: MetricsLogger, prompts: PromptSource, run_dir: Path) -> Evaluator:
     """The run's held-out evaluator: none, blocking between steps (sync loop), or overlapped with training
     (pipelined loop); with grpo.save_best, keeping checkpoint-best."""
     if es is None:
@@ -367,13 +345,12 @@ def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Any, learner: A
     kind = OverlappedEval if cfg.loop.mode == "pipelined" else BlockingEval
     return kind(
         es, EvalSchedule(e.every_n_steps, e.at_start, g.max_steps), generators=generators, logger=logger,
-        prompts=prompts, best=best, log_completions=cfg.logging.log_completions,
+        display=logger.display, prompts=prompts, best=best, log_completions=cfg.logging.log_completions,
     )
 
 
 def build_run(p: Prepared, display: Display | None = None) -> Run:
     """Start the actor groups (Ray must be initialised). `display` shows the steps (default: step lines)."""
-    from actors.group import LearnerGroup
     from actors.learner.learner import Learner
     from orchestrator.cluster import actor_options, namespace
 
@@ -392,7 +369,7 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
         options=actor_options(c.learner, namespace=namespace(p.name), **cpus.shared_cores_env(c.learner.num_gpus)),
         concurrency_groups=learner_concurrency(cfg),
         kwargs=learner_kwargs(cfg, p.model_path),
-        rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step
+        rank0_kwargs={"reward_pool": reward_pool.handle},  # rank 0 alone pushes global_step
     )
     weights = weight_transfer(cfg, learner, generators)
     logger = MetricsLogger(
@@ -403,30 +380,17 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
     es = eval_set(cfg, p.eval_rows, eval_pool or reward_pool) if p.eval_rows is not None else None
     return Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
-        reward_pool=reward_pool, weights=weights, aggregator=aggregator, select=selector(cfg, aggregator),
-        logger=logger, prompts_per_step=gen.generation_batch_size // gen.num_generations,
+        reward_pool=reward_pool, weights=weights,
         evaluate=evaluator(cfg, es, generators=generators, learner=learner, logger=logger, prompts=p.prompts,
                            run_dir=p.run_dir),
+        aggregator=aggregator, select=selector(cfg, aggregator), sampling=sampling_kwargs(cfg),
+        prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
         eval_pool=eval_pool,
     )
 
 
 def shutdown_run(run: Run) -> None:
     run.logger.close()
-    for group in (run.generators, run.learner):
-        group.kill()
-    for pool in (run.reward_pool, run.eval_pool):
-        if pool is not None:
-            kill_pool(pool)
-
-
-def kill_pool(pool: Any) -> None:
-    """A reward pool and its workers (best effort, at teardown)."""
-    import ray
-
-    try:
-        for h in ray.get(pool.worker_handles.remote(), timeout=10).values():
-            ray.kill(h, no_restart=True)
-    except Exception:  # noqa: BLE001 - best effort at teardown
-        pass
-    ray.kill(pool, no_restart=True)
+    for group in (run.generators, run.learner, run.reward_pool, run.eval_pool):
+        if group is not None:
+            group.kill()

@@ -20,6 +20,7 @@ from actors.types import TrainBatch
 from tests.conftest import ROOT
 
 COMPLETIONS, MICRO = 32, 16  # 2 micro-batches per step: one per rank
+
 OVERRIDES = [
     "cluster.num_learners=2", "cluster.learner_strategy=fsdp", "cluster.learner_placement=spread",
     "cluster.learner.num_cpus=0.5", f"grpo.per_device_train_batch_size={MICRO}",
@@ -44,7 +45,7 @@ def batch(seed: int) -> TrainBatch:
 def weights(group) -> dict[str, torch.Tensor]:
     from safetensors.torch import load
 
-    (blob,) = group.call("export_weights")  # rank 0's full tensors (what the generators would receive)
+    blob = group.submit_export_weights().result()  # rank 0's full tensors (what the generators would receive)
     return load(blob)
 
 
@@ -78,24 +79,23 @@ def main(address: str, out: Path) -> None:
     res: dict = {"nodes": placement_group_table(two.placement_group)["bundles_to_node_id"],
                  "initial_diff": max_diff(weights(two), weights(one))}
     initial = weights(one)
-    (m2,), (m1,) = two.call("train_step", batch(1)), one.call("train_step", batch(1))
+    m2, m1 = two.train_step(batch(1)).metrics, one.train_step(batch(1)).metrics
     w2, w1 = weights(two), weights(one)
     res |= {"loss_2": m2["loss"], "loss_1": m1["loss"], "kl_2": m2["kl"], "kl_1": m1["kl"],
             "step1_diff": max_diff(w2, w1), "moved": max_diff(w1, initial)}
     ckpt = str(out / "checkpoint-1")
-    two.call("save_checkpoint", ckpt, extra={"note": "2 ranks on 2 nodes"})
+    two.save_checkpoint(ckpt, extra={"note": "2 ranks on 2 nodes"})
     two.kill()
 
     resumed = spread("resumed")  # fresh ranks on two nodes, from the checkpoint rank 0 wrote
     res["resumed_nodes"] = placement_group_table(resumed.placement_group)["bundles_to_node_id"]
-    (state,) = resumed.call("load_checkpoint", ckpt)
-    res["resumed_state"] = state
+    res["resumed_state"] = resumed.load_checkpoint(ckpt)
     res["resumed_diff"] = max_diff(weights(resumed), w2)
-    (r2,), (r1,) = resumed.call("train_step", batch(2)), one.call("train_step", batch(2))
-    res |= {"loss2_2": r2["loss"], "loss2_1": r1["loss"], "step2_global": r2["global_step"],
+    r2, r1 = resumed.train_step(batch(2)), one.train_step(batch(2))
+    res |= {"loss2_2": r2.metrics["loss"], "loss2_1": r1.metrics["loss"], "step2_global": r2.global_step,
             "step2_diff": max_diff(weights(resumed), weights(one))}
     single = LearnerGroup(Learner, 1, run_name="single-from-2", strategy="single", options=opts, kwargs=kw)
-    single.call("load_checkpoint", ckpt)
+    single.load_checkpoint(ckpt)
     res["single_from_2_diff"] = max_diff(weights(single), w2)
     (out / "result.json").write_text(json.dumps(res))
     for g in (resumed, one, single):

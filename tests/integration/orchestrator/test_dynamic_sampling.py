@@ -14,7 +14,7 @@ def run(tmp_path, name, function, rounds):
         f"grpo.max_refill_rounds={rounds}", f"rewards.0.function=tests.fixtures.ds_rewards:{function}",
         "logging.check_logprob_parity=false",
     ])
-    return train(cfg, name=name, verbose=False)
+    return train(cfg, name=name, show_progress=False)
 
 
 def test_zero_spread_groups_are_refilled(ray_cluster, tmp_path):

@@ -109,7 +109,7 @@ def test_pipelined_eval_overlaps_and_evaluates_the_weights_it_names(ray_cluster,
             'eval={"data": {"path": "toy"}, "every_n_steps": 5, "at_start": true, "num_generations": 2, '
             f'"max_samples": 32, "rewards": {own}}}', "grpo.save_best=eval/reward"]
     cfg = load_config(ROOT / "configs" / "pipelined.yaml", over)
-    history = train(cfg, name="eval-pipe", verbose=False)
+    history = train(cfg, name="eval-pipe", show_progress=False)
     steps = [h for h in history if "reward" in h]
     assert len(steps) == 10 and all(0 <= h["policy_staleness"] <= cfg.loop.max_staleness for h in steps)
     assert all("rewards/starts/mean" not in h for h in steps)  # the eval's rewards are not trained on

@@ -17,7 +17,7 @@ def sync_accounting(history, groups):
 
 def test_pipelined_learns_and_respects_staleness(ray_cluster, tmp_path):
     cfg = load_config(ROOT / "configs" / "pipelined.yaml", [f"logging.dir={tmp_path}"])
-    history = train(cfg, name="pipe-learn", verbose=False)
+    history = train(cfg, name="pipe-learn", show_progress=False)
     assert len(history) == cfg.grpo.max_steps
     lag = cfg.loop.max_staleness
     for h in history:
@@ -33,7 +33,7 @@ def test_pipelined_learns_and_respects_staleness(ray_cluster, tmp_path):
 def test_max_staleness_zero_has_sync_accounting(ray_cluster, tmp_path):
     over = [f"logging.dir={tmp_path}", "grpo.max_steps=4", "logging.check_logprob_parity=false"]
     pipelined = train(load_config(ROOT / "configs" / "pipelined.yaml", [*over, "loop.max_staleness=0"]),
-                      name="pipe-s0", verbose=False)
+                      name="pipe-s0", show_progress=False)
     sync_accounting(pipelined, groups=8)
     assert all(h["policy_staleness"] == 0 for h in pipelined)
     # on-policy: the sampler and the learner agree token by token, as in the synchronous loop

@@ -37,7 +37,7 @@ def test_sigterm_checkpoints_and_resume_continues(ray_cluster, tmp_path):
     assert json.loads((ckpt / "rayward_state.json").read_text())["global_step"] == last
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", [*overrides, f"grpo.max_steps={last + 2}"])
-    history = train(cfg, name=name, resume=True, verbose=False)
+    history = train(cfg, name=name, resume=True, show_progress=False)
     assert [h["step"] for h in history] == [last + 1, last + 2]
     assert history[0]["policy_version"] == last  # generators got the checkpoint's weights
 

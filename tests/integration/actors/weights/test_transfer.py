@@ -166,7 +166,7 @@ def test_a_killed_generator_restarts_rejoins_and_the_run_finishes(ray_cluster, t
 
     t = threading.Thread(target=kill_after_two_steps, daemon=True)
     t.start()
-    history = train(cfg, name, verbose=False)
+    history = train(cfg, name, show_progress=False)
     t.join(timeout=10)
     assert killed, "the generator was never killed"
     assert [h["step"] for h in history] == list(range(1, steps + 1))
