@@ -1,19 +1,43 @@
-"""Which CPU cores an actor computes on (CPU nodes only; on GPUs Ray's defaults stay).
+"""Which CPU cores an actor computes on, and how its OpenMP threads wait (CPU nodes only; GPU actors keep Ray's
+defaults). The policy is decided here once, and applied when the run is built (orchestrator/build.py).
 
-Ray gives an actor with num_cpus 0.5 one intra-op thread (OMP_NUM_THREADS=1), so on a CPU box the learner used
-half the machine even in the sync loop, where nothing else runs while it trains. The driver decides instead,
-when it builds the run: in the sync loop the phases take turns, so each actor may use every core of its node; in
-the pipelined loop the learner and the generator run at once: the generator's engine gets its share of the node's
-cores (`cluster.cpu_split`, a thread per core), and the learner computes on every core, so it has the
-generator's cores too while the generator waits for its next batch. Both loops make both sides' OpenMP waits passive
-(orchestrator/build.py, SHARED_CORES_ENV): they compute at once in the pipelined loop and during weight syncs.
+Ray starts an actor with num_cpus 0.5 at one intra-op thread (OMP_NUM_THREADS=1), which would leave half a CPU box
+idle. Instead:
+- Sync loop: the phases take turns, so the learner and the generator each compute on every core of their node.
+- Pipelined loop: the learner and the generator compute at once. The generator's engine gets the last
+  (1 - cluster.cpu_split) of the node's cores, a thread per core (`generator_cpu_share`); the learner computes on
+  every core, so it shares the generator's cores while the generator decodes and has them all while the generator
+  waits for its next batch.
+- Both loops: wherever the two share cores and compute at once (the pipelined loop always, the sync loop during
+  each weight sync, when the learner's sender and the engine's reload run together), a thread waiting at an
+  OpenMP barrier must sleep, not spin: libgomp's default spins first, burning the cycles of the thread it waits
+  for. `shared_cores_env` sets OMP_WAIT_POLICY=PASSIVE before torch or vLLM load OpenMP (measurements:
+  bench/README.md, the 100M workload).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 Share = tuple[float, float]  # [lo, hi) as fractions of the node's cores
+
+# The environment of an actor that shares its node's cores with another that computes at the same time.
+SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def generator_cpu_share(*, pipelined: bool, cpu_split: float, on_gpu: bool) -> Share | None:
+    """The generator's share of its node's cores: (cpu_split, 1.0) in the pipelined loop on a CPU node, None
+    (every core) otherwise."""
+    return (cpu_split, 1.0) if pipelined and not on_gpu else None
+
+
+def shared_cores_env(num_gpus: float) -> dict[str, Any]:
+    """`.options()` of the learner or a generator: on a CPU node a runtime_env with SHARED_CORES_ENV (Ray merges
+    its env_vars into the job's); {} for a GPU actor."""
+    if num_gpus:
+        return {}
+    return {"runtime_env": {"env_vars": dict(SHARED_CORES_ENV)}}
 
 
 def pick_cores(share: Share | None) -> list[int]:
@@ -42,6 +66,5 @@ def describe(cores: list[int]) -> str:
 
 def omp_waits() -> str:
     """How this process's OpenMP threads wait at barriers, for the start-up log: "" (libgomp's default: spin, then
-    sleep) or ", passive OpenMP waits" (OMP_WAIT_POLICY=PASSIVE, set where the learner and a generator share
-    cores)."""
+    sleep) or ", passive OpenMP waits" (SHARED_CORES_ENV)."""
     return ", passive OpenMP waits" if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" else ""

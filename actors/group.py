@@ -1,31 +1,90 @@
-"""ActorGroup: applies `ray.remote` to a plain role class, names the actors, owns the handles, fans out.
+"""The driver's groups of actors: each applies `ray.remote` to a plain role class, names the actors, owns the
+handles and fans calls out. The driver reaches every actor through one of them, in one convention:
 
-Every fan-out is one batch of `.remote()` calls followed by one `ray.get`, so the group's members work in
-parallel and the caller waits for the slowest. Names are `<run>/<role>-<i>` so the dashboard's actor list
-reads as the run's parts.
+    group.x(...)          call, wait, return the result
+    group.submit_x(...)   call without waiting; returns `Pending` (the typed ObjectRef: `done()`, `result()`)
 
-`LearnerGroup` is the learner's group: one member, however many ranks it has (see there).
+- `ActorGroup` (the generators): N members of one class. It names methods by string (`call`, `submit`,
+  `call_sharded`, `submit_sharded`, `stream`), owns the shard arithmetic, and waits on its members' streams.
+- `LearnerGroup`: the learner, one member to the loop whatever its number of ranks, with named methods (see there).
+- `RewardPoolGroup`: the named reward pool actor, which owns its reward workers.
+
+Every fan-out is one batch of `.remote()` calls, so members work in parallel; names are `<run>/<role>-<i>` so the
+dashboard's actor list reads as the run's parts. A Ray actor runs its calls in submission order: the driver's
+ordering of generation, weight syncs and evals rests on that.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import ray
+from ray.actor import ActorHandle
 
 from actors.net import free_port, node_ip
+from actors.types import RewardBatch, Scores, TrainBatch, TrainerState, TrainResult
+
+T = TypeVar("T")
 
 # How long the learner ranks' placement group may wait for room (an autoscaler may be starting nodes) before the
 # build fails, naming what it asked for.
 PLACEMENT_TIMEOUT_S = 600
 # cluster.learner_placement -> the placement group strategy of the learner ranks: one node, or one node per rank.
 PLACEMENT_STRATEGIES = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}
-# How often wait_alive asks a restarting actor whether it is back (a vLLM engine takes ~20 s to start).
+# How often `recover` asks a restarting actor whether it is back (a vLLM engine loads its model first).
 RESTART_POLL_S = 1.0
+# The learner actor's concurrency group for `send_result`: it answers while the actor's default group runs a
+# train step (the background weight send, actors/weights/transfer.py). Declared when the learner is built.
+SEND_GROUP = "weight-send"
+
+
+class Pending(Generic[T]):
+    """An actor call on its way. `done()` asks without waiting; `result()` waits and returns it, or raises the
+    call's error. A call on several learner ranks answers with rank 0's result once every rank is done, and
+    raises a rank's error as soon as it arrives (the other ranks may be blocked in a collective waiting for it)."""
+
+    def __init__(self, ref: ray.ObjectRef, others: list[ray.ObjectRef] | None = None):
+        self.ref = ref  # the answer's (rank 0's)
+        self.refs = [ref, *(others or [])]  # every rank's
+
+    def done(self) -> bool:
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        return len(ready) == len(self.refs)
+
+    def result(self) -> T:
+        waiting = list(self.refs)
+        while waiting:
+            ready, waiting = ray.wait(waiting, num_returns=1)
+            ray.get(ready)
+        return ray.get(self.ref)
+
+
+@dataclass
+class Stream(Generic[T]):
+    """One streaming call on one member (`ActorGroup.stream`): its items in order, as the member yields them."""
+
+    member: int  # the member that runs it
+    epoch: int  # the group's `restarts` when it was submitted: a death after that cuts it
+    _items: Any  # Ray's ObjectRefGenerator
+
+    def next(self) -> T:
+        """The next item (waits for it). StopIteration after the last; RayActorError if the member died."""
+        return ray.get(next(self._items))
+
+
+def shards(num_items: int, members: int, parts: int | None = None) -> list[tuple[int, slice]]:
+    """`num_items` items cut into `parts` contiguous shards (default: one per member; never more than the items),
+    dealt to the members in turn: (member, slice) per shard, in item order."""
+    parts = min(num_items, parts or members)
+    bounds = [num_items * i // parts for i in range(parts + 1)] if parts else [0]
+    return [(i % members, slice(lo, hi)) for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False))]
 
 
 class ActorGroup:
+    """N actors of one role class (the generators): `<run>/<role>-<i>`."""
+
     def __init__(
         self,
         cls: type,
@@ -39,8 +98,9 @@ class ActorGroup:
         per_actor_kwargs: list[dict[str, Any]] | None = None,
     ):
         self.role = role
+        self.restarts = 0  # deaths the group has come back from (`recover`)
         remote_cls = ray.remote(cls)
-        self.handles = []
+        self.handles: list[ActorHandle] = []
         for i in range(num):
             name = f"{run_name}/{role}-{i}"
             kw = {**(kwargs or {}), **((per_actor_kwargs or [{}] * num)[i])}
@@ -54,38 +114,59 @@ class ActorGroup:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """The same call on every member; results in member order."""
-        return ray.get([getattr(h, method).remote(*args, **kwargs) for h in self.handles])
+        return [p.result() for p in self.submit(method, *args, **kwargs)]
 
-    def call_sharded(self, method: str, items: list[Any], **kwargs: Any) -> list[Any]:
-        """Split `items` into contiguous shards, one per member, call `method(shard, **kwargs)` on each, and
-        concatenate the (list) results back in item order."""
-        return [x for part in ray.get(self.submit_sharded(method, items, **kwargs)) for x in part]
+    def submit(
+        self, method: str, *args: Any, per_member: list[dict[str, Any]] | None = None, **kwargs: Any
+    ) -> list[Pending[Any]]:
+        """The call on every member, without waiting; `per_member`: keyword arguments of each member's own."""
+        per = per_member or [{}] * len(self.handles)
+        return [Pending(getattr(h, method).remote(*args, **kwargs, **p)) for h, p in zip(self.handles, per, strict=True)]
+
+    def shards(self, num_items: int, parts: int | None = None) -> list[tuple[int, slice]]:
+        """How `num_items` items are split over the members (see `shards`)."""
+        return shards(num_items, len(self.handles), parts)
 
     def submit_sharded(
         self, method: str, items: list[Any], *, aligned: dict[str, list[Any]] | None = None, **kwargs: Any
-    ) -> list[Any]:
-        """`call_sharded` without waiting: one ObjectRef per non-empty shard, in item order. `aligned`: keyword
-        arguments holding one value per item, sharded with the items."""
-        n = len(self.handles)
-        bounds = [len(items) * i // n for i in range(n + 1)]
+    ) -> list[Pending[list[Any]]]:
+        """`method(shard, **kwargs)` on each member's contiguous shard of `items`, without waiting: one Pending per
+        shard, in item order. `aligned`: keyword arguments holding one value per item, sharded with the items."""
         return [
-            getattr(h, method).remote(items[lo:hi], **{k: v[lo:hi] for k, v in (aligned or {}).items()}, **kwargs)
-            for h, lo, hi in zip(self.handles, bounds, bounds[1:], strict=False)
-            if hi > lo
+            Pending(getattr(self.handles[m], method).remote(items[s], **{k: v[s] for k, v in (aligned or {}).items()},
+                                                            **kwargs))
+            for m, s in self.shards(len(items))
         ]
 
-    def wait_alive(self, timeout_s: float) -> None:
-        """Return once every member answers (after Ray restarted one that died). A member that is restarting
-        answers ActorUnavailableError at once, so ask again until timeout_s; one out of restarts raises."""
+    def call_sharded(self, method: str, items: list[Any], **kwargs: Any) -> list[Any]:
+        """`submit_sharded`, waited for: the (list) results concatenated back in item order."""
+        return [x for p in self.submit_sharded(method, items, **kwargs) for x in p.result()]
+
+    def stream(self, member: int, method: str, *args: Any, **kwargs: Any) -> Stream[Any]:
+        """A streaming call (a generator method) on one member."""
+        call = getattr(self.handles[member], method).options(num_returns="streaming")
+        return Stream(member, self.restarts, call.remote(*args, **kwargs))
+
+    def next_ready(self, streams: list[Stream[Any]], until: Pending[Any] | None = None) -> Stream[Any] | None:
+        """Wait until one of `streams` has its next item ready (returns that stream) or `until` is done (None)."""
+        by_items = {s._items: s for s in streams}
+        ready, _ = ray.wait(list(by_items) + ([until.ref] if until is not None else []), num_returns=1)
+        return by_items.get(ready[0])
+
+    def recover(self, timeout_s: float) -> None:
+        """After a member died: return once every member answers again (Ray restarts it; a member that is
+        restarting answers ActorUnavailableError at once, so ask again until timeout_s; one out of restarts
+        raises), and count the restart."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 ray.get([h.__ray_ready__.remote() for h in self.handles], timeout=max(deadline - time.monotonic(), 1))
-                return
+                break
             except ray.exceptions.ActorUnavailableError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(RESTART_POLL_S)
+        self.restarts += 1
 
     def kill(self) -> None:
         for h in self.handles:
@@ -98,41 +179,26 @@ def _rendezvous() -> str:
     return f"tcp://{node_ip()}:{free_port()}"
 
 
-class _AllRanks:
-    """Looks like one actor handle: `h.method.remote(*args)` submits the call to every rank, in the same
-    order on each (so their collectives line up), and returns rank 0's ObjectRef."""
-
-    def __init__(self, group: LearnerGroup):
-        self._group = group
-
-    def __getattr__(self, method: str) -> Any:
-        if method.startswith("_"):
-            raise AttributeError(method)
-        group = self._group
-
-        class _Method:
-            @staticmethod
-            def remote(*args: Any, **kwargs: Any) -> Any:
-                return group.submit(method, *args, **kwargs)[0]
-
-        return _Method()
-
-    def __repr__(self) -> str:
-        return f"<all {len(self._group.ranks)} learner ranks>"
-
-
 class LearnerGroup:
-    """The learner, as the loop sees it: one member (`handles == [h]`, `call` returns `[result]`) whatever
-    the number of ranks, so the loop drives N ranks as it drives one learner. Every call goes to every rank
-    and rank 0's answer comes back (the ranks' metrics are already global; only rank 0 pushes global_step to
-    the reward pool, through `rank0_kwargs`).
+    """The learner, as the loop sees it: one member whatever the number of ranks, so the loop drives N ranks as it
+    drives one learner. Every method runs on every rank, in the same order on each (so their collectives line up),
+    and answers with rank 0's result (the ranks' metrics are already global; only rank 0 pushes global_step to the
+    reward pool, through `rank0_kwargs`). Arguments go to the object store once, not once per rank.
 
-    strategy "single" (one rank): the learner actor as before, `<run>/learner`. "fsdp": `num` actors
-    `<run>/learner-<r>` in a placement group of one bundle per rank (the `options` resources): placement "pack"
-    (STRICT_PACK) puts the ranks on one node (NCCL over NVLink/PCIe, not the network), "spread" (STRICT_SPREAD)
-    each on its own node. Rank 0's address (its node's IP as Ray knows it, reachable from the other nodes, and
-    a port free there) is taken on its node before the actors start and passed to all of them for
-    `init_process_group`.
+        train_step(batch, reward_state) -> TrainResult     submit_train_step(...) -> Pending[TrainResult]
+        save_checkpoint(path, extra) -> str                submit_save_checkpoint(...) -> Pending[str]
+        load_checkpoint(path) -> dict (the run state)      save_merged(path) -> str (LoRA)
+        cpu_threads() -> str                               sequence_logprobs(token_ids) -> list[float]
+      weight transfer (actors/weights/transfer.py):
+        weight_plan(bucket_mb), open_weight_group(world_size, timeout_s) -> (host, port)
+        submit_join_weight_group(generation), submit_send_weights(), submit_export_weights() -> Pending
+        submit_start_send(seq), submit_send_result(seq, timeout_s) -> Pending   (one rank: the background send)
+
+    strategy "single" (one rank): the learner actor `<run>/learner`. "fsdp": `num` actors `<run>/learner-<r>` in a
+    placement group of one bundle per rank (the `options` resources): placement "pack" (STRICT_PACK) puts the
+    ranks on one node (NCCL over NVLink/PCIe, not the network), "spread" (STRICT_SPREAD) each on its own node.
+    Rank 0's address (its node's IP as Ray knows it, reachable from the other nodes, and a port free there) is
+    taken on its node before the actors start and passed to all of them for `init_process_group`.
     """
 
     def __init__(
@@ -195,31 +261,74 @@ class LearnerGroup:
                 )
                 for r in range(num)
             ]
-        self.handles = [_AllRanks(self)]
-
-    def __len__(self) -> int:
-        return len(self.handles)
 
     def __repr__(self) -> str:
         return f"LearnerGroup(ranks={len(self.ranks)})"
 
-    def submit(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """The call on every rank; ObjectRefs in rank order. Arguments go to the object store once, not once
-        per rank (a batch is the largest thing the loop sends)."""
+    def _submit(self, method: str, *args: Any, **kwargs: Any) -> Pending[Any]:
         if len(self.ranks) > 1:
             put = lambda x: x if isinstance(x, ray.ObjectRef) else ray.put(x)  # noqa: E731
             args, kwargs = tuple(put(a) for a in args), {k: put(v) for k, v in kwargs.items()}
-        return [getattr(h, method).remote(*args, **kwargs) for h in self.ranks]
+        first, *others = [getattr(h, method).remote(*args, **kwargs) for h in self.ranks]
+        return Pending(first, others)
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """`[rank 0's result]` once every rank is done. A rank's error is raised as soon as it arrives (the
-        other ranks may be blocked in a collective waiting for it)."""
-        refs = self.submit(method, *args, **kwargs)
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            ray.get(done)
-        return [ray.get(refs[0])]
+    def _one_rank(self, method: str) -> ActorHandle:
+        if len(self.ranks) != 1:
+            raise ValueError(f"LearnerGroup.{method}: a background send needs one learner rank, not {len(self.ranks)}")
+        return self.ranks[0]
+
+    # --- the update and checkpoints ---------------------------------------------------------------------------
+
+    def submit_train_step(self, batch: TrainBatch, reward_state: TrainerState | None = None) -> Pending[TrainResult]:
+        """reward_state: what rank 0 pushes to the reward pool with each new global_step (max_steps, epoch)."""
+        return self._submit("train_step", batch, reward_state=reward_state)
+
+    def train_step(self, batch: TrainBatch, reward_state: TrainerState | None = None) -> TrainResult:
+        return self.submit_train_step(batch, reward_state).result()
+
+    def submit_save_checkpoint(self, path: str, extra: dict[str, Any]) -> Pending[str]:
+        return self._submit("save_checkpoint", path, extra=extra)
+
+    def save_checkpoint(self, path: str, extra: dict[str, Any]) -> str:
+        return self.submit_save_checkpoint(path, extra).result()
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        return self._submit("load_checkpoint", path).result()
+
+    def save_merged(self, path: str) -> str:
+        return self._submit("save_merged", path).result()
+
+    def cpu_threads(self) -> str:
+        return self._submit("cpu_threads").result()
+
+    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
+        return self._submit("sequence_logprobs", token_ids).result()
+
+    # --- weight transfer ----------------------------------------------------------------------------------------
+
+    def weight_plan(self, bucket_mb: float) -> list[Any]:
+        return self._submit("weight_plan", bucket_mb).result()
+
+    def open_weight_group(self, world_size: int, timeout_s: float) -> tuple[str, int]:
+        return self._submit("open_weight_group", world_size, timeout_s).result()
+
+    def submit_join_weight_group(self, generation: int) -> Pending[int]:
+        return self._submit("join_weight_group", generation)
+
+    def submit_send_weights(self) -> Pending[dict[str, float]]:
+        return self._submit("send_weights")
+
+    def submit_export_weights(self) -> Pending[bytes]:
+        return self._submit("export_weights")
+
+    def submit_start_send(self, seq: int) -> Pending[None]:
+        """Start weight sync `seq` in the background, in the actor's default group: ahead of the next train step."""
+        return Pending(self._one_rank("submit_start_send").start_send_weights.remote(seq))
+
+    def submit_send_result(self, seq: int, timeout_s: float) -> Pending[dict[str, float]]:
+        """Weight sync `seq`'s numbers once it is done, asked in SEND_GROUP: it answers while a train step runs."""
+        rank0 = self._one_rank("submit_send_result")
+        return Pending(rank0.send_result.options(concurrency_group=SEND_GROUP).remote(seq, timeout_s))
 
     def kill(self) -> None:
         from ray.util.placement_group import remove_placement_group
@@ -228,3 +337,32 @@ class LearnerGroup:
             ray.kill(h, no_restart=True)
         if self.placement_group is not None:
             remove_placement_group(self.placement_group)
+
+
+class RewardPoolGroup:
+    """The named reward pool `<run>/<role>-pool` (actors/rewards/pool.py), which owns its reward workers.
+    `handle` is the pool's ActorHandle (the learner pushes TrainerState to it; `rayward scale` finds it by name)."""
+
+    def __init__(self, cls: type, *, run_name: str, role: str, namespace: str, kwargs: dict[str, Any]):
+        self.handle: ActorHandle = (
+            ray.remote(cls)
+            .options(name=f"{run_name}/{role}-pool", namespace=namespace, num_cpus=0, max_concurrency=1000)
+            .remote(**kwargs)
+        )
+
+    def submit_score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Pending[Scores]:
+        """Score a batch in chunks of `chunk_groups` groups; state: the trainer_state the rewards see (default: the
+        pool's, the learner's latest)."""
+        return Pending(self.handle.score.remote(batch, chunk_groups, state=state))
+
+    def score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Scores:
+        return self.submit_score(batch, chunk_groups, state).result()
+
+    def kill(self) -> None:
+        """The pool and its workers (best effort, at teardown)."""
+        try:
+            for h in ray.get(self.handle.worker_handles.remote(), timeout=10).values():
+                ray.kill(h, no_restart=True)
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+        ray.kill(self.handle, no_restart=True)

@@ -62,7 +62,7 @@ def worker(mode: str, eval_block: dict[str, Any] | None, out: Path, logdir: Path
     if eval_block is not None:
         overrides.append(f"eval={json.dumps(eval_block)}")
     t0 = time.perf_counter()
-    history = train(load_config(ROOT / "configs" / "demo.yaml", overrides), verbose=False)
+    history = train(load_config(ROOT / "configs" / "demo.yaml", overrides), show_progress=False)
     run_s = time.perf_counter() - t0
     out.write_text(json.dumps({"loop_s": loop_s[0], "run_s": run_s, "history": history}))
 

@@ -246,7 +246,7 @@ def run_rayward(
     ), o
     assert [r.name for r in cfg.rewards] == ["letter", "sandbox"]
     t0 = time.perf_counter()
-    history = train(cfg, verbose=True)
+    history = train(cfg, show_progress=True)
     wall = time.perf_counter() - t0
     keys = ("time/step", "time/generate", "time/reward", "time/train", "time/sync", "time/generate_busy",
             "time/wait_rollouts", "time/train_compute", "rewards/sandbox/latency_s", "rewards/letter/latency_s",

@@ -150,7 +150,7 @@ def step_share(model: Path, steps: int, bucket_mb: float, extra: list[str]) -> d
         "grpo.per_device_train_batch_size=16", "logging.progress=false", f"logging.dir={tempfile.mkdtemp()}",
         "logging.log_completions=false", f"weight_sync.bucket_mb={bucket_mb}", *extra,
     ])
-    hist = train(cfg, "bench-step", verbose=False)[1:]  # the first step carries start-up effects
+    hist = train(cfg, "bench-step", show_progress=False)[1:]  # the first step carries start-up effects
     med = lambda k: statistics.median(h[k] for h in hist)  # noqa: E731
     return {"sync_s": med("time/sync"), "step_s": med("time/step"), "share": med("time/sync") / med("time/step"),
             "parts": {k: med(f"sync/{k}_s") for k in ("gather", "transfer", "load")},

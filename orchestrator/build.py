@@ -12,17 +12,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors import cpus
+from actors.cpus import Share
+from actors.group import SEND_GROUP, ActorGroup, LearnerGroup, RewardPoolGroup
 from actors.learner.loss import ImportanceSampling, LossConfig
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
 from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.builtin import BUILTIN_REWARDS
 from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
 from actors.types import TrainerState
+from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
-from orchestrator.config import TINY_MODEL, ConfigError, Resources, RewardConfig, RunConfig
+from orchestrator.checkpoints import BestCheckpoint
+from orchestrator.config import TINY_MODEL, ConfigError, RewardConfig, RunConfig
 from orchestrator.data import PromptSource, eval_rows, load_rows
 from orchestrator.eval_metrics import Best, EvalSchedule
-from orchestrator.evaluator import BestCheckpoint, BlockingEval, EvalSet, NoEval, OverlappedEval
+from orchestrator.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
+from orchestrator.run import Evaluator, Run
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
@@ -66,35 +72,11 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards") -> list[Re
     return specs
 
 
-# CPU nodes: the learner's torch threads run on every core, the generator's among them, and both compute at once
-# (the pipelined loop always; the sync loop during each weight sync, when the learner's sender and the engine's
-# reload run together), so neither side's threads may spin while they wait at OpenMP barriers for a thread whose
-# core the other holds (libgomp's default spins first, burning the cycles the slow thread needs). PASSIVE:
-# waiting threads sleep. Measured on 2 cores, 100M model: pipelined (bench/trl_vs_rayward.py --workload 100m
-# --which pipelined) 5.17 s/step with the learner pinned to one core; on both cores 4.92 s with spinning waits,
-# 4.47 s with the learner's waits passive, 4.30 s with both sides' waits passive. Sync loop (bench/weight_sync.py
-# --sizes 100m --step-share, medians of 7 steps): time/sync 0.67 s spinning -> 0.46 s passive (18.9 -> 13.6 % of
-# the step); time/generate 0.68 -> 0.72 s, time/train 2.17 -> 2.09 s.
-SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-
-
-def generator_cpu_share(cfg: RunConfig) -> tuple[float, float] | None:
-    """The generators' share of a CPU node's cores (actors/cpus.py), None = every core. The sync loop's phases take
-    turns, so each uses every core (and GPU actors keep Ray's defaults). In the pipelined loop the generator's
-    engine threads are bound to the last (1 - cpu_split) of the node's cores and the learner trains on every
-    core: while the generator is busy they share its cores, while it waits for the next batch (most of a step
-    when training is the slower phase) the learner has them all."""
+def generator_cpu_share(cfg: RunConfig) -> Share | None:
+    """The generators' share of a CPU node's cores (the policy: actors/cpus.py)."""
     c = cfg.cluster
-    return (c.cpu_split, 1.0) if cfg.loop.mode == "pipelined" and not c.generator.num_gpus else None
-
-
-def shared_cores_env(res: Resources) -> dict[str, Any]:
-    """`.options()` of the learner or a generator on a CPU node, which shares the node's cores with the other
-    (see SHARED_CORES_ENV): a runtime_env with SHARED_CORES_ENV, set before torch or vLLM load OpenMP; Ray merges
-    its env_vars into the job's. {} on GPU actors."""
-    if res.num_gpus:
-        return {}
-    return {"runtime_env": {"env_vars": dict(SHARED_CORES_ENV)}}
+    return cpus.generator_cpu_share(pipelined=cfg.loop.mode == "pipelined", cpu_split=c.cpu_split,
+                                    on_gpu=bool(c.generator.num_gpus))
 
 
 def autoscale_settings(cfg: RunConfig) -> AutoscaleSettings | None:
@@ -247,30 +229,6 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     return Prepared(cfg, name, model_path, specs, prompts, Path(cfg.logging.dir) / name, held_out, eval_specs)
 
 
-@dataclass
-class Run:
-    """The built run: named actor groups plus driver-side state. The loop calls one phase at a time on it."""
-
-    cfg: RunConfig
-    name: str
-    run_dir: Path
-    prompts: PromptSource
-    generators: Any  # ActorGroup of actors.generation.generator.Generator
-    learner: Any  # LearnerGroup: one actors.learner.learner.Learner to the loop (cluster.num_learners ranks)
-    reward_pool: Any  # handle of the named actors.rewards.pool.RewardPool
-    weights: Any  # actors.weights.transfer: CollectiveTransfer or ObjectStoreTransfer
-    aggregator: RewardAggregator
-    select: Selector  # group selection between scoring and advantages: keep_all or dynamic sampling (DAPO)
-    logger: MetricsLogger
-    prompts_per_step: int
-    evaluate: Any = NoEval()  # held-out eval: NoEval, BlockingEval (sync loop) or OverlappedEval (pipelined)
-    eval_pool: Any = None  # handle of NAME/eval-reward-pool when eval.rewards has rewards of its own
-    global_step: int = 0  # optimizer steps done (the learner's)
-    policy_version: int = 0  # learner step whose weights the generators hold
-    generator_restarts: int = 0  # generator deaths survived (restarted, weights re-synced)
-    stop_requested: bool = False  # set by SIGTERM; the loops stop at the next step boundary
-
-
 def selector(cfg: RunConfig, aggregator: RewardAggregator) -> Selector:
     """keep_all, or dynamic sampling with the run's aggregation and targets bound in."""
     if not cfg.grpo.dynamic_sampling:
@@ -292,58 +250,47 @@ def overlapped_sync(cfg: RunConfig) -> bool:
 
 def learner_concurrency(cfg: RunConfig) -> dict[str, int] | None:
     """The learner actor's concurrency groups: one for `send_result` where sends overlap training."""
-    from actors.weights.transfer import SEND_GROUP
-
     return {SEND_GROUP: 1} if overlapped_sync(cfg) else None
 
 
-def weight_transfer(cfg: RunConfig, learner: Any, generators: Any) -> Any:
-    """The run's weight-transfer backend (weight_sync.backend), connected."""
+def weight_transfer(cfg: RunConfig, learner: LearnerGroup, generators: ActorGroup) -> WeightTransfer:
+    """The run's weight-transfer backend (weight_sync.backend); the collective one's group formed."""
     from actors.weights.transfer import CollectiveTransfer, ObjectStoreTransfer, OverlappedCollectiveTransfer
 
     w = cfg.weight_sync
     if w.backend == "object_store":
-        transfer = ObjectStoreTransfer(learner, generators, timeout_s=w.timeout_s)
-    else:
-        kind = OverlappedCollectiveTransfer if overlapped_sync(cfg) else CollectiveTransfer
-        transfer = kind(
-            learner, generators, timeout_s=w.timeout_s, bucket_mb=w.bucket_mb,
-            tp_size=cfg.generation.tensor_parallel_size,
-        )
+        return ObjectStoreTransfer(learner, generators, timeout_s=w.timeout_s)
+    kind = OverlappedCollectiveTransfer if overlapped_sync(cfg) else CollectiveTransfer
+    transfer = kind(
+        learner, generators, timeout_s=w.timeout_s, bucket_mb=w.bucket_mb, tp_size=cfg.generation.tensor_parallel_size,
+    )
     transfer.connect()
     return transfer
 
 
 def start_reward_pool(
     cfg: RunConfig, name: str, specs: list[RewardSpec], *, role: str = "reward", num_workers: int | None = None
-) -> Any:
+) -> RewardPoolGroup:
     """The named reward pool `NAME/<role>-pool` and its workers (Ray must be initialised)."""
-    import ray
-
     from actors.rewards.pool import RewardPool
     from orchestrator.cluster import actor_options, namespace, run_sys_path
 
     ns = namespace(name)  # explicit, so `rayward scale NAME` finds the actors whatever the driver's namespace
-    return (
-        ray.remote(RewardPool)
-        .options(name=f"{name}/{role}-pool", namespace=ns, num_cpus=0, max_concurrency=1000)
-        .remote(
-            specs,
-            run_name=name,
-            num_workers=num_workers or cfg.cluster.num_reward_workers,
-            worker_options=actor_options(cfg.cluster.reward_worker, namespace=ns),
-            sys_path=run_sys_path(),
-            trainer_state=TrainerState(max_steps=cfg.grpo.max_steps),
-            autoscale=autoscale_settings(cfg),
-            role=role,
-        )
-    )
+    return RewardPoolGroup(RewardPool, run_name=name, role=role, namespace=ns, kwargs=dict(
+        specs=specs,
+        run_name=name,
+        num_workers=num_workers or cfg.cluster.num_reward_workers,
+        worker_options=actor_options(cfg.cluster.reward_worker, namespace=ns),
+        sys_path=run_sys_path(),
+        trainer_state=TrainerState(max_steps=cfg.grpo.max_steps),
+        autoscale=autoscale_settings(cfg),
+        role=role,
+    ))
 
 
-def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) -> Any:
+def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) -> ActorGroup:
     """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments)."""
     from actors.generation.generator import Generator
-    from actors.group import ActorGroup
     from orchestrator.cluster import generator_options, namespace
 
     c, gen = cfg.cluster, cfg.generation
@@ -353,7 +300,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) 
         run_name=name,
         role="generator",
         options=generator_options(c.generator, gen.tensor_parallel_size, c.generator_max_restarts,
-                                  namespace=namespace(name), **shared_cores_env(c.generator)),
+                                  namespace=namespace(name), **cpus.shared_cores_env(c.generator.num_gpus)),
         args=(model_path,),
         kwargs=dict(
             dtype=cfg.model.dtype,
@@ -368,13 +315,22 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) 
     )
 
 
-def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: Any) -> EvalSet:
-    """What every eval of the run generates and how it is scored (cfg.eval set)."""
-    e, g = cfg.eval, cfg.generation
-    sampling = dict(
-        n=e.num_generations, max_tokens=e.max_completion_length or g.max_completion_length,
-        temperature=g.temperature if e.temperature is None else e.temperature, top_p=g.top_p, top_k=g.top_k,
-    )
+def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
+    """Generator.generate's sampling arguments for the training batches (generation.*)."""
+    g = cfg.generation
+    return dict(n=g.num_generations, max_tokens=g.max_completion_length, temperature=g.temperature, top_p=g.top_p,
+                top_k=g.top_k)
+
+
+def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup) -> EvalSet:
+    """What every eval of the run generates and how it is scored (cfg.eval set): the training batches' sampling,
+    with eval's num_generations, and its max_completion_length and temperature where given."""
+    e = cfg.eval
+    sampling = {**sampling_kwargs(cfg), "n": e.num_generations}
+    if e.max_completion_length is not None:
+        sampling["max_tokens"] = e.max_completion_length
+    if e.temperature is not None:
+        sampling["temperature"] = e.temperature
     return EvalSet(
         rows=rows, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
         aggregator=RewardAggregator(e.rewards if e.rewards is not None else cfg.rewards),
@@ -382,8 +338,8 @@ def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: Any) -> EvalSet:
     )
 
 
-def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Any, learner: Any, logger: MetricsLogger,
-              prompts: PromptSource, run_dir: Path) -> Any:
+def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: ActorGroup, learner: LearnerGroup,
+              logger: MetricsLogger, prompts: PromptSource, run_dir: Path) -> Evaluator:
     """The run's held-out evaluator: none, blocking between steps (sync loop), or overlapped with training
     (pipelined loop); with grpo.save_best, keeping checkpoint-best."""
     if es is None:
@@ -395,13 +351,12 @@ def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Any, learner: A
     kind = OverlappedEval if cfg.loop.mode == "pipelined" else BlockingEval
     return kind(
         es, EvalSchedule(e.every_n_steps, e.at_start, g.max_steps), generators=generators, logger=logger,
-        prompts=prompts, best=best, log_completions=cfg.logging.log_completions,
+        display=logger.display, prompts=prompts, best=best, log_completions=cfg.logging.log_completions,
     )
 
 
 def build_run(p: Prepared, display: Display | None = None) -> Run:
     """Start the actor groups (Ray must be initialised). `display` shows the steps (default: step lines)."""
-    from actors.group import LearnerGroup
     from actors.learner.learner import Learner
     from orchestrator.cluster import actor_options, namespace
 
@@ -417,10 +372,10 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
         run_name=p.name,
         strategy=c.learner_strategy,
         placement=c.learner_placement,
-        options=actor_options(c.learner, namespace=namespace(p.name), **shared_cores_env(c.learner)),
+        options=actor_options(c.learner, namespace=namespace(p.name), **cpus.shared_cores_env(c.learner.num_gpus)),
         concurrency_groups=learner_concurrency(cfg),
         kwargs={"spec": learner_spec(cfg, p.model_path)},
-        rank0_kwargs={"reward_pool": reward_pool},  # rank 0 alone pushes global_step
+        rank0_kwargs={"reward_pool": reward_pool.handle},  # rank 0 alone pushes global_step
     )
     weights = weight_transfer(cfg, learner, generators)
     logger = MetricsLogger(
@@ -431,30 +386,17 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
     es = eval_set(cfg, p.eval_rows, eval_pool or reward_pool) if p.eval_rows is not None else None
     return Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
-        reward_pool=reward_pool, weights=weights, aggregator=aggregator, select=selector(cfg, aggregator),
-        logger=logger, prompts_per_step=gen.generation_batch_size // gen.num_generations,
+        reward_pool=reward_pool, weights=weights,
         evaluate=evaluator(cfg, es, generators=generators, learner=learner, logger=logger, prompts=p.prompts,
                            run_dir=p.run_dir),
+        aggregator=aggregator, select=selector(cfg, aggregator), sampling=sampling_kwargs(cfg),
+        prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
         eval_pool=eval_pool,
     )
 
 
 def shutdown_run(run: Run) -> None:
     run.logger.close()
-    for group in (run.generators, run.learner):
-        group.kill()
-    for pool in (run.reward_pool, run.eval_pool):
-        if pool is not None:
-            kill_pool(pool)
-
-
-def kill_pool(pool: Any) -> None:
-    """A reward pool and its workers (best effort, at teardown)."""
-    import ray
-
-    try:
-        for h in ray.get(pool.worker_handles.remote(), timeout=10).values():
-            ray.kill(h, no_restart=True)
-    except Exception:  # noqa: BLE001 - best effort at teardown
-        pass
-    ray.kill(pool, no_restart=True)
+    for group in (run.generators, run.learner, run.reward_pool, run.eval_pool):
+        if group is not None:
+            group.kill()

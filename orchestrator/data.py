@@ -125,9 +125,6 @@ class PromptSource:
         """Fractional epochs served (TRL's trainer_state.epoch)."""
         return self.served / len(self.rows)
 
-    def encode(self, prompt: Any) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt)
-
     def next_batch(self, k: int) -> list[dict[str, Any]]:
         """k rows, each with `prompt_ids` added."""
         out = []
@@ -136,7 +133,7 @@ class PromptSource:
                 self._new_epoch()
             row = dict(self.rows[self._order[self._cursor]])
             self._cursor += 1
-            row["prompt_ids"] = self.encode(row[self.cfg.prompt_column])
+            row["prompt_ids"] = encode_prompt(self.tokenizer, row[self.cfg.prompt_column])
             out.append(row)
         self.served += k
         return out

@@ -8,6 +8,7 @@ the same way, one call per phase:
     run.evaluate.start(step)        before the first step (eval.at_start)
     run.evaluate.after_step(step)   after each step's weight sync (every eval.every_n_steps, and the last step)
     run.evaluate.drain()            at the end of the loop (phases.finish)
+    run.evaluate.restore()          on resume (orchestrator/checkpoints.py): the best eval so far
 
 - `NoEval`: the run has no eval block; every call does nothing.
 - `BlockingEval` (sync loop): between two steps the generators are idle; the eval generates there, is scored
@@ -24,24 +25,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import ray
-
-from actors.types import Rollouts, Scores, TrainerState
+from actors.group import ActorGroup, Pending, RewardPoolGroup
+from actors.types import Rollouts, Sample, Scores, TrainerState
 from orchestrator.aggregation import RewardAggregator, raw_matrix, weighted_totals
-from orchestrator.data import to_rollouts
-from orchestrator.eval_metrics import Best, EvalSchedule, eval_metrics
-
-BEST_CHECKPOINT = "checkpoint-best"
-# Where the pipelined loop's learner writes the evaluated weights until the eval's result is known.
-BEST_CANDIDATE = "checkpoint-best.candidate"
+from orchestrator.checkpoints import BestCheckpoint
+from orchestrator.data import PromptSource, to_rollouts
+from orchestrator.eval_metrics import EvalSchedule, eval_metrics
+from orchestrator.telemetry.metrics import MetricsLogger
+from orchestrator.telemetry.progress import Display
 
 
 @dataclass
@@ -53,7 +48,7 @@ class EvalSet:
     prompt_column: str
     sampling: dict[str, Any]  # Generator.generate kwargs: n, max_tokens, temperature, top_p, top_k
     seed: int  # row i's completions are drawn with seeds seed + i*n .. seed + i*n + n-1, at every eval
-    pool: Any  # handle of the RewardPool that scores eval completions
+    pool: RewardPoolGroup  # the pool that scores eval completions
     aggregator: RewardAggregator  # weights, gates and schedules of the eval rewards
     chunk_groups: int
     pass_threshold: float
@@ -70,10 +65,10 @@ class PendingEval:
 
     step: int  # the optimizer step whose weights are evaluated
     epoch: float
-    generation: list[Any]  # ObjectRefs of Generator.generate, one per shard, in row order
+    generation: list[Pending[list[list[Sample]]]]  # Generator.generate, one per shard, in row order
     t0: float = field(default_factory=time.perf_counter)
-    scoring: tuple[Rollouts, Any] | None = None  # once generated: the rollouts and the ObjectRef of their Scores
-    candidate: list[Any] | None = None  # pipelined save_best: ObjectRefs of the learner's candidate checkpoint
+    scoring: tuple[Rollouts, Pending[Scores]] | None = None  # once generated: the rollouts and their scoring
+    candidate: Pending[str] | None = None  # pipelined save_best: the learner's candidate checkpoint
 
 
 @dataclass
@@ -93,35 +88,35 @@ class EvalResult:
         ]
 
 
-def submit_eval(es: EvalSet, generators: Any, step: int, epoch: float = 0.0) -> PendingEval:
+def submit_eval(es: EvalSet, generators: ActorGroup, step: int, epoch: float = 0.0) -> PendingEval:
     """Submit the eval's generation (the rows sharded over the generators); returns without waiting."""
     # Seeds per row, fixed across evals: two evals differ by the policy, not by the dice; vLLM adds j to a
     # prompt's seed for its j-th completion, so rows are n apart and repeated prompts still differ.
     seeds = [es.seed + i * es.group_size for i in range(len(es.rows))]
-    refs = generators.submit_sharded(
+    parts = generators.submit_sharded(
         "generate", [r["prompt_ids"] for r in es.rows], aligned={"seeds": seeds}, **es.sampling
     )
-    return PendingEval(step, epoch, refs)
+    return PendingEval(step, epoch, parts)
 
 
 def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
     """Move an eval on: once its generation is done, submit its scoring. Returns whether its scores are ready
     (block=True waits for the generation, not for the scores)."""
     if p.scoring is None:
-        if not block and not _ready(p.generation):
+        if not block and not all(part.done() for part in p.generation):
             return False
-        groups = [g for part in ray.get(p.generation) for g in part]
+        groups = [g for part in p.generation for g in part.result()]
         rollouts = to_rollouts(es.rows, groups, p.step, prompt_column=es.prompt_column, group_size=es.group_size)
         state = TrainerState(global_step=p.step, max_steps=es.max_steps, epoch=p.epoch)
-        p.scoring = (rollouts, es.pool.score.remote(rollouts.reward_batch(), es.chunk_groups, state=state))
-    return _ready([p.scoring[1]])
+        p.scoring = (rollouts, es.pool.submit_score(rollouts.reward_batch(), es.chunk_groups, state=state))
+    return p.scoring[1].done()
 
 
 def finish_eval(es: EvalSet, p: PendingEval) -> EvalResult:
     """Wait for an eval and compute its metrics."""
     advance(es, p, block=True)
-    rollouts, ref = p.scoring
-    metrics, table = summarize(es, rollouts, ray.get(ref), p.step)
+    rollouts, scoring = p.scoring
+    metrics, table = summarize(es, rollouts, scoring.result(), p.step)
     metrics["eval/seconds"] = time.perf_counter() - p.t0
     return EvalResult(p.step, metrics, rollouts, table)
 
@@ -144,59 +139,6 @@ def summarize(
     for k, name in enumerate(es.aggregator.names):
         table[f"rewards/{name}"] = nan_to_none(raw[:, k].tolist())
     return metrics, table
-
-
-def _ready(refs: list[Any]) -> bool:
-    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-    return len(done) == len(refs)
-
-
-# --- checkpoint-best --------------------------------------------------------------------------------------
-
-
-class BestCheckpoint:
-    """grpo.save_best: `<run dir>/checkpoint-best` is the checkpoint of the best eval so far (a full checkpoint:
-    HF model with its tokenizer, optimizer, run state), its rayward_state.json recording the metric, value and
-    step. --resume still continues from the latest periodic checkpoint-<step>."""
-
-    def __init__(self, best: Best, learner: Any, run_dir: Path, data_state: Callable[[], dict[str, Any]]):
-        self.best, self.learner, self.data_state = best, learner, data_state
-        self.path, self.candidate_path = run_dir / BEST_CHECKPOINT, run_dir / BEST_CANDIDATE
-
-    def restore(self) -> None:
-        """On resume: the best so far is the one checkpoint-best recorded (for the same metric)."""
-        state = self.path / "rayward_state.json"
-        if state.exists():
-            rec = json.loads(state.read_text()).get("best", {})
-            if rec.get("metric") == self.best.metric:
-                self.best.value, self.best.step = rec["value"], rec["step"]
-
-    def capture(self) -> list[Any]:
-        """Pipelined: the learner saves the current weights as the candidate, queued before its next train
-        step; returns the ranks' ObjectRefs."""
-        return self.learner.submit("save_checkpoint", str(self.candidate_path), extra={"data": self.data_state()})
-
-    def offer(self, step: int, metrics: dict[str, float], candidate: list[Any] | None) -> bool:
-        """Keep the evaluated checkpoint if its metric beats the best so far: the candidate (pipelined), or a
-        checkpoint saved now (sync: the learner still holds the evaluated weights). Returns whether it did."""
-        value = metrics[self.best.metric]
-        if candidate is not None:
-            ray.get(candidate)
-        if not self.best.improves(value):
-            if candidate is not None:
-                shutil.rmtree(self.candidate_path, ignore_errors=True)
-            return False
-        if candidate is None:
-            self.learner.call("save_checkpoint", str(self.candidate_path), extra={"data": self.data_state()})
-        state_file = self.candidate_path / "rayward_state.json"
-        state = json.loads(state_file.read_text())
-        state["best"] = {"metric": self.best.metric, "value": value, "step": step}
-        state_file.write_text(json.dumps(state))
-        if self.path.exists():
-            shutil.rmtree(self.path)
-        os.replace(self.candidate_path, self.path)
-        self.best.value, self.best.step = value, step
-        return True
 
 
 # --- the evaluators the loops call --------------------------------------------------------------------------
@@ -222,10 +164,10 @@ class _Evaluator:
     """What both evaluators share: the eval set, the schedule, and recording a finished eval."""
 
     def __init__(
-        self, es: EvalSet, schedule: EvalSchedule, *, generators: Any, logger: Any, prompts: Any,
-        best: BestCheckpoint | None, log_completions: bool,
+        self, es: EvalSet, schedule: EvalSchedule, *, generators: ActorGroup, logger: MetricsLogger, display: Display,
+        prompts: PromptSource, best: BestCheckpoint | None, log_completions: bool,
     ):
-        self.es, self.schedule, self.generators, self.logger = es, schedule, generators, logger
+        self.es, self.schedule, self.generators, self.logger, self.display = es, schedule, generators, logger, display
         self.prompts, self.best_checkpoint, self.log_completions = prompts, best, log_completions
 
     def restore(self) -> None:
@@ -235,7 +177,7 @@ class _Evaluator:
     def _submit(self, step: int) -> PendingEval:
         return submit_eval(self.es, self.generators, step, self.prompts.epoch_progress)
 
-    def _record(self, result: EvalResult, candidate: list[Any] | None) -> None:
+    def _record(self, result: EvalResult, candidate: Pending[str] | None) -> None:
         self.logger.log_eval(result.step, result.metrics)
         if self.log_completions:
             with open(self.logger.run_dir / "eval_completions.jsonl", "a") as f:
@@ -243,7 +185,9 @@ class _Evaluator:
                     f.write(json.dumps(row, default=str) + "\n")
         keeper = self.best_checkpoint
         if keeper is not None and keeper.offer(result.step, result.metrics, candidate):
-            self.logger.note(f"checkpoint-best: step {result.step} ({keeper.best.metric} {keeper.best.value:.4g})")
+            self.display.message(
+                f"rayward: checkpoint-best: step {result.step} ({keeper.best.metric} {keeper.best.value:.4g})"
+            )
 
 
 class BlockingEval(_Evaluator):

@@ -1,31 +1,38 @@
 """The phases of a GRPO step, each one call on the run's named groups. Both loops (loop.py) are made of these.
 
-    rows     = run.prompts.next_batch(n)                    driver
-    rollouts = generate(run, rows)                          generators (vLLM)          -> Rollouts
-    scores   = score(run, rollouts)                         reward pool -> workers     -> Scores
-    rollouts, scores, _ = run.select(rollouts, scores, ...) keep all / dynamic sampling
-    batch, m, table = advantages(run, rollouts, scores)     driver: gates, weights, advantages -> TrainBatch
-    stats    = train(run, batch)                            learner (pushes TrainerState to the pool)
-    sync(run)                                               learner -> every engine (actors.weights)
-    log_step(...); maybe_checkpoint(run)
-    run.evaluate.after_step(step)                           held-out eval (orchestrator/evaluator.py)
+    rows      = run.prompts.next_batch(n)                       driver
+    rollouts  = generate(run, rows)                             generators (vLLM)           -> Rollouts
+    scores    = score(run, rollouts)                            reward pool -> workers      -> Scores
+    selection = run.select(rollouts, scores, refill(run, t))    keep all / dynamic sampling -> Selection
+    step      = to_train_batch(run, selection)                  driver: gates, weights, advantages, step metrics
+                                                                                            -> StepBatch
+    trained   = train(run, step.batch)                          learner (pushes TrainerState to the pool)
+                                                                                            -> TrainResult
+    synced    = sync(run)                                       learner -> every engine     -> SyncStats
+    log_step(run, t, step, trained, synced)
+    checkpoints.save_periodic(run); run.evaluate.after_step(global_step)
+
+Phases read the run's progress and never write it: the loop does, from what they return.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-import ray
 from ray.exceptions import RayActorError
 
+from actors.group import Pending
 from actors.types import Rollouts, Sample, Scores, TrainBatch, TrainerState, TrainResult
-from orchestrator.aggregation import to_train_batch
-from orchestrator.build import Run
-from orchestrator.config import RunConfig
+from actors.weights.transfer import SyncStats
+from orchestrator import aggregation, checkpoints
 from orchestrator.data import to_rollouts
-from orchestrator.selection import Refill
+from orchestrator.run import Run
+from orchestrator.selection import Refill, Selection
 from orchestrator.telemetry.metrics import PhaseTimer
+
+T = TypeVar("T")
 
 # How long a restarted generator may take to come back (a fresh vLLM engine loads the model) before the run
 # gives up on it.
@@ -35,58 +42,47 @@ RESTART_WAIT_S = 600.0
 # --- generate ---------------------------------------------------------------------------------------------
 
 
-def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
-    g = cfg.generation
-    return dict(n=g.num_generations, max_tokens=g.max_completion_length, temperature=g.temperature,
-                top_p=g.top_p, top_k=g.top_k)
-
-
-def rollouts_of(cfg: RunConfig, rows: list[dict[str, Any]], groups: list[list[Sample]], policy_version: int) -> Rollouts:
+def rollouts_of(run: Run, rows: list[dict[str, Any]], groups: list[list[Sample]], policy_version: int) -> Rollouts:
     """A training batch's generator output as Rollouts (the training data's prompt column, G per prompt)."""
-    return to_rollouts(rows, groups, policy_version, prompt_column=cfg.data.prompt_column,
-                       group_size=cfg.generation.num_generations)
+    return to_rollouts(rows, groups, policy_version, prompt_column=run.cfg.data.prompt_column,
+                       group_size=run.cfg.generation.num_generations)
 
 
-def with_generator_restarts(run: Run, call: Callable[[], Any]) -> Any:
-    """Run a call on the generators; if one died and Ray restarted it (cluster.generator_max_restarts), wait
-    for it, bring it the current weights (the weight-transfer group re-forms), and run the call once more."""
+def recover_generators(run: Run) -> None:
+    """After a generator died: wait for Ray to restart it, then re-form the weight-transfer group and bring every
+    engine the current weights."""
+    run.display.message("rayward: a generator died; waiting for Ray to restart it, then re-syncing weights")
+    run.generators.recover(RESTART_WAIT_S)
+    run.weights.rejoin()
+
+
+def with_generator_restarts(run: Run, call: Callable[[], T]) -> T:
+    """Run a call on the generators; if one died and Ray restarted it (cluster.generator_max_restarts), recover
+    and run the call once more."""
     try:
         return call()
     except RayActorError:
         if run.cfg.cluster.generator_max_restarts == 0:
             raise
-    restart_generators(run)
+    recover_generators(run)
     return call()
-
-
-def restart_generators(run: Run) -> None:
-    """After a generator died: wait for Ray to restart it, re-form the weight-transfer group and bring every engine
-    the current weights."""
-    print("rayward: a generator died; waiting for Ray to restart it, then re-syncing weights", flush=True)
-    run.generators.wait_alive(RESTART_WAIT_S)
-    run.weights.rejoin()
-    run.policy_version = run.global_step
-    run.generator_restarts += 1
 
 
 def generate(run: Run, rows: list[dict[str, Any]]) -> Rollouts:
     ids = [r["prompt_ids"] for r in rows]
-    groups = with_generator_restarts(
-        run, lambda: run.generators.call_sharded("generate", ids, **sampling_kwargs(run.cfg))
-    )
-    return rollouts_of(run.cfg, rows, groups, run.policy_version)
+    groups = with_generator_restarts(run, lambda: run.generators.call_sharded("generate", ids, **run.sampling))
+    return rollouts_of(run, rows, groups, run.progress.policy_version)
 
 
 # --- score ------------------------------------------------------------------------------------------------
 
 
-def score_request(run: Run, rollouts: Rollouts) -> Any:
-    """Submit a batch to the reward pool; returns the ObjectRef of its Scores."""
-    return run.reward_pool.score.remote(rollouts.reward_batch(), run.cfg.cluster.reward_chunk_groups)
+def submit_score(run: Run, rollouts: Rollouts) -> Pending[Scores]:
+    return run.reward_pool.submit_score(rollouts.reward_batch(), run.cfg.cluster.reward_chunk_groups)
 
 
 def score(run: Run, rollouts: Rollouts) -> Scores:
-    return ray.get(score_request(run, rollouts))
+    return submit_score(run, rollouts).result()
 
 
 def refill(run: Run, timer: PhaseTimer) -> Refill:
@@ -102,35 +98,47 @@ def refill(run: Run, timer: PhaseTimer) -> Refill:
     return more
 
 
-# --- advantages -------------------------------------------------------------------------------------------
-
-# The reward pool's stats (actors.rewards.pool.RewardPool.stats) copied into every step's metrics as
-# reward_pool/<key>: live and target workers (and those still starting), cumulative retries, replacements,
-# scaling decisions and live worker-seconds, the queue, and the autoscaler's utilisation.
-POOL_METRICS = (
-    "workers", "target_workers", "starting", "retries", "replaced", "queue_depth", "decisions", "worker_s",
-    "utilization",
-)
+# --- to the learner's batch -------------------------------------------------------------------------------
 
 
-def advantages(run: Run, rollouts: Rollouts, scores: Scores) -> tuple[TrainBatch, dict[str, Any], dict[str, list]]:
-    """Gates, scheduled weights and GRPO advantages at the step the batch was scored under, with the step's
-    reward, pool and completion metrics, and the per-sample table of the completions log."""
+@dataclass
+class StepBatch:
+    """What a step trains on, and what it logs about it."""
+
+    rollouts: Rollouts  # the selected groups
+    scores: Scores
+    batch: TrainBatch  # the learner's input: token ids, sampling logprobs, advantages
+    metrics: dict[str, float]  # reward, gate, pool, completion and selection metrics
+    table: dict[str, list[Any]]  # per sample, the completions log's columns: each reward raw and gated, total, advantage
+
+
+def to_train_batch(run: Run, selection: Selection) -> StepBatch:
+    """Gates, scheduled weights and GRPO advantages at the step the batch was scored under (orchestrator/
+    aggregation.py), with the step's metrics."""
     g = run.cfg.grpo
-    batch, metrics, table = to_train_batch(
+    rollouts, scores = selection.rollouts, selection.scores
+    batch, metrics, table = aggregation.to_train_batch(
         run.aggregator, rollouts, scores, scale_rewards=g.scale_rewards, aggregation=g.multi_objective_aggregation
     )
+    metrics.update(step_metrics(rollouts, scores))
+    metrics.update(selection.metrics)
+    return StepBatch(rollouts, scores, batch, metrics, table)
+
+
+def step_metrics(rollouts: Rollouts, scores: Scores) -> dict[str, float]:
+    """What scoring and generating the batch logged: per-reward timeouts, errors and latency, the reward
+    functions' log_metric means, the reward pool's state, completion lengths, the batch's versions."""
+    m: dict[str, Any] = {}
     for name in scores.names:
-        metrics[f"rewards/{name}/timeouts"] = scores.timeouts[name]
-        metrics[f"rewards/{name}/errors"] = scores.errors[name]
-        metrics[f"rewards/{name}/latency_s"] = scores.latency_s[name]
-    metrics.update({f"reward_fn/{k}": v for k, v in scores.metric_means().items()})  # users' log_metric values
-    metrics["roles/reward/busy_s"] = scores.busy_s
-    metrics.update({f"reward_pool/{k}": scores.pool[k] for k in POOL_METRICS})
-    metrics["reward_pool/queue_wait_s"] = scores.queue_wait_s
-    metrics["reward_pool/workers_used"] = len(scores.workers)
+        m[f"rewards/{name}/timeouts"] = scores.timeouts[name]
+        m[f"rewards/{name}/errors"] = scores.errors[name]
+        m[f"rewards/{name}/latency_s"] = scores.latency_s[name]
+    m.update({f"reward_fn/{k}": v for k, v in scores.metric_means().items()})  # users' log_metric values
+    m.update(scores.pool.step_metrics())
+    m["reward_pool/queue_wait_s"] = scores.queue_wait_s
+    m["reward_pool/workers_used"] = len(scores.workers)
     lengths = [len(c) for c in rollouts.completion_ids]
-    metrics.update({
+    m.update({
         "completions/mean_length": sum(lengths) / len(lengths),
         "completions/min_length": min(lengths),
         "completions/max_length": max(lengths),
@@ -139,7 +147,7 @@ def advantages(run: Run, rollouts: Rollouts, scores: Scores) -> tuple[TrainBatch
         "policy_version": rollouts.policy_version,
         "reward_global_step": scores.global_step,
     })
-    return batch, metrics, table
+    return m
 
 
 # --- train and sync ---------------------------------------------------------------------------------------
@@ -150,104 +158,83 @@ def trainer_state(run: Run) -> TrainerState:
     return TrainerState(max_steps=run.cfg.grpo.max_steps, epoch=run.prompts.epoch_progress)
 
 
-def train(run: Run, batch: TrainBatch) -> dict[str, float]:
-    (result,) = run.learner.call("train_step", batch, reward_state=trainer_state(run))
-    run.global_step = result.global_step
-    return train_metrics(result)
+def train(run: Run, batch: TrainBatch) -> TrainResult:
+    return run.learner.train_step(batch, trainer_state(run))
 
 
-def train_metrics(result: TrainResult) -> dict[str, float]:
-    """The train step's metrics for the step's row: the learner's, its loss tokens and its compute time."""
-    return {**result.metrics, "num_tokens": result.num_tokens, "time/train_compute": result.compute_s}
+def submit_train(run: Run, batch: TrainBatch) -> Pending[TrainResult]:
+    """Pipelined: start the train step without waiting."""
+    return run.learner.submit_train_step(batch, trainer_state(run))
 
 
-def submit_train(run: Run, batch: TrainBatch) -> Any:
-    """Pipelined: start the train step; returns rank 0's ObjectRef of its TrainResult."""
-    (learner,) = run.learner.handles
-    return learner.train_step.remote(batch, reward_state=trainer_state(run))
+def sync(run: Run) -> SyncStats:
+    """New weights into every engine, waited for."""
+    return with_generator_restarts(run, run.weights.push)
 
 
-def sync(run: Run) -> dict[str, float]:
-    """New weights into every engine, waited for; returns the sync's metrics (gather/transfer/load, GB/s)."""
-    stats = with_generator_restarts(run, run.weights.push)
-    run.policy_version = run.global_step
-    return stats.metrics()
-
-
-def sync_async(run: Run) -> dict[str, float]:
+def sync_async(run: Run) -> SyncStats | None:
     """Pipelined: submit the sync without waiting (it queues on each generator behind generation already
-    submitted, so every later generation uses the new weights); returns the metrics of the last finished sync. A
-    generator that died since the last one is restarted and brought the current weights first."""
+    submitted, so every later generation uses the new weights); returns the last finished sync (None before
+    one). A generator that died since the last one is restarted and brought the current weights first."""
     with_generator_restarts(run, run.weights.submit_async)
-    run.policy_version = run.global_step
-    return run.weights.last.metrics() if run.weights.last is not None else {}
+    return run.weights.last
 
 
-# --- log and checkpoint -----------------------------------------------------------------------------------
+# --- log and finish ---------------------------------------------------------------------------------------
 
 
 def log_step(
-    run: Run, timer: PhaseTimer, rollouts: Rollouts, scores: Scores, table: dict[str, list], m: dict[str, Any]
+    run: Run, timer: PhaseTimer, step: StepBatch, trained: TrainResult, synced: SyncStats | None, *,
+    staleness: int | None = None, generate_busy_s: float | None = None,
 ) -> None:
-    tokens = sum(len(c) for c in rollouts.completion_ids)
-    gen_s = timer.seconds.get("generate", m.get("time/generate_busy", 0.0))
-    m = {**m, **timer.metrics(), "tokens_per_s": tokens / gen_s if gen_s else 0.0}
+    """The step's metrics row (and its completions). Pipelined: the batch's staleness (steps its weights were
+    behind the learner's) and the generators' busy seconds on it, generated while earlier steps trained."""
+    m: dict[str, Any] = {**step.metrics, **trained.metrics, "global_step": trained.global_step,
+                         "num_tokens": trained.num_tokens, "time/train_compute": trained.compute_s}
+    m.update(synced.metrics() if synced is not None else {})
+    if staleness is not None:
+        m["policy_staleness"] = staleness
+    if generate_busy_s is not None:
+        m["time/generate_busy"] = generate_busy_s
+    m.update(timer.metrics())
+    gen_s = timer.seconds.get("generate", generate_busy_s or 0.0)
+    m["tokens_per_s"] = sum(len(c) for c in step.rollouts.completion_ids) / gen_s if gen_s else 0.0
     # Per role: busy seconds in this step, and idle = step wall time - busy (who is the bottleneck?).
-    busy = {"generator": gen_s, "reward": m["roles/reward/busy_s"], "learner": m["time/train_compute"]}
+    busy = {"generator": gen_s, "reward": step.scores.busy_s, "learner": trained.compute_s}
     for role, b in busy.items():
         m[f"roles/{role}/busy_s"], m[f"roles/{role}/idle_s"] = b, max(m["time/step"] - b, 0.0)
     m["roles/bottleneck"] = max(busy, key=busy.get)
-    run.logger.log(run.global_step, m)
+    run.logger.log(run.progress.global_step, m)
     if run.cfg.logging.log_completions:
-        log_completions(run, rollouts, scores, table)
+        log_completions(run, step)
 
 
-def log_completions(run: Run, rollouts: Rollouts, scores: Scores, table: dict[str, list]) -> None:
+def log_completions(run: Run, step: StepBatch) -> None:
     """One row per trained sample to the run's completions log (<run dir>/completions.jsonl, and a W&B table
     where W&B is on): step, prompt, completion, each reward raw and gated, total, advantage, and the reward
     functions' log_extra columns."""
-    rows = []
-    for i in range(len(rollouts)):
-        row = {"step": run.global_step, "policy_version": rollouts.policy_version,
-               "prompt": rollouts.prompts[i], "completion": rollouts.completions[i]}
-        row.update({k: v[i] for k, v in table.items()})
-        row.update({c: v[i] for c, v in scores.extra.items()})
+    r, rows = step.rollouts, []
+    for i in range(len(r)):
+        row = {"step": run.progress.global_step, "policy_version": r.policy_version,
+               "prompt": r.prompts[i], "completion": r.completions[i]}
+        row.update({k: v[i] for k, v in step.table.items()})
+        row.update({c: v[i] for c, v in step.scores.extra.items()})
         rows.append(row)
-    run.logger.log_completions(run.global_step, rows)
-
-
-def save_checkpoint(run: Run) -> str:
-    """Policy (HF format), optimizer, global_step and data position, written atomically by the learner."""
-    path = run.run_dir / f"checkpoint-{run.global_step}"
-    (out,) = run.learner.call("save_checkpoint", str(path), extra={"data": run.prompts.state()})
-    return out
-
-
-def maybe_checkpoint(run: Run) -> None:
-    every = run.cfg.grpo.save_steps
-    if every is not None and run.global_step % every == 0:
-        save_checkpoint(run)
-
-
-def save_merged(run: Run) -> str:
-    """LoRA: the base with the adapter merged in, and the tokenizer, as an HF model directory `<run dir>/merged`."""
-    (out,) = run.learner.call("save_merged", str(run.run_dir / "merged"))
-    return out
+    run.logger.log_completions(run.progress.global_step, rows)
 
 
 def finish(run: Run) -> list[dict[str, Any]]:
-    """The end of either loop: the last weight sync lands, an eval still on its way is recorded, the final
-    checkpoint (unless stopping on SIGTERM, where train() writes it), and with model.lora.save_merged the merged
-    model of a finished run."""
+    """The end of either loop: the last weight sync lands, an eval still on its way is recorded, the final (or
+    SIGTERM) checkpoint, and with model.lora.save_merged the merged model of a finished run."""
     with_generator_restarts(run, run.weights.drain)
     run.evaluate.drain()
-    if not run.stop_requested and run.cfg.grpo.save_steps is not None:
-        save_checkpoint(run)
+    checkpoints.save_final(run)
     lora = run.cfg.model.lora
-    if not run.stop_requested and lora is not None and lora.save_merged:
-        print(f"rayward: merged model (base + adapter) in {save_merged(run)}", flush=True)
+    if not run.progress.stop_requested and lora is not None and lora.save_merged:
+        merged = run.learner.save_merged(str(run.run_dir / "merged"))
+        run.display.message(f"rayward: merged model (base + adapter) in {merged}")
     return run.logger.history
 
 
 def done(run: Run) -> bool:
-    return run.global_step >= run.cfg.grpo.max_steps or run.stop_requested
+    return run.progress.global_step >= run.cfg.grpo.max_steps or run.progress.stop_requested

@@ -1,14 +1,15 @@
 """Which scored groups a step trains on: all of them, or DAPO's dynamic sampling (pure; no Ray).
 
 A selector takes the step's rollouts and scores and a `refill(num_prompts)` callable (generate and score that
-many new prompts; the loop supplies it, timed) and returns the rollouts and scores to train on, plus metrics.
-The run's selector is chosen when the run is built (`build.selector`).
+many new prompts; the loop supplies it, timed) and returns a `Selection`: the rollouts and scores to train on,
+plus metrics. The run's selector is chosen when the run is built (`build.selector`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,13 +19,23 @@ from orchestrator.grpo import nanstd
 # A group whose total-reward std is at or below this is "zero spread" (identical rewards up to float noise).
 STD_ZERO_TOL = 1e-6
 
+
+@dataclass
+class Selection:
+    """The groups a step trains on (rollouts and scores aligned, G contiguous per group), and what selecting
+    them logged."""
+
+    rollouts: Rollouts
+    scores: Scores
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
 Refill = Callable[[int], tuple[Rollouts, Scores]]
-Selected = tuple[Rollouts, Scores, dict[str, float]]
-Selector = Callable[[Rollouts, Scores, Refill], Selected]
+Selector = Callable[[Rollouts, Scores, Refill], Selection]
 
 
-def keep_all(rollouts: Rollouts, scores: Scores, refill: Refill) -> Selected:
-    return rollouts, scores, {}
+def keep_all(rollouts: Rollouts, scores: Scores, refill: Refill) -> Selection:
+    return Selection(rollouts, scores)
 
 
 def groups_with_spread(totals: torch.Tensor, group_size: int) -> list[int]:
@@ -42,10 +53,10 @@ def dynamic_sampling(
     totals: Callable[[Scores, int], torch.Tensor],
     target_groups: int,
     max_refill_rounds: int,
-) -> Selected:
+) -> Selection:
     """DAPO: keep groups whose total reward has non-zero std; refill with new prompts for at most
     max_refill_rounds extra rounds; never drop an accepted group; train on what there is if still short.
-    totals(scores, group_size) -> [N] weighted totals (advantages.weighted_totals, bound at build time)."""
+    totals(scores, group_size) -> [N] weighted totals (aggregation.weighted_totals, bound at build time)."""
     g = rollouts.group_size
     kept: tuple[Rollouts, Scores] | None = None
     seen = accepted = rounds = 0
@@ -67,4 +78,4 @@ def dynamic_sampling(
         "dynamic_sampling/refill_rounds": rounds,
         "dynamic_sampling/filled": float(accepted >= target_groups),
     }
-    return kept[0], kept[1], info
+    return Selection(kept[0], kept[1], info)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import re
 import signal
 import sys
 import threading
@@ -12,28 +11,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchestrator import checkpoints
 from orchestrator.build import prepare
 from orchestrator.cluster import check_learner_placement, init_ray, new_run_name
 from orchestrator.config import ConfigError, DataSource, EvalConfig, RunConfig
 from orchestrator.data import DataError
 from orchestrator.errors import RunFailed, RunStopped
+from orchestrator.run import Run
 from orchestrator.telemetry.actor_logs import ActorOutput
-from orchestrator.telemetry.progress import open_display, summary_footer, summary_table
+from orchestrator.telemetry.progress import Display, open_display, summary_footer, summary_table
 
 # Every line the run's actors wrote, in the run directory (the terminal shows only rayward's own).
 ACTOR_LOG = "actors.log"
-
-PERIODIC_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # not checkpoint-best, nor *.tmp / *.candidate
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The highest complete checkpoint-N in a run directory (incomplete ones are *.tmp and ignored; so is
-    checkpoint-best: resuming continues from the latest step, not the best one)."""
-    done = [
-        p for p in run_dir.glob("checkpoint-*")
-        if PERIODIC_CHECKPOINT.match(p.name) and (p / "rayward_state.json").exists()
-    ]
-    return max(done, key=lambda p: int(PERIODIC_CHECKPOINT.match(p.name).group(1)), default=None)
 
 
 class _Signals:
@@ -44,7 +33,8 @@ class _Signals:
     ray.init installs its own handler (sys.exit(15)): `install` again after it."""
 
     def __init__(self, name: str):
-        self.name, self.run, self.looping, self.requested = name, None, False, False
+        self.name, self.looping, self.requested = name, False, False
+        self.run: Run | None = None
         main = threading.current_thread() is threading.main_thread()
         self.previous = signal.getsignal(signal.SIGTERM) if main else None
         self.install()
@@ -56,7 +46,7 @@ class _Signals:
     def _on_term(self, signum: int, frame: Any) -> None:
         self.requested = True
         if self.run is not None and self.looping:
-            self.run.stop_requested = True
+            self.run.progress.stop_requested = True
         else:  # raised wherever the start is (C code may turn it into a SystemError: train() checks `requested`)
             raise RunStopped(self.name, None, None)
 
@@ -71,15 +61,23 @@ class _Signals:
             self.previous = None
 
 
+class _Silent(Display):
+    """show_progress=False: rayward's own output goes nowhere (the metrics still go to their sinks)."""
+
+    def message(self, text: str) -> None:
+        pass
+
+
 def train(
-    cfg: RunConfig, name: str | None = None, *, verbose: bool = True, resume: bool = False,
+    cfg: RunConfig, name: str | None = None, *, show_progress: bool = True, resume: bool = False,
     show_actor_output: bool = False,
 ) -> list[dict[str, Any]]:
     """Check the config's rewards, model and data, start (or join) Ray, build the groups, run the loop.
     Returns the logged rows: one per step, and one per held-out eval (keys `eval/...`, step = the step whose
-    weights it evaluated). A Ray session already initialised by the caller is used as it is (and its log settings
-    are left alone); otherwise the actors' output goes to <run dir>/actors.log, and on the terminal only rayward's
-    own lines (show_actor_output=True: everything, as Ray prints it).
+    weights it evaluated). show_progress=False: nothing of rayward's own on the terminal (no progress, messages
+    or summary). A Ray session already initialised by the caller is used as it is (and its log settings are left
+    alone); otherwise the actors' output goes to <run dir>/actors.log, and on the terminal only rayward's own
+    lines (show_actor_output=True: everything, as Ray prints it).
     resume=True continues from the run directory's latest checkpoint (same name), if there is one.
     Raises RunFailed (the error that ended it as __cause__) or RunStopped (SIGTERM)."""
     import ray
@@ -87,7 +85,6 @@ def train(
     from actors.weights.parity import logprob_parity
     from orchestrator.build import build_run, shutdown_run
     from orchestrator.loop import run_pipelined, run_sync
-    from orchestrator.phases import save_checkpoint
 
     name = name or cfg.name or new_run_name()
     try:
@@ -96,8 +93,8 @@ def train(
         raise ConfigError(str(err)) from None
     run_dir = prepared.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    display = open_display(cfg.logging.progress and verbose, cfg.grpo.max_steps)
-    say = display.message if verbose else (lambda *a, **k: None)
+    display = open_display(cfg.logging.progress, cfg.grpo.max_steps) if show_progress else _Silent(cfg.grpo.max_steps)
+    say = display.message  # the one channel: the evaluator and the phases reach it as run.display
     say(f"rayward run {name!r}: logs and checkpoints in {run_dir}")
     owns_ray = not ray.is_initialized()
     signals = _Signals(name)
@@ -118,17 +115,15 @@ def train(
         signals.check()
         run = signals.run = build_run(prepared, display=display)
         signals.check()
-        threads = [f"learner {ray.get(run.learner.handles[0].cpu_threads.remote())}"]
+        threads = [f"learner {run.learner.cpu_threads()}"]
         threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.call("cpu_threads"))]
         say(f"rayward: compute: {'; '.join(threads)}")
-        ckpt = latest_checkpoint(run_dir) if resume else None
+        ckpt = checkpoints.resume(run) if resume else None
         if ckpt is not None:
-            restore(run, ckpt)
-            run.evaluate.restore()  # the best eval so far, from checkpoint-best (grpo.save_best)
-            say(f"rayward: resumed from {ckpt} at step {run.global_step}")
+            say(f"rayward: resumed from {ckpt} at step {run.progress.global_step}")
         if cfg.logging.check_logprob_parity:
             stats = run.weights.push()
-            gap = logprob_parity(run.learner.handles[0], run.generators.handles, cfg.generation.temperature)
+            gap = logprob_parity(run.learner, run.generators, cfg.generation.temperature)
             say(
                 f"rayward: weight sync {stats.bytes / 1e6:.0f} MB in {stats.seconds:.2f}s; generator-learner "
                 f"logprob parity after sync: max abs diff {gap:.2e}"
@@ -136,11 +131,9 @@ def train(
         loop = run_pipelined if cfg.loop.mode == "pipelined" else run_sync  # chosen once, at build time
         signals.check()
         signals.looping = True
-        display.start(run.global_step)
-        history = loop(run)
+        display.start(run.progress.global_step)
+        history = loop(run)  # on SIGTERM it stops at a step boundary and checkpoints (phases.finish)
         display.close()
-        if run.stop_requested:
-            save_checkpoint(run)
     except (RunStopped, KeyboardInterrupt, ConfigError):
         raise
     except SystemExit as err:  # SIGTERM inside ray.init, through Ray's handler
@@ -150,8 +143,8 @@ def train(
     except Exception as err:
         if signals.requested and not signals.looping:  # what the interrupted start-up made of the SIGTERM
             raise RunStopped(name, None, None) from None
-        step = run.global_step + 1 if run is not None and signals.looping else None
-        raise RunFailed(name, run_dir, step, latest_checkpoint(run_dir)) from err
+        step = run.progress.global_step + 1 if run is not None and signals.looping else None
+        raise RunFailed(name, run_dir, step, checkpoints.latest(run_dir)) from err
     finally:
         display.close()
         signals.restore()
@@ -163,28 +156,17 @@ def train(
             ray.shutdown()
         if output is not None:
             output.close()
-    if verbose and history:
+    if show_progress and history:
         display.summary(summary_table(history, name=name, elapsed_s=time.time() - t0),
-                        summary_footer(run_dir, latest_checkpoint(run_dir)))
-    if run.stop_requested:
-        raise RunStopped(name, run.global_step, latest_checkpoint(run_dir))
+                        summary_footer(run_dir, checkpoints.latest(run_dir)))
+    if run.progress.stop_requested:
+        raise RunStopped(name, run.progress.global_step, checkpoints.latest(run_dir))
     return history
 
 
 def _echo(message: str) -> None:
     """An actor's rayward message on the driver's terminal (sys.stderr looked up now: a live bar redirects it)."""
     print(message, file=sys.stderr, flush=True)
-
-
-def restore(run: Any, ckpt: Path) -> None:
-    """Learner weights, optimizer and step, and the data order, from a checkpoint; generators get the weights."""
-    from orchestrator.phases import sync
-
-    (state,) = run.learner.call("load_checkpoint", str(ckpt))
-    run.global_step = int(state["global_step"])
-    if "data" in state:
-        run.prompts.restore(state["data"])
-    sync(run)
 
 
 def evaluate(
@@ -199,7 +181,6 @@ def evaluate(
 
     from orchestrator.build import (
         eval_set,
-        kill_pool,
         load_tokenizer,
         prepare_eval,
         resolve_model,
@@ -224,8 +205,7 @@ def evaluate(
         policy = str(ckpt)
         if not any((ckpt / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
             engine["tokenizer"] = model_path  # checkpoints written before they carried their tokenizer
-        if (ckpt / "rayward_state.json").exists():
-            step = int(json.loads((ckpt / "rayward_state.json").read_text())["global_step"])
+        step = checkpoints.saved_step(ckpt) or 0
     try:
         rows, eval_specs = prepare_eval(cfg, load_tokenizer(cfg, model_path))
     except DataError as err:
@@ -244,7 +224,7 @@ def evaluate(
         if generators is not None:
             generators.kill()
         if pool is not None:
-            kill_pool(pool)
+            pool.kill()
         if owns_ray:
             ray.shutdown()
     out = Path(output) if output is not None else Path(cfg.logging.dir) / name / "eval.json"

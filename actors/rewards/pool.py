@@ -32,7 +32,7 @@ from ray.util import metrics as ray_metrics
 
 from actors.rewards.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
 from actors.rewards.worker import RewardSpec, RewardWorker
-from actors.types import RewardBatch, Scores, TrainerState
+from actors.types import PoolStats, RewardBatch, Scores, TrainerState
 
 # Chunks a worker holds at once: 2 hides the dispatch round-trip without hoarding work a new worker could take.
 CHUNKS_PER_WORKER = 2
@@ -276,7 +276,7 @@ class RewardPool:
         self._set_target(d.after)
         self._publish(force=True)
 
-    async def scale(self, num_workers: int) -> dict[str, Any]:
+    async def scale(self, num_workers: int) -> PoolStats:
         """Pin the pool at `num_workers` (autoscaling, if on, pauses until set_bounds); shrinking retires the
         surplus after their chunks finish."""
         if num_workers < 1:
@@ -293,7 +293,7 @@ class RewardPool:
         await self._notify()
         return self.stats()
 
-    async def set_bounds(self, min_workers: int | None = None, max_workers: int | None = None) -> dict[str, Any]:
+    async def set_bounds(self, min_workers: int | None = None, max_workers: int | None = None) -> PoolStats:
         """Autoscale between new bounds (either may be kept as it is); turns autoscaling on if it was off or
         pinned. A target outside the bounds moves into them at once."""
         if self.policy is None:
@@ -529,7 +529,7 @@ class RewardPool:
             self._m_util.set((self.busy_s - busy_s) / (self.worker_s - worker_s))
             self._published_load = (self.worker_s, self.busy_s)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> PoolStats:
         """The pool's state: `workers` live and taking chunks, `target_workers` alive or starting, `starting`
         waiting for a node or importing; `worker_s` live worker-seconds so far; `utilization` the busy fraction
         over the autoscaler's window (NaN before its first whole window, or with autoscaling off)."""
@@ -541,20 +541,20 @@ class RewardPool:
             st = self.policy.settings
             mode = f"pinned (bounds {st.min_workers}..{st.max_workers})" if self.pinned else (
                 f"{st.min_workers}..{st.max_workers}")
-        return {
-            "workers": self.size(),
-            "target_workers": self.target(),
-            "starting": self.target() - self.size(),
-            "retiring": sum(s.retiring for s in self.slots.values()),
-            "inflight": sum(s.inflight for s in self.slots.values()),
-            "queue_depth": self.queued,
-            "global_step": self.state.global_step,
-            "worker_s": self.worker_s,
-            "utilization": load.utilization if load is not None else math.nan,
-            "decisions": self._decided(),
-            "autoscale": mode,
+        return PoolStats(
+            workers=self.size(),
+            target_workers=self.target(),
+            starting=self.target() - self.size(),
+            retiring=sum(s.retiring for s in self.slots.values()),
+            inflight=sum(s.inflight for s in self.slots.values()),
+            queue_depth=self.queued,
+            global_step=self.state.global_step,
+            worker_s=self.worker_s,
+            utilization=load.utilization if load is not None else math.nan,
+            decisions=self._decided(),
+            autoscale=mode,
             **self.counters,
-        }
+        )
 
     def decision_log(self) -> list[dict[str, Any]]:
         """The latest scaling decisions (t: the pool's monotonic clock), oldest first."""

@@ -1,35 +1,33 @@
 """Weight transfer, driver side: moving the learner's weights into every generator engine after each update.
 
-One interface, two backends, chosen when the run is built (`weight_sync.backend`):
+One interface (`WeightTransfer`), two backends, chosen when the run is built (`weight_sync.backend`):
 
 - `CollectiveTransfer` (default): the learner's rank 0 broadcasts bucket after bucket over a process group that
   holds every engine worker (every tensor-parallel rank); each worker loads each bucket in place as it arrives
   (`actors.weights.sender` / `receiver` / `collective`). NCCL on GPUs, gloo on CPU. Nothing goes through the
-  object store or an RPC argument; every op has a timeout.
+  object store or an RPC argument; every op has a timeout. `connect()` forms the group once, when it is built.
 - `ObjectStoreTransfer`: the whole state dict as safetensors bytes through Ray's object store (rayward's first
   path; kept as a fallback where the engines cannot reach the learner's node over TCP, and for comparison).
 
-Both: `connect()` once, then `push()` (blocking) or `submit()` + `finish()` (pipelined: the sync queues on the
-generators behind generation already submitted), and `rejoin()` after a generator restarted.
+Both: `push()` (blocking) or `submit_async()` + `drain()` (pipelined: the sync queues on the generators behind
+generation already submitted), and `rejoin()` after a generator restarted.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 from ray.exceptions import RayActorError
 
+from actors.group import ActorGroup, LearnerGroup
 from actors.weights.collective import WeightTransferError
 
 # Beyond the collective's own timeout, how long the driver waits for a sync's calls before naming who stalled
 # (the calls raise on their own after the collective's timeout; this only bounds the driver).
 DRIVER_GRACE_S = 60.0
-# The learner actor's concurrency group for `send_result` (OverlappedCollectiveTransfer): it answers while the
-# actor's default group runs a train step. Declared when the learner is built (`concurrency_groups`).
-SEND_GROUP = "weight-send"
 
 
 @dataclass
@@ -52,6 +50,24 @@ class SyncStats:
         }
 
 
+class WeightTransfer(Protocol):
+    """What the loop calls on the run's backend."""
+
+    last: SyncStats | None  # the latest finished sync (pipelined: logged when it completes)
+
+    def push(self) -> SyncStats:
+        """New weights into every engine, waited for."""
+
+    def submit_async(self) -> None:
+        """Pipelined: a sync queued on every engine behind the generation already submitted, not waited for."""
+
+    def drain(self) -> None:
+        """Wait for the sync submitted last (the end of a pipelined run)."""
+
+    def rejoin(self) -> None:
+        """After a generator restarted (fresh engine, initial weights): bring every engine the current weights."""
+
+
 @dataclass
 class PendingSync:
     learner: list[Any]  # ObjectRefs of every learner rank's part
@@ -62,20 +78,13 @@ class PendingSync:
 class _Transfer:
     """What both backends share: the groups, the pipelined bookkeeping, naming who failed."""
 
-    def __init__(self, learner: Any, generators: Any, *, timeout_s: float):
+    def __init__(self, learner: LearnerGroup, generators: ActorGroup, *, timeout_s: float):
         self.learner, self.generators, self.timeout_s = learner, generators, timeout_s
-        self.last: SyncStats | None = None  # the latest finished sync (pipelined: logged when it completes)
+        self.last: SyncStats | None = None
         self._pending: PendingSync | None = None
 
-    def connect(self) -> None:
-        pass
-
     def rejoin(self) -> None:
-        """After a generator restarted (fresh engine, initial weights): connect again (the collective backend
-        re-forms its group: a failed or timed-out op leaves the old one dead on every end), then bring every
-        engine the current weights."""
         self._pending = None  # a pipelined sync the death cut short: superseded by this one
-        self.connect()
         self.push()
 
     def submit(self) -> PendingSync:
@@ -119,7 +128,6 @@ class _Transfer:
         return self.submit()
 
     def drain(self) -> None:
-        """Wait for the sync submitted last (end of a pipelined run)."""
         if self._pending is not None:
             self.finish(self._pending)
             self._pending = None
@@ -132,17 +140,19 @@ class ObjectStoreTransfer(_Transfer):
     """The learner's safetensors bytes through the object store; every generator pulls them and reloads."""
 
     def submit(self) -> PendingSync:
-        refs = self.learner.submit("export_weights")  # every rank (FSDP gathers); rank 0's holds the bytes
-        return PendingSync(refs, [g.load_weights.remote(refs[0]) for g in self.generators.handles])
+        exported = self.learner.submit_export_weights()  # every rank (FSDP gathers); rank 0's holds the bytes
+        return PendingSync(exported.refs, [p.ref for p in self.generators.submit("load_weights", exported.ref)])
 
 
 class CollectiveTransfer(_Transfer):
     """Bucketed broadcast from the learner's rank 0 to every engine worker (see the module docstring)."""
 
-    def __init__(self, learner: Any, generators: Any, *, timeout_s: float, bucket_mb: float, tp_size: int):
+    def __init__(
+        self, learner: LearnerGroup, generators: ActorGroup, *, timeout_s: float, bucket_mb: float, tp_size: int
+    ):
         super().__init__(learner, generators, timeout_s=timeout_s)
         self.bucket_mb, self.tp_size = bucket_mb, tp_size
-        self.world_size = 1 + len(generators.handles) * tp_size
+        self.world_size = 1 + len(generators) * tp_size
         self.generation = -1  # the group's current generation; each (re-)form takes the next
         self._plan: list[Any] = []
 
@@ -150,15 +160,15 @@ class CollectiveTransfer(_Transfer):
         """Form the group: the learner makes the bucket plan and listens on a fresh store (nothing of an earlier,
         perhaps broken group is reused), and every engine worker joins as 1 + engine * tp + tp_rank with that
         plan, so sender and receivers always hold the same plan."""
-        self._plan = ray.get(self.learner.submit("weight_plan", self.bucket_mb)[0])
-        host, port = ray.get(self.learner.submit("open_weight_group", self.world_size, self.timeout_s)[0])
+        self._plan = self.learner.weight_plan(self.bucket_mb)
+        host, port = self.learner.open_weight_group(self.world_size, self.timeout_s)
         self.generation += 1
-        learner = self.learner.submit("join_weight_group", self.generation)
-        gens = [
-            g.join_weight_group.remote(host, port, 1 + i * self.tp_size, self.world_size, self.generation,
-                                       self.timeout_s, self._plan)
-            for i, g in enumerate(self.generators.handles)
-        ]
+        learner = self.learner.submit_join_weight_group(self.generation).refs
+        gens = [p.ref for p in self.generators.submit(
+            "join_weight_group", host, port, world_size=self.world_size, generation=self.generation,
+            timeout_s=self.timeout_s, plan=self._plan,
+            per_member=[{"rank_offset": 1 + i * self.tp_size} for i in range(len(self.generators))],
+        )]
         ready, _ = ray.wait(learner + gens, num_returns=len(learner) + len(gens), timeout=self.timeout_s + DRIVER_GRACE_S)
         missing = [f"generator-{i} (ranks {1 + i * self.tp_size}..{(i + 1) * self.tp_size})"
                    for i, r in enumerate(gens) if r not in ready]
@@ -175,10 +185,16 @@ class CollectiveTransfer(_Transfer):
                 "generator nodes can reach the learner's node over TCP, or set weight_sync.backend: object_store"
             )
 
+    def rejoin(self) -> None:
+        """Re-form the group first: a failed or timed-out op leaves the old one dead on every end."""
+        self.connect()
+        super().rejoin()
+
     def submit(self) -> PendingSync:
-        return PendingSync(
-            self.learner.submit("send_weights"), [g.receive_weights.remote() for g in self.generators.handles]
-        )
+        return PendingSync(self.learner.submit_send_weights().refs, self._receive())
+
+    def _receive(self) -> list[Any]:
+        return [p.ref for p in self.generators.submit("receive_weights")]
 
     def _stats(self, learner: dict[str, float], generators: list[dict[str, float]], seconds: float) -> SyncStats:
         return SyncStats(
@@ -191,8 +207,8 @@ class OverlappedCollectiveTransfer(CollectiveTransfer):
     """The collective transfer for the pipelined loop with one learner rank: the learner sends in the background
     (`Learner.start_send_weights`) and goes on with its next train step, whose forward and backward overlap the
     wire and the engines' load; only its optimizer step waits for the send. Without it the learner sits out every
-    sync, waiting for the engines to load (the wire keeps pace with the load, ~0.5 s per step for 100M on CPU).
-    Not with FSDP ranks: their per-bucket gathers are collectives that must not interleave with the train step's."""
+    sync, waiting for the engines to load (the wire keeps pace with the load). Not with FSDP ranks: their
+    per-bucket gathers are collectives that must not interleave with the train step's."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -200,12 +216,9 @@ class OverlappedCollectiveTransfer(CollectiveTransfer):
 
     def _submit_pipelined(self) -> PendingSync:
         self._seq += 1
-        rank0 = self.learner.ranks[0]
-        start = rank0.start_send_weights.remote(self._seq)  # in the default group: ahead of the next train step
-        result = rank0.send_result.options(concurrency_group=SEND_GROUP).remote(
-            self._seq, self.timeout_s + DRIVER_GRACE_S
-        )
-        return PendingSync([result, start], [g.receive_weights.remote() for g in self.generators.handles])
+        start = self.learner.submit_start_send(self._seq)  # ahead of the next train step
+        result = self.learner.submit_send_result(self._seq, self.timeout_s + DRIVER_GRACE_S)
+        return PendingSync([result.ref, start.ref], self._receive())
 
 
 def _generator_failures(refs: list[Any], ready: list[Any]) -> list[str]:
@@ -230,4 +243,7 @@ def _short(err: BaseException) -> str:
     return f"{type(cause).__name__}: {text[-1] if text else ''}"
 
 
-__all__ = ["CollectiveTransfer", "ObjectStoreTransfer", "PendingSync", "SyncStats", "WeightTransferError"]
+__all__ = [
+    "CollectiveTransfer", "ObjectStoreTransfer", "OverlappedCollectiveTransfer", "PendingSync", "SyncStats",
+    "WeightTransfer", "WeightTransferError",
+]

@@ -79,8 +79,8 @@ def _cmd_scale(args: argparse.Namespace) -> int:
         cause = getattr(err, "cause", None) or err
         print(f"rayward scale: {args.run}: {cause}", file=sys.stderr)
         return 2
-    print(f"rayward scale: {args.run}: reward workers -> {stats['target_workers']} ({stats['workers']} live, "
-          f"{stats['starting']} starting, {stats['retiring']} retiring); autoscaling {stats['autoscale']}")
+    print(f"rayward scale: {args.run}: reward workers -> {stats.target_workers} ({stats.workers} live, "
+          f"{stats.starting} starting, {stats.retiring} retiring); autoscaling {stats.autoscale}")
     return 0
 
 

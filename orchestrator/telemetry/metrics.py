@@ -119,10 +119,6 @@ class MetricsLogger:
         parts.append(f"prompts {row.get('eval/prompts')} | time {row.get('eval/seconds', 0.0):.2f}s")
         self.display.message(" | ".join(parts))
 
-    def note(self, text: str) -> None:
-        """A line in the progress output."""
-        self.display.message(f"rayward: {text}")
-
     def close(self) -> None:
         if self._jsonl:
             self._jsonl.close()

@@ -1,8 +1,8 @@
 """Step metrics on Ray's Prometheus endpoint (ray.util.metrics), next to the reward pool's own gauges.
 
-`RayMetricsExporter(run_name).export(step, metrics)` takes the per-step dict the loop logs (keys as in
-orchestrator/loop.py and metrics.py) and sets a few Gauges, with the run name and the reward / gate / phase
-names as tag values (never in metric names: Ray silently drops metrics whose name is not
+`RayMetricsExporter(run_name).export(step, metrics)` takes the per-step dict the loop logs (keys as
+orchestrator/phases.py's `log_step` assembles them) and sets a few Gauges, with the run name and the reward /
+gate / phase names as tag values (never in metric names: Ray silently drops metrics whose name is not
 ^[a-zA-Z_:][a-zA-Z0-9_:]*$). Each node's metrics agent serves them with Ray's `ray_` prefix on its
 metrics export port (`ray start --metrics-export-port`), e.g. `ray_rayward_global_step{run="demo"}`;
 cluster/grafana-dashboard.json charts them. Exports every ~10 s (Ray's metrics_report_interval_ms).

@@ -2,7 +2,7 @@
 
     python -m tests.integration.cluster.fsdp_across_nodes HOST:PORT OUT_DIR
 
-Builds the learner exactly as `rayward run` does (`orchestrator.build.learner_spec` of a config with
+Builds the learner exactly as `rayward run` does (`orchestrator.build.learner_kwargs` of a config with
 `cluster.learner_placement: spread`, `actors.group.LearnerGroup`), 2 FSDP ranks and, beside them, 1 single learner,
 and feeds both the same batches: step 1, a checkpoint of the 2 ranks, a fresh pair of spread ranks resuming from it,
 step 2 on both sides, and a single learner resuming from the 2-rank checkpoint. Writes OUT_DIR/result.json: the nodes
@@ -20,6 +20,7 @@ from actors.types import TrainBatch
 from tests.conftest import ROOT
 
 COMPLETIONS, MICRO = 32, 16  # 2 micro-batches per step: one per rank
+
 OVERRIDES = [
     "cluster.num_learners=2", "cluster.learner_strategy=fsdp", "cluster.learner_placement=spread",
     "cluster.learner.num_cpus=0.5", f"grpo.per_device_train_batch_size={MICRO}",
@@ -44,7 +45,7 @@ def batch(seed: int) -> TrainBatch:
 def weights(group) -> dict[str, torch.Tensor]:
     from safetensors.torch import load
 
-    (blob,) = group.call("export_weights")  # rank 0's full tensors (what the generators would receive)
+    blob = group.submit_export_weights().result()  # rank 0's full tensors (what the generators would receive)
     return load(blob)
 
 
@@ -59,7 +60,7 @@ def main(address: str, out: Path) -> None:
 
     from actors.group import LearnerGroup
     from actors.learner.learner import Learner
-    from orchestrator.build import learner_spec
+    from orchestrator.build import learner_kwargs
     from orchestrator.cluster import check_learner_placement
     from orchestrator.config import load_config
     from orchestrator.tiny import ensure_tiny_model
@@ -67,7 +68,7 @@ def main(address: str, out: Path) -> None:
     cfg = load_config(ROOT / "configs" / "demo.yaml", OVERRIDES)
     ray.init(address=address, namespace="rayward-mn-fsdp", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     check_learner_placement(cfg.cluster, ray.nodes())  # what train() checks at Ray start: it passes here
-    kw = {"spec": learner_spec(cfg, str(ensure_tiny_model()))}
+    kw = learner_kwargs(cfg, str(ensure_tiny_model()))
     opts = {"num_cpus": cfg.cluster.learner.num_cpus}
 
     def spread(name: str) -> LearnerGroup:
@@ -78,24 +79,23 @@ def main(address: str, out: Path) -> None:
     res: dict = {"nodes": placement_group_table(two.placement_group)["bundles_to_node_id"],
                  "initial_diff": max_diff(weights(two), weights(one))}
     initial = weights(one)
-    m2, m1 = (g.call("train_step", batch(1))[0].metrics for g in (two, one))
+    m2, m1 = two.train_step(batch(1)).metrics, one.train_step(batch(1)).metrics
     w2, w1 = weights(two), weights(one)
     res |= {"loss_2": m2["loss"], "loss_1": m1["loss"], "kl_2": m2["kl"], "kl_1": m1["kl"],
             "step1_diff": max_diff(w2, w1), "moved": max_diff(w1, initial)}
     ckpt = str(out / "checkpoint-1")
-    two.call("save_checkpoint", ckpt, extra={"note": "2 ranks on 2 nodes"})
+    two.save_checkpoint(ckpt, extra={"note": "2 ranks on 2 nodes"})
     two.kill()
 
     resumed = spread("resumed")  # fresh ranks on two nodes, from the checkpoint rank 0 wrote
     res["resumed_nodes"] = placement_group_table(resumed.placement_group)["bundles_to_node_id"]
-    (state,) = resumed.call("load_checkpoint", ckpt)
-    res["resumed_state"] = state
+    res["resumed_state"] = resumed.load_checkpoint(ckpt)
     res["resumed_diff"] = max_diff(weights(resumed), w2)
-    (t2,), (t1,) = resumed.call("train_step", batch(2)), one.call("train_step", batch(2))
-    res |= {"loss2_2": t2.metrics["loss"], "loss2_1": t1.metrics["loss"], "step2_global": t2.global_step,
+    r2, r1 = resumed.train_step(batch(2)), one.train_step(batch(2))
+    res |= {"loss2_2": r2.metrics["loss"], "loss2_1": r1.metrics["loss"], "step2_global": r2.global_step,
             "step2_diff": max_diff(weights(resumed), weights(one))}
     single = LearnerGroup(Learner, 1, run_name="single-from-2", strategy="single", options=opts, kwargs=kw)
-    single.call("load_checkpoint", ckpt)
+    single.load_checkpoint(ckpt)
     res["single_from_2_diff"] = max_diff(weights(single), w2)
     (out / "result.json").write_text(json.dumps(res))
     for g in (resumed, one, single):

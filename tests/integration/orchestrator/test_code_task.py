@@ -15,7 +15,7 @@ def test_code_config_trains_with_sandboxed_rewards(ray_cluster, tmp_path):
         "grpo.max_steps=2", "generation.generation_batch_size=16", "grpo.per_device_train_batch_size=16",
         "generation.max_completion_length=48", f"logging.dir={tmp_path}", "logging.progress=false",
     ])
-    history = train(cfg, "code-task", verbose=False)
+    history = train(cfg, "code-task", show_progress=False)
     assert [h["step"] for h in history] == [1, 2]
     for h in history:
         assert h["rewards/tests/errors"] == 0 and h["rewards/tests/timeouts"] == 0  # every program ran and scored

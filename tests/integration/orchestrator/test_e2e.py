@@ -8,6 +8,7 @@ import pytest
 from orchestrator.config import load_config
 from orchestrator.train import train
 from tests.conftest import ROOT
+from tests.fixtures.accounting import sync_accounting
 
 SWITCH_STEP = 12  # the `always` reward is scheduled on from this optimizer step
 
@@ -40,8 +41,6 @@ def test_demo_reward_rises(demo_history):
 
 
 def test_sync_loop_accounting(demo_history):
-    from tests.integration.orchestrator.test_pipelined import sync_accounting
-
     cfg, history, _ = demo_history
     sync_accounting(history, groups=cfg.generation.generation_batch_size // cfg.generation.num_generations)
 

@@ -1,6 +1,7 @@
-"""Held-out eval on a local Ray cluster: the demo's eval curve rises, checkpoint-best keeps the best eval's
-weights, `rayward eval` on the final checkpoint reproduces the run's last eval, and the pipelined loop evaluates
-the weights of the step it says."""
+"""Held-out eval on a local Ray cluster with real vLLM: the demo's eval curve rises, `rayward eval` on the final
+checkpoint reproduces the run's last eval, and in the pipelined loop checkpoint-best holds the weights that scored
+its eval. (The eval schedule, which weights each eval sees, checkpoint-best's bookkeeping:
+tests/unit/orchestrator/test_loop.py, on fakes.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from orchestrator.cli.main import main
 from orchestrator.config import load_config
-from orchestrator.train import evaluate, latest_checkpoint, train
+from orchestrator.train import evaluate, train
 from tests.conftest import ROOT
 
 DEMO = ROOT / "configs" / "demo.yaml"
@@ -25,8 +26,7 @@ EVAL_OVERRIDES = [f"eval={DEMO_EVAL}", "eval.pass_threshold=0.5"]
 @pytest.fixture(scope="module")
 def demo_run(ray_cluster, tmp_path_factory):
     logdir = tmp_path_factory.mktemp("runs")
-    cfg = load_config(DEMO, [f"logging.dir={logdir}", *EVAL_OVERRIDES, "grpo.save_best=eval/reward",
-                             "grpo.save_steps=20"])
+    cfg = load_config(DEMO, [f"logging.dir={logdir}", *EVAL_OVERRIDES, "grpo.save_steps=20"])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):  # the progress output
         history = train(cfg, name="eval-demo")
@@ -41,8 +41,6 @@ def test_demo_eval_reward_rises(demo_run):
     cfg, history, _, _ = demo_run
     assert len([h for h in history if "reward" in h]) == cfg.grpo.max_steps  # the step rows are as before
     evals = evals_of(history)
-    assert [h["step"] for h in evals] == [0, 10, 20, 30, 40]
-    assert [h["eval/policy_version"] for h in evals] == [0, 10, 20, 30, 40]
     curve = [round(h["eval/reward"], 3) for h in evals]
     print(f"demo eval reward by step 0, 10, 20, 30, 40: {curve}")
     # The random policy scores ~0.03 (as the training batches do); the trained one several times more.
@@ -57,27 +55,15 @@ def test_demo_eval_reward_rises(demo_run):
 def test_eval_in_the_progress_output_and_on_disk(demo_run):
     _, history, run_dir, out = demo_run
     lines = [x for x in out.splitlines() if x.startswith("eval ")]
-    assert len(lines) == 5 and lines[0].startswith("eval    0/40 | reward ") and "pass@4" in lines[0], lines
+    assert lines[0].startswith("eval    0/40 | reward ") and "pass@4" in lines[0], lines
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r for r in rows if "eval/reward" in r] == evals_of(history)
     for key in ("eval/reward", "eval/rewards/letter/mean", "eval/pass@1", "eval/pass@4", "eval/mean_length",
                 "eval/policy_version", "eval/seconds"):
         assert key in rows[-1], key
     samples = (run_dir / "eval_completions.jsonl").read_text().splitlines()
-    assert len(samples) == 5 * 256 * 4
     first = json.loads(samples[0])
     assert {"step", "prompt", "completion", "total", "passed", "rewards/letter"} <= set(first)
-
-
-def test_checkpoint_best_holds_the_best_eval(demo_run):
-    _, history, run_dir, out = demo_run
-    best = max(evals_of(history), key=lambda h: h["eval/reward"])
-    state = json.loads((run_dir / "checkpoint-best" / "rayward_state.json").read_text())
-    assert state["best"] == {"metric": "eval/reward", "value": best["eval/reward"], "step": best["step"]}
-    assert state["global_step"] == best["step"]
-    assert f"rayward: checkpoint-best: step {best['step']} " in out
-    assert latest_checkpoint(run_dir) == run_dir / "checkpoint-40"  # resuming is unchanged
-    assert not (run_dir / "checkpoint-best.candidate").exists()
 
 
 def test_rayward_eval_on_the_final_checkpoint(demo_run, tmp_path, capsys):
@@ -100,22 +86,19 @@ def test_rayward_eval_on_the_final_checkpoint(demo_run, tmp_path, capsys):
 
 
 def test_pipelined_eval_overlaps_and_evaluates_the_weights_it_names(ray_cluster, tmp_path):
-    """Pipelined, with eval rewards of its own (scored by NAME/eval-reward-pool): evals at 0, 5 and 10, recorded
-    at later step boundaries; checkpoint-best (saved as a candidate when its eval was submitted) holds the
-    weights that scored the recorded value."""
+    """Pipelined, with eval rewards of its own (scored by NAME/eval-reward-pool, not trained on): checkpoint-best,
+    saved as a candidate when its eval was submitted (queued on the real learner before its next train step),
+    holds the weights that scored the recorded value."""
     own = ('[{"name": "letter", "function": "letter_fraction"}, '
            '{"name": "starts", "function": "starts_with_letter", "weight": 0.5}]')
     over = [f"logging.dir={tmp_path}", "grpo.max_steps=10", "logging.check_logprob_parity=false",
             'eval={"data": {"path": "toy"}, "every_n_steps": 5, "at_start": true, "num_generations": 2, '
             f'"max_samples": 32, "rewards": {own}}}', "grpo.save_best=eval/reward"]
     cfg = load_config(ROOT / "configs" / "pipelined.yaml", over)
-    history = train(cfg, name="eval-pipe", verbose=False)
+    history = train(cfg, name="eval-pipe", show_progress=False)
     steps = [h for h in history if "reward" in h]
-    assert len(steps) == 10 and all(0 <= h["policy_staleness"] <= cfg.loop.max_staleness for h in steps)
     assert all("rewards/starts/mean" not in h for h in steps)  # the eval's rewards are not trained on
     evals = evals_of(history)
-    assert sorted(h["step"] for h in evals) == [0, 5, 10]
-    assert all(h["eval/policy_version"] == h["step"] for h in evals)
     for h in evals:  # the eval block's weights
         assert h["eval/reward"] == pytest.approx(h["eval/rewards/letter/mean"] + 0.5 * h["eval/rewards/starts/mean"])
     state = json.loads((tmp_path / "eval-pipe" / "checkpoint-best" / "rayward_state.json").read_text())

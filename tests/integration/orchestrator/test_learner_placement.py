@@ -20,7 +20,7 @@ def test_spread_on_one_node_fails_before_any_actor(ray_cluster, tmp_path):
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", [*SPREAD, f"logging.dir={tmp_path}"])
     with pytest.raises(ConfigError, match=MESSAGE):
-        train(cfg, name="spread-one-node", verbose=False)
+        train(cfg, name="spread-one-node", show_progress=False)
     assert ray.is_initialized()  # the caller's session is left as it was
     named = ray.util.list_named_actors(all_namespaces=True)
     assert not [a for a in named if a["name"].startswith("spread-one-node/")], named

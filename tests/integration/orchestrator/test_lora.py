@@ -21,7 +21,7 @@ def test_lora_learns_checkpoints_in_peft_format_writes_the_merged_model_and_resu
 
     base = [f"logging.dir={tmp_path}", f"grpo.save_steps={STEPS}", *LORA]
     cfg = load_config(ROOT / "configs" / "demo.yaml", [*base, f"grpo.max_steps={STEPS}"])
-    history = train(cfg, name="lora", verbose=False)
+    history = train(cfg, name="lora", show_progress=False)
     letter = [h["rewards/letter/mean"] for h in history]
     first, last = sum(letter[:5]) / 5, sum(letter[-5:]) / 5
     print(f"LoRA letter reward: first 5 steps {first:.3f}, last 5 steps {last:.3f}; per step {[round(x, 3) for x in letter]}")
@@ -39,7 +39,7 @@ def test_lora_learns_checkpoints_in_peft_format_writes_the_merged_model_and_resu
     assert type(merged).__name__ == "Qwen2ForCausalLM" and (run_dir / "merged" / "tokenizer.json").exists()
 
     more = load_config(ROOT / "configs" / "demo.yaml", [*base, f"grpo.max_steps={STEPS + 2}"])
-    resumed = train(more, name="lora", resume=True, verbose=False)
+    resumed = train(more, name="lora", resume=True, show_progress=False)
     assert [h["step"] for h in resumed] == [STEPS + 1, STEPS + 2]
     assert resumed[0]["policy_version"] == STEPS  # the generators got the checkpoint's merged weights
     assert max(h["sampling/sampling_logp_difference/max"] for h in resumed) < 1e-3

@@ -1,5 +1,7 @@
 """A run stopped by SIGTERM (what `ray job stop` sends) leaves a checkpoint and says so in one line (exit 143,
-no traceback); --resume continues from it."""
+no traceback), on the real CLI with its own embedded Ray. (Where the loop stops, what the checkpoint holds and
+what --resume restores: tests/unit/orchestrator/test_loop.py, on fakes; a real resume: test_lora.py and
+tests/integration/actors/learner/test_fsdp_learner.py.)"""
 
 import json
 import os
@@ -8,12 +10,10 @@ import subprocess
 import sys
 import time
 
-from orchestrator.config import load_config
-from orchestrator.train import train
 from tests.conftest import ROOT
 
 
-def test_sigterm_checkpoints_and_resume_continues(ray_cluster, tmp_path):
+def test_sigterm_checkpoints_and_says_how_to_continue(tmp_path):
     name = "resume-me"
     overrides = [f"logging.dir={tmp_path}", "grpo.save_steps=1000", "logging.check_logprob_parity=false"]
     proc = subprocess.Popen(
@@ -35,11 +35,6 @@ def test_sigterm_checkpoints_and_resume_continues(ray_cluster, tmp_path):
         f"rayward: stopped at step {last} (SIGTERM); checkpoint {ckpt} (continue with --name {name} --resume)"
     ), out[-3000:]
     assert json.loads((ckpt / "rayward_state.json").read_text())["global_step"] == last
-
-    cfg = load_config(ROOT / "configs" / "demo.yaml", [*overrides, f"grpo.max_steps={last + 2}"])
-    history = train(cfg, name=name, resume=True, verbose=False)
-    assert [h["step"] for h in history] == [last + 1, last + 2]
-    assert history[0]["policy_version"] == last  # generators got the checkpoint's weights
 
 
 def test_sigterm_while_starting_is_one_line(tmp_path):

@@ -1,8 +1,15 @@
-"""actors/cpus.py: core shares, vLLM's OpenMP bind strings, and what the start-up line says."""
+"""actors/cpus.py: the core-sharing policy, core shares, vLLM's OpenMP bind strings, the start-up line."""
 
 import os
 
-from actors.cpus import omp_bind, omp_waits, pick_cores
+from actors.cpus import (
+    SHARED_CORES_ENV,
+    generator_cpu_share,
+    omp_bind,
+    omp_waits,
+    pick_cores,
+    shared_cores_env,
+)
 
 
 def test_pick_cores_takes_a_fraction_of_the_allowed_cores_and_at_least_one():
@@ -24,3 +31,15 @@ def test_the_start_up_line_says_when_openmp_waits_are_passive(monkeypatch):
     assert omp_waits() == ""
     monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
     assert omp_waits() == ", passive OpenMP waits"
+
+
+def test_cores_are_shared_only_by_pipelined_cpu_generators():
+    assert generator_cpu_share(pipelined=True, cpu_split=0.25, on_gpu=False) == (0.25, 1.0)
+    assert generator_cpu_share(pipelined=False, cpu_split=0.25, on_gpu=False) is None  # phases take turns
+    assert generator_cpu_share(pipelined=True, cpu_split=0.25, on_gpu=True) is None
+
+
+def test_cpu_actors_wait_passively_and_gpu_actors_keep_rays_defaults():
+    assert SHARED_CORES_ENV == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert shared_cores_env(0) == {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}}
+    assert shared_cores_env(1) == {}

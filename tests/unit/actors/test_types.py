@@ -2,27 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
-from actors.types import RewardBatch, Rollouts, Scores
-
-
-def rollouts(n_groups: int, g: int = 2, start: int = 0, version: int = 3) -> Rollouts:
-    idx = list(range(start, start + n_groups * g))
-    return Rollouts(
-        prompts=[f"p{i // g}" for i in idx], prompt_ids=[[i // g] for i in idx], completion_ids=[[i] for i in idx],
-        completions=[f"c{i}" for i in idx], sampling_logprobs=[[-float(i)] for i in idx],
-        truncated=[i % 3 == 0 for i in idx], columns={"uid": idx}, policy_version=version, group_size=g,
-    )
-
-
-def scores(n: int, start: int = 0, step: int = 5, worker: int = 0) -> Scores:
-    return Scores(
-        names=["a", "b"], scores=[[float(i) for i in range(start, start + n)], [math.nan] * n],
-        timeouts={"a": 1, "b": 0}, errors={"a": 0, "b": 2}, latency_s={"a": 0.5, "b": 0.1},
-        metrics={"m": [1.0]}, extra={"x": list(range(start, start + n))}, global_step=step, workers=[worker],
-        busy_s=1.0, pool={"workers": worker},
-    )
+from actors.types import RewardBatch
+from tests.fixtures.records import rollouts, scores
 
 
 def test_take_groups_keeps_rows_aligned():
@@ -39,7 +20,7 @@ def test_concat_adds_counters_and_keeps_order():
     assert r.completion_ids == [[0], [1], [2], [3]] and r.columns["uid"] == [0, 1, 2, 3]
     s = scores(2, worker=0).concat(scores(2, start=2, step=6, worker=1))
     assert s.scores[0] == [0.0, 1.0, 2.0, 3.0] and s.timeouts == {"a": 2, "b": 0} and s.errors == {"a": 0, "b": 4}
-    assert s.workers == [0, 1] and s.busy_s == 2.0 and s.global_step == 5 and s.pool == {"workers": 1}
+    assert s.workers == [0, 1] and s.busy_s == 2.0 and s.global_step == 5 and s.pool.workers == 1
     assert s.metrics == {"m": [1.0, 1.0]} and s.metric_means() == {"m": 1.0}
 
 

@@ -1,8 +1,9 @@
-"""orchestrator/cluster.py: the spread-placement check against a cluster's nodes (as `ray.nodes()` lists them)."""
+"""orchestrator/cluster.py: the actors' `.options()` from their resource sections, and the spread-placement check
+against a cluster's nodes (as `ray.nodes()` lists them)."""
 
 import pytest
 
-from orchestrator.cluster import check_learner_placement
+from orchestrator.cluster import actor_options, check_learner_placement, generator_options
 from orchestrator.config import ConfigError, parse_config
 
 MINIMAL = {"rewards": [{"name": "r", "function": "letter_fraction"}]}
@@ -37,3 +38,16 @@ def test_spread_counts_nodes_that_can_hold_a_rank():
     custom = cluster(learner_placement="spread", learner={"num_cpus": 1, "resources": {"learner_node": 1}})
     with pytest.raises(ConfigError, match="has 1 live node"):
         check_learner_placement(custom, [node(learner_node=1.0), node()])
+
+
+def test_actor_options_carry_the_resources_section_and_extras():
+    c = parse_config({**MINIMAL, "cluster": {"learner": {"num_cpus": 2, "num_gpus": 1, "resources": {"big": 1}}}}).cluster
+    assert actor_options(c.learner, name="x") == {"num_cpus": 2.0, "num_gpus": 1.0, "resources": {"big": 1.0}, "name": "x"}
+    plain = actor_options(parse_config(MINIMAL).cluster.reward_worker)
+    assert "resources" not in plain and set(plain) == {"num_cpus", "num_gpus"}
+
+
+def test_a_generator_holds_the_gpus_of_its_tensor_parallel_workers():
+    c = parse_config({**MINIMAL, "cluster": {"generator": {"num_gpus": 1}}}).cluster
+    opts = generator_options(c.generator, tensor_parallel_size=4, max_restarts=2)
+    assert opts["num_gpus"] == 4 and opts["max_restarts"] == 2

@@ -138,12 +138,6 @@ def test_reward_autoscale_section():
         parse_config({**MINIMAL, "cluster": {"reward_autoscale": {"min_workers": 5, "max_workers": 4}}})
     with pytest.raises(ConfigError, match=r"cluster\.reward_autoscale\.target_utilisation: Extra inputs"):
         parse_config({**MINIMAL, "cluster": {"reward_autoscale": {"max_workers": 4, "target_utilisation": 0.5}}})
-    from orchestrator.build import autoscale_settings
-
-    s = autoscale_settings(parse_config({**MINIMAL, "cluster": {"reward_autoscale": {"min_workers": 2, "max_workers": 6,
-                                                                                       "target_utilization": 0.3}}}))
-    assert (s.min_workers, s.max_workers, s.target_utilization) == (2, 6, 0.3)
-    assert autoscale_settings(parse_config(MINIMAL)) is None
     keys = {k for k, _, _ in __import__("orchestrator.config", fromlist=["x"]).config_reference()}
     assert {"cluster.reward_autoscale", "cluster.reward_autoscale.max_workers"} <= keys
 

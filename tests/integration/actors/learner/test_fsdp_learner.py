@@ -16,7 +16,7 @@ def test_two_fsdp_ranks_train_sync_and_resume_on_one(ray_cluster, tmp_path):
     base = [f"logging.dir={tmp_path}", f"grpo.save_steps={STEPS}",
             "grpo.per_device_train_batch_size=16"]  # 64 completions: 4 micro-batches, 2 per rank
     cfg = load_config(ROOT / "configs" / "demo.yaml", [*base, *FSDP, f"grpo.max_steps={STEPS}"])
-    history = train(cfg, name="fsdp-2", verbose=False)
+    history = train(cfg, name="fsdp-2", show_progress=False)
     assert [h["step"] for h in history] == list(range(1, STEPS + 1))
     assert all(math.isfinite(h["loss"]) and h["grad_norm"] > 0 for h in history)
     assert all(h["num_tokens"] > 0 for h in history)
@@ -31,7 +31,7 @@ def test_two_fsdp_ranks_train_sync_and_resume_on_one(ray_cluster, tmp_path):
 
     # the 2-rank checkpoint resumes on one learner (same on-disk format), and training goes on in parity
     one = load_config(ROOT / "configs" / "demo.yaml", [*base, f"grpo.max_steps={STEPS + 2}"])
-    resumed = train(one, name="fsdp-2", resume=True, verbose=False)
+    resumed = train(one, name="fsdp-2", resume=True, show_progress=False)
     assert [h["step"] for h in resumed] == [STEPS + 1, STEPS + 2]
     assert resumed[0]["policy_version"] == STEPS
     assert max(h["sampling/sampling_logp_difference/max"] for h in resumed) < 1e-3

@@ -52,7 +52,7 @@ def perturb(run) -> None:
 
 
 def gap(run) -> float:
-    return logprob_parity(run.learner.handles[0], run.generators.handles, run.cfg.generation.temperature)
+    return logprob_parity(run.learner, run.generators, run.cfg.generation.temperature)
 
 
 def engine_threads(run) -> list[int]:
@@ -75,10 +75,8 @@ def test_sync_into_two_engines_then_a_group_that_cannot_form_then_reform(ray_clu
 
         # A member that never joins: a group that counts two ranks per engine (tp 2) on TP=1 engines.
         bad = CollectiveTransfer(run.learner, run.generators, timeout_s=3, bucket_mb=1, tp_size=2)
-        t0 = time.monotonic()
         with pytest.raises(WeightTransferError, match=r"did not form within 3 s.*ranks \[2, 4\] never joined"):
-            bad.connect()
-        assert time.monotonic() - t0 < 60  # a timeout, not a hang
+            bad.connect()  # the collective's timeout, named: not a hang
 
         # That broke the run's group on every end; rejoin re-forms it and the weights land again.
         perturb(run)
@@ -96,11 +94,10 @@ def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_
     try:
         assert isinstance(run.weights, OverlappedCollectiveTransfer)
         assert engine_threads(run) == [len(pick_cores(generator_cpu_share(run.cfg)))]  # its cluster.cpu_split share
-        learner, engine = run.learner.ranks[0], run.generators.handles[0]
         temperature = run.cfg.generation.temperature
         perturb(run)
-        before = ray.get(learner.sequence_logprobs.remote(PARITY_TOKENS))
-        busy = engine.generate.remote([PARITY_TOKENS] * 256, n=8, max_tokens=16, temperature=1.0)  # ~1 s queued
+        before = run.learner.sequence_logprobs(PARITY_TOKENS)
+        (busy,) = run.generators.submit("generate", [PARITY_TOKENS] * 256, n=8, max_tokens=16, temperature=1.0)
         run.weights.submit_async()  # queued on the engine behind that generation
         g = torch.Generator().manual_seed(0)
         batch = TrainBatch(
@@ -110,17 +107,15 @@ def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_
             advantages=[1.0, -1.0] * 4,
             truncated=[False] * 8,
         )
-        t0 = time.monotonic()
-        ray.get(run.learner.submit("train_step", batch))  # queued behind start_send_weights, not behind the sync
-        step_s = time.monotonic() - t0
-        ray.get(busy)
+        trained = run.learner.train_step(batch)  # queued behind start_send_weights, not behind the sync
+        busy.result()
         run.weights.drain()
-        got = ray.get(engine.sequence_logprobs.remote(PARITY_TOKENS, temperature))
+        (got,) = run.generators.call("sequence_logprobs", PARITY_TOKENS, temperature)
         assert max(abs(a - b) for a, b in zip(got, before, strict=True)) <= PARITY_TOL, (
             "the engine did not get the weights the sync started with (the train step changed them mid-send)"
         )
         assert gap(run) > 100 * PARITY_TOL  # the step moved the learner on ...
-        assert run.weights.last is not None and run.weights.last.bytes > 1e6 and step_s > 0
+        assert trained.global_step == 1 and run.weights.last is not None and run.weights.last.bytes > 1e6
         run.weights.submit_async()
         run.weights.drain()
         assert gap(run) <= PARITY_TOL  # ... and the next sync brings the engine there
@@ -143,14 +138,17 @@ def test_fsdp_learner_ranks_send_into_a_tensor_parallel_engine(ray_cluster):
         shutdown_run(run)
 
 
-@pytest.mark.parametrize("loop", ["sync", "pipelined"])  # pipelined: the learner's send runs in the background
-def test_a_killed_generator_restarts_rejoins_and_the_run_finishes(ray_cluster, tmp_path, loop):
+def test_a_killed_generator_restarts_rejoins_and_the_run_finishes_on_policy(ray_cluster, tmp_path):
+    """Pipelined (the learner's send runs in the background, so the kill can cut it) with max_staleness 0: the
+    re-formed group does not deadlock the learner, and every step samples with the learner's weights of the step
+    before (the restarted engine rejoined and got them; syncs land before the generation queued behind them).
+    How the loops handle the death: tests/unit/orchestrator/test_loop.py, on fakes."""
     from orchestrator.train import train
 
-    name, steps = f"wt-restart-{loop}", 6
+    name, steps = "wt-restart", 6
     cfg = load_config(ROOT / "configs" / "demo.yaml", [
         f"grpo.max_steps={steps}", "cluster.num_reward_workers=1", "cluster.generator_max_restarts=1",
-        f"logging.dir={tmp_path}", "logging.progress=false", f"loop.mode={loop}",
+        f"logging.dir={tmp_path}", "logging.progress=false", "loop.mode=pipelined", "loop.max_staleness=0",
     ])
     metrics = tmp_path / name / "metrics.jsonl"
     killed: list[int] = []
@@ -166,13 +164,9 @@ def test_a_killed_generator_restarts_rejoins_and_the_run_finishes(ray_cluster, t
 
     t = threading.Thread(target=kill_after_two_steps, daemon=True)
     t.start()
-    history = train(cfg, name, verbose=False)
+    history = train(cfg, name, show_progress=False)
     t.join(timeout=10)
     assert killed, "the generator was never killed"
     assert [h["step"] for h in history] == list(range(1, steps + 1))
-    if loop == "pipelined":  # what this checks: a background send cut by the kill and the re-formed group do not
-        return  # deadlock the learner; samples are one step stale by design, so the gap check below is sync's
-    # every step after the restart sampled with the learner's weights (the restarted engine rejoined and synced)
-    assert all(h["sampling/sampling_logp_difference/max"] < 1e-3 for h in history), [
-        h["sampling/sampling_logp_difference/max"] for h in history
-    ]
+    gaps = [h["sampling/sampling_logp_difference/max"] for h in history]
+    assert max(gaps) < 1e-3, gaps  # a stale or partial sync shows up as > 0.1

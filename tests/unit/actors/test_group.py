@@ -1,0 +1,18 @@
+"""actors/group.py's shard arithmetic: how items are split over the members (the Ray side: tests/integration)."""
+
+from actors.group import shards
+
+
+def test_one_contiguous_shard_per_member_in_item_order():
+    assert shards(10, 3) == [(0, slice(0, 3)), (1, slice(3, 6)), (2, slice(6, 10))]
+    assert shards(4, 1) == [(0, slice(0, 4))]
+
+
+def test_more_parts_than_members_are_dealt_in_turn():
+    assert shards(8, 2, parts=4) == [(0, slice(0, 2)), (1, slice(2, 4)), (0, slice(4, 6)), (1, slice(6, 8))]
+
+
+def test_never_more_shards_than_items_and_none_for_no_items():
+    assert shards(2, 4) == [(0, slice(0, 1)), (1, slice(1, 2))]
+    assert shards(3, 2, parts=8) == [(0, slice(0, 1)), (1, slice(1, 2)), (0, slice(2, 3))]
+    assert shards(0, 2) == []
