@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.rewards.autoscale import AutoscaleSettings
-from actors.rewards.builtin import BUILTIN_REWARDS
+from actors.rewards.builtin import BUILTIN_REWARDS, builtin_target
 from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
 from actors.types import TrainerState
 from orchestrator.aggregation import RewardAggregator, weighted_totals
@@ -50,7 +50,7 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards") -> list[Re
                     f"{field}[{r.name}].function: unknown built-in {fn!r} (built-ins: {sorted(BUILTIN_REWARDS)}; "
                     "or give module:callable)"
                 )
-            fn = BUILTIN_REWARDS[fn]
+            fn = builtin_target(fn, configured=bool(r.kwargs))
         spec = RewardSpec(
             name=r.name, function=fn, model=r.model, timeout_s=r.timeout_s, on_error=r.on_error,
             fallback=r.fallback, batched=r.batched, kwargs=dict(r.kwargs),
