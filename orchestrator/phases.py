@@ -104,15 +104,6 @@ def refill(run: Run, timer: PhaseTimer) -> Refill:
 
 # --- advantages -------------------------------------------------------------------------------------------
 
-# The reward pool's stats (actors.rewards.pool.RewardPool.stats) copied into every step's metrics as
-# reward_pool/<key>: live and target workers (and those still starting), cumulative retries, replacements,
-# scaling decisions and live worker-seconds, the queue, and the autoscaler's utilisation.
-POOL_METRICS = (
-    "workers", "target_workers", "starting", "retries", "replaced", "queue_depth", "decisions", "worker_s",
-    "utilization",
-)
-
-
 def advantages(run: Run, rollouts: Rollouts, scores: Scores) -> tuple[TrainBatch, dict[str, Any], dict[str, list]]:
     """Gates, scheduled weights and GRPO advantages at the step the batch was scored under, with the step's
     reward, pool and completion metrics, and the per-sample table of the completions log."""
@@ -126,7 +117,7 @@ def advantages(run: Run, rollouts: Rollouts, scores: Scores) -> tuple[TrainBatch
         metrics[f"rewards/{name}/latency_s"] = scores.latency_s[name]
     metrics.update({f"reward_fn/{k}": v for k, v in scores.metric_means().items()})  # users' log_metric values
     metrics["roles/reward/busy_s"] = scores.busy_s
-    metrics.update({f"reward_pool/{k}": scores.pool[k] for k in POOL_METRICS})
+    metrics.update(scores.pool.step_metrics())  # reward_pool/...: the pool's state after this batch
     metrics["reward_pool/queue_wait_s"] = scores.queue_wait_s
     metrics["reward_pool/workers_used"] = len(scores.workers)
     lengths = [len(c) for c in rollouts.completion_ids]
