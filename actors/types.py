@@ -243,4 +243,5 @@ class PoolStats:
     )
 
     def step_metrics(self) -> dict[str, float]:
-        return {f"reward_pool/{k}": float(getattr(self, k)) for k in self.STEP_METRICS}
+        """reward_pool/<name> for each of STEP_METRICS (counts stay ints, as the metrics log always had them)."""
+        return {f"reward_pool/{k}": getattr(self, k) for k in self.STEP_METRICS}

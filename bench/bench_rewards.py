@@ -11,10 +11,16 @@ trl_vs_rayward.py:
 
 reward_scaling.py: `sleepy` (latency-bound) and `cpu_bound` (a verifier in Python), factories whose settings
 travel in the run config to every worker on every node.
+
+reward_autoscale.py: `step_latency`, a reward that becomes slower for a stretch of steps and records every
+sample it scored.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import threading
 import time
 from typing import Any
 
@@ -22,7 +28,8 @@ from actors.rewards.builtin import completion_text, letter_fraction
 
 SANDBOX_LATENCY_S = 0.05  # one "sandbox round trip" per completion
 
-__all__ = ["SANDBOX_LATENCY_S", "cpu_bound", "letter_fraction", "sandbox_reward", "sleepy", "spin", "threaded"]
+__all__ = ["SANDBOX_LATENCY_S", "cpu_bound", "letter_fraction", "sandbox_reward", "sleepy", "spin", "step_latency",
+           "threaded"]
 
 
 def sandbox_reward(completions: list[Any], letter: list[str] | None = None, **kwargs: Any) -> list[float]:
@@ -79,4 +86,32 @@ def threaded(fn: Any, threads: int) -> Any:
         return list(pool.map(one, range(len(completions))))
 
     reward.__name__ = fn.__name__  # TRL logs rewards under the function's name
+    return reward
+
+
+# One reward call at a time per worker process, as a CPU-bound checker would run (the worker's thread pool
+# queues here), so only more workers make scoring faster.
+_ONE_AT_A_TIME = threading.Lock()
+
+
+def step_latency(record_dir: str, base_s: float = 0.02, factor: float = 8.0, rise_step: int = 3,
+                 drop_step: int = 10):
+    """Factory: a reward whose every call takes `base_s` seconds, `factor` times that while the learner's
+    `trainer_state.global_step` is in [rise_step, drop_step) (harder tasks, longer completions), one call at a
+    time per worker process. It returns 1.0 per sample and appends one line per scored sample to
+    `<record_dir>/<pid>.jsonl`: the step it was scored under, the row's `uid`, the call's latency regime."""
+
+    def reward(completions, uid, trainer_state, **kwargs):
+        step = trainer_state.global_step
+        slow = rise_step <= step < drop_step
+        lines = "".join(
+            json.dumps({"step": step, "uid": u, "slow": slow, "pid": os.getpid()}) + "\n" for u in uid
+        )
+        with _ONE_AT_A_TIME:
+            time.sleep(base_s * (factor if slow else 1.0))
+            os.makedirs(record_dir, exist_ok=True)
+            with open(os.path.join(record_dir, f"{os.getpid()}.jsonl"), "a") as f:
+                f.write(lines)
+        return [1.0] * len(completions)
+
     return reward

@@ -6,8 +6,8 @@ fixed pool at max_workers (a script, not a test).
 
 Each "step" is what the synchronous loop does to the pool: the learner's TrainerState push (global_step), one
 batch of --prompts x --group-size completions scored in chunks of one group, then --rest-s of generation and
-training (a sleep). The reward (tests/fixtures/slow_rewards.py: step_latency, a factory whose settings travel in
-its config kwargs) takes --base-ms per call, --factor times that for global steps [--rise, --rise +
+training (a sleep). The reward (bench/bench_rewards.py: step_latency, a factory whose settings travel in its
+config kwargs) takes --base-ms per call, --factor times that for global steps [--rise, --rise +
 --slow-steps), one call at a time per worker process (a CPU-bound checker), and writes one line per scored
 sample, counted afterwards: every sample exactly once.
 
@@ -44,7 +44,7 @@ def batch(step: int, prompts: int, g: int) -> RewardBatch:
 
 def wait_live(ray, pool, n: int, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
-    while ray.get(pool.stats.remote())["workers"] < n:
+    while ray.get(pool.stats.remote()).workers < n:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{n} reward workers not alive after {timeout:.0f} s")
         time.sleep(0.2)
@@ -52,7 +52,7 @@ def wait_live(ray, pool, n: int, timeout: float = 300.0) -> None:
 
 def run(ray, name: str, args, autoscale: AutoscaleSettings | None, workers: int) -> dict[str, Any]:
     record = Path(tempfile.mkdtemp(prefix=f"rayward-{name}-"))
-    spec = RewardSpec("slow", "tests.fixtures.slow_rewards:step_latency", kwargs={
+    spec = RewardSpec("slow", "bench.bench_rewards:step_latency", kwargs={
         "record_dir": str(record), "base_s": args.base_ms / 1000, "factor": args.factor,
         "rise_step": args.rise, "drop_step": args.rise + args.slow_steps})
     pool = (
@@ -70,8 +70,8 @@ def run(ray, name: str, args, autoscale: AutoscaleSettings | None, workers: int)
             ray.get(pool.set_state.remote(TrainerState(global_step=step, max_steps=args.steps)))
             t0 = time.monotonic()
             out = ray.get(pool.score.remote(batch(step, args.prompts, args.group_size), 1))
-            steps.append({"reward_s": time.monotonic() - t0, "target": out.pool["target_workers"],
-                          "live": out.pool["workers"], "wait_s": out.queue_wait_s})
+            steps.append({"reward_s": time.monotonic() - t0, "target": out.pool.target_workers,
+                          "live": out.pool.workers, "wait_s": out.queue_wait_s})
             time.sleep(args.rest_s)
         end = ray.get(pool.stats.remote())
         decisions = ray.get(pool.decision_log.remote())
@@ -83,8 +83,8 @@ def run(ray, name: str, args, autoscale: AutoscaleSettings | None, workers: int)
     recs = [json.loads(line) for f in record.glob("*.jsonl") for line in f.read_text().splitlines()]
     n = args.prompts * args.group_size
     once = Counter(r["uid"] for r in recs) == Counter(range(args.steps * n))
-    return {"steps": steps, "decisions": decisions, "t0": start, "worker_s": end["worker_s"] - start["worker_s"],
-            "wall_s": wall, "exactly_once": once, "records": len(recs), "retries": end["retries"]}
+    return {"steps": steps, "decisions": decisions, "t0": start, "worker_s": end.worker_s - start.worker_s,
+            "wall_s": wall, "exactly_once": once, "records": len(recs), "retries": end.retries}
 
 
 def main() -> int:
@@ -105,8 +105,9 @@ def main() -> int:
     p.add_argument("--downscale-delay-s", type=float, default=3.0)
     p.add_argument("--worker-cpus", type=float, default=0.25, help="logical CPUs per worker")
     args = p.parse_args()
-    settings = AutoscaleSettings(args.min_workers, args.max_workers, args.target, args.look_back_s,
-                                 args.upscale_delay_s, args.downscale_delay_s)
+    settings = AutoscaleSettings(args.min_workers, args.max_workers, target_utilization=args.target,
+                                 look_back_s=args.look_back_s, upscale_delay_s=args.upscale_delay_s,
+                                 downscale_delay_s=args.downscale_delay_s)
 
     import ray
 

@@ -18,7 +18,7 @@ from actors.group import SEND_GROUP, ActorGroup, LearnerGroup, RewardPoolGroup
 from actors.learner.loss import ImportanceSampling, LossConfig
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
 from actors.rewards.autoscale import AutoscaleSettings
-from actors.rewards.builtin import BUILTIN_REWARDS
+from actors.rewards.builtin import BUILTIN_REWARDS, builtin_target
 from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
 from actors.types import TrainerState
 from actors.weights.transfer import WeightTransfer
@@ -58,7 +58,7 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards") -> list[Re
                     f"{field}[{r.name}].function: unknown built-in {fn!r} (built-ins: {sorted(BUILTIN_REWARDS)}; "
                     "or give module:callable)"
                 )
-            fn = BUILTIN_REWARDS[fn]
+            fn = builtin_target(fn, configured=bool(r.kwargs))
         spec = RewardSpec(
             name=r.name, function=fn, model=r.model, timeout_s=r.timeout_s, on_error=r.on_error,
             fallback=r.fallback, batched=r.batched, kwargs=dict(r.kwargs),

@@ -25,12 +25,17 @@ from pydantic import (
     model_validator,
 )
 
-from actors.rewards.autoscale import (
-    DEFAULT_DOWNSCALE_DELAY_S,
-    DEFAULT_LOOK_BACK_S,
-    DEFAULT_TARGET_UTILIZATION,
-    DEFAULT_UPSCALE_DELAY_S,
-)
+# Reward-pool autoscaling defaults (cluster.reward_autoscale; `rayward scale --min/--max` on a pool without
+# autoscaling starts from them too), for runs that last hours, after Ray Serve's AutoscalingConfig: grow after
+# 30 s of sustained load, shrink only after 10 minutes of sustained slack (a worker started costs seconds of
+# imports; an idle one only its reservation), decide on about 30 s of history.
+DEFAULT_UPSCALE_DELAY_S = 30.0
+DEFAULT_DOWNSCALE_DELAY_S = 600.0
+DEFAULT_LOOK_BACK_S = 30.0
+# Busy fraction each reward worker should settle at. In the synchronous loop the reward phase then takes about
+# target / (1 - target) of the rest of the step (0.5: as long as generation + training + sync); in the
+# pipelined loop workers are busy about half the time, with room to absorb a slower batch.
+DEFAULT_TARGET_UTILIZATION = 0.5
 
 
 class _Section(BaseModel):

@@ -40,16 +40,6 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-# Defaults for runs that last hours, after Ray Serve's AutoscalingConfig: grow after 30 s of sustained load,
-# shrink only after 10 minutes of sustained slack (a worker started costs seconds of imports; an idle one
-# only its reservation), decide on about 30 s of history.
-DEFAULT_UPSCALE_DELAY_S = 30.0
-DEFAULT_DOWNSCALE_DELAY_S = 600.0
-DEFAULT_LOOK_BACK_S = 30.0
-# Busy fraction each worker should settle at. In the synchronous loop the reward phase then takes about
-# target / (1 - target) of the rest of the step (0.5: as long as generation + training + sync); in the
-# pipelined loop workers are busy about half the time, with room to absorb a slower batch.
-DEFAULT_TARGET_UTILIZATION = 0.5
 # Float noise below one worker: 2.0000000001 busy-worker units must not round up to 3 workers.
 _ROUND_SLACK = 1e-6
 # The cycle in progress counts as "more work than usual" once it holds this much more than an average whole
@@ -60,14 +50,15 @@ MORE_WORK = 1.25
 
 @dataclass(frozen=True)
 class AutoscaleSettings:
-    """Bounds, target and delays (the config's `cluster.reward_autoscale`, or `rayward scale --min/--max`)."""
+    """Bounds, target and delays: the config's `cluster.reward_autoscale` (which owns the defaults), or
+    `rayward scale --min/--max` (the same defaults, from the config)."""
 
     min_workers: int
     max_workers: int
-    target_utilization: float = DEFAULT_TARGET_UTILIZATION
-    look_back_s: float = DEFAULT_LOOK_BACK_S
-    upscale_delay_s: float = DEFAULT_UPSCALE_DELAY_S
-    downscale_delay_s: float = DEFAULT_DOWNSCALE_DELAY_S
+    target_utilization: float  # busy fraction each worker should settle at
+    look_back_s: float  # seconds of history a decision averages over (stretched to whole batch cycles)
+    upscale_delay_s: float  # the load must call for more workers this long before the pool grows
+    downscale_delay_s: float  # ... for fewer workers this long before it shrinks
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -233,8 +224,4 @@ __all__ = [
     "Decision",
     "Load",
     "PoolSample",
-    "DEFAULT_DOWNSCALE_DELAY_S",
-    "DEFAULT_LOOK_BACK_S",
-    "DEFAULT_TARGET_UTILIZATION",
-    "DEFAULT_UPSCALE_DELAY_S",
 ]

@@ -1,5 +1,7 @@
 """Built-in reward functions, usable in a config by name (`function: letter_fraction`; `rayward rewards` lists
-them): the letter task's rewards, and TRL's own. Ordinary TRL-style functions, importable by path too.
+them): the letter task's rewards, the code rewards, and TRL's own. Ordinary TRL-style functions, importable by
+path too. A built-in configured with `kwargs` stands for its factory (BUILTIN_FACTORIES), which builds the
+reward from them; the reward itself only ever takes samples.
 """
 
 from __future__ import annotations
@@ -36,10 +38,21 @@ BUILTIN_REWARDS = {
     "letter_fraction": "actors.rewards.builtin:letter_fraction",
     "starts_with_letter": "actors.rewards.builtin:starts_with_letter",
     "brevity": "actors.rewards.builtin:brevity",
-    # Run the completion's program against the sample's tests in a local sandbox (actors/rewards/sandbox.py).
+    # Run the completion's program against the sample's tests in a local sandbox (actors/rewards/sandbox/).
     "code_tests": "actors.rewards.code_tests:code_tests",
     "fenced_python_format": "actors.rewards.code_tests:fenced_python_format",
     # TRL's own reward functions, usable by name.
     "think_format_reward": "trl.rewards:think_format_reward",
     "accuracy_reward": "trl.rewards:accuracy_reward",
 }
+
+# Built-ins that take `kwargs` in a run config, and the factory those build the reward with.
+BUILTIN_FACTORIES = {
+    "code_tests": "actors.rewards.code_tests:make_code_tests",  # sandbox limits and max_concurrency
+}
+
+
+def builtin_target(name: str, configured: bool) -> str:
+    """The `module:callable` a built-in name stands for: its factory when the config gives it kwargs
+    (`configured`), else the reward. KeyError for a name that is not a built-in."""
+    return BUILTIN_FACTORIES.get(name, BUILTIN_REWARDS[name]) if configured else BUILTIN_REWARDS[name]

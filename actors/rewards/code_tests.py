@@ -1,5 +1,5 @@
 """Built-in code rewards: `code_tests` runs the completion's program against the sample's tests in a local
-sandbox (actors/rewards/sandbox.py) and scores the fraction passed; `fenced_python_format` checks the
+sandbox (actors/rewards/sandbox/) and scores the fraction passed; `fenced_python_format` checks the
 answer's format. Both have TRL's reward-function signature.
 
 Dataset columns (per sample):
@@ -28,12 +28,15 @@ How asserts are checked (the program is untrusted and runs in the same process a
   What this cannot stop: a program written against this harness that digs the nonce out of interpreter
   memory, or returns an object whose `__eq__` always says True; a test's own expression decides that.
 
-Limits are set per reward through `rewards[].kwargs`, which rayward passes to the function once to build
-the reward: `code_tests(**kwargs)` (limits only, no completions) is `make_code_tests(**kwargs)`:
+Limits are set per reward through `rewards[].kwargs`: with kwargs, the built-in name `code_tests` stands
+for its factory `make_code_tests(**kwargs)` (actors/rewards/builtin.py), which builds a `CodeTestsReward`
+from the sandbox `Limits` fields and `max_concurrency` named there:
 
     - name: tests
       function: code_tests            # or actors.rewards.code_tests:make_code_tests
       kwargs: {timeout_s: 5, memory_mb: 512, max_concurrency: 4}
+
+In Python, `CodeTestsReward(Limits(...), max_concurrency)` builds one directly.
 """
 
 from __future__ import annotations
@@ -47,16 +50,10 @@ import textwrap
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 from typing import Any
 
 from actors.rewards.sandbox import (
-    DEFAULT_DISK_MB,
-    DEFAULT_MAX_FILE_MB,
-    DEFAULT_MAX_OPEN_FILES,
-    DEFAULT_MAX_OUTPUT_BYTES,
-    DEFAULT_MAX_PROCESSES,
-    DEFAULT_MEMORY_MB,
-    DEFAULT_TIMEOUT_S,
     Limits,
     SandboxResult,
     run_sandboxed,
@@ -194,12 +191,19 @@ def _as_cases(value: Any) -> list[tuple[str, str]]:
 
 
 class CodeTestsReward:
-    """The `code_tests` reward with its own limits and concurrency bound (built by make_code_tests)."""
+    """The `code_tests` reward with its own sandbox limits (per program run) and concurrency bound.
 
-    def __init__(self, limits: Limits, max_concurrency: int):
+    max_concurrency: sandboxed programs running at once in this worker process (default: its CPU count).
+    A per-completion call can wait for a slot, so keep the reward's `timeout_s` in the run config above
+    (samples per chunk / max_concurrency + 1) * limits.timeout_s, or lower the chunk size.
+    """
+
+    def __init__(self, limits: Limits | None = None, max_concurrency: int | None = None):
+        if max_concurrency is None:
+            max_concurrency = len(os.sched_getaffinity(0))
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        self.limits = limits
+        self.limits = limits or Limits()
         self.max_concurrency = max_concurrency
         # One semaphore per reward, shared by every thread of the worker process that calls it: rayward
         # calls sync rewards from a thread pool, one call per completion, so without it a 64-sample chunk
@@ -208,8 +212,8 @@ class CodeTestsReward:
         self.__name__ = "code_tests"
         # Start-up: find an interpreter that runs in the sandbox (raises if none) and say plainly which
         # protections this machine lacks; never a silent downgrade.
-        self.python = sandbox_python(limits)
-        self.missing_protections = warn_missing_protections(limits)
+        self.python = sandbox_python(self.limits)
+        self.missing_protections = warn_missing_protections(self.limits)
 
     def __repr__(self) -> str:
         return f"CodeTestsReward({self.limits}, max_concurrency={self.max_concurrency})"
@@ -272,30 +276,20 @@ class CodeTestsReward:
             return run_sandboxed(files, limits=self.limits, **kwargs)
 
 
-def make_code_tests(
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    memory_mb: int = DEFAULT_MEMORY_MB,
-    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-    max_processes: int = DEFAULT_MAX_PROCESSES,
-    max_file_mb: int = DEFAULT_MAX_FILE_MB,
-    disk_mb: int = DEFAULT_DISK_MB,
-    max_open_files: int = DEFAULT_MAX_OPEN_FILES,
-    max_concurrency: int | None = None,
-    python: str | None = None,
-    hide_paths: Sequence[str] = (),
-) -> CodeTestsReward:
-    """A `code_tests` reward with these sandbox limits (per program run; see sandbox.Limits).
+LIMIT_NAMES = tuple(f.name for f in fields(Limits))
 
-    max_concurrency: sandboxed programs running at once in this worker process (default: its CPU count).
-    A per-completion call can wait for a slot, so keep the reward's `timeout_s` in the run config above
-    (samples per chunk / max_concurrency + 1) * timeout_s, or lower the chunk size.
-    """
-    limits = Limits(
-        timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, max_processes=max_processes,
-        max_file_mb=max_file_mb, disk_mb=disk_mb, max_open_files=max_open_files, python=python,
-        hide_paths=tuple(hide_paths),
-    )
-    return CodeTestsReward(limits, len(os.sched_getaffinity(0)) if max_concurrency is None else max_concurrency)
+
+def make_code_tests(max_concurrency: int | None = None, **limits: Any) -> CodeTestsReward:
+    """What `function: code_tests` with `kwargs` in a run config builds: a CodeTestsReward whose sandbox
+    Limits are the kwargs named after Limits fields (timeout_s, memory_mb, ...), with `max_concurrency`.
+    An unknown name is a TypeError naming it (a typo fails at start-up, not as a silent default)."""
+    unknown = sorted(set(limits) - set(LIMIT_NAMES))
+    if unknown:
+        raise TypeError(f"code_tests: unknown kwargs {unknown}; sandbox limits are {list(LIMIT_NAMES)}, "
+                        "plus max_concurrency")
+    if "hide_paths" in limits:  # a YAML list
+        limits["hide_paths"] = tuple(limits["hide_paths"])
+    return CodeTestsReward(Limits(**limits), max_concurrency)
 
 
 _default: CodeTestsReward | None = None
@@ -303,21 +297,16 @@ _default_lock = threading.Lock()
 
 
 def code_tests(
-    prompts: list[Any] | None = None,
-    completions: list[Any] | None = None,
+    prompts: list[Any],
+    completions: list[Any],
     tests: Sequence[Any] | None = None,
+    test_cases: Sequence[Any] | None = None,
     **kwargs: Any,
-) -> list[float] | CodeTestsReward:
+) -> list[float]:
     """Fraction of the sample's tests its completion's program passes, with the default limits (see the
-    module docstring).
-
-    Called with limits only (no prompts, completions or tests), it is `make_code_tests(**limits)`: that is
-    what rayward does with `function: code_tests` and `kwargs: {...}` in a run config, so the built-in name
-    takes limits too. A reward call always carries completions, so the two cannot be confused."""
-    if prompts is None and completions is None and tests is None:
-        return make_code_tests(**kwargs)
+    module docstring; `make_code_tests` builds one with other limits)."""
     global _default
     with _default_lock:
         if _default is None:
-            _default = make_code_tests()
-    return _default(prompts=prompts, completions=completions, tests=tests, **kwargs)
+            _default = CodeTestsReward()
+    return _default(prompts=prompts, completions=completions, tests=tests, test_cases=test_cases, **kwargs)

@@ -23,7 +23,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import ray
@@ -42,8 +42,9 @@ CALLS_PER_SLOT = 2
 # Beyond the rewards' own timeouts, how long a chunk may take before its worker is presumed hung and replaced
 # (covers a worker still importing at start-up, or one stuck in C code holding the GIL).
 CHUNK_GRACE_S = 120.0
-# Gauges are refreshed at most this often: setting them on every acquire/release was ~0.25 ms of serial
-# pool time per chunk, which caps scaling at 16 workers. Ray exports metrics every 10 s anyway.
+# Gauges are refreshed at most this often: setting them costs serial pool time, and on every acquire/release
+# that cost grew with the chunk rate until it capped scaling (bench/README.md, reward_scaling). Ray exports
+# metrics every 10 s anyway.
 PUBLISH_EVERY_S = 0.5
 # How often the autoscaling policy samples the pool (it also samples at every batch arrival): far below any
 # useful delay, and a sample is a few additions.
@@ -67,6 +68,98 @@ class _Slot:
     retiring: bool = False
     alive: bool = False  # constructor done: counted as capacity, given chunks
     warned: bool = False  # the "still waiting for a node" line was printed
+
+
+class PoolMetrics:
+    """The pool's Ray metrics, exported live between steps and tagged with the run and the pool's role:
+    gauges (workers alive, starting and targeted, queue, chunks in flight, utilisation), histograms (chunk
+    latency, queue wait) and counters (timeouts, errors and retries; scaling decisions)."""
+
+    def __init__(self, run_name: str, role: str):
+        self.tags = {"run": run_name, "pool": role}
+        self.alive = ray_metrics.Gauge(
+            "rayward_reward_workers_alive", "live reward workers", tag_keys=("run", "pool")
+        )
+        self.queue = ray_metrics.Gauge(
+            "rayward_reward_queue_depth", "chunks waiting for a worker", tag_keys=("run", "pool")
+        )
+        self.inflight = ray_metrics.Gauge(
+            "rayward_reward_inflight_chunks", "chunks being scored", tag_keys=("run", "pool")
+        )
+        self.latency = ray_metrics.Histogram(
+            "rayward_reward_chunk_latency_s",
+            "seconds to score one chunk",
+            boundaries=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+            tag_keys=("run", "pool"),
+        )
+        self.events = ray_metrics.Counter(
+            "rayward_reward_events_total", "timeouts, errors, retries", tag_keys=("run", "pool", "kind")
+        )
+        self.target = ray_metrics.Gauge(
+            "rayward_reward_workers_target", "reward workers alive or starting (the pool's target)", tag_keys=("run", "pool")
+        )
+        self.starting = ray_metrics.Gauge(
+            "rayward_reward_workers_starting", "reward workers waiting for a node or starting up", tag_keys=("run", "pool")
+        )
+        self.utilization = ray_metrics.Gauge(
+            "rayward_reward_utilization", "busy fraction of the live reward workers over the autoscaler's window",
+            tag_keys=("run", "pool"),
+        )
+        self.wait = ray_metrics.Histogram(
+            "rayward_reward_queue_wait_s",
+            "seconds a chunk waited for a worker (mean of one worker call's chunks)",
+            boundaries=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300],
+            tag_keys=("run", "pool"),
+        )
+        self.decisions = ray_metrics.Counter(
+            "rayward_reward_scale_decisions_total", "changes of the reward pool's target size",
+            tag_keys=("run", "pool", "direction"),
+        )
+        for m in (self.alive, self.queue, self.inflight, self.latency, self.target, self.starting,
+                  self.utilization, self.wait):
+            m.set_default_tags(self.tags)
+        self._published_at = 0.0
+
+    def due(self, force: bool = False) -> bool:
+        """Whether the gauges should be set now (at most every PUBLISH_EVERY_S unless forced)."""
+        now = time.monotonic()
+        if not force and now - self._published_at < PUBLISH_EVERY_S:
+            return False
+        self._published_at = now
+        return True
+
+    def set_sizes(self, alive: int, target: int, queued: int, inflight: int) -> None:
+        self.alive.set(alive)
+        self.target.set(target)
+        self.starting.set(target - alive)
+        self.queue.set(queued)
+        self.inflight.set(inflight)
+
+    def event(self, kind: str, n: int = 1) -> None:
+        """`timeout`, `error` or `retry`, counted."""
+        self.events.inc(n, tags={**self.tags, "kind": kind})
+
+    def decision(self, direction: str) -> None:
+        self.decisions.inc(1, tags={**self.tags, "direction": direction})
+
+
+@dataclass
+class _Batch:
+    """One `score` call while its chunks go out: the chunks, the state they are scored under, when the batch
+    arrived, the indices of chunks not sent yet (in order; a failed call's go back to the front), and per chunk
+    its result and the seconds it waited for a worker."""
+
+    chunks: list[RewardBatch]
+    state: TrainerState
+    arrived: float
+    queue: deque[int] = field(init=False)
+    results: list[Scores | None] = field(init=False)
+    waits: list[float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.queue = deque(range(len(self.chunks)))
+        self.results = [None] * len(self.chunks)
+        self.waits = [0.0] * len(self.chunks)
 
 
 class RewardPool:
@@ -95,7 +188,6 @@ class RewardPool:
         self._next_id = 0
         self._conds: dict[str, asyncio.Condition] | None = None  # made on first use, in the actor's event loop
         self.queued = 0  # chunks of all batches not yet sent to a worker
-        self._published_at = 0.0
         self._published_load = (0.0, 0.0)  # (worker_s, busy_s) at the last utilisation published without a policy
         self.counters = {
             "chunks": 0, "retries": 0, "replaced": 0, "timeouts": 0, "errors": 0, "start_failures": 0,
@@ -117,48 +209,7 @@ class RewardPool:
         self._tasks: set[asyncio.Task] = set()  # strong references: asyncio keeps only weak ones
         # The chunk timeout: every reward's own bound (they run concurrently) plus grace.
         self.chunk_timeout_s = max(s.timeout_s for s in specs) + CHUNK_GRACE_S
-        self._tags = {"run": run_name, "pool": role}
-        self._m_alive = ray_metrics.Gauge(
-            "rayward_reward_workers_alive", "live reward workers", tag_keys=("run", "pool")
-        )
-        self._m_queue = ray_metrics.Gauge(
-            "rayward_reward_queue_depth", "chunks waiting for a worker", tag_keys=("run", "pool")
-        )
-        self._m_inflight = ray_metrics.Gauge(
-            "rayward_reward_inflight_chunks", "chunks being scored", tag_keys=("run", "pool")
-        )
-        self._m_latency = ray_metrics.Histogram(
-            "rayward_reward_chunk_latency_s",
-            "seconds to score one chunk",
-            boundaries=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
-            tag_keys=("run", "pool"),
-        )
-        self._m_events = ray_metrics.Counter(
-            "rayward_reward_events_total", "timeouts, errors, retries", tag_keys=("run", "pool", "kind")
-        )
-        self._m_target = ray_metrics.Gauge(
-            "rayward_reward_workers_target", "reward workers alive or starting (the pool's target)", tag_keys=("run", "pool")
-        )
-        self._m_starting = ray_metrics.Gauge(
-            "rayward_reward_workers_starting", "reward workers waiting for a node or starting up", tag_keys=("run", "pool")
-        )
-        self._m_util = ray_metrics.Gauge(
-            "rayward_reward_utilization", "busy fraction of the live reward workers over the autoscaler's window",
-            tag_keys=("run", "pool"),
-        )
-        self._m_wait = ray_metrics.Histogram(
-            "rayward_reward_queue_wait_s",
-            "seconds a chunk waited for a worker (mean of one worker call's chunks)",
-            boundaries=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300],
-            tag_keys=("run", "pool"),
-        )
-        self._m_decisions = ray_metrics.Counter(
-            "rayward_reward_scale_decisions_total", "changes of the reward pool's target size",
-            tag_keys=("run", "pool", "direction"),
-        )
-        for m in (self._m_alive, self._m_queue, self._m_inflight, self._m_latency, self._m_target, self._m_starting,
-                  self._m_util, self._m_wait):
-            m.set_default_tags(self._tags)
+        self.metrics = PoolMetrics(run_name, role)
         for _ in range(autoscale.clamp(num_workers) if autoscale else num_workers):
             self._spawn()
         self._background(self._tick_loop())
@@ -271,7 +322,7 @@ class RewardPool:
     def _apply(self, d: Decision) -> None:
         self.decisions.append(d)
         self.counters["scale_ups" if d.direction == "up" else "scale_downs"] += 1
-        self._m_decisions.inc(1, tags={**self._tags, "direction": d.direction})
+        self.metrics.decision(d.direction)
         self._log(f"workers {d.before} -> {d.after}: {d.reason}")
         self._set_target(d.after)
         self._publish(force=True)
@@ -293,13 +344,15 @@ class RewardPool:
         await self._notify()
         return self.stats()
 
-    async def set_bounds(self, min_workers: int | None = None, max_workers: int | None = None) -> PoolStats:
-        """Autoscale between new bounds (either may be kept as it is); turns autoscaling on if it was off or
-        pinned. A target outside the bounds moves into them at once."""
+    async def set_bounds(self, min_workers: int | None = None, max_workers: int | None = None, *,
+                         fresh: AutoscaleSettings | None = None) -> PoolStats:
+        """Autoscale between new bounds (either may be kept as it is); resumes autoscaling if it was pinned. A
+        pool with autoscaling off turns it on with `fresh` (`rayward scale --min/--max` sends the config's
+        defaults with both bounds). A target outside the bounds moves into them at once."""
         if self.policy is None:
-            if min_workers is None or max_workers is None:
+            if fresh is None:
                 raise ValueError("autoscaling is off for this run: give both --min and --max to turn it on")
-            settings = AutoscaleSettings(min_workers, max_workers)
+            settings = fresh
         else:
             old = self.policy.settings
             settings = replace(old, min_workers=old.min_workers if min_workers is None else min_workers,
@@ -410,21 +463,19 @@ class RewardPool:
     def chunks_per_call(self, remaining: int) -> int:
         """How many of a batch's `remaining` chunks the next worker call carries: about remaining / (worker
         slots x CALLS_PER_SLOT), so a batch goes out in a few calls per slot and calls shrink as it drains.
-        A Ray actor call costs the pool ~0.5-1 ms of serial CPU; at one call per chunk, 16 workers finishing
-        together queued behind each other's dispatch (efficiency 0.67-0.78 at 16 workers). Small tail calls
-        keep load balancing, and workers added mid-batch still get work. A worker scores one chunk per slot at
+        Every Ray actor call costs the pool serial CPU; at one call per chunk, many workers finishing together
+        queued behind each other's dispatch (bench/README.md, reward_scaling). Small tail calls keep load
+        balancing, and workers added mid-batch still get work. A worker scores one chunk per slot at
         a time either way, so its concurrency does not change. Workers still starting count: sized by the live
         ones alone, the first live worker of a growing pool would take a quarter of a batch in one call and
         leave the others little to do once they are up."""
         slots = max(self.target(), 1) * CHUNKS_PER_WORKER
         return max(1, math.ceil(remaining / (slots * CALLS_PER_SLOT)))
 
-    async def _send(
-        self, queue: deque[int], chunks: list[RewardBatch], results: list[Any], waits: list[float],
-        state: TrainerState, arrived: float,
-    ) -> None:
+    async def _send(self, batch: _Batch) -> None:
         """One of a batch's senders: while chunks are queued, take the next few and score them on a worker.
         A worker that dies or hangs is replaced and its chunks go back to the front of the queue."""
+        queue = batch.queue
         while queue:
             slot = await self._acquire(lambda: bool(queue))
             if slot is None:
@@ -437,13 +488,13 @@ class RewardPool:
             t0 = time.monotonic()
             try:
                 out = await asyncio.wait_for(
-                    slot.handle.score_chunks.remote([chunks[i] for i in take], state),
+                    slot.handle.score_chunks.remote([batch.chunks[i] for i in take], batch.state),
                     self.chunk_timeout_s * len(take),
                 )
             except (RayActorError, asyncio.TimeoutError, GetTimeoutError):
                 # Its results, if they ever came, are dropped with the killed actor: nothing is scored twice.
                 self.counters["retries"] += 1
-                self._m_events.inc(1, tags={**self._tags, "kind": "retry"})
+                self.metrics.event("retry")
                 queue.extendleft(reversed(take))
                 self.inflight_chunks -= len(take)
                 self.queued += len(take)
@@ -454,39 +505,37 @@ class RewardPool:
                 continue
             self.inflight_chunks -= len(take)
             await self._release(slot)
-            self._m_latency.observe((time.monotonic() - t0) / len(take))
+            self.metrics.latency.observe((time.monotonic() - t0) / len(take))
             # A call's chunks run one after another on the worker: each waited for the ones before it too.
             before = 0.0
             for i, r in zip(take, out, strict=True):
-                results[i] = r
-                waits[i] = t0 - arrived + before
+                batch.results[i] = r
+                batch.waits[i] = t0 - batch.arrived + before
                 before += max(r.latency_s.values(), default=0.0)
-            self._m_wait.observe(sum(waits[i] for i in take) / len(take))
+            self.metrics.wait.observe(sum(batch.waits[i] for i in take) / len(take))
 
     async def score(self, batch: RewardBatch, chunk_groups: int = 1, state: TrainerState | None = None) -> Scores:
         """Score a batch in chunks of `chunk_groups` whole groups; the scores come back in batch order.
         state: the trainer_state the reward functions see (an eval: the evaluated step); default the pool's."""
-        state = state or self.state  # every chunk of this batch sees the step current at dispatch
-        t0 = time.monotonic()
-        chunks = batch.chunks(batch.group_size * chunk_groups)
-        queue, results, waits = deque(range(len(chunks))), [None] * len(chunks), [0.0] * len(chunks)
-        self.queued += len(chunks)
+        # Every chunk of this batch sees the step current at dispatch.
+        b = _Batch(batch.chunks(batch.group_size * chunk_groups), state or self.state, time.monotonic())
+        self.queued += len(b.chunks)
         self.batches += 1
         self._peak = max(self._peak, self.queued + self.inflight_chunks)
         self._autoscale()  # a sample at the arrival itself: the policy's windows start at batch arrivals
         self._publish()
         # One sender per chunk at most; senders that find the queue empty stop (each holds a worker slot only
         # while its call runs).
-        await asyncio.gather(*(self._send(queue, chunks, results, waits, state, t0) for _ in chunks))
-        self.counters["chunks"] += len(chunks)
-        merged = functools.reduce(Scores.concat, results)
-        merged.queue_wait_s = sum(waits) / len(waits)
+        await asyncio.gather(*(self._send(b) for _ in b.chunks))
+        self.counters["chunks"] += len(b.chunks)
+        merged = functools.reduce(Scores.concat, b.results)
+        merged.queue_wait_s = sum(b.waits) / len(b.waits)
         for name in merged.names:
             for kind, counts in (("timeout", merged.timeouts), ("error", merged.errors)):
                 self.counters[f"{kind}s"] += counts[name]
                 if counts[name]:
-                    self._m_events.inc(counts[name], tags={**self._tags, "kind": kind})
-        merged.busy_s = time.monotonic() - t0  # the pool's wall time on this batch
+                    self.metrics.event(kind, counts[name])
+        merged.busy_s = time.monotonic() - b.arrived  # the pool's wall time on this batch
         merged.pool = self.stats()
         return merged
 
@@ -508,31 +557,23 @@ class RewardPool:
     # --- introspection ------------------------------------------------------------------------------------
 
     def _publish(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._published_at < PUBLISH_EVERY_S:
+        if not self.metrics.due(force):
             return
-        self._published_at = now
-        self._m_alive.set(self.size())
-        self._m_target.set(self.target())
-        self._m_starting.set(self.target() - self.size())
-        self._m_queue.set(self.queued)
-        self._m_inflight.set(self.inflight_chunks)
+        self.metrics.set_sizes(self.size(), self.target(), self.queued, self.inflight_chunks)
         if self.policy is not None:
             if self.policy.load is not None:
-                self._m_util.set(self.policy.load.utilization)
+                self.metrics.utilization.set(self.policy.load.utilization)
             return
         # A fixed pool has no policy window; its utilisation since the last publish tells the user whether
         # `rayward scale` would help.
         self._account()
         worker_s, busy_s = self._published_load
         if self.worker_s > worker_s:
-            self._m_util.set((self.busy_s - busy_s) / (self.worker_s - worker_s))
+            self.metrics.utilization.set((self.busy_s - busy_s) / (self.worker_s - worker_s))
             self._published_load = (self.worker_s, self.busy_s)
 
     def stats(self) -> PoolStats:
-        """The pool's state: `workers` live and taking chunks, `target_workers` alive or starting, `starting`
-        waiting for a node or importing; `worker_s` live worker-seconds so far; `utilization` the busy fraction
-        over the autoscaler's window (NaN before its first whole window, or with autoscaling off)."""
+        """The pool's state now (see PoolStats)."""
         self._account()
         load = self.policy.load if self.policy else None
         if self.policy is None:

@@ -87,6 +87,16 @@ class RewardSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class RewardResult:
+    """One reward's outcome on one chunk."""
+
+    scores: list[float]  # [n]: NaN where the reward had no opinion (None) or timed out without a fallback
+    timeouts: int  # calls cut at the reward's timeout
+    errors: int  # calls that raised (under on_error: fallback)
+    latency_s: float  # from the first call's start to the last one's end
+
+
 def load_reward_function(spec: RewardSpec) -> Callable[..., Any]:
     """Import `module:callable` or `path/to/file.py:callable` (and call it with spec.kwargs if given)."""
     target = spec.function or ""
@@ -248,10 +258,10 @@ class RewardWorker:
         names = [s.name for s in self.specs]
         return Scores(
             names=names,
-            scores=[per_reward[k][0] for k in ks],  # [K][n]
-            timeouts={names[k]: per_reward[k][1] for k in ks},
-            errors={names[k]: per_reward[k][2] for k in ks},
-            latency_s={names[k]: per_reward[k][3] for k in ks},
+            scores=[per_reward[k].scores for k in ks],  # [K][n]
+            timeouts={names[k]: per_reward[k].timeouts for k in ks},
+            errors={names[k]: per_reward[k].errors for k in ks},
+            latency_s={names[k]: per_reward[k].latency_s for k in ks},
             metrics=dict(ctx.metrics),
             extra=dict(ctx.extra),
             global_step=self.state.global_step,
@@ -272,7 +282,7 @@ class RewardWorker:
             calls.append((lo, hi, time.monotonic(), self._executor.submit(_timed_call, fn, ctx.kwargs(lo, hi))))
         return calls
 
-    def _collect(self, k: int, calls: list[tuple[int, int, float, Future]], ctx: _Chunk) -> _RewardResult:
+    def _collect(self, k: int, calls: list[tuple[int, int, float, Future]], ctx: _Chunk) -> RewardResult:
         """Wait for each call up to its own deadline (its start + the reward's timeout)."""
         spec = self.specs[k]
         scores: list[float] = []
@@ -291,10 +301,7 @@ class RewardWorker:
             timeouts += status == "timeout"
             errors += status == "error"
             t_end = max(t_end, done)
-        return scores, timeouts, errors, max(t_end - t0, 0.0)
-
-
-_RewardResult = tuple[list[float], int, int, float]  # scores [n], timeouts, errors, latency seconds
+        return RewardResult(scores, timeouts, errors, max(t_end - t0, 0.0))
 
 
 def _call_executor() -> ThreadPoolExecutor:
@@ -420,7 +427,7 @@ class _Chunk:
         return kw
 
 
-async def _score_async(worker: RewardWorker, ks: list[int], ctx: _Chunk) -> dict[int, _RewardResult]:
+async def _score_async(worker: RewardWorker, ks: list[int], ctx: _Chunk) -> dict[int, RewardResult]:
     """The async rewards of one chunk, every call at once on the worker's loop. Module-level on purpose: an
     `async def` method would make Ray run RewardWorker as an async actor, whose sync `score` then blocks its
     event loop (one chunk at a time)."""
@@ -428,7 +435,7 @@ async def _score_async(worker: RewardWorker, ks: list[int], ctx: _Chunk) -> dict
     return dict(zip(ks, results, strict=True))
 
 
-async def _score_async_reward(worker: RewardWorker, k: int, ctx: _Chunk) -> _RewardResult:
+async def _score_async_reward(worker: RewardWorker, k: int, ctx: _Chunk) -> RewardResult:
     spec, fn = worker.specs[k], worker.functions[k]
     t0 = time.monotonic()
     outs = await asyncio.gather(*(_call_async(spec, fn, ctx, lo, hi) for lo, hi in ctx.spans(spec)))
@@ -437,7 +444,7 @@ async def _score_async_reward(worker: RewardWorker, k: int, ctx: _Chunk) -> _Rew
         scores.extend(vals)
     timeouts = sum(status == "timeout" for _, status in outs)
     errors = sum(status == "error" for _, status in outs)
-    return scores, timeouts, errors, time.monotonic() - t0
+    return RewardResult(scores, timeouts, errors, time.monotonic() - t0)
 
 
 async def _call_async(spec: RewardSpec, fn: Any, ctx: _Chunk, lo: int, hi: int) -> tuple[list[float], str]:

@@ -1,4 +1,5 @@
-"""Runs on a shared Ray cluster through the Ray Jobs API: submit, status, logs (-f), stop, list.
+"""Runs on a shared Ray cluster through the Ray Jobs API: submit, status, logs (-f), stop, list; and `scale`,
+which resizes a running run's reward pool as a Ray client of the cluster (its GCS address, not the dashboard).
 
 `rayward submit CONFIG [overrides] --address http://HEAD:8265` validates the config here first (a typo fails
 on the laptop, not after an upload), then submits `python -m orchestrator run CONFIG overrides --name NAME`
@@ -42,8 +43,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.rewards.autoscale import AutoscaleSettings
+from actors.types import PoolStats
 from orchestrator.cli.auth import AuthError, explain_auth_failure, find_token, prepare_client_auth
-from orchestrator.config import RUN_NAME_PATTERN
+from orchestrator.config import (
+    DEFAULT_DOWNSCALE_DELAY_S,
+    DEFAULT_LOOK_BACK_S,
+    DEFAULT_TARGET_UTILIZATION,
+    DEFAULT_UPSCALE_DELAY_S,
+    RUN_NAME_PATTERN,
+)
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 SUBMISSION_PREFIX = "rayward-"
@@ -65,6 +74,10 @@ PREFLIGHT_TIMEOUT_S = 5.0
 
 class JobsError(RuntimeError):
     """A one-line, user-facing failure of a jobs command."""
+
+
+class ScaleRefused(JobsError):
+    """`rayward scale` asked for something this cluster or run cannot do (no such run, bad bounds)."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -478,6 +491,48 @@ def list_runs(address: str, *, show_all: bool = False, as_json: bool = False, ou
     for r in rows:
         print(f"{r['run']:28s} {r['status']:10s} {_fmt_time(r['start_time']):19s}  {r['submission_id']}", file=out)
     return 0
+
+
+def scale(address: str | None, run: str, *, reward_workers: int | None = None, min_workers: int | None = None,
+          max_workers: int | None = None) -> PoolStats:
+    """Pin run `run`'s reward pool at `reward_workers`, or set its autoscaling bounds (with both bounds, a pool
+    without autoscaling turns it on with the config's defaults); returns the pool's state after it. Joins the
+    cluster at the GCS `address` (default: auto). UnreachableError when nothing answers there; ScaleRefused
+    for a run that does not exist or a change the pool refuses (its own message)."""
+    fresh = _fresh_autoscale(run, min_workers, max_workers)  # bad bounds fail before Ray starts
+    import ray
+    from ray.exceptions import RayTaskError
+
+    from orchestrator.cluster import UnreachableError, check_reachable, namespace
+
+    address = address or "auto"
+    check_reachable(address)
+    try:
+        ray.init(address=address, namespace=namespace(run), log_to_driver=False)
+    except ConnectionError as err:
+        raise UnreachableError(f"cannot connect to Ray at {address}: {err}") from None
+    try:
+        pool = ray.get_actor(f"{run}/reward-pool")
+    except ValueError:
+        raise ScaleRefused(f"no run named {run!r} on this cluster (no actor {run}/reward-pool)") from None
+    try:
+        if reward_workers is not None:
+            return ray.get(pool.scale.remote(reward_workers))
+        return ray.get(pool.set_bounds.remote(min_workers, max_workers, fresh=fresh))
+    except RayTaskError as err:  # the pool refused (e.g. bounds out of order): its message, not a traceback
+        raise ScaleRefused(f"{run}: {getattr(err, 'cause', None) or err}") from None
+
+
+def _fresh_autoscale(run: str, min_workers: int | None, max_workers: int | None) -> AutoscaleSettings | None:
+    """With both bounds: the settings a pool without autoscaling starts from (the config's defaults)."""
+    if min_workers is None or max_workers is None:
+        return None
+    try:
+        return AutoscaleSettings(min_workers, max_workers, target_utilization=DEFAULT_TARGET_UTILIZATION,
+                                 look_back_s=DEFAULT_LOOK_BACK_S, upscale_delay_s=DEFAULT_UPSCALE_DELAY_S,
+                                 downscale_delay_s=DEFAULT_DOWNSCALE_DELAY_S)
+    except ValueError as err:
+        raise ScaleRefused(f"{run}: {err}") from None
 
 
 def guarded(command: str, fn, *args: Any, **kwargs: Any) -> int:

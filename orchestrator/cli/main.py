@@ -54,31 +54,15 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     if (args.reward_workers is not None) == bounds:  # neither, or both
         print("rayward scale: give --reward-workers N (a fixed count) or --min/--max (autoscaling bounds)",
               file=sys.stderr)
-        return 2
-    import ray
-    from ray.exceptions import RayTaskError
+        return EXIT_BAD_INPUT
+    from orchestrator.cli import jobs
 
-    from orchestrator.cluster import UnreachableError, check_reachable, namespace
-
-    check_reachable(args.address or "auto")
     try:
-        ray.init(address=args.address or "auto", namespace=namespace(args.run), log_to_driver=False)
-    except ConnectionError as err:
-        raise UnreachableError(f"cannot connect to Ray at {args.address or 'auto'}: {err}") from None
-    try:
-        pool = ray.get_actor(f"{args.run}/reward-pool")
-    except ValueError:
-        print(f"rayward scale: no run named {args.run!r} on this cluster (no actor {args.run}/reward-pool)", file=sys.stderr)
-        return 2
-    try:
-        if bounds:
-            stats = ray.get(pool.set_bounds.remote(args.min, args.max))
-        else:
-            stats = ray.get(pool.scale.remote(args.reward_workers))
-    except RayTaskError as err:  # the pool refused (e.g. bounds out of order): its message, not a traceback
-        cause = getattr(err, "cause", None) or err
-        print(f"rayward scale: {args.run}: {cause}", file=sys.stderr)
-        return 2
+        stats = jobs.scale(args.address, args.run, reward_workers=args.reward_workers, min_workers=args.min,
+                           max_workers=args.max)
+    except jobs.ScaleRefused as err:
+        print(f"rayward scale: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(f"rayward scale: {args.run}: reward workers -> {stats.target_workers} ({stats.workers} live, "
           f"{stats.starting} starting, {stats.retiring} retiring); autoscaling {stats.autoscale}")
     return 0

@@ -3,19 +3,25 @@
 cluster/local_cluster.sh starts a head (no reward resource), two nodes with {"reward_node": 8} and one with
 {"generator_node": 1}. A real `rayward run` joins it with reward workers asking for {"reward_node": 1} and its
 generator for {"generator_node": 1} (the learner stays on the head, so every weight sync crosses nodes over the
-collective backend: the first sync's logprob parity and every step's logprob gap are checked); a second process runs
+collective backend: the first sync's logprob parity and every step's logprob gap are checked); the test runs
 `rayward scale` to 6 and then to 3 workers while it trains. The run's reward (tests/fixtures/slow_rewards.py:
-tagged_value) sleeps per sample, returns the sample's `value` column, and writes one line per scored sample
-(step, prompt uid, completion token ids, node). Checks:
+tagged_value) returns the sample's `value` column and writes one line per scored sample (step, prompt uid,
+completion token ids, node).
+
+Ordered by gates, not by time: the reward holds the scoring of steps HOLD_UP, HOLD_DOWN and HOLD_END until the
+test releases them, so each scale event and each check happens while the run is provably inside that step:
+  HOLD_UP    scale to 6; the state API shows exactly 6 live workers and the pool counts 6 live; release
+  HOLD_DOWN  scale to 3 (the retiring workers hold this step's chunks, and finish them); release
+  HOLD_END   the state API shows exactly 3 live workers; release, and the run finishes
+Checks:
   (a) placement: every RewardWorker actor of the run (Ray state API over HTTP, dead ones included) and every
       scored sample ran on a node with the reward_node resource, none on the head;
-  (b) scaling: the per-step `reward_pool/target_workers` goes 2 -> 6 -> 3, steps used all 6 workers, and the state
-      API shows exactly 6 and then exactly 3 live workers;
+  (b) scaling: the per-step `reward_pool/target_workers` goes 2 -> 6 -> 3, the step after HOLD_UP used all 6
+      workers, the steps after HOLD_DOWN at most 3;
   (c) exactly once, per step: 64 sample records, each of the step's 8 prompt rows exactly G=8 times with 8
       distinct completions (so every sample's reward call ran once: none missed, none repeated, even across
       the scale events), no retries; and the step's logged reward mean equals the mean of those rows' `value`
       with no None, timeout or error (so the values that reached training are those calls' return values).
-The test process never calls ray.init (the session's ray_cluster may be live): everything Ray runs in subprocesses.
 Skip with RAYWARD_SKIP_MULTINODE=1.
 """
 
@@ -24,11 +30,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -36,89 +39,25 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from tests.fixtures.cluster import Cluster, client_env, rayward_exe, tail
+from tests.fixtures.slow_rewards import held_marker, release_file
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("RAYWARD_SKIP_MULTINODE") == "1", reason="RAYWARD_SKIP_MULTINODE=1"),
     pytest.mark.timeout(600),
 ]
 
-SCRIPT = ROOT / "cluster" / "local_cluster.sh"
 RUN = "mn-scale"
-# generation_batch_size = 64 per step. Steps take ~1 s and added workers score only once alive (their imports
-# take seconds, tens of them on a loaded machine), so the run lasts long enough for them to join.
-G, PROMPTS, STEPS = 8, 8, 48
-DELAY_S = 0.2  # per sample: a step's scoring spans ~1 s on 2 workers, so scale events land mid-run
-ROWS = 512  # >= STEPS x PROMPTS: every step reads new rows in file order
-
-# State API over HTTP in a subprocess: Ray caches RAY_AUTH_MODE at its first read, so setting it in this
-# (shared) pytest process could be too late; a fresh process with RAY_AUTH_MODE=token always sends the token.
-STATE_QUERY = """
-import json, sys
-from ray.util.state import list_actors, list_nodes
-addr = sys.argv[1]
-actors = list_actors(address=addr, detail=True, limit=10000, raise_on_missing_output=False)  # placement checks all roles
-nodes = list_nodes(address=addr, detail=True, limit=1000, raise_on_missing_output=False)
-print(json.dumps({
-    "actors": [{"name": a.name, "state": a.state, "node_id": a.node_id, "ns": a.ray_namespace} for a in actors],
-    "nodes": [{"node_id": n.node_id, "is_head": n.is_head_node, "resources": n.resources_total, "state": n.state}
-              for n in nodes],
-}))
-"""
+G, PROMPTS = 8, 8  # generation_batch_size = 64 per step
+HOLD_UP, HOLD_DOWN, HOLD_END = 2, 4, 7  # trainer steps whose scoring waits for the test
+STEPS = HOLD_END + 1
+ROWS = 128  # >= STEPS x PROMPTS: every step reads new rows in file order
+REWARD_TIMEOUT_S = 600  # a held call waits for the test (worker start-ups under load), not for the reward
+WAIT_S = 240.0  # any wait below: reached only when what is awaited never happens
 
 
 def _value(uid: int) -> float:
     return round(((uid * 37) % 101) / 100, 2)
-
-
-def _client_env() -> dict[str, str]:
-    """The environment a user's shell would give rayward: no Ray address or auth mode inherited from this
-    pytest process (rayward must find the token itself), the repo importable for tests.fixtures."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_NAMESPACE", "RAY_AUTH_MODE", "RAYWARD_TEST_RECORD")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
-def _rayward() -> str:
-    exe = Path(sys.executable).with_name("rayward")
-    return str(exe) if exe.exists() else (shutil.which("rayward") or "rayward")
-
-
-class Cluster:
-    """local_cluster.sh with its own state dir (short path: Ray's unix sockets live under it)."""
-
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="rwmn-", dir="/tmp"))
-        self.env = {**_client_env(), "RAYWARD_CLUSTER_DIR": str(self.dir)}
-        self.base = 0
-
-    def up(self, reward_nodes: int, generator_node: bool = False) -> str:
-        args = ["up", "--reward-nodes", str(reward_nodes)] + (["--generator-node"] if generator_node else [])
-        p = subprocess.run(["bash", str(SCRIPT), *args], env=self.env, capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, f"local_cluster.sh up failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
-        self.base = int((self.dir / "base_port").read_text())
-        return p.stdout
-
-    @property
-    def gcs(self) -> str:
-        return f"127.0.0.1:{self.base}"
-
-    @property
-    def dashboard(self) -> str:
-        return f"http://127.0.0.1:{self.base + 1}"
-
-    def state(self) -> dict:
-        p = subprocess.run([sys.executable, "-c", STATE_QUERY, self.dashboard], env={**self.env, "RAY_AUTH_MODE": "token"},
-                           capture_output=True, text=True, timeout=120)
-        assert p.returncode == 0, f"state API query failed:\n{p.stderr[-3000:]}"
-        return json.loads(p.stdout.strip().splitlines()[-1])
-
-    def down(self, keep_logs: bool) -> None:
-        subprocess.run(["bash", str(SCRIPT), "down"], env=self.env, capture_output=True, text=True, timeout=120)
-        if keep_logs:
-            print(f"\nmulti-node cluster logs kept in {self.dir}")
-        else:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _rows(path: Path) -> list[dict]:
@@ -127,35 +66,35 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")]
 
 
-def _tail(path: Path, n: int = 4000) -> str:
-    return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
-
-
 def _auth_hint(text: str) -> str:
     if "InvalidAuthToken" in text or "Missing authentication token" in text:
         return ("\n=> rayward did not send the cluster token: Ray 2.60 reads RAY_AUTH_MODE once, at `import ray`, so "
-                "orchestrator.cli.auth.prepare_client_auth() must run before anything imports ray (orchestrator/cli.py main)")
+                "orchestrator.cli.auth.prepare_client_auth() must run before anything imports ray (orchestrator/cli/main.py main)")
     return ""
 
 
-def _wait(pred, what: str, proc: subprocess.Popen, log: Path, timeout: float = 180.0, every: float = 1.0):
-    deadline = time.monotonic() + timeout
+def _wait(pred, what: str, proc: subprocess.Popen, log: Path, every: float = 1.0):
+    """Until pred() holds. The run is held at a step the test has not released, so it cannot end first: its exit
+    is a crash, reported with its log."""
+    deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         out = pred()
         if out:
             return out
         if proc.poll() is not None and not pred():
-            text = _tail(log)
+            text = tail(log)
             pytest.fail(f"the run exited (rc {proc.returncode}) before: {what}{_auth_hint(text)}\n--- run log tail ---\n{text}")
         time.sleep(every)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for: {what}\n--- run log tail ---\n{_tail(log)}")
+    pytest.fail(f"timed out after {WAIT_S:.0f}s waiting for: {what}\n--- run log tail ---\n{tail(log)}")
 
 
-def _scale(cluster: Cluster, n: int) -> None:
-    p = subprocess.run([_rayward(), "scale", RUN, "--reward-workers", str(n), "--address", cluster.gcs],
-                       cwd=ROOT, env=_client_env(), capture_output=True, text=True, timeout=120)
+def _scale(cluster: Cluster, n: int) -> str:
+    """`rayward scale RUN --reward-workers n` (again: a no-op that reports the pool); returns its line."""
+    p = subprocess.run([rayward_exe(), "scale", RUN, "--reward-workers", str(n), "--address", cluster.gcs],
+                       cwd=ROOT, env=client_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and f"reward workers -> {n}" in p.stdout, (
         f"rayward scale {n} failed (rc {p.returncode}): {p.stdout}\n{p.stderr[-3000:]}{_auth_hint(p.stderr)}")
+    return p.stdout
 
 
 def _is_worker(actor: dict) -> bool:
@@ -171,16 +110,24 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Write the letter {'abcd'[i % 4]}:", "uid": i, "value": _value(i)})
                             + "\n" for i in range(ROWS)))
-    records, runs, log = tmp_path / "records", tmp_path / "runs", tmp_path / "run.log"
+    records, holds, runs, log = tmp_path / "records", tmp_path / "holds", tmp_path / "runs", tmp_path / "run.log"
+    holds.mkdir()
     metrics = runs / RUN / "metrics.jsonl"
     cluster = Cluster()
     proc, passed = None, False
     t0 = time.monotonic()
+
+    def held(step: int) -> bool:
+        return os.path.exists(held_marker(str(holds), step))
+
+    def release(step: int) -> None:
+        Path(release_file(str(holds), step)).touch()
+
     try:
         cluster.up(reward_nodes=2, generator_node=True)
         t_up = time.monotonic() - t0
         cmd = [
-            _rayward(), "run", str(ROOT / "configs" / "demo.yaml"),
+            rayward_exe(), "run", str(ROOT / "configs" / "demo.yaml"),
             f"cluster.address={cluster.gcs}",
             "cluster.num_reward_workers=2",
             "cluster.reward_worker={num_cpus: 0.25, resources: {reward_node: 1}}",
@@ -193,25 +140,29 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
             f"grpo.max_steps={STEPS}", "grpo.learning_rate=1e-9", f"data.path={data}", "data.shuffle_dataset=false",
             f"logging.dir={runs}", "logging.progress=true",
             f"rewards.0={{name: tagged, function: 'tests.fixtures.slow_rewards:tagged_value', "
-            f"kwargs: {{record_dir: '{records}', delay_s: {DELAY_S}}}}}",
+            f"timeout_s: {REWARD_TIMEOUT_S}, kwargs: {{record_dir: '{records}', hold_dir: '{holds}', "
+            f"hold_steps: [{HOLD_UP}, {HOLD_DOWN}, {HOLD_END}]}}}}",
             "--name", RUN,
         ]
         with open(log, "w") as out:
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=_client_env(), stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=client_env(), stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
 
-        # Phase 1: two workers score the first steps.
-        _wait(lambda: len(_rows(metrics)) >= 2, "2 steps on 2 reward workers", proc, log, timeout=240)
+        # Steps 0..HOLD_UP-1 on two workers; at HOLD_UP, grow to 6 while that step's chunks are held.
+        _wait(lambda: held(HOLD_UP), f"step {HOLD_UP}'s scoring held (2 workers before it)", proc, log)
         _scale(cluster, 6)
         _wait(lambda: _alive_workers(cluster) == 6, "6 live RewardWorker actors (state API)", proc, log, every=2)
-        _wait(lambda: any(r.get("reward_pool/workers_used") == 6 for r in _rows(metrics)),
-              "a step scored by all 6 reward workers", proc, log)
-        _scale(cluster, 3)
-        n3 = len(_rows(metrics))
+        _wait(lambda: "(6 live" in _scale(cluster, 6), "the pool counting 6 live workers", proc, log)
+        release(HOLD_UP)
+        # At HOLD_DOWN, shrink to 3 while all six hold that step's chunks; the retiring three finish them first.
+        _wait(lambda: held(HOLD_DOWN), f"step {HOLD_DOWN}'s scoring held", proc, log)
+        assert "3 retiring" in _scale(cluster, 3)
+        release(HOLD_DOWN)
+        _wait(lambda: held(HOLD_END), f"step {HOLD_END}'s scoring held", proc, log)
         _wait(lambda: _alive_workers(cluster) == 3, "3 live RewardWorker actors (state API)", proc, log, every=2)
-        _wait(lambda: len(_rows(metrics)) >= n3 + 2, "2 steps after scaling down to 3", proc, log)
-        rc = proc.wait(timeout=240)
-        assert rc == 0, f"rayward run failed (rc {rc}):\n{_tail(log)}"
+        release(HOLD_END)
+        rc = proc.wait(timeout=WAIT_S)
+        assert rc == 0, f"rayward run failed (rc {rc}):\n{tail(log)}"
         t_run = time.monotonic() - t0 - t_up
 
         # (a) placement, from the cluster's own records (dead actors keep their node id).
@@ -223,7 +174,7 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
         by_name = {a["name"]: a["node_id"] for a in st["actors"] if a["name"]}
         assert by_name[f"{RUN}/generator-0"] in gen_node and by_name[f"{RUN}/learner"] in head, by_name
         # the first sync crossed the nodes over the collective backend and landed (the driver prints the gap)
-        gap = float(re.search(r"logprob parity after sync: max abs diff (\S+)", _tail(log, 100_000)).group(1))
+        gap = float(re.search(r"logprob parity after sync: max abs diff (\S+)", tail(log, 100_000)).group(1))
         assert gap < 1e-4, gap
         assert all(r["sampling/sampling_logp_difference/max"] < 1e-3 for r in _rows(metrics))
         workers = [a for a in st["actors"] if _is_worker(a)]
@@ -234,14 +185,16 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
         scored_on = Counter(r["node"] for r in recs)
         assert set(scored_on) <= reward_nodes, f"samples scored off the reward nodes: {scored_on}"
 
-        # (b) pool size per step: 2 -> 6 -> 3, and the added workers took chunks.
+        # (b) pool size per step: 2 -> 6 -> 3; the step after the scale-up on all 6 workers, none after on more than 3.
         rows = _rows(metrics)
         assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+        assert [r["reward_global_step"] for r in rows] == list(range(STEPS))
         sizes = [r["reward_pool/target_workers"] for r in rows]  # `workers` counts live ones only
-        assert [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]] == [2, 6, 3], sizes
+        assert sizes == [2] * HOLD_UP + [6] * (HOLD_DOWN - HOLD_UP) + [3] * (STEPS - HOLD_DOWN), sizes
         used = [r["reward_pool/workers_used"] for r in rows]
-        assert all(u <= 2 for u, s in zip(used, sizes, strict=True) if s == 2), (sizes, used)
-        assert used[-1] <= 3, (sizes, used)
+        assert all(u <= 2 for u in used[:HOLD_UP]), used
+        assert used[HOLD_UP + 1] == 6, used  # 8 chunks dispatched to 6 idle live workers: each took one
+        assert all(u <= 3 for u in used[HOLD_DOWN + 1:]), used
         assert all(r["reward_pool/retries"] == 0 and r["reward_pool/replaced"] == 0 for r in rows), rows[-1]
 
         # (c) every step's samples scored exactly once.
@@ -251,7 +204,6 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
         assert sorted(by_step) == list(range(STEPS)), sorted(by_step)
         for row in rows:
             s = row["step"] - 1
-            assert row["reward_global_step"] == s
             uids = list(range(s * PROMPTS, (s + 1) * PROMPTS))  # data.shuffle_dataset=false: rows in file order
             got = by_step[s]
             assert len(got) == G * PROMPTS, f"step {s}: {len(got)} reward calls for {G * PROMPTS} samples"

@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from tests.integration.cluster.test_multinode import Cluster, _client_env, _rayward, _tail
+from tests.fixtures.cluster import Cluster, client_env, rayward_exe, tail
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("RAYWARD_SKIP_MULTINODE") == "1", reason="RAYWARD_SKIP_MULTINODE=1"),
@@ -36,13 +36,13 @@ STEPS = 2
 
 def _run(cluster: Cluster, log, *extra: str) -> subprocess.CompletedProcess:
     cmd = [
-        _rayward(), "run", str(ROOT / "configs" / "demo.yaml"), f"cluster.address={cluster.gcs}",
+        rayward_exe(), "run", str(ROOT / "configs" / "demo.yaml"), f"cluster.address={cluster.gcs}",
         "cluster.num_learners=2", "cluster.learner_strategy=fsdp", "cluster.learner_placement=spread",
         "cluster.learner.num_cpus=0.5", "grpo.per_device_train_batch_size=16", f"grpo.save_steps={STEPS}",
         f"logging.dir={log.parent / 'runs'}", *extra, "--name", RUN,
     ]
     with open(log, "a") as out:
-        return subprocess.run(cmd, cwd=ROOT, env=_client_env(), stdout=out, stderr=subprocess.STDOUT, timeout=400)
+        return subprocess.run(cmd, cwd=ROOT, env=client_env(), stdout=out, stderr=subprocess.STDOUT, timeout=400)
 
 
 def test_fsdp_ranks_on_two_nodes_match_one_rank_and_resume_across_nodes(tmp_path):
@@ -55,7 +55,7 @@ def test_fsdp_ranks_on_two_nodes_match_one_rank_and_resume_across_nodes(tmp_path
 
         # (a) the numbers
         p = subprocess.run([sys.executable, "-m", "tests.integration.cluster.fsdp_across_nodes", cluster.gcs, str(tmp_path)],
-                           cwd=ROOT, env={**_client_env(), "RAY_AUTH_MODE": "token"}, capture_output=True, text=True,
+                           cwd=ROOT, env={**client_env(), "RAY_AUTH_MODE": "token"}, capture_output=True, text=True,
                            timeout=400)
         assert p.returncode == 0, f"driver failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
         r = json.loads((tmp_path / "result.json").read_text())
@@ -73,15 +73,15 @@ def test_fsdp_ranks_on_two_nodes_match_one_rank_and_resume_across_nodes(tmp_path
         # (b) a run: spread ranks train and sync the generators; the checkpoint resumes on spread ranks
         log = tmp_path / "run.log"
         p = _run(cluster, log, f"grpo.max_steps={STEPS}")
-        assert p.returncode == 0, _tail(log, 6000)
+        assert p.returncode == 0, tail(log, 6000)
         metrics = tmp_path / "runs" / RUN / "metrics.jsonl"
         rows = [json.loads(x) for x in metrics.read_text().splitlines()]
         assert [x["step"] for x in rows] == list(range(1, STEPS + 1))
         assert (tmp_path / "runs" / RUN / f"checkpoint-{STEPS}" / "model.safetensors").exists()
         p = _run(cluster, log, f"grpo.max_steps={STEPS + 2}", "--resume")
-        assert p.returncode == 0, _tail(log, 6000)
+        assert p.returncode == 0, tail(log, 6000)
         text = log.read_text()
-        assert f"resumed from {tmp_path / 'runs' / RUN / f'checkpoint-{STEPS}'} at step {STEPS}" in text, _tail(log)
+        assert f"resumed from {tmp_path / 'runs' / RUN / f'checkpoint-{STEPS}'} at step {STEPS}" in text, tail(log)
         rows = [json.loads(x) for x in metrics.read_text().splitlines()]
         assert [x["step"] for x in rows] == list(range(1, STEPS + 3))
         assert rows[STEPS]["policy_version"] == STEPS

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from orchestrator.config import load_config
 from orchestrator.train import train
 from tests.conftest import ROOT
@@ -17,11 +19,15 @@ def test_code_config_trains_with_sandboxed_rewards(ray_cluster, tmp_path):
     ])
     history = train(cfg, "code-task", show_progress=False)
     assert [h["step"] for h in history] == [1, 2]
-    for h in history:
-        assert h["rewards/tests/errors"] == 0 and h["rewards/tests/timeouts"] == 0  # every program ran and scored
-        assert 0.0 <= h["rewards/tests/mean"] <= 1.0
-        assert h["gates/format<-tests/closed_frac"] >= 0.0
     rows = [json.loads(x) for x in (tmp_path / "code-task" / "completions.jsonl").read_text().splitlines()]
     assert len(rows) == 32  # every trained sample, with its scores raw and gated (format gated on tests)
     for r in rows:
         assert 0.0 <= r["rewards/tests"] <= 1.0 and (r["gated/format"] == 0.0 or r["rewards/tests"] >= 0.5)
+    for h in history:
+        assert h["rewards/tests/errors"] == 0 and h["rewards/tests/timeouts"] == 0  # every program ran and scored
+        assert 0.0 <= h["rewards/tests/mean"] <= 1.0
+        # the gate closed exactly on the step's samples that passed under half their tests
+        mine = [r for r in rows if r["step"] == h["step"]]
+        assert len(mine) == 16
+        closed = sum(r["rewards/tests"] < 0.5 for r in mine) / len(mine)
+        assert h["gates/format<-tests/closed_frac"] == pytest.approx(closed)

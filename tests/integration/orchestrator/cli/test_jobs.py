@@ -299,7 +299,7 @@ def test_run_metrics_on_the_nodes_metrics_endpoint(head, demo_run):
     found = sorted({n for n, _, _ in first if n.startswith("ray_rayward")})
     assert steps0, f"no ray_rayward_global_step{{run={name!r}}} on {head.metrics_url}; rayward series: {found}"
     assert series(first, "ray_rayward_reward_workers_alive", name) == [2.0]
-    assert series(first, "ray_rayward_reward_queue_depth", name)[0] >= 0
+    assert len(series(first, "ray_rayward_reward_queue_depth", name)) == 1  # exported for the run (any depth)
     (letter,) = series(first, "ray_rayward_reward_fn_mean", name, reward="letter")
     assert 0.0 <= letter <= 1.0
     for phase in ("generate", "reward", "train", "sync"):

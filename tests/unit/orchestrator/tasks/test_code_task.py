@@ -49,6 +49,7 @@ def test_seeded_shuffle_is_deterministic():
     assert sorted(r["prompt"] for r in code_dataset(seed=1)) == sorted(r["prompt"] for r in code_dataset())
 
 
+@pytest.mark.slow  # every solution and stub runs in a real sandbox
 def test_reference_solutions_pass_and_stubs_fail(reward):
     rows = code_dataset()
     sols = reference_solutions()
