@@ -8,13 +8,15 @@ all exercise their real code.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import string
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 # Bump when anything below changes the files written, so stale caches are not reused.
-CACHE_NAME = "tiny-model-v1"
+CACHE_NAME = "tiny-model-v2"
 
 # vLLM's CPU attention kernels reject head_dim 16 but accept 64: hidden / heads must be 64.
 HIDDEN_SIZE = 128
@@ -67,27 +69,45 @@ def _corpus() -> list[str]:
     return lines
 
 
-def _build_tokenizer(out: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def build_tokenizer(
+    out: Path, corpus: list[str], chat_template: str, added_tokens: tuple[str, ...] = ()
+) -> None:
+    """Train a byte-level BPE of VOCAB_SIZE on `corpus` and save it (with `chat_template`) to `out`.
+
+    Normalizer, pre-tokenizer and decoder are exactly those `Qwen2Tokenizer` rebuilds when it loads a
+    checkpoint whose config says `model_type: qwen2` (NFC, Qwen's split regex, byte level): trained any other
+    way, `AutoTokenizer` would tokenize differently than the `tokenizer.json` it loads (digits first), and the
+    ids a generator samples would not be the ids the learner re-encodes. `added_tokens` become single
+    non-special tokens (Qwen2.5's `<tool_call>`...), kept by `decode(..., skip_special_tokens=True)`."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers.trainers import BpeTrainer
     from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     tok = Tokenizer(models.BPE())
-    # Byte level like Qwen2: any string is encodable, so tests never hit unknown tokens.
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+    trainer = BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(added_tokens),
         special_tokens=SPECIAL_TOKENS,
+        # Byte level like Qwen2: any string is encodable, so tests never hit unknown tokens.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    # Special and added tokens are whole tokens at encode time: keep them out of the merges.
+    cut = re.compile("|".join(re.escape(t) for t in (*SPECIAL_TOKENS, *added_tokens)))
+    tok.train_from_iterator([piece for line in corpus for piece in cut.split(line) if piece], trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
         bos_token=None,
-        chat_template=CHAT_TEMPLATE,
+        chat_template=chat_template,
         model_max_length=MAX_POSITIONS,
     )
     fast.save_pretrained(out)
@@ -100,7 +120,7 @@ def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    _build_tokenizer(out)
+    build_tokenizer(out, _corpus(), CHAT_TEMPLATE)
     pad_id, eos_id = SPECIAL_TOKENS.index(PAD_TOKEN), SPECIAL_TOKENS.index(IM_END)
     config = Qwen2Config(
         vocab_size=VOCAB_SIZE,
@@ -131,16 +151,21 @@ def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
 
 def ensure_tiny_model(cache_dir: str | Path | None = None) -> Path:
     """Build the tiny model once into a cache dir (default ~/.cache/rayward, or $RAYWARD_CACHE)."""
+    return ensure_cached(CACHE_NAME, build_tiny_model, cache_dir)
+
+
+def ensure_cached(name: str, build: Callable[[Path], Path], cache_dir: str | Path | None = None) -> Path:
+    """`<cache root>/<name>`, built by `build(dir)` unless already there (a checkpoint dir with config.json)."""
     root = Path(cache_dir or os.environ.get("RAYWARD_CACHE") or Path.home() / ".cache" / "rayward")
-    final = root / CACHE_NAME
+    final = root / name
     if (final / "config.json").exists():
         return final
     root.mkdir(parents=True, exist_ok=True)
     # Build next to the target and rename: concurrent builders (e.g. Ray workers) never see a
     # half-written checkpoint, and the loser of the rename race just discards its copy.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{CACHE_NAME}-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
     try:
-        build_tiny_model(tmp)
+        build(tmp)
         try:
             tmp.rename(final)
         except OSError:
