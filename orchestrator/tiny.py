@@ -14,6 +14,7 @@ import string
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # Bump when anything below changes the files written, so stale caches are not reused.
 CACHE_NAME = "tiny-model-v2"
@@ -69,10 +70,8 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_tokenizer(
-    out: Path, corpus: list[str], chat_template: str, added_tokens: tuple[str, ...] = ()
-) -> None:
-    """Train a byte-level BPE of VOCAB_SIZE on `corpus` and save it (with `chat_template`) to `out`.
+def build_tokenizer(corpus: list[str], chat_template: str, added_tokens: tuple[str, ...] = ()) -> Any:
+    """A byte-level BPE of VOCAB_SIZE trained on `corpus`, with `chat_template` (a PreTrainedTokenizerFast).
 
     Normalizer, pre-tokenizer and decoder are exactly those `Qwen2Tokenizer` rebuilds when it loads a
     checkpoint whose config says `model_type: qwen2` (NFC, Qwen's split regex, byte level): trained any other
@@ -102,7 +101,7 @@ def build_tokenizer(
     cut = re.compile("|".join(re.escape(t) for t in (*SPECIAL_TOKENS, *added_tokens)))
     tok.train_from_iterator([piece for line in corpus for piece in cut.split(line) if piece], trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
-    fast = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
@@ -110,7 +109,6 @@ def build_tokenizer(
         chat_template=chat_template,
         model_max_length=MAX_POSITIONS,
     )
-    fast.save_pretrained(out)
 
 
 def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
@@ -120,7 +118,7 @@ def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(out, _corpus(), CHAT_TEMPLATE)
+    build_tokenizer(_corpus(), CHAT_TEMPLATE).save_pretrained(out)
     pad_id, eos_id = SPECIAL_TOKENS.index(PAD_TOKEN), SPECIAL_TOKENS.index(IM_END)
     config = Qwen2Config(
         vocab_size=VOCAB_SIZE,

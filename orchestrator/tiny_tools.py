@@ -54,10 +54,8 @@ SFT_BATCH = 16
 SFT_LR = 1e-3
 SFT_STEPS_SHORT = 150
 SFT_STEPS_MIXED = 150
-# Share of warm-up episodes that open the box asked for; the rest open one at random. 0: the warm-up never
-# links the question to the call, which is what RL is left to learn.
-SFT_OPEN_ASKED_FRACTION = 0.0
-# One thread: the build is small, and the same thread count on every machine gives the same float sums.
+# One thread: a model this small trains about as fast on one, and a fixed thread count keeps the float sums, hence
+# the weights, the same from build to build.
 SFT_THREADS = 1
 
 
@@ -151,13 +149,19 @@ def _corpus(tokenizer: Any, rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _build_tokenizer(out: Path) -> Any:
+    """Train the tokenizer on the task's text and save it to `out`, with the response template TRL's
+    `add_response_schema` picks for this chat template (so `parse_response` works without TRL too)."""
     from tokenizers import Tokenizer, models
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import add_response_schema
 
     # Rendering text needs only the template: an empty tokenizer carries it.
     scratch = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), chat_template=chat_template())
-    build_tokenizer(out, _corpus(scratch, boxes_dataset(size=64, seed=SFT_SEED + 1)), chat_template(), TOOL_TOKENS)
-    return AutoTokenizer.from_pretrained(out)
+    tokenizer = build_tokenizer(_corpus(scratch, boxes_dataset(size=64, seed=SFT_SEED + 1)), chat_template(),
+                                TOOL_TOKENS)
+    add_response_schema(tokenizer)
+    tokenizer.save_pretrained(out)
+    return tokenizer
 
 
 def _identity_value_output(model: Any) -> None:
@@ -182,7 +186,7 @@ def _sft_batch(tokenizer: Any, rng: random.Random, tools: list[Any] | None):
     seqs = []
     for _ in range(SFT_BATCH):
         row = boxes_dataset(size=1, seed=rng.randrange(2**31))[0]
-        opened = row["box"] if rng.random() < SFT_OPEN_ASKED_FRACTION else rng.randint(1, NUM_BOXES)
+        opened = rng.randint(1, NUM_BOXES)  # not the box asked for: that link is left for RL to learn
         seqs.append(episode_ids(tokenizer, row["prompt"], episode_messages(row, opened), tools))
     width = max(len(ids) for ids, _ in seqs)
     pad = tokenizer.pad_token_id
