@@ -8,16 +8,14 @@ all exercise their real code.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import string
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 # Bump when anything below changes the files written, so stale caches are not reused.
-CACHE_NAME = "tiny-model-v2"
+CACHE_NAME = "tiny-model-v1"
 
 # vLLM's CPU attention kernels reject head_dim 16 but accept 64: hidden / heads must be 64.
 HIDDEN_SIZE = 128
@@ -70,45 +68,34 @@ def _corpus() -> list[str]:
     return lines
 
 
-def build_tokenizer(corpus: list[str], chat_template: str, added_tokens: tuple[str, ...] = ()) -> Any:
-    """A byte-level BPE of VOCAB_SIZE trained on `corpus`, with `chat_template` (a PreTrainedTokenizerFast).
-
-    Normalizer, pre-tokenizer and decoder are exactly those `Qwen2Tokenizer` rebuilds when it loads a
-    checkpoint whose config says `model_type: qwen2` (NFC, Qwen's split regex, byte level): trained any other
-    way, `AutoTokenizer` would tokenize differently than the `tokenizer.json` it loads (digits first), and the
-    ids a generator samples would not be the ids the learner re-encodes. `added_tokens` become single
-    non-special tokens (Qwen2.5's `<tool_call>`...), kept by `decode(..., skip_special_tokens=True)`."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from tokenizers.trainers import BpeTrainer
+def _build_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
     tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    # Byte level like Qwen2: any string is encodable, so tests never hit unknown tokens. GPT-2's split, not
+    # Qwen2's: `AutoTokenizer` (Qwen2Tokenizer, as vLLM and the learner load it) rebuilds Qwen's split and NFC,
+    # so it tokenizes some text (digits) unlike this tokenizer.json does. Kept: every rayward process loads it
+    # through AutoTokenizer, and the letter task's learning tests (demo, LoRA, eval) are tuned on this vocab.
+    # The tool model (orchestrator/tiny_tools.py), whose text is re-tokenized across turns, uses Qwen2's rules.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(added_tokens),
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
         special_tokens=SPECIAL_TOKENS,
-        # Byte level like Qwen2: any string is encodable, so tests never hit unknown tokens.
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    # Special and added tokens are whole tokens at encode time: keep them out of the merges.
-    cut = re.compile("|".join(re.escape(t) for t in (*SPECIAL_TOKENS, *added_tokens)))
-    tok.train_from_iterator([piece for line in corpus for piece in cut.split(line) if piece], trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
-    return PreTrainedTokenizerFast(
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
         bos_token=None,
-        chat_template=chat_template,
+        chat_template=CHAT_TEMPLATE,
         model_max_length=MAX_POSITIONS,
     )
+    fast.save_pretrained(out)
 
 
 def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
@@ -118,7 +105,7 @@ def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(_corpus(), CHAT_TEMPLATE).save_pretrained(out)
+    _build_tokenizer(out)
     pad_id, eos_id = SPECIAL_TOKENS.index(PAD_TOKEN), SPECIAL_TOKENS.index(IM_END)
     config = Qwen2Config(
         vocab_size=VOCAB_SIZE,

@@ -9,7 +9,8 @@ the user's question, `open_box`, its result, `submit` with the code copied, a sh
 The warm-up teaches the protocol and the copy, not which box to open: its episodes open a box at random, so
 the warmed-up model succeeds about once per NUM_BOXES episodes and RL has to learn to open the box asked for.
 
-Sequences are built as a token-in-token-out rollout builds them (TRL's tool loop, rayward's): the prompt's
+`ensure_tiny_tool_model()` builds it once into rayward's cache (as orchestrator/tiny.py does the tiny model)
+and returns the path. Sequences are built as a token-in-token-out rollout builds them (TRL's tool loop, rayward's): the prompt's
 ids, then per turn the completion's ids and the ids of the tool messages rendered after it, never the whole
 conversation re-tokenized; `episode_ids` is that builder.
 """
@@ -34,7 +35,6 @@ from orchestrator.tiny import (
     SPECIAL_TOKENS,
     TIE_WORD_EMBEDDINGS,
     VOCAB_SIZE,
-    build_tokenizer,
     ensure_cached,
 )
 
@@ -95,7 +95,8 @@ def completion_ids(tokenizer: Any, message: dict[str, Any]) -> list[int]:
     head = [{"role": "user", "content": "x"}]
     prompt = tokenizer.apply_chat_template(head, add_generation_prompt=True, tokenize=False)
     full = tokenizer.apply_chat_template(head + [message], tokenize=False)
-    if not full.startswith(prompt):  # tool calls without content: "<|im_start|>assistant\n<tool_call>..."
+    # A call without content renders as "assistant" + "\n<tool_call>...": still after the prompt's "assistant\n".
+    if not full.startswith(prompt):
         raise ValueError("completion_ids: the template does not render the assistant turn after its generation prompt")
     text = full[len(prompt):]
     return tokenizer(text[: text.rindex(IM_END) + len(IM_END)], add_special_tokens=False)["input_ids"]
@@ -148,6 +149,41 @@ def _corpus(tokenizer: Any, rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def train_tokenizer(corpus: list[str]) -> Any:
+    """A byte-level BPE of VOCAB_SIZE trained on `corpus`, TOOL_TOKENS added, with `chat_template()`.
+
+    Normalizer, pre-tokenizer and decoder are exactly those `Qwen2Tokenizer` rebuilds when it loads a
+    checkpoint whose config says `model_type: qwen2` (NFC, Qwen's split regex, byte level): trained any other
+    way, `AutoTokenizer` would tokenize some text (digits first) unlike the `tokenizer.json` it loads, and a
+    rollout's ids would depend on which loader encoded its tool results."""
+    import re
+
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers.trainers import BpeTrainer
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS),
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # any string is encodable
+        show_progress=False,
+    )
+    # Special and tool tokens are whole tokens at encode time: keep them out of the merges.
+    cut = re.compile("|".join(re.escape(t) for t in (*SPECIAL_TOKENS, *TOOL_TOKENS)))
+    tok.train_from_iterator([piece for line in corpus for piece in cut.split(line) if piece], trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD_TOKEN, bos_token=None,
+                                   chat_template=chat_template(), model_max_length=MAX_POSITIONS)
+
+
 def _build_tokenizer(out: Path) -> Any:
     """Train the tokenizer on the task's text and save it to `out`, with the response template TRL's
     `add_response_schema` picks for this chat template (so `parse_response` works without TRL too)."""
@@ -157,8 +193,7 @@ def _build_tokenizer(out: Path) -> Any:
 
     # Rendering text needs only the template: an empty tokenizer carries it.
     scratch = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), chat_template=chat_template())
-    tokenizer = build_tokenizer(_corpus(scratch, boxes_dataset(size=64, seed=SFT_SEED + 1)), chat_template(),
-                                TOOL_TOKENS)
+    tokenizer = train_tokenizer(_corpus(scratch, boxes_dataset(size=64, seed=SFT_SEED + 1)))
     add_response_schema(tokenizer)
     tokenizer.save_pretrained(out)
     return tokenizer
@@ -178,7 +213,7 @@ def _identity_value_output(model: Any) -> None:
             attn.o_proj.weight.copy_(torch.eye(*attn.o_proj.weight.shape))
 
 
-def _sft_batch(tokenizer: Any, rng: random.Random, tools: list[Any] | None):
+def _sft_batch(tokenizer: Any, rng: random.Random, tools: list[Any] | None) -> tuple[Any, Any]:
     """SFT_BATCH episodes, prompts rendered with `tools`, padded to one tensor: (input_ids, labels), labels -100
     off the completions."""
     import torch
@@ -196,14 +231,14 @@ def _sft_batch(tokenizer: Any, rng: random.Random, tools: list[Any] | None):
     return input_ids, labels
 
 
-def warm_up(model: Any, tokenizer: Any, seed: int = SFT_SEED) -> list[float]:
-    """The deterministic SFT (see the module doc); returns the loss per step."""
+def warm_up(model: Any, tokenizer: Any, seed: int = SFT_SEED) -> None:
+    """The deterministic SFT (see the module doc), in place. Right padding: causal attention never lets a
+    real token see the pads after it, so no attention mask is needed."""
     import torch
 
     rng = random.Random(seed)
     tools = task_tools()
     opt = torch.optim.Adam(model.parameters(), lr=SFT_LR)
-    losses = []
     model.train()
     for step in range(SFT_STEPS_SHORT + SFT_STEPS_MIXED):
         with_tools = step >= SFT_STEPS_SHORT and step % 2 == 1
@@ -212,9 +247,7 @@ def warm_up(model: Any, tokenizer: Any, seed: int = SFT_SEED) -> list[float]:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(loss.item())
     model.eval()
-    return losses
 
 
 def build_tiny_tool_model(path: str | Path, seed: int = SFT_SEED) -> Path:

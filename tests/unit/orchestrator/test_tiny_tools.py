@@ -30,7 +30,7 @@ from orchestrator.tiny_tools import (
     task_tools,
 )
 
-# The warmed-up model at T=1 (measured ~85 % well-formed first calls, ~15 % solved): floors well below, so a
+# Floors well below what the warmed-up model reaches at T=1 (bench/README.md, "Tool calls"), so a
 # broken build (no calls, or a template the parser cannot read) fails and sampling noise does not.
 MIN_CALL_RATE = 0.5
 SAMPLES = 16
