@@ -11,6 +11,7 @@ import os
 import shutil
 import string
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 # Bump when anything below changes the files written, so stale caches are not reused.
@@ -72,7 +73,11 @@ def _build_tokenizer(out: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    # Byte level like Qwen2: any string is encodable, so tests never hit unknown tokens.
+    # Byte level like Qwen2: any string is encodable, so tests never hit unknown tokens. GPT-2's split, not
+    # Qwen2's: `AutoTokenizer` (Qwen2Tokenizer, as vLLM and the learner load it) rebuilds Qwen's split and NFC,
+    # so it tokenizes some text (digits) unlike this tokenizer.json does. Kept: every rayward process loads it
+    # through AutoTokenizer, and the letter task's learning tests (demo, LoRA, eval) are tuned on this vocab.
+    # The tool model (orchestrator/tiny_tools.py), whose text is re-tokenized across turns, uses Qwen2's rules.
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -131,16 +136,21 @@ def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
 
 def ensure_tiny_model(cache_dir: str | Path | None = None) -> Path:
     """Build the tiny model once into a cache dir (default ~/.cache/rayward, or $RAYWARD_CACHE)."""
+    return ensure_cached(CACHE_NAME, build_tiny_model, cache_dir)
+
+
+def ensure_cached(name: str, build: Callable[[Path], Path], cache_dir: str | Path | None = None) -> Path:
+    """`<cache root>/<name>`, built by `build(dir)` unless already there (a checkpoint dir with config.json)."""
     root = Path(cache_dir or os.environ.get("RAYWARD_CACHE") or Path.home() / ".cache" / "rayward")
-    final = root / CACHE_NAME
+    final = root / name
     if (final / "config.json").exists():
         return final
     root.mkdir(parents=True, exist_ok=True)
     # Build next to the target and rename: concurrent builders (e.g. Ray workers) never see a
     # half-written checkpoint, and the loser of the rename race just discards its copy.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{CACHE_NAME}-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
     try:
-        build_tiny_model(tmp)
+        build(tmp)
         try:
             tmp.rename(final)
         except OSError:
