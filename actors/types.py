@@ -1,6 +1,8 @@
 """The records handed from one stage of the data path to the next, in the order data flows:
 
     Sample / Rollouts   generators -> driver      completions, sampling logprobs, policy_version
+    Trajectory          (in a Sample) a multi-turn conversation: messages, token roles, stop reason, env outputs
+    EnvRequest ... EnvClosed   generators <-> environment pool (actors/envs): sessions, tool calls
     RewardBatch         driver -> reward pool -> reward workers (a chunk is a RewardBatch with an offset)
     Scores              reward workers -> pool -> driver   raw scores [K][N], counters, log_metric/log_extra
     TrainBatch          driver -> learner          token ids, sampling logprobs, advantages
@@ -17,17 +19,100 @@ K reward functions.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass
 class Sample:
-    """One completion as a generator returns it."""
+    """One completion as a generator returns it: one model turn, or (agentic) a whole conversation after its first
+    prompt, tool results included (`trajectory`)."""
 
     completion_ids: list[int]
-    logprobs: list[float]  # sampling logprob of each generated token, after temperature/top-k/top-p
+    logprobs: list[float]  # sampling logprob of each completion token, after temperature/top-k/top-p; NaN where
+    # the model did not sample the token (tool results, template scaffold)
     text: str
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop" or "length"; agentic: the trajectory's StopReason
+    versions: list[int] | None = None  # per completion token: the policy version that sampled it (-1 where the
+    # model did not sample it); None: all of it the version the call was made under
+    trajectory: Trajectory | None = None  # agentic rollouts only
+
+
+# Why a trajectory ended. stop: the model answered without a tool call; max_turns: it still called tools after
+# generation.max_tool_calling_iterations; length: the model-token budget or the context ran out; timeout: the
+# trajectory's deadline passed; env_error: the environment failed (reset raised, its worker died or hung).
+StopReason = Literal["stop", "max_turns", "length", "timeout", "env_error"]
+
+
+@dataclass
+class Trajectory:
+    """What a multi-turn, tool-using sample adds to a Sample. Token in, token out: `Sample.completion_ids` are
+    exactly the ids the engine sampled, plus the tool results and template scaffold rendered between turns; the
+    first prompt is `prompt_ids`. Per completion token, `turn_ids` says which model turn sampled it (0, 1, ...)
+    or -1 (a tool result or scaffold token: in the sequence, out of the loss)."""
+
+    prompt_ids: list[int]  # the first prompt as the engine saw it: chat template, tool schemas, reset's text
+    prompt: list[dict[str, Any]]  # its messages (reset's text appended to the last user message, as TRL does)
+    messages: list[dict[str, Any]]  # the completion as chat messages: assistant (content, tool_calls), tool, ...
+    turn_ids: list[int]  # [len(completion_ids)]: model turn per token, -1 where the model did not sample it
+    stop_reason: StopReason
+    env: str | None = None  # the environment's name (dict environment_factory), None for the only one
+    tool_calls: int = 0  # calls the model wrote (well-formed or not)
+    tool_failures: int = 0  # calls that raised, timed out, named an unknown tool or were malformed
+    tool_tokens: int = 0  # completion tokens that are tool results (the tool-result token budget counts these)
+    truncated_tool_results: int = 0  # tool results cut to fit the tool-result token budget
+    env_s: float = 0.0  # seconds waiting on the environment: reset, tools, close
+    env_reward: float | None = None  # the environment's get_reward() at the end (None: it has none, or failed)
+    env_state: bytes | None = None  # the environment pickled at the end, for reward functions that declare
+    # `environments` (None unless one does)
+
+    @property
+    def mask(self) -> list[int]:
+        """1 where the model sampled the token (in the loss), 0 elsewhere: TrainBatch.completion_mask."""
+        return [int(t >= 0) for t in self.turn_ids]
+
+    @property
+    def turns(self) -> int:
+        return max(self.turn_ids, default=-1) + 1
+
+
+@dataclass
+class EnvRequest:
+    """Open one environment session (generator -> environment pool): a fresh environment instance, reset."""
+
+    env: str | None  # which environment_factory entry (the row's `environment` column); None: the only one
+    row: dict[str, Any]  # the dataset row: reset's keyword arguments, as TRL passes them
+    seed: int  # the GRPO group's seed: the G sessions of a group start from the same state
+
+
+@dataclass
+class EnvOpened:
+    session: int  # the pool's id for the session, until it is closed
+    observation: str | None  # what reset returned: appended to the last user message
+    seconds: float = 0.0
+    error: str | None = None  # reset raised (the trajectory ends env_error): "ValueError: ..."
+
+
+@dataclass
+class ToolCall:
+    """One call the model wrote, parsed from its turn."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ToolResult:
+    content: str  # the tool message the model reads next: the result, or what went wrong
+    status: Literal["ok", "error", "timeout", "unknown_tool"]  # error: the tool raised
+    seconds: float = 0.0
+
+
+@dataclass
+class EnvClosed:
+    reward: float | None  # get_reward(), if the environment has one (None: it has none, or it raised)
+    state: bytes | None  # the environment pickled, when asked for (reward functions declaring `environments`)
+    seconds: float = 0.0
+    error: str | None = None
 
 
 @dataclass
