@@ -5,8 +5,8 @@ each conversation waits on its own tool, then its next turn must join the engine
 (continuous batching across trajectories). `EngineLoop` owns the `LLMEngine` inside the generator's `vllm.LLM`
 and gives it one thread, the stepping thread, which:
 
-- adds the requests submitted since the last step (from any thread: `submit`, `submit_batch`),
 - applies aborts (`Request.cancel`),
+- adds the requests submitted since the last step (from any thread: `submit`, `submit_batch`),
 - runs `exclusive` callables (a weight load, a prefix-cache reset) between two steps and moves the policy
   version the engine stamps on the tokens it samples from then on,
 - steps the engine while it has unfinished requests, hands each finished output to its `Request` (a
@@ -215,7 +215,7 @@ class EngineLoop:
         self._shut("the engine loop was closed", None)
 
     def _serve_once(self) -> bool:
-        """One turn of the stepping thread: exclusive jobs, new requests, aborts, one engine step. False once
+        """One turn of the stepping thread: aborts, new requests, exclusive jobs, one engine step. False once
         closing."""
         with self._cv:
             while not (self._closing or self._inbox or self._aborts or self._jobs or self._live):
@@ -225,9 +225,11 @@ class EngineLoop:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
             jobs, self._jobs = self._jobs, []
+        # Aborts first, then new requests, then exclusive jobs: a job sees every request submitted or cancelled
+        # before it was asked for.
+        done = self._abort_now(aborts) + self._add(inbox)
         for job in jobs:
             _settle(job.future, lambda job=job: self._exclusive(job.fn, job.version))
-        done = self._add(inbox) + self._abort_now(aborts)
         if self._engine.has_unfinished_requests():
             done += self._step()
         elif self._live:  # would spin: the engine lost requests it never finished

@@ -280,6 +280,20 @@ def test_cancel_aborts_in_the_engine_and_the_stream_still_ends(gated: FakeEngine
     loop.close(WAIT_S)
 
 
+def test_an_exclusive_job_sees_every_earlier_cancel_and_submission_applied(gated: FakeEngine) -> None:
+    loop = start(gated)
+    drop = loop.submit([1], tokens(50))
+    gated.hold()  # at the start of step 0
+    drop.cancel()
+    keep = loop.submit([2], tokens(50))
+    t, box = run_in_thread(lambda: loop.exclusive(lambda: sorted(gated.live)))
+    gated.release()
+    t.join(WAIT_S)
+    assert box == {"result": [keep.request_id]}
+    gated.free()
+    loop.close(WAIT_S)
+
+
 def test_a_request_the_engine_refuses_fails_alone(engine: FakeEngine) -> None:
     loop = start(engine)
     good, bad = loop.submit_batch([[1], "bad"], tokens(2))
