@@ -52,7 +52,8 @@ class Request(Future):
     """One submitted request: a Future of its finished vLLM `RequestOutput` (`.outputs`: one CompletionOutput
     per sample, each with token_ids, logprobs and weight_versions). Usable from any thread, from asyncio
     (`asyncio.wrap_future`) and through done-callbacks, which run on the stepping thread between two steps
-    (keep them short; they may submit, and `exclusive` called there runs at once, inline).
+    (keep them short and never wait there on another request; they may submit, and `exclusive` called there
+    runs at once, inline).
 
     `cancel()` aborts the request in the engine; its result then raises CancelledError."""
 
@@ -172,7 +173,7 @@ class EngineLoop:
         """Run fn on the stepping thread between two engine steps (no step runs meanwhile; requests in flight
         stay in the engine) and return its result or raise its error. version: the policy version the engine
         stamps on every token sampled after fn (kept if None, or if fn raises). Blocks until done; called from
-        a done-callback (the stepping thread) it runs at once."""
+        a done-callback (the stepping thread) it runs at once. fn must not wait on this loop's requests."""
         if threading.current_thread() is self._thread:
             return self._exclusive(fn, version)
         job = _Job(fn, version, Future())
@@ -228,8 +229,13 @@ class EngineLoop:
         # Aborts first, then new requests, then exclusive jobs: a job sees every request submitted or cancelled
         # before it was asked for.
         done = self._abort_now(aborts) + self._add(inbox)
-        for job in jobs:
-            _settle(job.future, lambda job=job: self._exclusive(job.fn, job.version))
+        for i, job in enumerate(jobs):
+            try:
+                _settle(job.future, lambda job=job: self._exclusive(job.fn, job.version))
+            except BaseException:
+                with self._cv:  # back in the queue, where _shut fails them
+                    self._jobs[:0] = jobs[i + 1 :]
+                raise
         if self._engine.has_unfinished_requests():
             done += self._step()
         elif self._live:  # would spin: the engine lost requests it never finished
@@ -323,10 +329,14 @@ def token_versions(completion: Any) -> list[int]:
 
 
 def _settle(future: Future, fn: Callable[[], Any]) -> None:
+    """fn's result or error into future; an error the caller handles, the loop goes on, unless it is not an
+    Exception (SystemExit and the like), which also stops the loop."""
     try:
         future.set_result(fn())
-    except Exception as e:  # the caller's to handle; the loop goes on
+    except BaseException as e:
         future.set_exception(e)
+        if not isinstance(e, Exception):
+            raise
 
 
 def _hand_to_streams(done: list[Request]) -> None:

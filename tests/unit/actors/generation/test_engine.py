@@ -227,6 +227,30 @@ def test_a_failing_exclusive_section_reaches_its_caller_and_keeps_the_version(en
     loop.close(WAIT_S)
 
 
+def test_an_exclusive_section_that_exits_stops_the_loop_and_fails_the_jobs_behind_it(gated: FakeEngine) -> None:
+    loop = start(gated)
+    request = loop.submit([1], tokens(50))
+    gated.hold()  # at the start of step 0: both jobs queue behind it, in this order
+
+    def leave() -> None:
+        raise SystemExit(3)
+
+    first, first_box = run_in_thread(lambda: loop.exclusive(leave))
+    while len(loop._jobs) < 1:
+        pass
+    second, second_box = run_in_thread(lambda: loop.exclusive(lambda: "never"))
+    while len(loop._jobs) < 2:
+        pass
+    gated.release()
+    first.join(WAIT_S)
+    second.join(WAIT_S)
+    assert isinstance(first_box["error"], SystemExit)
+    assert isinstance(second_box["error"], EngineError)
+    assert second_box["error"].__cause__ is first_box["error"]
+    with pytest.raises(EngineError, match="SystemExit"):
+        request.result(WAIT_S)
+
+
 def test_exclusive_from_a_done_callback_runs_inline(engine: FakeEngine) -> None:
     loop = start(engine)
     ran = threading.Event()
