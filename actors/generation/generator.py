@@ -66,10 +66,11 @@ class Generator:
                 # NUMA nodes and fails with "Not enough allowed NUMA nodes" on a one-node machine.
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_bind(cores, tensor_parallel_size))
             else:
-                # In-process engine: it computes on this process's torch threads, which nothing in vLLM sets here
-                # (its thread binding lives in the multiprocess executor) and Ray starts at OMP_NUM_THREADS=1 for
-                # a fractional-CPU actor: the sync loop's engine generated and reloaded weights on one core of two.
-                # One thread per core of its share (bench/weight_sync.py --step-share measures the gain).
+                # In-process engine: it computes on the torch threads of its loop's thread, which nothing in vLLM
+                # sets here (its thread binding lives in the multiprocess executor) and Ray starts at
+                # OMP_NUM_THREADS=1 for a fractional-CPU actor: the sync loop's engine generated and reloaded
+                # weights on one core of two. One thread per core of its share (bench/weight_sync.py --step-share
+                # measures the gain), set for the process and, as OpenMP counts per thread, on the loop's thread.
                 torch.set_num_threads(len(cores))
                 self._cores = cores
         # Inherited by the engine processes, where the rayward vLLM plugin reads it (an explicit setting wins).
@@ -92,10 +93,14 @@ class Generator:
             max_logprobs=-1,
         )
         kwargs.update(extra_engine_kwargs or {})
-        self.llm = LLM(**kwargs)
+
+        def build() -> Any:  # on the loop's thread, which then computes every step and weight load
+            self.llm = LLM(**kwargs)
+            return self.llm.llm_engine
+
+        self.loop = EngineLoop(build, on_thread_start=_omp_threads(len(self._cores)) if self._cores else None)
         self.tokenizer = self.llm.get_tokenizer()
         self.tensor_parallel_size = tensor_parallel_size
-        self.loop = EngineLoop(self.llm.llm_engine, on_thread_start=_same_threads() if self._cores else None)
 
     def cpu_threads(self) -> str:
         """How this engine computes, for the start-up log."""
@@ -105,7 +110,8 @@ class Generator:
             return f"engine OpenMP threads bound to {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}{omp_waits()}"
         import torch
 
-        return f"engine {torch.get_num_threads()} torch threads, its share {describe(self._cores)}{omp_waits()}"
+        threads = self.loop.exclusive(torch.get_num_threads)  # on the thread that computes
+        return f"engine {threads} torch threads, its share {describe(self._cores)}{omp_waits()}"
 
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
@@ -244,14 +250,13 @@ def _results(requests: list[Request]) -> list[Any]:
             r.cancel()
 
 
-def _same_threads() -> Callable[[], None]:
-    """For the engine's stepping thread: compute on as many OpenMP threads as this one. OpenMP's thread count
-    is per thread and a new one starts at $OMP_NUM_THREADS (Ray: 1 for a fractional-CPU actor), and vLLM's CPU
-    attention checks its plan's thread count against the running thread's. vLLM swaps
-    `torch.set_num_threads` for a no-op once its worker is up, so this calls torch's own."""
+def _omp_threads(threads: int) -> Callable[[], None]:
+    """For the engine loop's thread, before it builds the engine: compute on `threads` OpenMP threads. OpenMP's
+    count is per thread and a new thread starts at $OMP_NUM_THREADS (Ray: 1 for a fractional-CPU actor). An
+    engine built earlier in this process has swapped `torch.set_num_threads` for a no-op (vLLM's CPU worker
+    does), so this calls torch's own."""
     import torch
 
-    threads = torch.get_num_threads()
     return lambda: torch._C.set_num_threads(threads)
 
 

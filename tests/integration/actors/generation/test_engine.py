@@ -41,8 +41,8 @@ PARITY_TOL = 1e-3
 NOISE_STD = 0.05
 # Long enough that a request is still decoding when the test acts on it (the engine core in its own process
 # does not wait for the test), within max_model_len.
-LONG_TOKENS = 200
-MAX_MODEL_LEN = 256
+LONG_TOKENS = 900
+MAX_MODEL_LEN = 1024
 # Bounds polling on the engine, so a loop that stopped fails the test instead of hanging it.
 WAIT_S = 120
 

@@ -127,7 +127,7 @@ def tokens(n: int) -> SimpleNamespace:
 
 
 def start(engine: FakeEngine, **kwargs: Any) -> EngineLoop:
-    return EngineLoop(engine, render=lambda ids, params: ids, **kwargs)
+    return EngineLoop(lambda: engine, render=lambda ids, params: ids, **kwargs)
 
 
 @pytest.fixture
@@ -366,13 +366,29 @@ def test_close_fails_what_is_in_flight_and_refuses_more(gated: FakeEngine) -> No
     assert not gated.live  # aborted in the engine
 
 
-def test_a_thread_start_hook_runs_on_the_stepping_thread_before_any_engine_call(engine: FakeEngine) -> None:
+def test_the_engine_is_built_on_the_stepping_thread_after_the_start_hook(engine: FakeEngine) -> None:
     seen = []
-    loop = start(engine, on_thread_start=lambda: seen.append((threading.current_thread(), list(engine.log))))
+
+    def build() -> FakeEngine:
+        seen.append(("build", threading.current_thread()))
+        return engine
+
+    loop = EngineLoop(build, render=lambda ids, params: ids,
+                      on_thread_start=lambda: seen.append(("hook", threading.current_thread())))
+    assert loop.engine is engine
     loop.submit([1], tokens(1)).result(WAIT_S)
-    assert seen == [(engine.thread, [])]
+    assert seen == [("hook", engine.thread), ("build", engine.thread)]
+    assert engine.thread is not threading.current_thread()
     assert engine.log[0] == ("version", "0", 0)
     loop.close(WAIT_S)
+
+
+def test_a_failing_build_raises_from_the_constructor() -> None:
+    def build() -> None:
+        raise OSError("no such model: /nowhere")
+
+    with pytest.raises(OSError, match="no such model"):
+        EngineLoop(build, render=lambda ids, params: ids)
 
 
 def test_requests_can_be_awaited_from_asyncio(engine: FakeEngine) -> None:
