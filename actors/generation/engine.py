@@ -6,7 +6,6 @@ each conversation waits on its own tool, then its next turn must join the engine
 and gives it one thread, the stepping thread, which:
 
 - builds the engine (so the engine computes on the thread that built it, with one OpenMP team, as before),
-
 - applies aborts (`Request.cancel`),
 - adds the requests submitted since the last step (from any thread: `submit`, `submit_batch`),
 - runs `exclusive` callables (a weight load, a prefix-cache reset) between two steps and moves the policy
