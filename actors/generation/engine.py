@@ -1,0 +1,396 @@
+"""EngineLoop: one vLLM engine stepped by one thread, requests added whenever they are ready.
+
+vLLM's offline `LLM.generate` returns when its whole batch is done. An agent's turns are not ready together:
+each conversation waits on its own tool, then its next turn must join the engine's running batch at once
+(continuous batching across trajectories). `EngineLoop` owns the `LLMEngine` inside the generator's `vllm.LLM`
+and gives it one thread, the stepping thread, which:
+
+- builds the engine (so the engine computes on the thread that built it, with one OpenMP team, as before),
+- applies aborts (`Request.cancel`),
+- adds the requests submitted since the last step (from any thread: `submit`, `submit_batch`),
+- runs `exclusive` callables (a weight load, a prefix-cache reset) between two steps and moves the policy
+  version the engine stamps on the tokens it samples from then on,
+- steps the engine while it has unfinished requests, hands each finished output to its `Request` (a
+  `concurrent.futures.Future`) and to its `Stream` (one list per step),
+- and sleeps on a condition when there is nothing to do.
+
+Every engine call is made on the stepping thread, so vLLM's engine, which is not thread-safe, sees one caller
+(only rendering a prompt, which reads the renderer's settings, happens on the submitting thread). Computing on
+one thread also keeps one OpenMP team: a second team (one thread building the engine, another stepping it)
+would double the OpenMP threads, which makes libgomp change how its threads wait.
+
+Per-token policy versions are vLLM's own: the engine core labels every step's outputs with its weight version
+(`set_weight_version`) and the output processor keeps `CompletionOutput.weight_versions` spans, `[start, end)`
+of the output tokens per version (vLLM 0.32, in-process `LLMEngine` included). The loop sets the label between
+steps, so a completion that spans a weight load has its tokens before it under the old version and after it
+under the new one; `token_versions` expands the spans to one int per token.
+
+An engine core in its own process (vLLM's multiprocess mode, the GPU default) steps on its own between the
+client's calls, so there an exclusive section pauses its scheduler ("keep": running requests stay, frozen) and
+resumes it afterwards; in-process the stepping thread itself is the only one stepping.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# Turns (prompt ids, sampling params) into what `engine.add_request` takes, on the submitting thread.
+Render = Callable[[Sequence[int], Any], Any]
+
+
+class EngineError(RuntimeError):
+    """The engine loop cannot serve: its stepping thread failed (the cause is chained) or it was closed."""
+
+
+class Request(Future):
+    """One submitted request: a Future of its finished vLLM `RequestOutput` (`.outputs`: one CompletionOutput
+    per sample, each with token_ids, logprobs and weight_versions). Usable from any thread, from asyncio
+    (`asyncio.wrap_future`) and through done-callbacks, which run on the stepping thread between two steps
+    (keep them short and never wait there on another request; they may submit, and `exclusive` called there
+    runs at once, inline).
+
+    `cancel()` aborts the request in the engine; its result then raises CancelledError."""
+
+    def __init__(self, loop: EngineLoop, request_id: str, stream: Stream | None) -> None:
+        super().__init__()
+        self.request_id = request_id
+        self._loop = loop
+        self._stream = stream
+
+    def cancel(self) -> bool:
+        if self.done():
+            return False
+        self._loop._abort(self.request_id)
+        return super().cancel()
+
+
+class Stream:
+    """The requests submitted with it, handed back as they finish: one list per engine step in which some of
+    them finished (or were aborted, or failed), in the order they finished. Iterating stops once every request
+    submitted with it so far has been handed back; `Request.result()` on each gives its output or raises."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[list[Request]] = queue.SimpleQueue()
+        self._submitted = 0
+
+    def __iter__(self) -> Iterator[list[Request]]:
+        received = 0
+        while received < self._submitted:
+            done = self._queue.get()
+            received += len(done)
+            yield done
+
+
+@dataclass
+class _Job:
+    fn: Callable[[], Any]
+    version: int | None
+    future: Future
+
+
+class EngineLoop:
+    """Builds an engine on a thread of its own (started here) and steps it there while it has requests.
+
+    build: returns the engine, run on the stepping thread; the constructor waits for it and raises its error.
+    The engine: vLLM's `LLMEngine` (`LLM.llm_engine`), or any object with its add_request(request_id, prompt,
+    params), step(), has_unfinished_requests(), abort_request(request_ids) and set_weight_version(str).
+    render: turns prompt ids and params into add_request's prompt (default: vLLM's renderer of the engine).
+    on_thread_start: called first on the stepping thread, before build (per-thread settings such as
+    OpenMP's thread count).
+    version: the policy version of the weights the engine holds once built.
+    """
+
+    def __init__(
+        self,
+        build: Callable[[], Any],
+        *,
+        render: Render | None = None,
+        on_thread_start: Callable[[], None] | None = None,
+        version: int = 0,
+    ) -> None:
+        self._build = build
+        self._on_thread_start = on_thread_start
+        self._version = version
+        self._ids = itertools.count()
+        self._cv = threading.Condition()
+        # Guarded by _cv: handed from submitting threads to the stepping thread.
+        self._inbox: list[tuple[Request, Any, Any]] = []
+        self._aborts: list[str] = []
+        self._jobs: list[_Job] = []
+        self._closing = False
+        self._down: tuple[str, BaseException | None] | None = None  # why it stopped serving, once it has
+        # Stepping thread only: the requests the engine holds, by request id.
+        self._live: dict[str, Request] = {}
+        self._steps = 0
+        self.engine: Any = None  # once built
+        built: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(built,), name="rayward-engine-loop", daemon=True)
+        self._thread.start()
+        built.result()
+        self._render = render or _vllm_render(self.engine)
+
+    @property
+    def version(self) -> int:
+        """The policy version the engine stamps on the tokens it samples now."""
+        return self._version
+
+    @property
+    def steps(self) -> int:
+        """Engine steps taken so far."""
+        return self._steps
+
+    # --- submitting (any thread) ----------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: Sequence[int], params: Any, *, stream: Stream | None = None) -> Request:
+        """Add one request (vLLM SamplingParams; n samples of the prompt) before the engine's next step."""
+        return self.submit_batch([prompt_ids], params, stream=stream)[0]
+
+    def submit_batch(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: Any | Sequence[Any],
+        *,
+        stream: Stream | None = None,
+    ) -> list[Request]:
+        """Add requests that the engine must see together: all of them before its next step, in this order,
+        as `LLM.generate` adds a batch. params: one for all, or one per prompt. A prompt the renderer rejects
+        raises here, before any of them is added."""
+        every = list(params) if isinstance(params, Sequence) else [params] * len(prompt_ids)
+        if len(every) != len(prompt_ids):
+            raise ValueError(f"submit_batch: {len(every)} sampling params for {len(prompt_ids)} prompts")
+        prompts = [self._render(ids, p) for ids, p in zip(prompt_ids, every, strict=True)]
+        with self._cv:
+            self._raise_if_down()
+            requests = [Request(self, str(next(self._ids)), stream) for _ in prompts]
+            self._inbox.extend(zip(requests, prompts, every, strict=True))
+            if stream is not None:
+                stream._submitted += len(requests)
+            self._cv.notify()
+        return requests
+
+    def exclusive(self, fn: Callable[[], T], *, version: int | None = None) -> T:
+        """Run fn on the stepping thread between two engine steps (no step runs meanwhile; requests in flight
+        stay in the engine) and return its result or raise its error. version: the policy version the engine
+        stamps on every token sampled after fn (kept if None, or if fn raises). Blocks until done; called from
+        a done-callback (the stepping thread) it runs at once. fn must not wait on this loop's requests."""
+        if threading.current_thread() is self._thread:
+            return self._exclusive(fn, version)
+        job = _Job(fn, version, Future())
+        with self._cv:
+            self._raise_if_down()
+            self._jobs.append(job)
+            self._cv.notify()
+        return job.future.result()
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Abort the requests in flight (their results raise EngineError), stop the stepping thread and wait
+        for it. The engine itself is left to its owner."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    def _abort(self, request_id: str) -> None:
+        with self._cv:
+            self._aborts.append(request_id)
+            self._cv.notify()
+
+    def _raise_if_down(self) -> None:
+        if self._closing:
+            raise self._down_error()
+
+    # --- the stepping thread --------------------------------------------------------------------------------
+
+    def _run(self, built: Future) -> None:
+        try:
+            if self._on_thread_start is not None:
+                self._on_thread_start()
+            self.engine = self._build()
+            self.engine.set_weight_version(str(self._version))
+        except BaseException as e:  # the constructor raises it
+            self._closing = True
+            built.set_exception(e)
+            return
+        built.set_result(None)
+        try:
+            while self._serve_once():
+                pass
+        except BaseException as e:  # whatever it is, every waiter must hear of it
+            self._shut(f"the engine loop failed: {type(e).__name__}: {e}", e)
+            return
+        self._shut("the engine loop was closed", None)
+
+    def _serve_once(self) -> bool:
+        """One turn of the stepping thread: aborts, new requests, exclusive jobs, one engine step. False once
+        closing."""
+        with self._cv:
+            while not (self._closing or self._inbox or self._aborts or self._jobs or self._live):
+                self._cv.wait()
+            if self._closing:
+                return False
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+            jobs, self._jobs = self._jobs, []
+        # Aborts first, then new requests, then exclusive jobs: a job sees every request submitted or cancelled
+        # before it was asked for.
+        done = self._abort_now(aborts) + self._add(inbox)
+        for i, job in enumerate(jobs):
+            try:
+                _settle(job.future, lambda job=job: self._exclusive(job.fn, job.version))
+            except BaseException:
+                with self._cv:  # back in the queue, where _shut fails them
+                    self._jobs[:0] = jobs[i + 1 :]
+                raise
+        if self.engine.has_unfinished_requests():
+            done += self._step()
+        elif self._live:  # would spin: the engine lost requests it never finished
+            raise RuntimeError(f"the engine holds none of the {len(self._live)} requests in flight")
+        _hand_to_streams(done)
+        return True
+
+    def _exclusive(self, fn: Callable[[], T], version: int | None) -> T:
+        with _paused(self.engine):
+            result = fn()
+            if version is not None:
+                self.engine.set_weight_version(str(version))
+                self._version = version
+        return result
+
+    def _add(self, inbox: list[tuple[Request, Any, Any]]) -> list[Request]:
+        failed = []
+        for request, prompt, params in inbox:
+            if request.done():  # cancelled before it reached the engine
+                failed.append(request)
+                continue
+            try:
+                self.engine.add_request(request.request_id, prompt, params)
+            except Exception as e:  # this request's fault (e.g. too long for the model); the others go on
+                request.set_exception(e)
+                failed.append(request)
+                continue
+            self._live[request.request_id] = request
+        return failed
+
+    def _abort_now(self, request_ids: list[str]) -> list[Request]:
+        gone = [self._live.pop(rid) for rid in request_ids if rid in self._live]
+        if gone:
+            self.engine.abort_request([r.request_id for r in gone])
+        return gone
+
+    def _step(self) -> list[Request]:
+        outputs = self.engine.step()
+        self._steps += 1
+        done = []
+        for out in outputs:
+            request = self._live.pop(out.request_id, None) if out.finished else None
+            if request is None:
+                continue
+            if not request.done():
+                try:
+                    request.set_result(out)
+                except Exception:  # cancelled by its owner meanwhile: its abort is queued, its result unwanted
+                    pass
+            done.append(request)
+        return done
+
+    def _shut(self, message: str, cause: BaseException | None) -> None:
+        """Fail every waiter with EngineError(message), caused by `cause`; abort what the engine holds."""
+        with self._cv:
+            self._down = (message, cause)
+            self._closing = True
+            inbox, self._inbox = self._inbox, []
+            jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            job.future.set_exception(self._down_error())
+        live = list(self._live.values())
+        self._live.clear()
+        if live:
+            try:
+                self.engine.abort_request([r.request_id for r in live])
+            except Exception:  # a failed engine may refuse; its requests go with it
+                pass
+        pending = live + [r for r, _, _ in inbox]
+        for request in pending:
+            if not request.done():
+                request.set_exception(self._down_error())
+        _hand_to_streams(pending)
+
+    def _down_error(self) -> EngineError:
+        message, cause = self._down or ("the engine loop is closed", None)
+        error = EngineError(message)
+        error.__cause__ = cause
+        return error
+
+
+def token_versions(completion: Any) -> list[int]:
+    """The policy version of each token of a finished vLLM CompletionOutput, from its weight_versions spans
+    (an empty completion has none)."""
+    versions: list[int] = []
+    for span in completion.weight_versions or []:
+        versions += [int(span.version)] * (span.end - span.start)
+    if len(versions) != len(completion.token_ids):
+        raise ValueError(f"weight_versions cover {len(versions)} of {len(completion.token_ids)} tokens")
+    return versions
+
+
+def _settle(future: Future, fn: Callable[[], Any]) -> None:
+    """fn's result or error into future; an error the caller handles, the loop goes on, unless it is not an
+    Exception (SystemExit and the like), which also stops the loop."""
+    try:
+        future.set_result(fn())
+    except BaseException as e:
+        future.set_exception(e)
+        if not isinstance(e, Exception):
+            raise
+
+
+def _hand_to_streams(done: list[Request]) -> None:
+    per_stream: dict[int, tuple[Stream, list[Request]]] = {}
+    for request in done:
+        if request._stream is not None:
+            per_stream.setdefault(id(request._stream), (request._stream, []))[1].append(request)
+    for stream, requests in per_stream.values():
+        stream._queue.put(requests)
+
+
+@contextmanager
+def _paused(engine: Any) -> Iterator[None]:
+    """An engine core in another process keeps stepping by itself: freeze its scheduler ("keep": running
+    requests stay where they are) for the duration. In-process there is nothing to do."""
+    call = getattr(getattr(engine, "engine_core", None), "call_utility", None)
+    if call is None:
+        yield
+        return
+    call("pause_scheduler", "keep", False)
+    try:
+        yield
+    finally:
+        call("resume_scheduler")
+
+
+def _vllm_render(engine: Any) -> Render:
+    """vLLM's own path from token ids to an engine input (what `LLM.generate` does). The loop hands back
+    finished outputs only, so params are set to FINAL_ONLY, as `LLM.generate` sets them."""
+    from vllm.inputs import TokensPrompt
+    from vllm.renderers.inputs.preprocess import parse_model_prompt
+    from vllm.sampling_params import RequestOutputKind
+
+    renderer, model_config = engine.renderer, engine.model_config
+
+    def render(prompt_ids: Sequence[int], params: Any) -> Any:
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        prompt = parse_model_prompt(model_config, TokensPrompt(prompt_token_ids=list(prompt_ids)))
+        (engine_input,) = renderer.render_cmpl([prompt], renderer.default_cmpl_tok_params)
+        return engine_input
+
+    return render
