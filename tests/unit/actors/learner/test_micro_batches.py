@@ -17,7 +17,7 @@ seeds = st.integers(min_value=0, max_value=2**32 - 1)
 
 def plans(n: int, mbs: int, world: int, seed: int):
     """Every rank's plan, each drawn from its own generator seeded alike (as the learner ranks are)."""
-    return [plan_micro_batches(n, mbs, r, world, random.Random(seed)) for r in range(world)]
+    return [plan_micro_batches([(3, 4)] * n, mbs, r, world, random.Random(seed)) for r in range(world)]
 
 
 @given(sizes, micro_sizes, worlds, seeds)
@@ -49,14 +49,14 @@ def test_one_rank_is_the_single_learner_plan(n, mbs, seed):
     order = list(range(n))
     rng.shuffle(order)
     want = [order[i : i + mbs] for i in range(0, n, mbs)]
-    plan = plan_micro_batches(n, mbs, 0, 1, random.Random(seed))
+    plan = plan_micro_batches([(1, 1)] * n, mbs, 0, 1, random.Random(seed))
     assert plan.micro_batches == want
     assert plan.slots == [Slot(j, padding=False) for j in range(len(want))]
 
 
 def test_successive_steps_draw_new_shuffles_from_the_same_generator():
     rng = random.Random(0)
-    first, second = (plan_micro_batches(16, 4, 0, 1, rng).micro_batches for _ in range(2))
+    first, second = (plan_micro_batches([(2, 5)] * 16, 4, 0, 1, rng).micro_batches for _ in range(2))
     assert first != second and sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(16))
 
 
@@ -69,6 +69,8 @@ def test_a_rank_with_fewer_micro_batches_pads():
 
 def test_bad_arguments_name_the_function():
     with pytest.raises(ValueError, match="plan_micro_batches: micro_batch_size 0"):
-        plan_micro_batches(4, 0, 0, 1, random.Random(0))
+        plan_micro_batches([(1, 1)] * 4, 0, 0, 1, random.Random(0))
     with pytest.raises(ValueError, match="rank 2 of 2"):
-        plan_micro_batches(4, 2, 2, 2, random.Random(0))
+        plan_micro_batches([(1, 1)] * 4, 2, 2, 2, random.Random(0))
+    with pytest.raises(ValueError, match="max_tokens 0"):
+        plan_micro_batches([(1, 1)] * 4, 2, 0, 1, random.Random(0), max_tokens=0)
