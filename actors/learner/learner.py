@@ -14,10 +14,10 @@ padded [B, T] layout either way, so the loss and its normalisers are the same co
 Several ranks (`strategy="fsdp"`, `world_size` > 1; one Ray actor each, or one process each in tests) form
 one torch.distributed process group (gloo on CPU, NCCL on CUDA) and shard the policy and the reference
 model with FSDP2 (`fully_shard` on every decoder layer and on the root). Data parallelism keeps the
-single-rank numbers: every rank receives the whole batch and trains on its contiguous run of the single-rank
-micro-batches (actors/learner/micro_batches.py). Each micro-batch loss keeps the single-rank normalisers
-(grad_accum_steps = the micro-batches of the WHOLE step; num_items_in_batch = the whole batch's loss tokens), and
-FSDP sums (does not average) the gradients over ranks, so the summed gradient is the single-rank one for every
+single-rank numbers: every rank receives the whole batch, cuts the single-rank micro-batches and trains on its
+share of them (actors/learner/micro_batches.py). Each micro-batch loss keeps the single-rank normalisers
+(grad_accum_steps = the micro-batches of the WHOLE step; num_items_in_batch, num_sequences = the whole batch's loss
+tokens and sequences), and FSDP sums (does not average) the gradients over ranks, so the summed gradient is the single-rank one for every
 loss_type. A rank with fewer micro-batches runs zero-weight padding slots: FSDP's all-gathers and
 reduce-scatters need every rank in every forward and backward. Metrics are gathered from all ranks, so
 every rank (rank 0 reports) returns the global ones.
