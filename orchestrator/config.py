@@ -308,7 +308,8 @@ class GRPOConfig(_Section):
     ) = None
     """The learner's attention kernel (transformers' `attn_implementation`; the generators use vLLM's own). null:
     transformers' default for the model (sdpa where the model has it). flash_attention_2 / _3 need a GPU and the
-    flash-attn package; packed micro-batches are then one row each, with no pad at all."""
+    flash-attn package; packed micro-batches are then one row each, with no pad at all. flex_attention trains on
+    GPUs only (torch has no backward for it on CPU)."""
     save_best: str | None = None
     """Also keep `<dir>/<run name>/checkpoint-best`: the checkpoint of the policy with the best value so far of
     this eval metric (`eval/reward`, `eval/pass@1`, `eval/rewards/<name>/mean`, ...; needs an `eval` block),

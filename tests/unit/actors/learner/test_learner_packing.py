@@ -87,6 +87,14 @@ def test_packed_and_padded_give_the_same_loss_metrics_and_gradients(tiny_model_p
     assert padded["learner/micro_batches"] == 3.0  # 8 rows in micro-batches of 3: the same cut both ways
 
 
+@pytest.mark.parametrize("attn", ["eager"])  # flex_attention has no backward on CPU (its forward: test_layout.py)
+def test_other_attention_implementations_pack_as_they_pad(tiny_model_path, attn):
+    b = ragged_batch(masked=True)
+    runs = [step(make(tiny_model_path, loss_type="grpo", beta=0.1, attn_implementation=attn,
+                      padding_free=padding_free), b) for padding_free in (False, True)]
+    assert_same_step(*runs)
+
+
 @pytest.mark.parametrize("one_row", [False, True])
 def test_lora_with_gradient_checkpointing_trains_packed_as_padded(tiny_model_path, one_row, monkeypatch):
     """LoRA (the reference: adapters disabled) with gradient checkpointing, packed into rows and into one row (the
