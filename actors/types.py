@@ -258,13 +258,30 @@ class Scores:
 
 @dataclass
 class TrainBatch:
-    """One generation batch as the learner trains on it (N completions)."""
+    """One generation batch as the learner trains on it (N completions). A completion may be a whole multi-turn
+    exchange: the model's turns and, between them, tool results and chat-template tokens it did not sample."""
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
-    sampling_logprobs: list[list[float]]
+    sampling_logprobs: list[list[float]]  # per completion token; NaN where the model did not sample it
     advantages: list[float]  # [N]
     truncated: list[bool]  # [N]: hit max_completion_length
+    # Per completion token: 1 = the model sampled it (in the loss), 0 = a tool result or template token (in the
+    # sequence, so later tokens see it, but out of the loss, the entropy, the vLLM IS correction and the loss-token
+    # counts). None: every completion token is the model's.
+    completion_mask: list[list[int]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.completion_mask is None:
+            return
+        if len(self.completion_mask) != len(self.completion_ids):
+            raise ValueError(f"TrainBatch.completion_mask: {len(self.completion_mask)} rows for "
+                             f"{len(self.completion_ids)} completions")
+        for i, (m, c) in enumerate(zip(self.completion_mask, self.completion_ids, strict=True)):
+            if len(m) != len(c) or not set(m) <= {0, 1}:
+                raise ValueError(
+                    f"TrainBatch.completion_mask[{i}]: needs one 0 or 1 per completion token ({len(c)}), got {m}"
+                )
 
     def __len__(self) -> int:
         return len(self.completion_ids)

@@ -126,6 +126,7 @@ def learner_spec(cfg: RunConfig, model_path: str) -> LearnerSpec:
         gradient_checkpointing=g.gradient_checkpointing,
         gradient_checkpointing_kwargs=g.gradient_checkpointing_kwargs,
         lora=lora_kwargs(cfg),
+        attn_implementation=g.attn_implementation,
     )
     optim = OptimSpec(
         optim=g.optim,
@@ -141,13 +142,16 @@ def learner_spec(cfg: RunConfig, model_path: str) -> LearnerSpec:
         micro_batch_size=g.per_device_train_batch_size,
         num_iterations=g.num_iterations,
         mask_truncated_completions=g.mask_truncated_completions,
+        padding_free=g.padding_free,
+        max_tokens_per_microbatch=g.max_tokens_per_microbatch,
     )
     return LearnerSpec(model=model, optim=optim, loss=loss_config(cfg), step=step, seed=cfg.seed)
 
 
 def check_learner_model(cfg: RunConfig, model_path: str) -> None:
     """The learner's model options against the model's architecture, built on the meta device (no weights): gradient
-    checkpointing support and its keyword arguments, and LoRA target modules PEFT can match and rayward can merge."""
+    checkpointing support and its keyword arguments, the attention implementation, packed micro-batches where they
+    are asked for (grpo.padding_free true), and LoRA target modules PEFT can match and rayward can merge."""
     import inspect
 
     g = cfg.grpo
@@ -161,8 +165,9 @@ def check_learner_model(cfg: RunConfig, model_path: str) -> None:
                 f"grpo.gradient_checkpointing_kwargs: {unknown} are not arguments of torch.utils.checkpoint.checkpoint "
                 f"(it takes {sorted(known)})"
             )
-    if not (g.gradient_checkpointing or cfg.model.lora):
+    if not (g.gradient_checkpointing or cfg.model.lora or g.padding_free or g.attn_implementation):
         return
+    from actors.learner.layout import packing_refusal
     from actors.learner.learner import meta_model
     from actors.learner.lora import LoraError, apply_lora
 
@@ -170,6 +175,14 @@ def check_learner_model(cfg: RunConfig, model_path: str) -> None:
         model = meta_model(model_path, cfg.model.trust_remote_code)
     except Exception as err:  # noqa: BLE001 - any failure to build the architecture is the model field's
         raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r}: cannot build the model ({err})") from None
+    if g.attn_implementation is not None:
+        try:
+            model = meta_model(model_path, cfg.model.trust_remote_code, g.attn_implementation)
+        except Exception as err:  # noqa: BLE001 - the architecture built without it: the attention is at fault
+            raise ConfigError(f"grpo.attn_implementation {g.attn_implementation!r}: {err}") from None
+    why = packing_refusal(model) if g.padding_free else None
+    if why is not None:
+        raise ConfigError(f"grpo.padding_free: {why}; set grpo.padding_free=false (padded micro-batches)")
     if g.gradient_checkpointing and not model.supports_gradient_checkpointing:
         raise ConfigError(
             f"grpo.gradient_checkpointing: {type(model).__name__} does not support gradient checkpointing "

@@ -294,6 +294,27 @@ class GRPOConfig(_Section):
     gradient_checkpointing_kwargs: dict[str, Any] | None = None
     """Keyword arguments for `torch.utils.checkpoint.checkpoint` (TRL's name), e.g. {use_reentrant: true}.
     null: transformers' default ({use_reentrant: false})."""
+    padding_free: bool | None = None
+    """Pack each micro-batch's samples (prompt + completion) into rows with no pad tokens between them, each
+    sample's position_ids restarting at 0 (TRL's name, from its SFT trainer), so the learner computes no pad;
+    the loss and gradients are the padded layout's. null: packed where the model computes packed rows as separate
+    samples (its attention implementation and layer types, and a packed forward checked against the padded one
+    when the learner starts), padded elsewhere, with a warning. true: packed, or an error where it cannot be.
+    false: TRL's padded layout (prompts left-padded, completions right-padded)."""
+    max_tokens_per_microbatch: int | None = Field(None, ge=1)
+    """Cut each step's batch into micro-batches by tokens instead of by count: first-fit-decreasing bins of at
+    most this many positions (prompt + completion tokens packed; rows x longest prompt + longest completion with
+    padding_free false), balanced across learner ranks, so the learner's peak memory follows the budget rather
+    than per_device_train_batch_size x the longest sample (per_device_train_batch_size is then unused). A sample
+    longer than the budget trains in a micro-batch of its own, with a warning: give at least the longest prompt
+    + max_completion_length. null: micro-batches of per_device_train_batch_size completions."""
+    attn_implementation: (
+        Literal["sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"] | None
+    ) = None
+    """The learner's attention kernel (transformers' `attn_implementation`; the generators use vLLM's own). null:
+    transformers' default for the model (sdpa where the model has it). flash_attention_2 / _3 need a GPU and the
+    flash-attn package; packed micro-batches are then one row each, with no pad at all. flex_attention trains on
+    GPUs only (torch has no backward for it on CPU)."""
     save_best: str | None = None
     """Also keep `<dir>/<run name>/checkpoint-best`: the checkpoint of the policy with the best value so far of
     this eval metric (`eval/reward`, `eval/pass@1`, `eval/rewards/<name>/mean`, ...; needs an `eval` block),
