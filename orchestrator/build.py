@@ -126,7 +126,7 @@ def learner_spec(cfg: RunConfig, model_path: str) -> LearnerSpec:
         gradient_checkpointing=g.gradient_checkpointing,
         gradient_checkpointing_kwargs=g.gradient_checkpointing_kwargs,
         lora=lora_kwargs(cfg),
-        attn_implementation=g.attn_implementation,
+        attn_implementation=cfg.model.attn_implementation,
     )
     optim = OptimSpec(
         optim=g.optim,
@@ -165,7 +165,7 @@ def check_learner_model(cfg: RunConfig, model_path: str) -> None:
                 f"grpo.gradient_checkpointing_kwargs: {unknown} are not arguments of torch.utils.checkpoint.checkpoint "
                 f"(it takes {sorted(known)})"
             )
-    if not (g.gradient_checkpointing or cfg.model.lora or g.padding_free or g.attn_implementation):
+    if not (g.gradient_checkpointing or cfg.model.lora or g.padding_free or cfg.model.attn_implementation):
         return
     from actors.learner.layout import packing_refusal
     from actors.learner.learner import meta_model
@@ -175,11 +175,11 @@ def check_learner_model(cfg: RunConfig, model_path: str) -> None:
         model = meta_model(model_path, cfg.model.trust_remote_code)
     except Exception as err:  # noqa: BLE001 - any failure to build the architecture is the model field's
         raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r}: cannot build the model ({err})") from None
-    if g.attn_implementation is not None:
+    if cfg.model.attn_implementation is not None:
         try:
-            model = meta_model(model_path, cfg.model.trust_remote_code, g.attn_implementation)
+            model = meta_model(model_path, cfg.model.trust_remote_code, cfg.model.attn_implementation)
         except Exception as err:  # noqa: BLE001 - the architecture built without it: the attention is at fault
-            raise ConfigError(f"grpo.attn_implementation {g.attn_implementation!r}: {err}") from None
+            raise ConfigError(f"model.attn_implementation {cfg.model.attn_implementation!r}: {err}") from None
     why = packing_refusal(model) if g.padding_free else None
     if why is not None:
         raise ConfigError(f"grpo.padding_free: {why}; set grpo.padding_free=false (padded micro-batches)")

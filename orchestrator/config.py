@@ -161,6 +161,13 @@ class ModelConfig(_Section):
     GPUs."""
     trust_remote_code: bool = False
     """Passed to transformers and vLLM when loading the model and tokenizer."""
+    attn_implementation: (
+        Literal["sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"] | None
+    ) = None
+    """The learner's attention kernel (transformers' `attn_implementation`; the generators use vLLM's own). null:
+    transformers' default for the model (sdpa where the model has it). flash_attention_2 / _3 need a GPU and the
+    flash-attn package; packed micro-batches are then one row each, with no pad at all. flex_attention trains on
+    GPUs only (torch has no backward for it on CPU)."""
     lora: LoraSettings | None = None
     """Train LoRA adapters (PEFT) instead of every weight: e.g. {r: 8, alpha: 16, target_modules: all-linear}.
     The optimizer holds the adapters only, the KL reference is the base with adapters disabled (no second
@@ -308,13 +315,6 @@ class GRPOConfig(_Section):
     than per_device_train_batch_size x the longest sample (per_device_train_batch_size is then unused). A sample
     longer than the budget trains in a micro-batch of its own, with a warning: give at least the longest prompt
     + max_completion_length. null: micro-batches of per_device_train_batch_size completions."""
-    attn_implementation: (
-        Literal["sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"] | None
-    ) = None
-    """The learner's attention kernel (transformers' `attn_implementation`; the generators use vLLM's own). null:
-    transformers' default for the model (sdpa where the model has it). flash_attention_2 / _3 need a GPU and the
-    flash-attn package; packed micro-batches are then one row each, with no pad at all. flex_attention trains on
-    GPUs only (torch has no backward for it on CPU)."""
     save_best: str | None = None
     """Also keep `<dir>/<run name>/checkpoint-best`: the checkpoint of the policy with the best value so far of
     this eval metric (`eval/reward`, `eval/pass@1`, `eval/rewards/<name>/mean`, ...; needs an `eval` block),

@@ -91,8 +91,8 @@ def test_packing_and_token_budgets_reach_the_learner():
     default = learner_spec(parse_config(MINIMAL), "m")
     assert (default.step.padding_free, default.step.max_tokens_per_microbatch) == (None, None)  # packed where correct
     assert default.model.attn_implementation is None
-    s = learner_spec(parse_config({**MINIMAL, "grpo": {"padding_free": False, "max_tokens_per_microbatch": 4096,
-                                                       "attn_implementation": "eager"}}), "m")
+    s = learner_spec(parse_config({**MINIMAL, "grpo": {"padding_free": False, "max_tokens_per_microbatch": 4096},
+                                   "model": {"attn_implementation": "eager"}}), "m")
     assert (s.step.padding_free, s.step.max_tokens_per_microbatch, s.model.attn_implementation) == (False, 4096, "eager")
 
 
@@ -113,7 +113,7 @@ def test_packing_where_it_cannot_be_correct_is_a_config_error(tmp_path, tiny_mod
         check_learner_model(asked, str(tmp_path))
     check_learner_model(parse_config(MINIMAL), str(tmp_path))  # null: the learner trains it padded
     check_learner_model(asked, tiny_model_path)  # Qwen2 on sdpa packs
-    flash = parse_config({**MINIMAL, "grpo": {"attn_implementation": "flash_attention_2"}})
-    with pytest.raises(ConfigError, match="grpo.attn_implementation 'flash_attention_2': FlashAttention2 has been "
+    flash = parse_config({**MINIMAL, "model": {"attn_implementation": "flash_attention_2"}})
+    with pytest.raises(ConfigError, match="model.attn_implementation 'flash_attention_2': FlashAttention2 has been "
                                           "toggled on, but it cannot be used"):
         check_learner_model(flash, tiny_model_path)
