@@ -377,10 +377,13 @@ class WorkerPool:
         return self.stats()
 
     async def _retire(self, slot: Slot) -> None:
+        await self._wait_drained(slot)
+        self._drop(slot, replace=False)
+
+    async def _wait_drained(self, slot: Slot) -> None:
         drained = self._cond("drained")
         async with drained:
             await drained.wait_for(lambda: self._drained(slot))
-        self._drop(slot, replace=False)
 
     # --- autoscaling --------------------------------------------------------------------------------------
 
