@@ -14,11 +14,6 @@ from actors.types import EnvRequest, RewardBatch, ToolCall, Trajectory
 from tests.fixtures.envs import CounterEnv
 
 
-def counts(completions, environments, **kw):
-    """TRL's docs' way: read each sample's environment."""
-    return [float(e.count) if e is not None else None for e in environments]
-
-
 async def async_counts(completions, environments, **kw):
     return [float(e.count) * 10 for e in environments]
 
@@ -57,7 +52,7 @@ def test_environments_reach_only_the_functions_that_declare_them():
         e = CounterEnv()
         e.count = count
         envs.append(cloudpickle.dumps(e))
-    w = RewardWorker([RewardSpec("c", f"{__name__}:counts"), RewardSpec("a", f"{__name__}:async_counts"),
+    w = RewardWorker([RewardSpec("c", "tests.fixtures.envs:env_counts"), RewardSpec("a", f"{__name__}:async_counts"),
                       RewardSpec("n", f"{__name__}:no_envs")])
     out = w.score(batch(2, environments=envs))
     assert out.scores == [[1.0, 2.0], [10.0, 20.0], [1.0, 1.0]]
@@ -66,13 +61,13 @@ def test_environments_reach_only_the_functions_that_declare_them():
 def test_a_lost_state_reaches_the_function_as_none():
     e = CounterEnv()
     e.count = 4
-    out = RewardWorker([RewardSpec("c", f"{__name__}:counts")]).score(batch(2, environments=[cloudpickle.dumps(e), None]))
+    out = RewardWorker([RewardSpec("c", "tests.fixtures.envs:env_counts")]).score(batch(2, environments=[cloudpickle.dumps(e), None]))
     assert out.scores[0][0] == 4.0 and math.isnan(out.scores[0][1])
 
 
 def test_unpicklable_state_names_the_reward():
     with pytest.raises(RewardFunctionError, match=r"reward 'c': cannot unpickle the environments of samples 0\.\.1"):
-        RewardWorker([RewardSpec("c", f"{__name__}:counts")]).score(batch(2, environments=[b"junk", None]))
+        RewardWorker([RewardSpec("c", "tests.fixtures.envs:env_counts")]).score(batch(2, environments=[b"junk", None]))
 
 
 def test_env_worker_to_reward_worker_end_to_end():
@@ -84,7 +79,7 @@ def test_env_worker_to_reward_worker_end_to_end():
     trajs = [Trajectory([], [], [], [], "stop", env_reward=c.reward, env_state=c.state) for c in closed]
     b = batch(2).with_trajectories(trajs, {None: "CounterEnv"}, keep_state=True)
     assert b.env_classes == ["CounterEnv", "CounterEnv"]
-    out = RewardWorker([env_spec(), RewardSpec("c", f"{__name__}:counts")]).score(b)
+    out = RewardWorker([env_spec(), RewardSpec("c", "tests.fixtures.envs:env_counts")]).score(b)
     assert out.scores == [[3.0, 5.0], [3.0, 5.0]]
     assert batch(2).with_trajectories(trajs, {None: "CounterEnv"}, keep_state=False).environments is None
 
