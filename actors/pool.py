@@ -26,12 +26,11 @@ import math
 import time
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
-from ray.util import metrics as ray_metrics
 
 from actors.rewards.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
 from actors.types import PoolStats
@@ -68,57 +67,46 @@ class Slot:
 
 @dataclass(frozen=True)
 class PoolKind:
-    """How a pool names itself in logs, metrics and `rayward scale`'s messages."""
+    """How a pool names itself in logs and in what `scale` prints."""
 
-    kind: str  # metric prefix: rayward_<kind>_...
     noun: str  # "reward pool", in log lines
-    workers: str  # "reward workers", in metric descriptions
-    unit: str  # one unit of work in flight: "chunk" (rayward_reward_inflight_chunks, ..._chunk_latency_s)
-    queued: str  # what waits for a worker: "chunks waiting for a worker"
-    inflight: str  # what is in flight: "chunks being scored"
-    latency: str  # what the latency histogram times: "seconds to score one chunk"
-    wait: str  # what the queue-wait histogram times
     pin_flag: str  # the `rayward scale` option that pins the pool: "--reward-workers"
     bounds_flag: str  # the one that sets its autoscaling bounds: "--min/--max"
 
 
+# Every pool metric carries the run and the pool's role.
+TAGS = ("run", "pool")
+# Latency and queue-wait histogram boundaries, in seconds.
+LATENCY_BOUNDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
+WAIT_BOUNDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
+
+
+@dataclass
 class PoolMetrics:
     """A pool's Ray metrics, exported live between steps and tagged with the run and the pool's role: gauges
     (workers alive, starting and targeted, queue, work in flight, utilisation), histograms (latency per unit
-    of work, queue wait) and counters (events such as timeouts, errors and retries; scaling decisions)."""
+    of work, queue wait) and counters (events such as timeouts, errors and retries; scaling decisions). Each
+    pool declares its own (their names stay greppable in its file); `tag(run, role)` sets the default tags."""
 
-    def __init__(self, run_name: str, role: str, k: PoolKind):
+    alive: Any  # Gauge: live workers
+    queue: Any  # Gauge: units of work waiting for a worker
+    inflight: Any  # Gauge: units of work in flight
+    latency: Any  # Histogram: seconds per unit of work
+    events: Any  # Counter, tags + "kind": timeouts, errors, retries, ...
+    target: Any  # Gauge: workers alive or starting
+    starting: Any  # Gauge: workers waiting for a node or starting up
+    utilization: Any  # Gauge: busy fraction over the autoscaler's window
+    wait: Any  # Histogram: seconds waiting for a worker
+    decisions: Any  # Counter, tags + "direction": scaling decisions
+    tags: dict[str, str] = field(default_factory=dict)
+    _published_at: float = 0.0
+
+    def tag(self, run_name: str, role: str) -> PoolMetrics:
         self.tags = {"run": run_name, "pool": role}
-        tags = ("run", "pool")
-        p = f"rayward_{k.kind}"
-        self.alive = ray_metrics.Gauge(f"{p}_workers_alive", f"live {k.workers}", tag_keys=tags)
-        self.queue = ray_metrics.Gauge(f"{p}_queue_depth", k.queued, tag_keys=tags)
-        self.inflight = ray_metrics.Gauge(f"{p}_inflight_{k.unit}s", k.inflight, tag_keys=tags)
-        self.latency = ray_metrics.Histogram(
-            f"{p}_{k.unit}_latency_s", k.latency,
-            boundaries=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60], tag_keys=tags,
-        )
-        self.events = ray_metrics.Counter(f"{p}_events_total", "timeouts, errors, retries", tag_keys=(*tags, "kind"))
-        self.target = ray_metrics.Gauge(
-            f"{p}_workers_target", f"{k.workers} alive or starting (the pool's target)", tag_keys=tags
-        )
-        self.starting = ray_metrics.Gauge(
-            f"{p}_workers_starting", f"{k.workers} waiting for a node or starting up", tag_keys=tags
-        )
-        self.utilization = ray_metrics.Gauge(
-            f"{p}_utilization", f"busy fraction of the live {k.workers} over the autoscaler's window", tag_keys=tags,
-        )
-        self.wait = ray_metrics.Histogram(
-            f"{p}_queue_wait_s", k.wait,
-            boundaries=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300], tag_keys=tags,
-        )
-        self.decisions = ray_metrics.Counter(
-            f"{p}_scale_decisions_total", f"changes of the {k.noun}'s target size", tag_keys=(*tags, "direction"),
-        )
         for m in (self.alive, self.queue, self.inflight, self.latency, self.target, self.starting,
                   self.utilization, self.wait):
             m.set_default_tags(self.tags)
-        self._published_at = 0.0
+        return self
 
     def due(self, force: bool = False) -> bool:
         """Whether the gauges should be set now (at most every PUBLISH_EVERY_S unless forced)."""
@@ -144,7 +132,8 @@ class PoolMetrics:
 
 
 class WorkerPool:
-    """The shared machinery (see the module docstring). A subclass sets `KIND` and implements `_new_worker`;
+    """The shared machinery (see the module docstring). A subclass sets `KIND`, implements `_new_worker` and
+    `_new_metrics`;
     it may override `_is_busy`, `_load`, `_drained`, `_outstanding`, `_inflight_units` and `_stats_fields`."""
 
     KIND: PoolKind
@@ -185,7 +174,7 @@ class WorkerPool:
         self.pinned = False  # `rayward scale --<kind>-workers N` pauses autoscaling
         self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
         self._tasks: set[asyncio.Task] = set()  # strong references: asyncio keeps only weak ones
-        self.metrics = PoolMetrics(run_name, role, self.KIND)
+        self.metrics = self._new_metrics().tag(run_name, role)
         for _ in range(autoscale.clamp(num_workers) if autoscale else num_workers):
             self._spawn()
         self._background(self._tick_loop())
@@ -195,6 +184,10 @@ class WorkerPool:
     def _new_worker(self, index: int, name: str) -> Any:
         """Start worker `index` as the actor `name` (options: self.worker_options); returns its handle, whose
         `pid()` answers once the constructor has run."""
+        raise NotImplementedError
+
+    def _new_metrics(self) -> PoolMetrics:
+        """The pool's Ray metrics (names of its own: rayward_<kind>_...)."""
         raise NotImplementedError
 
     def _is_busy(self, slot: Slot) -> bool:
@@ -511,4 +504,4 @@ class WorkerPool:
         return {i: s.handle for i, s in self.slots.items() if not s.retiring}
 
 
-__all__ = ["PoolKind", "PoolMetrics", "Slot", "WorkerPool"]
+__all__ = ["LATENCY_BOUNDS", "PoolKind", "PoolMetrics", "Slot", "TAGS", "WAIT_BOUNDS", "WorkerPool"]

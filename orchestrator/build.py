@@ -354,9 +354,12 @@ def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 top_k=g.top_k)
 
 
-def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup) -> EvalSet:
+def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup,
+             rewards: list[RewardConfig] | None = None) -> EvalSet:
     """What every eval of the run generates and how it is scored (cfg.eval set): the training batches' sampling,
-    with eval's num_generations, and its max_completion_length and temperature where given."""
+    with eval's num_generations, and its max_completion_length and temperature where given. rewards: the
+    training rewards the pool scores (Prepared.rewards: with environment rewards; default cfg.rewards), used
+    unless eval has its own."""
     e = cfg.eval
     sampling = {**sampling_kwargs(cfg), "n": e.num_generations}
     if e.max_completion_length is not None:
@@ -365,7 +368,7 @@ def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup) 
         sampling["temperature"] = e.temperature
     return EvalSet(
         rows=rows, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
-        aggregator=RewardAggregator(e.rewards if e.rewards is not None else cfg.rewards),
+        aggregator=RewardAggregator(e.rewards if e.rewards is not None else rewards or cfg.rewards),
         chunk_groups=cfg.cluster.reward_chunk_groups, pass_threshold=e.pass_threshold, max_steps=cfg.grpo.max_steps,
     )
 
@@ -415,7 +418,7 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
         max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"), display=display,
     )
     aggregator = RewardAggregator(p.rewards)
-    es = eval_set(cfg, p.eval_rows, eval_pool or reward_pool) if p.eval_rows is not None else None
+    es = eval_set(cfg, p.eval_rows, eval_pool or reward_pool, p.rewards) if p.eval_rows is not None else None
     return Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
         reward_pool=reward_pool, weights=weights,

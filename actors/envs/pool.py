@@ -43,7 +43,7 @@ from ray.util import metrics as ray_metrics
 from actors.envs.client import EnvSessionLost
 from actors.envs.spec import EnvSpec
 from actors.envs.worker import EnvWorker
-from actors.pool import PoolKind, Slot, WorkerPool
+from actors.pool import LATENCY_BOUNDS, TAGS, WAIT_BOUNDS, PoolKind, PoolMetrics, Slot, WorkerPool
 from actors.rewards.autoscale import AutoscaleSettings
 from actors.types import EnvClosed, EnvOpened, EnvPoolStats, EnvRequest, PoolStats, ToolCall, ToolResult
 
@@ -59,14 +59,45 @@ WORKER_CONCURRENCY = 2 * SESSIONS_PER_WORKER
 # Sessions go to live workers only, so it need not cover imports at start-up (the reward pool's grace does).
 CALL_GRACE_S = 30.0
 
-ENV_POOL = PoolKind(
-    kind="env", noun="environment pool", workers="environment workers", unit="call",
-    queued="session opens waiting for room on a worker",
-    inflight="environment worker calls in flight (opens, tool turns, closes)",
-    latency="seconds of one environment worker call (an open, a tool turn, a close)",
-    wait="seconds an open waited for room on the workers",
-    pin_flag="--env-workers", bounds_flag="--pool env --min/--max",
-)
+ENV_POOL = PoolKind(noun="environment pool", pin_flag="--env-workers", bounds_flag="--pool env --min/--max")
+
+
+def env_pool_metrics() -> PoolMetrics:
+    """The environment pool's Ray metrics (tagged with the run and the pool's role by the pool); the open-sessions
+    gauge is the pool's own (rayward_env_sessions)."""
+    return PoolMetrics(
+        alive=ray_metrics.Gauge("rayward_env_workers_alive", "live environment workers", tag_keys=TAGS),
+        queue=ray_metrics.Gauge("rayward_env_queue_depth", "session opens waiting for room on a worker", tag_keys=TAGS),
+        inflight=ray_metrics.Gauge(
+            "rayward_env_inflight_calls", "environment worker calls in flight (opens, tool turns, closes)", tag_keys=TAGS
+        ),
+        latency=ray_metrics.Histogram(
+            "rayward_env_call_latency_s", "seconds of one environment worker call (an open, a tool turn, a close)",
+            boundaries=LATENCY_BOUNDS, tag_keys=TAGS,
+        ),
+        events=ray_metrics.Counter(
+            "rayward_env_events_total", "tool errors and timeouts, unknown tools, failed resets and rewards, lost "
+            "sessions, hung workers, re-sent opens", tag_keys=(*TAGS, "kind"),
+        ),
+        target=ray_metrics.Gauge(
+            "rayward_env_workers_target", "environment workers alive or starting (the pool's target)", tag_keys=TAGS
+        ),
+        starting=ray_metrics.Gauge(
+            "rayward_env_workers_starting", "environment workers waiting for a node or starting up", tag_keys=TAGS
+        ),
+        utilization=ray_metrics.Gauge(
+            "rayward_env_utilization", "busy fraction of the live environment workers over the autoscaler's window",
+            tag_keys=TAGS,
+        ),
+        wait=ray_metrics.Histogram(
+            "rayward_env_queue_wait_s", "seconds an open waited for room on the workers", boundaries=WAIT_BOUNDS,
+            tag_keys=TAGS,
+        ),
+        decisions=ray_metrics.Counter(
+            "rayward_env_scale_decisions_total", "changes of the environment pool's target size",
+            tag_keys=(*TAGS, "direction"),
+        ),
+    )
 COUNTERS = ("retries", "timeouts", "sessions_opened", "sessions_closed", "sessions_lost", "tool_calls", "tool_errors",
             "tool_timeouts", "unknown_tools", "reset_errors", "reward_errors")
 # ToolResult.status -> the counter it adds to.
@@ -109,8 +140,7 @@ class EnvPool(WorkerPool):
         self._where: dict[int, _EnvSlot] = {}  # open (or opening) session -> its worker
         self._lost: set[int] = set()  # sessions whose worker died: their calls raise EnvSessionLost
         self._next_session = 0
-        self._sessions_gauge = ray_metrics.Gauge("rayward_env_sessions", "environment sessions open",
-                                                 tag_keys=("run", "pool"))
+        self._sessions_gauge = ray_metrics.Gauge("rayward_env_sessions", "environment sessions open", tag_keys=TAGS)
         self._sessions_gauge.set_default_tags({"run": run_name, "pool": role})
         super().__init__(run_name=run_name, role=role, num_workers=num_workers, worker_options=worker_options,
                          autoscale=autoscale, counters=COUNTERS)
@@ -127,6 +157,9 @@ class EnvPool(WorkerPool):
             .options(name=name, max_concurrency=WORKER_CONCURRENCY, max_restarts=0, **self.worker_options)
             .remote(self.spec, index=index, sys_path=self.sys_path)
         )
+
+    def _new_metrics(self) -> PoolMetrics:
+        return env_pool_metrics()
 
     def _new_slot(self, i: int, handle: Any) -> Slot:
         return _EnvSlot(i, handle, time.monotonic())

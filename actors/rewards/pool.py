@@ -30,8 +30,9 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
+from ray.util import metrics as ray_metrics
 
-from actors.pool import PoolKind, Slot, WorkerPool
+from actors.pool import LATENCY_BOUNDS, TAGS, WAIT_BOUNDS, PoolKind, PoolMetrics, Slot, WorkerPool
 from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.worker import RewardSpec, RewardWorker
 from actors.types import RewardBatch, Scores, TrainerState
@@ -45,12 +46,40 @@ CALLS_PER_SLOT = 2
 # (covers a worker still importing at start-up, or one stuck in C code holding the GIL).
 CHUNK_GRACE_S = 120.0
 
-REWARD_POOL = PoolKind(
-    kind="reward", noun="reward pool", workers="reward workers", unit="chunk",
-    queued="chunks waiting for a worker", inflight="chunks being scored", latency="seconds to score one chunk",
-    wait="seconds a chunk waited for a worker (mean of one worker call's chunks)",
-    pin_flag="--reward-workers", bounds_flag="--min/--max",
-)
+REWARD_POOL = PoolKind(noun="reward pool", pin_flag="--reward-workers", bounds_flag="--min/--max")
+
+
+def reward_pool_metrics() -> PoolMetrics:
+    """The reward pool's Ray metrics (tagged with the run and the pool's role by the pool)."""
+    return PoolMetrics(
+        alive=ray_metrics.Gauge("rayward_reward_workers_alive", "live reward workers", tag_keys=TAGS),
+        queue=ray_metrics.Gauge("rayward_reward_queue_depth", "chunks waiting for a worker", tag_keys=TAGS),
+        inflight=ray_metrics.Gauge("rayward_reward_inflight_chunks", "chunks being scored", tag_keys=TAGS),
+        latency=ray_metrics.Histogram(
+            "rayward_reward_chunk_latency_s", "seconds to score one chunk", boundaries=LATENCY_BOUNDS, tag_keys=TAGS
+        ),
+        events=ray_metrics.Counter(
+            "rayward_reward_events_total", "timeouts, errors, retries", tag_keys=(*TAGS, "kind")
+        ),
+        target=ray_metrics.Gauge(
+            "rayward_reward_workers_target", "reward workers alive or starting (the pool's target)", tag_keys=TAGS
+        ),
+        starting=ray_metrics.Gauge(
+            "rayward_reward_workers_starting", "reward workers waiting for a node or starting up", tag_keys=TAGS
+        ),
+        utilization=ray_metrics.Gauge(
+            "rayward_reward_utilization", "busy fraction of the live reward workers over the autoscaler's window",
+            tag_keys=TAGS,
+        ),
+        wait=ray_metrics.Histogram(
+            "rayward_reward_queue_wait_s", "seconds a chunk waited for a worker (mean of one worker call's chunks)",
+            boundaries=WAIT_BOUNDS, tag_keys=TAGS,
+        ),
+        decisions=ray_metrics.Counter(
+            "rayward_reward_scale_decisions_total", "changes of the reward pool's target size",
+            tag_keys=(*TAGS, "direction"),
+        ),
+    )
 
 
 @dataclass
@@ -109,6 +138,9 @@ class RewardPool(WorkerPool):
             .options(name=name, max_concurrency=CHUNKS_PER_WORKER, max_restarts=0, **self.worker_options)
             .remote(self.specs, index=index, trainer_state=self.state, sys_path=self.sys_path)
         )
+
+    def _new_metrics(self) -> PoolMetrics:
+        return reward_pool_metrics()
 
     def _inflight_units(self) -> int:
         return self.inflight_chunks

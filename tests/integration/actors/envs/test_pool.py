@@ -197,3 +197,26 @@ def test_rayward_scale_env_workers(ray_cluster):
                        env=client_env(), capture_output=True, text=True, timeout=WAIT_S)
     assert p.returncode == 2 and "no environment pool (no tools or environment_factory) in run 'no-such-run'" in p.stderr
     kill_pool(ray, pool)
+
+
+def test_start_env_pool_from_the_config(ray_cluster):
+    """orchestrator.build.start_env_pool: the named pool `NAME/env-pool` in the run's namespace, its workers
+    `NAME/env-<i>` with the config's resources, the spec from the config."""
+    from orchestrator.build import start_env_pool
+    from orchestrator.cluster import namespace
+    from orchestrator.config import parse_config
+    from orchestrator.environments import env_spec
+    from orchestrator.tasks.boxes import boxes_dataset
+
+    ray = ray_cluster
+    cfg = parse_config({"environment_factory": "orchestrator.tasks.boxes:BoxEnv",
+                        "cluster": {"num_env_workers": 1, "env_worker": {"num_cpus": 0.5}}})
+    group = start_env_pool(cfg, "e-build", env_spec(cfg))
+    wait_for(ray, group.handle, lambda s: s.workers == 1, "the first worker")
+    assert ray.get_actor("e-build/env-pool", namespace=namespace("e-build"))
+    assert ray.get_actor("e-build/env-0", namespace=namespace("e-build"))
+    envs = PoolEnvironments(group.handle)
+    sessions = opened(envs, [EnvRequest(None, boxes_dataset(1)[0], seed=0)])
+    assert [c.reward for c in envs.close(sessions, keep_state=False).result(timeout=WAIT_S)] == [0.0]  # no submit
+    assert group.stats().sessions_closed == 1
+    group.kill()
