@@ -37,6 +37,14 @@ def test_autoscale_settings_are_the_config_section():
     assert autoscale_settings(parse_config(MINIMAL)) is None
 
 
+def test_env_autoscale_settings_are_their_own_section():
+    c = parse_config({**MINIMAL, "cluster": {"env_autoscale": {"min_workers": 1, "max_workers": 5},
+                                             "reward_autoscale": {"max_workers": 3}}})
+    s = autoscale_settings(c, "env_autoscale")
+    assert (s.min_workers, s.max_workers) == (1, 5) and autoscale_settings(c).max_workers == 3
+    assert autoscale_settings(parse_config(MINIMAL), "env_autoscale") is None
+
+
 
 # --------------------------------------------------------------------------------------------- the learner's spec
 def test_learner_spec_carries_the_run_config():
