@@ -13,6 +13,7 @@ import string
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # Bump when anything below changes the files written, so stale caches are not reused.
 CACHE_NAME = "tiny-model-v1"
@@ -98,16 +99,12 @@ def _build_tokenizer(out: Path) -> None:
     fast.save_pretrained(out)
 
 
-def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
-    """Write a random tiny Qwen2ForCausalLM (float32) plus tokenizer to `path`; returns the path."""
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+def qwen2_config() -> Any:
+    """The tiny model's transformers Qwen2Config (float32; eos = <|im_end|>, pad = <|endoftext|>)."""
+    from transformers import Qwen2Config
 
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
-    _build_tokenizer(out)
     pad_id, eos_id = SPECIAL_TOKENS.index(PAD_TOKEN), SPECIAL_TOKENS.index(IM_END)
-    config = Qwen2Config(
+    return Qwen2Config(
         vocab_size=VOCAB_SIZE,
         hidden_size=HIDDEN_SIZE,
         num_attention_heads=NUM_HEADS,
@@ -121,6 +118,18 @@ def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
         pad_token_id=pad_id,
         dtype="float32",
     )
+
+
+def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
+    """Write a random tiny Qwen2ForCausalLM (float32) plus tokenizer to `path`; returns the path."""
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    _build_tokenizer(out)
+    config = qwen2_config()
+    pad_id, eos_id = config.pad_token_id, config.eos_token_id
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).to(torch.float32)
     # HF's default init (std 0.02) gives near-uniform next-token distributions; a wider init makes

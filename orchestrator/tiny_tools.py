@@ -24,18 +24,13 @@ from typing import Any
 
 from orchestrator.tasks.boxes import NUM_BOXES, BoxEnv, boxes_dataset
 from orchestrator.tiny import (
-    HIDDEN_SIZE,
     IM_END,
-    INTERMEDIATE_SIZE,
     MAX_POSITIONS,
-    NUM_HEADS,
-    NUM_KV_HEADS,
-    NUM_LAYERS,
     PAD_TOKEN,
     SPECIAL_TOKENS,
-    TIE_WORD_EMBEDDINGS,
     VOCAB_SIZE,
     ensure_cached,
+    qwen2_config,
 )
 
 # Bump when anything below changes the files written, so stale caches are not reused.
@@ -253,26 +248,13 @@ def warm_up(model: Any, tokenizer: Any, seed: int = SFT_SEED) -> None:
 def build_tiny_tool_model(path: str | Path, seed: int = SFT_SEED) -> Path:
     """Write the warmed-up tiny tool model (float32) plus tokenizer to `path`; returns the path."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen2ForCausalLM
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer(out)
-    pad_id, eos_id = SPECIAL_TOKENS.index(PAD_TOKEN), SPECIAL_TOKENS.index(IM_END)
-    config = Qwen2Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=HIDDEN_SIZE,
-        num_attention_heads=NUM_HEADS,
-        num_key_value_heads=NUM_KV_HEADS,
-        num_hidden_layers=NUM_LAYERS,
-        intermediate_size=INTERMEDIATE_SIZE,
-        max_position_embeddings=MAX_POSITIONS,
-        tie_word_embeddings=TIE_WORD_EMBEDDINGS,
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        dtype="float32",
-    )
+    config = qwen2_config()
+    pad_id, eos_id = config.pad_token_id, config.eos_token_id
     threads = torch.get_num_threads()
     torch.set_num_threads(SFT_THREADS)
     try:

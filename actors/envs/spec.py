@@ -17,14 +17,12 @@ that the workers read when they start (actors/envs/worker.py).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import os
 import types
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from actors import user_code
 
 # The methods of an environment class that are not tools (TRL's names).
 RESET, GET_REWARD = "reset", "get_reward"
@@ -56,27 +54,10 @@ class EnvSpec:
 
 def import_object(target: str, what: str) -> Any:
     """`module:attr` or `path/to/file.py:attr`, imported; EnvSpecError names `what` (e.g. "tools[0]")."""
-    module_name, _, attr = target.rpartition(":")
-    if not module_name or not attr:
-        raise EnvSpecError(f"{what} {target!r} is not of the form module:name")
     try:
-        if module_name.endswith(".py"):
-            path = Path(module_name).resolve()
-            spec = importlib.util.spec_from_file_location(f"rayward_user_{path.stem}", path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load {path}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 - any import failure is the user's to see, with the field named
-        raise EnvSpecError(
-            f"{what} {target!r}: cannot import {module_name!r} ({type(err).__name__}: {err}); the module must be "
-            f"importable from the directory you run rayward from ({os.getcwd()})"
-        ) from None
-    if not hasattr(module, attr):
-        raise EnvSpecError(f"{what} {target!r}: module {module_name!r} has no attribute {attr!r}")
-    return getattr(module, attr)
+        return user_code.import_object(target, what)
+    except user_code.UserCodeError as err:
+        raise EnvSpecError(str(err)) from None
 
 
 def load_tool(target: str, what: str) -> Any:

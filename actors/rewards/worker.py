@@ -18,8 +18,6 @@ values the environments computed at close and the batch carries (RewardBatch.env
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import inspect
 import math
 import os
@@ -33,9 +31,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from actors import user_code
 from actors.types import RewardBatch, Scores, TrainerState
 
 # Threads for sync reward calls of one chunk: enough that every per-sample call of a chunk starts at once
@@ -109,34 +107,14 @@ class RewardResult:
 
 def load_reward_function(spec: RewardSpec) -> Callable[..., Any]:
     """Import `module:callable` or `path/to/file.py:callable` (and call it with spec.kwargs if given)."""
-    target = spec.function or ""
-    module_name, _, attr = target.rpartition(":")
-    if not module_name or not attr:
-        raise RewardFunctionError(
-            f"reward {spec.name!r}: function {target!r} is not of the form module:callable"
-        )
     try:
-        if module_name.endswith(".py"):
-            path = Path(module_name).resolve()
-            mod_spec = importlib.util.spec_from_file_location(f"rayward_user_{path.stem}", path)
-            if mod_spec is None or mod_spec.loader is None:
-                raise ImportError(f"cannot load {path}")
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 - any import failure is the user's to see, with the reward named
-        raise RewardFunctionError(
-            f"reward {spec.name!r}: cannot import {module_name!r} ({type(err).__name__}: {err}); "
-            f"the module must be importable from the directory you run rayward from ({os.getcwd()})"
-        ) from err
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise RewardFunctionError(f"reward {spec.name!r}: module {module_name!r} has no attribute {attr!r}")
+        fn = user_code.import_object(spec.function or "", f"reward {spec.name!r}: function")
+    except user_code.UserCodeError as err:
+        raise RewardFunctionError(str(err)) from None
     if spec.kwargs:
         fn = fn(**spec.kwargs)
     if not callable(fn):
-        raise RewardFunctionError(f"reward {spec.name!r}: {target!r} is not callable")
+        raise RewardFunctionError(f"reward {spec.name!r}: {spec.function!r} is not callable")
     return fn
 
 

@@ -148,7 +148,7 @@ def test_timeout_gives_fallback_to_the_slow_sample_only(fn):
 
 
 def test_load_errors_name_the_reward(tmp_path):
-    with pytest.raises(RewardFunctionError, match=r"reward 'r': cannot import 'no_such_module'"):
+    with pytest.raises(RewardFunctionError, match=r"reward 'r': function 'no_such_module:\w+': cannot import 'no_such_module'"):
         load_reward_function(RewardSpec("r", "no_such_module:f"))
     with pytest.raises(RewardFunctionError, match=r"has no attribute 'nope'"):
         load_reward_function(RewardSpec("r", f"{F}:nope"))

@@ -14,7 +14,7 @@ DEMO = str(ROOT / "configs" / "demo.yaml")
     [
         ([DEMO, "generation.num_generatons=4"], "generation.num_generatons: Extra inputs are not permitted"),
         ([DEMO, "grpo.loss_type=ppo"], "grpo.loss_type: Input should be"),
-        ([DEMO, "rewards.0.function=no_such_module:fn"], "rewards[letter].function: reward 'letter': cannot import 'no_such_module'"),
+        ([DEMO, "rewards.0.function=no_such_module:fn"], "rewards[letter].function: reward 'letter': function 'no_such_module:fn': cannot import 'no_such_module'"),
         ([DEMO, "rewards.0.function=actors.rewards.builtin:nope"], "has no attribute 'nope'"),
         ([DEMO, "rewards.0.function=lettr_fraction"], "unknown built-in 'lettr_fraction'"),
         ([DEMO, "data.path=/nonexistent/prompts.jsonl"], "data.path '/nonexistent/prompts.jsonl': cannot load"),
