@@ -7,7 +7,7 @@ handles and fans calls out. The driver reaches every actor through one of them, 
 - `ActorGroup` (the generators): N members of one class. It names methods by string (`call`, `submit`,
   `call_sharded`, `submit_sharded`, `stream`), owns the shard arithmetic, and waits on its members' streams.
 - `LearnerGroup`: the learner, one member to the loop whatever its number of ranks, with named methods (see there).
-- `RewardPoolGroup`: the named reward pool actor, which owns its reward workers.
+- `RewardPoolGroup`, `EnvPoolGroup`: the named reward and environment pool actors, which own their workers.
 
 Every fan-out is one batch of `.remote()` calls, so members work in parallel; names are `<run>/<role>-<i>` so the
 dashboard's actor list reads as the run's parts. A Ray actor runs its calls in submission order: the driver's
@@ -24,7 +24,7 @@ import ray
 from ray.actor import ActorHandle
 
 from actors.net import free_port, node_ip
-from actors.types import RewardBatch, Scores, TrainBatch, TrainerState, TrainResult
+from actors.types import EnvPoolStats, RewardBatch, Scores, TrainBatch, TrainerState, TrainResult
 
 T = TypeVar("T")
 
@@ -339,9 +339,9 @@ class LearnerGroup:
             remove_placement_group(self.placement_group)
 
 
-class RewardPoolGroup:
-    """The named reward pool `<run>/<role>-pool` (actors/rewards/pool.py), which owns its reward workers.
-    `handle` is the pool's ActorHandle (the learner pushes TrainerState to it; `rayward scale` finds it by name)."""
+class PoolGroup:
+    """A named pool actor `<run>/<role>-pool` (actors/pool.py) that owns its workers. `handle` is the pool's
+    ActorHandle (`rayward scale` finds the pool by name)."""
 
     def __init__(self, cls: type, *, run_name: str, role: str, namespace: str, kwargs: dict[str, Any]):
         self.handle: ActorHandle = (
@@ -349,14 +349,6 @@ class RewardPoolGroup:
             .options(name=f"{run_name}/{role}-pool", namespace=namespace, num_cpus=0, max_concurrency=1000)
             .remote(**kwargs)
         )
-
-    def submit_score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Pending[Scores]:
-        """Score a batch in chunks of `chunk_groups` groups; state: the trainer_state the rewards see (default: the
-        pool's, the learner's latest)."""
-        return Pending(self.handle.score.remote(batch, chunk_groups, state=state))
-
-    def score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Scores:
-        return self.submit_score(batch, chunk_groups, state).result()
 
     def kill(self) -> None:
         """The pool and its workers (best effort, at teardown)."""
@@ -366,3 +358,24 @@ class RewardPoolGroup:
         except Exception:  # noqa: BLE001 - best effort at teardown
             pass
         ray.kill(self.handle, no_restart=True)
+
+
+class RewardPoolGroup(PoolGroup):
+    """The named reward pool `<run>/<role>-pool` (actors/rewards/pool.py). The learner pushes TrainerState to its
+    `handle`."""
+
+    def submit_score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Pending[Scores]:
+        """Score a batch in chunks of `chunk_groups` groups; state: the trainer_state the rewards see (default: the
+        pool's, the learner's latest)."""
+        return Pending(self.handle.score.remote(batch, chunk_groups, state=state))
+
+    def score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Scores:
+        return self.submit_score(batch, chunk_groups, state).result()
+
+
+class EnvPoolGroup(PoolGroup):
+    """The named environment pool `<run>/env-pool` (actors/envs/pool.py). The generators reach it through its
+    `handle` (actors.envs.client.PoolEnvironments), never through the driver."""
+
+    def stats(self) -> EnvPoolStats:
+        return ray.get(self.handle.stats.remote())
