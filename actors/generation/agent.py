@@ -47,7 +47,7 @@ from typing import Any
 
 from actors.envs.client import Environments
 from actors.generation import chat
-from actors.generation.engine import EngineError, EngineLoop, Request, token_versions
+from actors.generation.engine import EngineLoop, Request, token_versions
 from actors.types import EnvClosed, EnvOpened, EnvRequest, Sample, StopReason, ToolResult, Trajectory
 
 # After a trajectory ends, how long its session's close (get_reward, the pickled state) may take past the
@@ -332,9 +332,7 @@ class AgentLoop:
         try:
             out = request.result()
         except CancelledError:  # aborted by this loop; its end is already decided
-            return
-        except EngineError:
-            raise
+            return  # (an engine that failed raises EngineError here: out of `run`, which abandons the rest)
         completion = out.outputs[0]
         ids = list(completion.token_ids)
         logprobs = [step[tok].logprob for tok, step in zip(ids, completion.logprobs, strict=True)]

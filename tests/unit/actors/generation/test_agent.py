@@ -367,3 +367,15 @@ def test_bad_settings_and_prompts_are_named() -> None:
     with pytest.raises(ValueError, match="need chat prompts: column 'prompt' holds str"):
         settings().messages({"prompt": "plain text"})
     assert settings().messages({}) == [{"role": "user", "content": ""}]
+
+
+def test_an_engine_error_ends_the_call_with_it_and_closes_every_session(rig, envs) -> None:
+    def reply(turn: int, prompt: str) -> str:
+        if "Bad" in prompt:
+            raise RuntimeError("the engine rejects this prompt")
+        return call("gated_echo", text="x")
+
+    r = rig(reply)
+    with pytest.raises(RuntimeError, match="rejects this prompt"):
+        r.rollout([row("Fine."), row("Bad.")])
+    assert sorted(envs.closed) == [0, 1]
