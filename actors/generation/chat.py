@@ -133,6 +133,13 @@ def fit_tool_results(tokenizer: Any, messages: list[dict[str, Any]], budget: int
     around empty results does not fit."""
     messages = [dict(m) for m in messages]
     truncated: set[int] = set()
+    # A result longer than the whole budget could hold is cut by characters first, so a many-megabyte result is
+    # not tokenized whole (and again each round); the token cut below still decides where it ends.
+    longest = max(budget, 0) * MAX_CHARS_PER_TOKEN
+    for i, m in enumerate(messages):
+        if len(str(m["content"])) > longest:
+            m["content"] = str(m["content"])[:longest] + TRUNCATION_MARK
+            truncated.add(i)
     mark = len(_ids(tokenizer, TRUNCATION_MARK))
     # Each round cuts the longest content by what the last rendering is over; a cut that re-tokenizes longer at
     # its seam is cut again in the next round.
@@ -151,6 +158,9 @@ def fit_tool_results(tokenizer: Any, messages: list[dict[str, Any]], budget: int
     return None
 
 
+# Characters per token beyond any tokenizer's longest common token: a result over budget x this many characters
+# is cut by characters before it is tokenized (what is kept still holds more than the budget's tokens).
+MAX_CHARS_PER_TOKEN = 64
 # Rounds of fit_tool_results per message: one cut normally fits; a seam that re-tokenizes longer needs another.
 _FIT_ROUNDS_PER_MESSAGE = 8
 

@@ -119,6 +119,33 @@ def test_tool_results_are_cut_to_the_budget_longest_first(tool_tokenizer):
     assert results[0]["content"] == "word " * 400  # the caller's messages are left as they were
 
 
+def test_a_result_of_megabytes_is_cut_by_characters_before_it_is_tokenized_to_the_same_result(tool_tokenizer):
+    class Spy:
+        """The tokenizer, noting the longest text it is given (to tokenize, or in a message to render)."""
+
+        longest = 0
+
+        def __getattr__(self, name):
+            return getattr(tool_tokenizer, name)
+
+        def __call__(self, text, **kw):
+            Spy.longest = max(Spy.longest, len(text))
+            return tool_tokenizer(text, **kw)
+
+        def apply_chat_template(self, messages, **kw):
+            Spy.longest = max(Spy.longest, *(len(str(m.get("content", ""))) for m in messages))
+            return tool_tokenizer.apply_chat_template(messages, **kw)
+
+    def fit(tokenizer, words: int, budget: int):
+        return chat.fit_tool_results(tokenizer, [{"role": "tool", "name": "huge", "content": "word " * words}], budget)
+
+    for budget in (60, 150):
+        assert len("word " * 400) < budget * chat.MAX_CHARS_PER_TOKEN < len("word " * 200_000)
+        Spy.longest = 0
+        huge, cut = fit(Spy(), 200_000, budget), fit(tool_tokenizer, 400, budget)
+        assert huge.messages == cut.messages and huge.suffix_ids == cut.suffix_ids and huge.truncated == 1
+        assert Spy.longest <= budget * chat.MAX_CHARS_PER_TOKEN + len(chat.TRUNCATION_MARK)
+
 def test_an_episode_built_token_by_token_matches_the_template_at_every_boundary(tool_tokenizer, schemas):
     row = boxes_dataset(size=1, seed=3)[0]
     messages = episode_messages(row, 2)
