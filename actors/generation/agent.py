@@ -42,6 +42,7 @@ import queue
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,7 +178,9 @@ class AgentLoop:
     (turns aborted, sessions closed without waiting).
 
     params: the sampling params of one turn, from (max_tokens, seed). max_tokens: the model-token budget of each
-    trajectory. min_version, pin: `EngineLoop.submit`'s, for every turn. clock: monotonic seconds (deadlines)."""
+    trajectory. min_version: `EngineLoop.submit`'s, for every turn. pin: no weight load changes the version from
+    the engine's reaching min_version to the call's end, between turns too (`EngineLoop.pinned`: an eval).
+    clock: monotonic seconds (deadlines)."""
 
     def __init__(
         self,
@@ -206,16 +209,20 @@ class AgentLoop:
         """Yields, as they finish, lists of (row index, its G samples); every row's group exactly once."""
         if len(seeds) != len(rows):
             raise ValueError(f"{len(seeds)} seeds for {len(rows)} rows")
-        for g, (row, seed) in enumerate(zip(rows, seeds, strict=True)):
-            self._open(g, row, seed)
-        try:
-            while self._groups:
-                self._wait_and_handle()
-                done = [g for g, group in self._groups.items() if all(t.finished for t in group)]
-                if done:
-                    yield [(g, [self._sample(t) for t in self._groups.pop(g)]) for g in done]
-        finally:
-            self._abandon()
+        for row in rows:  # every row's mistake named before any environment opens
+            self.agent.environment(row)
+            self.agent.messages(row)
+        with self.engine.pinned(self.min_version) if self.pin else nullcontext():
+            try:
+                for g, (row, seed) in enumerate(zip(rows, seeds, strict=True)):
+                    self._open(g, row, seed)
+                while self._groups:
+                    self._wait_and_handle()
+                    done = [g for g, group in self._groups.items() if all(t.finished for t in group)]
+                    if done:
+                        yield [(g, [self._sample(t) for t in self._groups.pop(g)]) for g in done]
+            finally:
+                self._abandon()
 
     # --- the events ---------------------------------------------------------------------------------------
 
@@ -325,7 +332,7 @@ class AgentLoop:
             self._end(t, "length")
             return
         params = self.params(budget, turn_seed(t.seed, t.sample, t.turns))
-        request = self.engine.submit(t.ids, params, min_version=self.min_version, pin=self.pin)
+        request = self.engine.submit(t.ids, params, min_version=self.min_version)
         self._wait(t, "turn", request)
 
     def _turn_done(self, t: _Trajectory, request: Request) -> None:

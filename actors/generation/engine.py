@@ -11,7 +11,8 @@ and gives it one thread, the stepping thread, which:
   with a `min_version` the engine does not hold yet waits, outside the engine, until a weight load brings it,
 - runs `exclusive` callables (a weight load, a prefix-cache reset) between two steps and moves the policy
   version the engine stamps on the tokens it samples from then on; a load that changes the version waits while
-  a pinned request is in the engine (an eval evaluates the weights it started on, to its last token),
+  a pinned request is in the engine, or a caller holds `pinned()` (an eval evaluates the weights it started on,
+  to its last token; a multi-turn eval between its turns too),
 - steps the engine while it has unfinished requests, hands each finished output to its `Request` (a
   `concurrent.futures.Future`) and to its `Stream` (one list per step),
 - and sleeps on a condition when there is nothing to do.
@@ -133,6 +134,7 @@ class EngineLoop:
         self._inbox: list[tuple[Request, Any, Any]] = []
         self._aborts: list[str] = []
         self._jobs: list[_Job] = []
+        self._pins: list[int | None] = []  # `pinned()` holders: the version from which each holds loads back
         self._closing = False
         self._down: tuple[str, BaseException | None] | None = None  # why it stopped serving, once it has
         # Stepping thread only: the requests the engine holds, by request id, and those waiting for a version.
@@ -213,6 +215,21 @@ class EngineLoop:
             self._cv.notify()
         return job.future.result()
 
+    @contextmanager
+    def pinned(self, min_version: int | None = None) -> Iterator[None]:
+        """While inside (any thread), an exclusive section that changes the version waits, whether or not the
+        holder has a request in the engine: a multi-turn call (an eval with tools) samples every turn with the
+        same weights. min_version: the pin holds only once the engine holds this version, so the load that
+        brings it runs (as for a pinned request waiting for its min_version)."""
+        with self._cv:
+            self._pins.append(min_version)
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._pins.remove(min_version)
+                self._cv.notify()
+
     def close(self, timeout_s: float | None = None) -> None:
         """Abort the requests in flight (their results raise EngineError), stop the stepping thread and wait
         for it. The engine itself is left to its owner."""
@@ -256,7 +273,8 @@ class EngineLoop:
         """One turn of the stepping thread: aborts, new requests, exclusive jobs, one engine step. False once
         closing."""
         with self._cv:
-            while not (self._closing or self._inbox or self._aborts or self._jobs or self._live or self._admissible()):
+            while not (self._closing or self._inbox or self._aborts or self._runnable() or self._live
+                       or self._admissible()):
                 self._cv.wait()
             if self._closing:
                 return False
@@ -295,7 +313,12 @@ class EngineLoop:
         return result
 
     def _pinned(self) -> bool:
-        return any(r.pin for r in self._live.values())
+        held = any(v is None or v <= self._version for v in self._pins)
+        return held or any(r.pin for r in self._live.values())
+
+    def _runnable(self) -> bool:
+        """A job can run now (jobs run in order: a version change held back by a pin holds those behind it)."""
+        return bool(self._jobs) and not (self._jobs[0].version is not None and self._pinned())
 
     def _admissible(self) -> bool:
         return any(r.min_version <= self._version for r, _, _ in self._held)

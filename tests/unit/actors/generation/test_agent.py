@@ -379,3 +379,22 @@ def test_an_engine_error_ends_the_call_with_it_and_closes_every_session(rig, env
     with pytest.raises(RuntimeError, match="rejects this prompt"):
         r.rollout([row("Fine."), row("Bad.")])
     assert sorted(envs.closed) == [0, 1]
+
+
+def test_a_pinned_rollout_holds_a_weight_load_back_between_its_turns(rig, envs) -> None:
+    r = rig([call("gated_echo", text="x"), DONE])
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(out=r.rollout([row()], pin=True)))
+    thread.start()
+    while not envs.calls:  # its first turn done, its tool held: nothing of it in the engine
+        thread.join(0.01)
+    load = threading.Thread(target=lambda: r.loop.exclusive(lambda: None, version=9))
+    load.start()
+    while not r.loop._jobs and load.is_alive():  # queued (or, wrongly, run already)
+        load.join(0.01)
+    ToolTestEnv.gate.set()
+    thread.join(WAIT_S)
+    load.join(WAIT_S)
+    (sample,) = result["out"][0]
+    assert sample.trajectory.turns == 2 and {v for v in sample.versions if v >= 0} == {0}
+    assert r.loop.version == 9  # the load ran once the rollout ended

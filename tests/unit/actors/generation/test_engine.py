@@ -484,6 +484,24 @@ def test_a_pinned_request_waiting_for_its_version_lets_that_load_run_then_holds_
     loop.close(WAIT_S)
 
 
+def test_a_held_pin_lets_its_own_version_in_then_holds_version_changes_back_with_no_request_in_flight(
+    engine: FakeEngine,
+) -> None:
+    """A multi-turn eval between two turns: nothing of it in the engine, yet the next load waits for its end."""
+    loop = start(engine)
+    with loop.pinned(min_version=1):
+        assert loop.exclusive(lambda: "brings the pin's version", version=1) == "brings the pin's version"
+        held, box = run_in_thread(lambda: loop.exclusive(lambda: "next", version=2))
+        while not loop._jobs and not box:  # queued (or, wrongly, run already)
+            pass
+        # Requests still run (in the pinned version) while the load waits behind the pin.
+        assert token_versions(loop.submit([1], tokens(2)).result(WAIT_S).outputs[0]) == [1, 1]
+        assert not box and loop.version == 1
+    held.join(WAIT_S)
+    assert box == {"result": "next"} and loop.version == 2
+    loop.close(WAIT_S)
+
+
 def test_a_waiting_request_can_be_cancelled_and_close_fails_the_others(engine: FakeEngine) -> None:
     loop = start(engine)
     stream = Stream()
