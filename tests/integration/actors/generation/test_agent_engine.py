@@ -217,3 +217,20 @@ def test_a_weight_load_while_a_trajectory_waits_on_its_tool_splits_its_versions(
     later.join(WAIT_S)
     (sample,) = result["later"][0]
     assert {v for v in sample.versions if v >= 0} == {v0 + 6}
+
+
+def test_bad_rollout_calls_are_named_before_any_environment_opens(gen, envs) -> None:
+    batch = rows("box", 2)
+    seeds = [r["seed"] for r in batch]
+    opened = len(envs.requests)
+    with pytest.raises(ValueError, match="seeds come one per row"):
+        gen.rollout(batch, seeds, sampling={"n": 1, "seed": 3, **GREEDY})
+    with pytest.raises(ValueError, match="1 seeds for 2 rows"):
+        gen.rollout(batch, seeds[:1], sampling={"n": 1, **GREEDY})
+    with pytest.raises(ValueError, match="'environment' is 'nope'"):
+        gen.rollout([batch[0], {**batch[1], "environment": "nope"}], seeds, sampling={"n": 1, **GREEDY})
+    with pytest.raises(TypeError, match="temprature"):
+        gen.rollout(batch, seeds, sampling={"n": 1, "max_tokens": 8, "temprature": 1.0})
+    assert len(envs.requests) == opened
+    with pytest.raises(ValueError, match="both `environments` and `agent`"):
+        Generator(str(ensure_tiny_tool_model()), environments=envs)
