@@ -43,3 +43,14 @@ def test_reward_batch_chunks_are_whole_groups_with_offsets():
     assert [len(c) for c in chunks] == [4, 2] and [c.offset for c in chunks] == [0, 4]
     assert chunks[1].columns["uid"] == [4, 5] and chunks[1].group_size == 2
     assert isinstance(chunks[0], RewardBatch)
+
+
+def test_a_samples_policy_version_is_its_oldest_model_tokens():
+    from actors.types import Sample
+
+    nan = float("nan")
+    spanning = Sample([1, 2, 3, 4], [-0.1, nan, -0.2, -0.3], "", "stop", versions=[5, -1, 6, 6])
+    assert spanning.policy_version == 5
+    assert Sample([1, 2], [nan, -0.1], "", "stop", versions=[-1, 7]).policy_version == 7  # tool tokens carry none
+    assert Sample([1], [-0.1], "", "stop").policy_version is None  # no versions recorded
+    assert Sample([1], [nan], "", "env_error", versions=[-1]).policy_version is None  # no model token
