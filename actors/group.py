@@ -10,8 +10,10 @@ handles and fans calls out. The driver reaches every actor through one of them, 
 - `RewardPoolGroup`, `EnvPoolGroup`: the named reward and environment pool actors, which own their workers.
 
 Every fan-out is one batch of `.remote()` calls, so members work in parallel; names are `<run>/<role>-<i>` so the
-dashboard's actor list reads as the run's parts. A Ray actor runs its calls in submission order: the driver's
-ordering of generation, weight syncs and evals rests on that.
+dashboard's actor list reads as the run's parts. A Ray actor runs its calls in submission order within each of
+its concurrency groups: the driver's ordering of generation, weight syncs and evals rests on that (a generator's
+weight loads run in their own group, beside generation: generation calls order themselves after a load with
+min_version).
 """
 
 from __future__ import annotations
@@ -96,10 +98,16 @@ class ActorGroup:
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         per_actor_kwargs: list[dict[str, Any]] | None = None,
+        concurrency_groups: dict[str, int] | None = None,
+        method_groups: dict[str, str] | None = None,
     ):
+        """concurrency_groups: Ray concurrency groups of the actors ({name: max concurrency}; Ray takes them with
+        the class); method_groups: the methods whose calls run in one of them ({method: group}), the rest in the
+        default group (e.g. actors/generation/generator.py GENERATOR_GROUPS, GENERATOR_METHOD_GROUPS)."""
         self.role = role
         self.restarts = 0  # deaths the group has come back from (`recover`)
-        remote_cls = ray.remote(cls)
+        self._method_groups = dict(method_groups or {})
+        remote_cls = ray.remote(concurrency_groups=concurrency_groups)(cls) if concurrency_groups else ray.remote(cls)
         self.handles: list[ActorHandle] = []
         for i in range(num):
             name = f"{run_name}/{role}-{i}"
@@ -121,7 +129,14 @@ class ActorGroup:
     ) -> list[Pending[Any]]:
         """The call on every member, without waiting; `per_member`: keyword arguments of each member's own."""
         per = per_member or [{}] * len(self.handles)
-        return [Pending(getattr(h, method).remote(*args, **kwargs, **p)) for h, p in zip(self.handles, per, strict=True)]
+        return [Pending(self._method(h, method).remote(*args, **kwargs, **p))
+                for h, p in zip(self.handles, per, strict=True)]
+
+    def _method(self, handle: ActorHandle, method: str, **options: Any) -> Any:
+        """The handle's method with these call options, in its concurrency group (method_groups) if it has one."""
+        group = self._method_groups.get(method)
+        options = {**options, **({"concurrency_group": group} if group else {})}
+        return getattr(handle, method).options(**options) if options else getattr(handle, method)
 
     def shards(self, num_items: int, parts: int | None = None) -> list[tuple[int, slice]]:
         """How `num_items` items are split over the members (see `shards`)."""
@@ -133,8 +148,8 @@ class ActorGroup:
         """`method(shard, **kwargs)` on each member's contiguous shard of `items`, without waiting: one Pending per
         shard, in item order. `aligned`: keyword arguments holding one value per item, sharded with the items."""
         return [
-            Pending(getattr(self.handles[m], method).remote(items[s], **{k: v[s] for k, v in (aligned or {}).items()},
-                                                            **kwargs))
+            Pending(self._method(self.handles[m], method).remote(
+                items[s], **{k: v[s] for k, v in (aligned or {}).items()}, **kwargs))
             for m, s in self.shards(len(items))
         ]
 
@@ -144,7 +159,7 @@ class ActorGroup:
 
     def stream(self, member: int, method: str, *args: Any, **kwargs: Any) -> Stream[Any]:
         """A streaming call (a generator method) on one member."""
-        call = getattr(self.handles[member], method).options(num_returns="streaming")
+        call = self._method(self.handles[member], method, num_returns="streaming")
         return Stream(member, self.restarts, call.remote(*args, **kwargs))
 
     def next_ready(self, streams: list[Stream[Any]], until: Pending[Any] | None = None) -> Stream[Any] | None:

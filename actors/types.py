@@ -36,6 +36,13 @@ class Sample:
     # model did not sample it); None: all of it the version the call was made under
     trajectory: Trajectory | None = None  # agentic rollouts only
 
+    @property
+    def policy_version(self) -> int | None:
+        """The oldest policy version among the tokens the model sampled: the sample's version for the staleness
+        rule (a trajectory that spans a weight load is as old as its oldest token). None: no versions recorded,
+        or no model token."""
+        return min((v for v in self.versions or () if v >= 0), default=None)
+
 
 # Why a trajectory ended. stop: the model answered without a tool call; max_turns: it still called tools after
 # generation.max_tool_calling_iterations; length: the model-token budget or the context ran out; timeout: the

@@ -7,9 +7,11 @@ and gives it one thread, the stepping thread, which:
 
 - builds the engine (so the engine computes on the thread that built it, with one OpenMP team, as before),
 - applies aborts (`Request.cancel`),
-- adds the requests submitted since the last step (from any thread: `submit`, `submit_batch`),
+- adds the requests submitted since the last step (from any thread: `submit`, `submit_batch`); a request
+  with a `min_version` the engine does not hold yet waits, outside the engine, until a weight load brings it,
 - runs `exclusive` callables (a weight load, a prefix-cache reset) between two steps and moves the policy
-  version the engine stamps on the tokens it samples from then on,
+  version the engine stamps on the tokens it samples from then on; a load that changes the version waits while
+  a pinned request is in the engine (an eval evaluates the weights it started on, to its last token),
 - steps the engine while it has unfinished requests, hands each finished output to its `Request` (a
   `concurrent.futures.Future`) and to its `Stream` (one list per step),
 - and sleeps on a condition when there is nothing to do.
@@ -60,9 +62,14 @@ class Request(Future):
 
     `cancel()` aborts the request in the engine; its result then raises CancelledError."""
 
-    def __init__(self, loop: EngineLoop, request_id: str, stream: Stream | None) -> None:
+    def __init__(
+        self, loop: EngineLoop, request_id: str, stream: Stream | None, min_version: int | None = None,
+        pin: bool = False,
+    ) -> None:
         super().__init__()
         self.request_id = request_id
+        self.min_version = min_version  # it enters the engine once the engine holds this version or a later one
+        self.pin = pin  # while it is in the engine, no exclusive section changes the version
         self._loop = loop
         self._stream = stream
 
@@ -128,8 +135,9 @@ class EngineLoop:
         self._jobs: list[_Job] = []
         self._closing = False
         self._down: tuple[str, BaseException | None] | None = None  # why it stopped serving, once it has
-        # Stepping thread only: the requests the engine holds, by request id.
+        # Stepping thread only: the requests the engine holds, by request id, and those waiting for a version.
         self._live: dict[str, Request] = {}
+        self._held: list[tuple[Request, Any, Any]] = []
         self._steps = 0
         self.engine: Any = None  # once built
         built: Future = Future()
@@ -150,9 +158,12 @@ class EngineLoop:
 
     # --- submitting (any thread) ----------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: Sequence[int], params: Any, *, stream: Stream | None = None) -> Request:
+    def submit(
+        self, prompt_ids: Sequence[int], params: Any, *, stream: Stream | None = None, min_version: int | None = None,
+        pin: bool = False,
+    ) -> Request:
         """Add one request (vLLM SamplingParams; n samples of the prompt) before the engine's next step."""
-        return self.submit_batch([prompt_ids], params, stream=stream)[0]
+        return self.submit_batch([prompt_ids], params, stream=stream, min_version=min_version, pin=pin)[0]
 
     def submit_batch(
         self,
@@ -160,17 +171,26 @@ class EngineLoop:
         params: Any | Sequence[Any],
         *,
         stream: Stream | None = None,
+        min_version: int | None = None,
+        pin: bool = False,
     ) -> list[Request]:
         """Add requests that the engine must see together: all of them before its next step, in this order,
         as `LLM.generate` adds a batch. params: one for all, or one per prompt. A prompt the renderer rejects
-        raises here, before any of them is added."""
+        raises here, before any of them is added.
+
+        min_version: the requests wait (outside the engine, not stepped) until the engine holds at least this
+        policy version, so a batch submitted after weight sync k never samples with older weights; they enter
+        at the first step after the load that brings it. pin: from the step they enter until they finish, an
+        exclusive section that changes the version waits (an eval samples every token with the weights it
+        started on). A pinned request waiting for its min_version does not hold loads back: the load it waits
+        for must run."""
         every = list(params) if isinstance(params, Sequence) else [params] * len(prompt_ids)
         if len(every) != len(prompt_ids):
             raise ValueError(f"submit_batch: {len(every)} sampling params for {len(prompt_ids)} prompts")
         prompts = [self._render(ids, p) for ids, p in zip(prompt_ids, every, strict=True)]
         with self._cv:
             self._raise_if_down()
-            requests = [Request(self, str(next(self._ids)), stream) for _ in prompts]
+            requests = [Request(self, str(next(self._ids)), stream, min_version, pin) for _ in prompts]
             self._inbox.extend(zip(requests, prompts, every, strict=True))
             if stream is not None:
                 stream._submitted += len(requests)
@@ -180,8 +200,10 @@ class EngineLoop:
     def exclusive(self, fn: Callable[[], T], *, version: int | None = None) -> T:
         """Run fn on the stepping thread between two engine steps (no step runs meanwhile; requests in flight
         stay in the engine) and return its result or raise its error. version: the policy version the engine
-        stamps on every token sampled after fn (kept if None, or if fn raises). Blocks until done; called from
-        a done-callback (the stepping thread) it runs at once. fn must not wait on this loop's requests."""
+        stamps on every token sampled after fn (kept if None, or if fn raises); with a version, fn waits until
+        no pinned request is in the engine. Requests waiting for a min_version this version reaches enter right
+        after it. Blocks until done; called from a done-callback (the stepping thread) it runs at once, pins or
+        not. fn must not wait on this loop's requests."""
         if threading.current_thread() is self._thread:
             return self._exclusive(fn, version)
         job = _Job(fn, version, Future())
@@ -234,7 +256,7 @@ class EngineLoop:
         """One turn of the stepping thread: aborts, new requests, exclusive jobs, one engine step. False once
         closing."""
         with self._cv:
-            while not (self._closing or self._inbox or self._aborts or self._jobs or self._live):
+            while not (self._closing or self._inbox or self._aborts or self._jobs or self._live or self._admissible()):
                 self._cv.wait()
             if self._closing:
                 return False
@@ -245,12 +267,18 @@ class EngineLoop:
         # before it was asked for.
         done = self._abort_now(aborts) + self._add(inbox)
         for i, job in enumerate(jobs):
+            if job.version is not None and self._pinned():
+                with self._cv:  # it and every job behind it (in order) wait for the pinned requests to finish
+                    self._jobs[:0] = jobs[i:]
+                break
             try:
                 _settle(job.future, lambda job=job: self._exclusive(job.fn, job.version))
             except BaseException:
                 with self._cv:  # back in the queue, where _shut fails them
                     self._jobs[:0] = jobs[i + 1 :]
                 raise
+            done += self._admit()
+        done += self._admit()  # a version moved by an exclusive section run inline, from a done-callback
         if self.engine.has_unfinished_requests():
             done += self._step()
         elif self._live:  # would spin: the engine lost requests it never finished
@@ -266,11 +294,28 @@ class EngineLoop:
                 self._version = version
         return result
 
+    def _pinned(self) -> bool:
+        return any(r.pin for r in self._live.values())
+
+    def _admissible(self) -> bool:
+        return any(r.min_version <= self._version for r, _, _ in self._held)
+
+    def _admit(self) -> list[Request]:
+        """The held requests whose min_version the engine now holds, into the engine (in submission order)."""
+        ready = [h for h in self._held if h[0].min_version <= self._version]
+        if not ready:
+            return []
+        self._held = [h for h in self._held if h[0].min_version > self._version]
+        return self._add(ready)
+
     def _add(self, inbox: list[tuple[Request, Any, Any]]) -> list[Request]:
         failed = []
         for request, prompt, params in inbox:
             if request.done():  # cancelled before it reached the engine
                 failed.append(request)
+                continue
+            if request.min_version is not None and request.min_version > self._version:
+                self._held.append((request, prompt, params))
                 continue
             try:
                 self.engine.add_request(request.request_id, prompt, params)
@@ -285,7 +330,11 @@ class EngineLoop:
         gone = [self._live.pop(rid) for rid in request_ids if rid in self._live]
         if gone:
             self.engine.abort_request([r.request_id for r in gone])
-        return gone
+        aborted = set(request_ids)
+        waiting = [r for r, _, _ in self._held if r.request_id in aborted]
+        if waiting:
+            self._held = [h for h in self._held if h[0].request_id not in aborted]
+        return gone + waiting
 
     def _step(self) -> list[Request]:
         outputs = self.engine.step()
@@ -314,12 +363,13 @@ class EngineLoop:
             job.future.set_exception(self._down_error())
         live = list(self._live.values())
         self._live.clear()
+        held, self._held = [r for r, _, _ in self._held], []
         if live:
             try:
                 self.engine.abort_request([r.request_id for r in live])
             except Exception:  # a failed engine may refuse; its requests go with it
                 pass
-        pending = live + [r for r, _, _ in inbox]
+        pending = live + held + [r for r, _, _ in inbox]
         for request in pending:
             if not request.done():
                 request.set_exception(self._down_error())

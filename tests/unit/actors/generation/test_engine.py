@@ -415,3 +415,84 @@ def test_token_versions_expands_spans_and_checks_they_cover_the_tokens() -> None
     assert token_versions(SimpleNamespace(token_ids=[], weight_versions=None)) == []
     with pytest.raises(ValueError, match="cover 1 of 3 tokens"):
         token_versions(SimpleNamespace(token_ids=[5, 6, 7], weight_versions=[Span("2", 0, 1)]))
+
+
+def test_a_request_with_a_min_version_waits_outside_the_engine_for_the_load_that_brings_it(gated: FakeEngine) -> None:
+    loop = start(gated)
+    other = loop.submit([1], tokens(4))
+    waiting = loop.submit([2], tokens(2), min_version=1)
+    gated.run(2)
+    assert [arg for name, arg, _ in gated.log if name == "add"] == [other.request_id]  # only the other one
+    gated.hold()  # at the start of step 2
+    t, box = run_in_thread(lambda: loop.exclusive(lambda: "loaded", version=1))
+    gated.release()
+    t.join(WAIT_S)
+    assert box == {"result": "loaded"}
+    gated.free()
+    assert token_versions(waiting.result(WAIT_S).outputs[0]) == [1, 1]
+    assert ("add", waiting.request_id, 3) in gated.log  # right after the load, before step 3
+    assert token_versions(other.result(WAIT_S).outputs[0]) == [0, 0, 0, 1]
+    # Already held: no wait.
+    assert token_versions(loop.submit([3], tokens(1), min_version=0).result(WAIT_S).outputs[0]) == [1]
+    loop.close(WAIT_S)
+
+
+def test_a_pinned_request_holds_version_changes_back_until_it_finishes(gated: FakeEngine) -> None:
+    loop = start(gated)
+    pinned = loop.submit([1], tokens(4), pin=True)
+    gated.run(1)
+    gated.hold()  # at the start of step 1
+    t0, box0 = run_in_thread(lambda: loop.exclusive(lambda: "no version change"))
+    gated.release()
+    t0.join(WAIT_S)
+    assert box0 == {"result": "no version change"}  # not held back
+    gated.hold()  # at the start of step 2
+    t, box = run_in_thread(lambda: loop.exclusive(lambda: gated.steps, version=1))
+    while not loop._jobs:
+        pass
+    gated.release()
+    gated.run(1)  # step 3: the pinned request's last token
+    t.join(WAIT_S)
+    assert box == {"result": 4}  # after the pinned request's 4th step
+    assert token_versions(pinned.result(WAIT_S).outputs[0]) == [0, 0, 0, 0]
+    gated.free()
+    assert token_versions(loop.submit([2], tokens(1)).result(WAIT_S).outputs[0]) == [1]
+    loop.close(WAIT_S)
+
+
+def test_a_pinned_request_waiting_for_its_version_lets_that_load_run_then_holds_the_next(gated: FakeEngine) -> None:
+    """An eval named after step 1, submitted before the step-1 sync landed: the sync runs, the eval enters right
+    after it, and the step-2 sync waits for the eval."""
+    loop = start(gated)
+    busy = loop.submit([1], tokens(20))
+    evaluation = loop.submit([2], tokens(3), min_version=1, pin=True)
+    gated.hold()  # at the start of step 0
+    first, first_box = run_in_thread(lambda: loop.exclusive(lambda: None, version=1))
+    while len(loop._jobs) < 1:
+        pass
+    second, second_box = run_in_thread(lambda: loop.exclusive(lambda: gated.steps, version=2))
+    while len(loop._jobs) < 2:
+        pass
+    gated.release()
+    first.join(WAIT_S)
+    assert first_box == {"result": None}
+    gated.free()
+    assert token_versions(evaluation.result(WAIT_S).outputs[0]) == [1, 1, 1]
+    second.join(WAIT_S)
+    assert second_box == {"result": 4}  # the eval entered after step 0 and decoded in steps 1..3
+    assert token_versions(busy.result(WAIT_S).outputs[0]) == [0] + [1] * 3 + [2] * 16
+    loop.close(WAIT_S)
+
+
+def test_a_waiting_request_can_be_cancelled_and_close_fails_the_others(engine: FakeEngine) -> None:
+    loop = start(engine)
+    stream = Stream()
+    drop, keep = loop.submit_batch([[1], [2]], tokens(2), min_version=5, stream=stream)
+    assert drop.cancel()
+    (piece,) = [next(iter(stream))]
+    assert [r.request_id for r in piece] == [drop.request_id]
+    assert not engine.live and not keep.done()
+    loop.close(WAIT_S)
+    with pytest.raises(EngineError, match="closed"):
+        keep.result(WAIT_S)
+    assert [name for name, _, _ in engine.log] == ["version"]  # neither ever reached the engine

@@ -1,0 +1,369 @@
+"""The agent loop's state machine on a real EngineLoop over a scripted engine (tests/fixtures/engines.py) and
+in-process environments (tests/fixtures/envs.py), with the tool model's real tokenizer: every stop reason, the
+budgets and cuts, failing tools (raising, unknown, malformed, hanging, a lost session), the deadline while a
+tool runs and while a turn decodes, interleaving across trajectories, versions across a weight load, seeds.
+
+Tests that need something to happen at a point act on gates (a tool held until the test opens it, the engine
+held at a step): no test waits for time to pass except through a trajectory deadline, which ends it, and no
+test asserts on how long anything took."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import threading
+from typing import Any
+
+import pytest
+
+from actors.generation import chat
+from actors.generation.agent import AgentLoop, AgentSettings, turn_seed
+from actors.types import Sample
+from tests.fixtures.engines import TOKEN_LOGPROB, by_turn, scripted_loop, turn_params
+from tests.fixtures.envs import WAIT_S, LocalEnvironments, ToolTestEnv, tool_schemas
+
+SCHEMAS = tool_schemas(ToolTestEnv)
+MODEL_LEN = 2048
+DONE = "Done.<|im_end|>"
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call><|im_end|>"
+
+
+def settings(**kw: Any) -> AgentSettings:
+    return AgentSettings(**{"tools": {None: SCHEMAS}, "max_tool_tokens": 1000, "trajectory_timeout_s": WAIT_S, **kw})
+
+
+def row(text: str = "Echo hi.", **columns: Any) -> dict[str, Any]:
+    return {"prompt": [{"role": "user", "content": text}], "prompt_ids": [1, 2, 3], **columns}
+
+
+@pytest.fixture
+def envs():
+    ToolTestEnv.release.clear()
+    ToolTestEnv.gate.clear()
+    e = LocalEnvironments({None: ToolTestEnv})
+    yield e
+    e.shutdown()
+
+
+class Rig:
+    """One engine loop and the environments; `rollout` runs an AgentLoop over them."""
+
+    def __init__(self, tokenizer: Any, envs: LocalEnvironments, replies: Any) -> None:
+        self.tokenizer, self.envs = tokenizer, envs
+        self.loop, self.engine = scripted_loop(by_turn(tokenizer, replies))
+
+    def agent_loop(self, agent: AgentSettings | None = None, **kw: Any) -> AgentLoop:
+        kw = {"n": 1, "max_tokens": 200, "max_model_len": MODEL_LEN, "params": turn_params, **kw}
+        return AgentLoop(self.loop, self.envs, self.tokenizer, agent or settings(), **kw)
+
+    def rollout(self, rows: list[dict[str, Any]], agent: AgentSettings | None = None, seeds: list[int] | None = None,
+                **kw: Any) -> list[list[Sample]]:
+        out: dict[int, list[Sample]] = {}
+        for piece in self.agent_loop(agent, **kw).run(rows, seeds or list(range(len(rows)))):
+            for g, samples in piece:
+                assert g not in out
+                out[g] = samples
+        return [out[g] for g in range(len(rows))]
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.fixture
+def rig(tool_tokenizer, envs):
+    made: list[Rig] = []
+
+    def make(replies: Any) -> Rig:
+        made.append(Rig(tool_tokenizer, envs, replies))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.loop.close(WAIT_S)
+
+
+def segments(sample: Sample) -> list[tuple[int, list[int]]]:
+    """The completion cut where turn_ids change: (turn or -1, ids)."""
+    out: list[tuple[int, list[int]]] = []
+    for tok, turn in zip(sample.completion_ids, sample.trajectory.turn_ids, strict=True):
+        if out and out[-1][0] == turn:
+            out[-1][1].append(tok)
+        else:
+            out.append((turn, [tok]))
+    return out
+
+
+def test_a_tool_round_then_an_answer_token_in_token_out(rig, envs, tool_tokenizer) -> None:
+    r = rig([call("echo", text="hi"), DONE])
+    (sample,) = r.rollout([row()], seeds=[7])[0]
+    t = sample.trajectory
+    assert (sample.finish_reason, t.stop_reason, t.turns) == ("stop", "stop", 2)
+    assert t.prompt_ids == chat.render_prompt(tool_tokenizer, t.prompt, SCHEMAS)
+    tool_message = {"role": "tool", "name": "echo", "content": "hi"}
+    suffix = chat.tool_suffix_ids(tool_tokenizer, [tool_message])
+    assert segments(sample) == [(0, r.ids(call("echo", text="hi"))), (-1, suffix), (1, r.ids(DONE))]
+    assert t.messages == [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "echo", "arguments": {"text": "hi"}}}]},
+        tool_message,
+        {"role": "assistant", "content": "Done."},
+    ]
+    # Token in, token out: the second turn's prompt is the first prompt + the sampled ids + the suffix.
+    prompts = [prompt for _, prompt, _, _ in r.engine.added]
+    assert prompts == [t.prompt_ids, t.prompt_ids + r.ids(call("echo", text="hi")) + suffix]
+    assert t.prompt_ids + sample.completion_ids == prompts[1] + r.ids(DONE)
+    assert chat.template_check(tool_tokenizer, t.prompt, t.messages, SCHEMAS,
+                               t.prompt_ids + sample.completion_ids).match
+    # Per token: sampling logprobs and versions where the model sampled, NaN and -1 elsewhere.
+    for lp, version, turn in zip(sample.logprobs, sample.versions, t.turn_ids, strict=True):
+        assert (lp == TOKEN_LOGPROB and version == 0) if turn >= 0 else (math.isnan(lp) and version == -1)
+    assert t.mask == [int(turn >= 0) for turn in t.turn_ids]
+    assert (t.tool_calls, t.tool_failures, t.tool_tokens, t.truncated_tool_results) == (1, 0, len(suffix), 0)
+    assert t.env_reward == 1.0 and t.env_state is None and t.env is None and t.env_s > 0
+    assert sample.text == tool_tokenizer.decode(sample.completion_ids, skip_special_tokens=True)
+    # The environment: opened with the group's seed and the row without the driver's prompt_ids; closed once.
+    (request,) = envs.requests
+    assert request.seed == 7 and request.row == {"prompt": row()["prompt"]} and request.env is None
+    assert envs.closed == [0]
+
+
+def test_resets_text_joins_the_prompt_and_the_group_shares_a_seed_with_its_own_turn_seeds(rig, envs) -> None:
+    r = rig([call("echo", text="x"), DONE])
+    group = r.rollout([row("Q.", observation=" Obs.")], seeds=[11], n=3)[0]
+    assert len(group) == 3 and len(envs.requests) == 3 and {q.seed for q in envs.requests} == {11}
+    assert all(s.trajectory.prompt[-1]["content"] == "Q. Obs." for s in group)
+    seeds = sorted(params.seed for _, _, params, _ in r.engine.added)
+    assert seeds == sorted(turn_seed(11, j, turn) for j in range(3) for turn in range(2))
+    assert len(set(seeds)) == 6
+    assert turn_seed(11, 0, 0) == turn_seed(11, 0, 0) != turn_seed(12, 0, 0)
+
+
+def test_max_turns_stops_a_model_that_keeps_calling_without_running_the_last_calls(rig, envs) -> None:
+    r = rig([call("echo", text="again")])
+    (sample,) = r.rollout([row()], settings(max_tool_calling_iterations=2))[0]
+    t = sample.trajectory
+    assert (t.stop_reason, t.turns, t.tool_calls) == ("max_turns", 3, 3)
+    assert len(envs.calls) == 2 and t.env_reward == 2.0
+    assert t.messages[-1]["tool_calls"] and [m["role"] for m in t.messages].count("tool") == 2
+    (zero,) = r.rollout([row()], settings(max_tool_calling_iterations=0))[0]
+    assert (zero.trajectory.stop_reason, zero.trajectory.turns) == ("max_turns", 1)
+
+
+def test_the_model_token_budget_spans_the_whole_trajectory(rig) -> None:
+    first = call("echo", text="hi")
+    r = rig([first, "A long answer that will not fit.<|im_end|>"])
+    budget = len(r.ids(first)) + 3
+    (sample,) = r.rollout([row()], max_tokens=budget)[0]
+    t = sample.trajectory
+    assert t.stop_reason == "length"
+    assert sum(turn >= 0 for turn in t.turn_ids) == budget  # 3 tokens of the second turn
+    assert r.engine.added[1][2].max_tokens == 3
+    assert chat.template_check(r.tokenizer, t.prompt, t.messages, SCHEMAS, t.prompt_ids + sample.completion_ids).match
+
+
+def test_the_context_bounds_each_turn_and_a_full_context_ends_in_length(rig) -> None:
+    r = rig([call("echo", text="hi"), DONE])
+    prompt_len = len(chat.render_prompt(r.tokenizer, row()["prompt"], SCHEMAS))
+    (sample,) = r.rollout([row()], max_model_len=prompt_len + 5)[0]
+    assert sample.trajectory.stop_reason == "length" and len(sample.completion_ids) == 5
+    (none,) = r.rollout([row()], max_model_len=prompt_len)[0]
+    assert none.trajectory.stop_reason == "length" and none.completion_ids == [] and none.trajectory.turns == 0
+
+
+def test_a_huge_tool_output_is_cut_to_the_tool_token_budget_and_counted(rig) -> None:
+    r = rig([call("huge", words=2000), DONE])
+    (sample,) = r.rollout([row()], settings(max_tool_tokens=120))[0]
+    t = sample.trajectory
+    assert (t.stop_reason, t.truncated_tool_results) == ("stop", 1)
+    assert 100 < t.tool_tokens <= 120 and t.turn_ids.count(-1) == t.tool_tokens
+    assert t.messages[1]["content"].endswith(chat.TRUNCATION_MARK)
+    assert chat.template_check(r.tokenizer, t.prompt, t.messages, SCHEMAS, t.prompt_ids + sample.completion_ids).match
+
+
+def test_a_tool_budget_too_small_for_any_result_ends_in_length_after_running_the_tool(rig, envs) -> None:
+    r = rig([call("echo", text="hi"), DONE])
+    (sample,) = r.rollout([row()], settings(max_tool_tokens=5))[0]
+    t = sample.trajectory
+    assert (t.stop_reason, t.truncated_tool_results, t.tool_tokens, t.turns) == ("length", 1, 0, 1)
+    assert len(envs.calls) == 1 and t.env_reward == 1.0  # the call ran: its effect counts
+
+
+@pytest.mark.parametrize(("tool", "status_text"), [("boom", "boom"), ("no_such_tool", "not found")])
+def test_a_raising_or_unknown_tool_is_an_error_the_model_reads(rig, tool, status_text) -> None:
+    r = rig([call(tool), DONE])
+    (sample,) = r.rollout([row()])[0]
+    t = sample.trajectory
+    assert (t.stop_reason, t.tool_calls, t.tool_failures, t.turns) == ("stop", 1, 1, 2)
+    assert t.messages[1]["role"] == "tool" and status_text in t.messages[1]["content"]
+    assert status_text in r.tokenizer.decode(r.engine.added[1][1])  # in the second turn's prompt
+
+
+def test_a_malformed_call_is_answered_with_an_error_and_counted(rig, envs) -> None:
+    bad = '<tool_call>\n{"name": "echo", "arguments": {"text": "hi"}\n</tool_call><|im_end|>'
+    r = rig([bad, DONE])
+    (sample,) = r.rollout([row()])[0]
+    t = sample.trajectory
+    assert (t.stop_reason, t.tool_calls, t.tool_failures) == ("stop", 1, 1)
+    assert envs.calls == []  # nothing ran
+    assert t.messages[0]["content"].startswith("<tool_call>") and "Malformed tool call" in t.messages[1]["content"]
+    assert chat.template_check(r.tokenizer, t.prompt, t.messages, SCHEMAS, t.prompt_ids + sample.completion_ids).match
+
+
+def test_a_hanging_tool_times_out_into_an_error_message(tool_tokenizer) -> None:
+    ToolTestEnv.release.clear()
+    envs = LocalEnvironments({None: ToolTestEnv}, tool_timeout_s=0.05)
+    r = Rig(tool_tokenizer, envs, [call("hang"), DONE])
+    try:
+        (sample,) = r.rollout([row()])[0]
+    finally:
+        r.loop.close(WAIT_S)
+        envs.shutdown()
+    t = sample.trajectory
+    assert (t.stop_reason, t.tool_failures) == ("stop", 1) and "timed out" in t.messages[1]["content"]
+
+
+def test_the_deadline_ends_a_trajectory_waiting_on_its_tool_and_its_session_is_closed(rig, envs) -> None:
+    r = rig([call("hang"), DONE])
+    (sample,) = r.rollout([row()], settings(trajectory_timeout_s=0.2))[0]
+    t = sample.trajectory
+    assert (t.stop_reason, t.turns, t.tool_calls) == ("timeout", 1, 1)
+    assert t.messages[-1]["tool_calls"] and sample.completion_ids == r.ids(call("hang"))
+    assert envs.closed == [0] and t.env_reward == 0.0
+
+
+def test_the_deadline_aborts_a_turn_the_engine_is_still_decoding(rig, envs) -> None:
+    r = rig([DONE])
+    r.engine.hold_next()  # armed for the first turn's first step
+    done: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: done.update(out=r.rollout([row()], settings(trajectory_timeout_s=0.2))))
+    thread.start()
+    r.engine.wait_held()
+    thread.join(WAIT_S)  # the deadline passes with the engine held
+    (sample,) = done["out"][0]
+    assert sample.trajectory.stop_reason == "timeout" and sample.completion_ids == [] and envs.closed == [0]
+    r.engine.release()
+    r.loop.exclusive(lambda: None)  # one more turn of the loop: the abort applied
+    assert [rid for rid, _, _, _ in r.engine.added] == r.engine.aborted and not r.engine.live
+
+
+def test_a_lost_session_ends_in_env_error_without_a_reward(rig, envs) -> None:
+    r = rig([call("die"), DONE])
+    (sample,) = r.rollout([row()])[0]
+    t = sample.trajectory
+    assert (t.stop_reason, t.turns, t.env_reward) == ("env_error", 1, None)
+
+
+def test_a_reset_that_raises_ends_in_env_error_before_any_turn(rig, envs) -> None:
+    r = rig([DONE])
+    (sample,) = r.rollout([row(reset_fails=True)])[0]
+    t = sample.trajectory
+    assert (t.stop_reason, sample.completion_ids, t.turns) == ("env_error", [], 0)
+    assert t.prompt_ids == chat.render_prompt(r.tokenizer, row()["prompt"], SCHEMAS) and r.engine.added == []
+    assert envs.closed == [0]  # its session is still released
+
+
+def test_a_session_lost_at_close_loses_the_reward(rig, envs) -> None:
+    r = rig([DONE])
+    loop = r.agent_loop()
+    pieces = loop.run([row()], [0])
+    original = envs.close
+
+    def close_lost(sessions: list[int], *, keep_state: bool):
+        envs.lose(sessions[0])
+        return original(sessions, keep_state=keep_state)
+
+    envs.close = close_lost
+    ((_, (sample,)),) = next(pieces)
+    assert (sample.trajectory.stop_reason, sample.trajectory.env_reward) == ("env_error", None)
+
+
+def test_trajectories_interleave_one_waits_on_its_tool_while_others_finish(rig, envs) -> None:
+    def reply(turn: int, prompt: str) -> str:
+        if turn == 0:
+            return call("gated_echo", text="slow") if "Slow" in prompt else call("echo", text="fast")
+        return DONE
+
+    r = rig(reply)
+    order: list[int] = []
+    for piece in r.agent_loop(n=2).run([row("Slow."), row("Fast.")], [0, 1]):
+        order += [g for g, _ in piece]
+        if order == [1]:  # the fast group finished while the slow one's tool is still held
+            assert len([c for c in envs.calls if c[1][0].name == "gated_echo"]) == 2
+            ToolTestEnv.gate.set()
+    assert order == [1, 0]
+    firsts = [step for _, prompt, _, step in r.engine.added if "Fast" in r.tokenizer.decode(prompt)]
+    assert len(firsts) == 4  # both fast trajectories' two turns, beside the slow ones in the same engine
+
+
+def test_a_weight_load_between_turns_splits_the_versions_and_min_version_holds_the_first_turn(rig, envs) -> None:
+    r = rig([call("gated_echo", text="x"), DONE])
+    pieces = r.agent_loop(min_version=3).run([row()], [0])
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(pieces=list(pieces)))
+    thread.start()
+    r.loop.exclusive(lambda: None, version=3)  # the first turn was waiting for it (or is submitted after it)
+    while len(envs.calls) < 1:  # the first turn is done, its tool held
+        thread.join(0.01)
+    r.loop.exclusive(lambda: None, version=4)
+    ToolTestEnv.gate.set()
+    thread.join(WAIT_S)
+    ((_, (sample,)),) = result["pieces"][0]
+    by_turn_versions = {turn: {v for v, tt in zip(sample.versions, sample.trajectory.turn_ids, strict=True)
+                               if tt == turn} for turn in (-1, 0, 1)}
+    assert by_turn_versions == {-1: {-1}, 0: {3}, 1: {4}}
+
+
+def test_a_consumer_that_stops_early_leaves_no_turn_running_and_no_session_open(rig, envs) -> None:
+    r = rig(lambda turn, prompt: DONE if "Fast" in prompt else call("gated_echo", text="x"))
+    pieces = r.agent_loop().run([row("Fast."), row("Slow.")], [0, 1])
+    assert [g for g, _ in next(pieces)] == [0]
+    while not envs.calls:
+        pass
+    pieces.close()
+    assert sorted(envs.closed) == [0, 1]
+
+
+def test_rows_pick_their_environment_and_its_tools(rig, tool_tokenizer) -> None:
+    class Other(ToolTestEnv):
+        def extra(self) -> str:
+            """Another tool."""
+            return "extra"
+
+    envs = LocalEnvironments({"plain": ToolTestEnv, "other": Other})
+    r = Rig(tool_tokenizer, envs, [call("extra"), DONE])
+    agent = settings(tools={"plain": SCHEMAS, "other": tool_schemas(Other)})
+    try:
+        plain, other = r.rollout([row(environment="plain"), row(environment="other")], agent)
+        with pytest.raises(ValueError, match="'environment' is 'nope'"):
+            r.rollout([row(environment="nope")], agent)
+    finally:
+        r.loop.close(WAIT_S)
+        envs.shutdown()
+    assert (plain[0].trajectory.env, other[0].trajectory.env) == ("plain", "other")
+    assert "not found" in plain[0].trajectory.messages[1]["content"]  # plain has no `extra`
+    assert other[0].trajectory.messages[1]["content"] == "extra"
+    assert '"extra"' in tool_tokenizer.decode(other[0].trajectory.prompt_ids)
+    assert '"extra"' not in tool_tokenizer.decode(plain[0].trajectory.prompt_ids)
+    assert [q.row for q in envs.requests] == [{"prompt": row()["prompt"]}] * 2  # `environment` not passed to reset
+
+
+def test_keep_env_state_returns_the_environment_pickled(rig) -> None:
+    r = rig([call("echo", text="kept"), DONE])
+    (sample,) = r.rollout([row()], settings(keep_env_state=True))[0]
+    assert pickle.loads(sample.trajectory.env_state).calls == ["kept"]
+
+
+def test_bad_settings_and_prompts_are_named() -> None:
+    with pytest.raises(ValueError, match="trajectory_timeout_s"):
+        settings(trajectory_timeout_s=0)
+    with pytest.raises(ValueError, match="max_tool_calling_iterations"):
+        settings(max_tool_calling_iterations=-1)
+    with pytest.raises(ValueError, match="either one environment"):
+        settings(tools={None: SCHEMAS, "x": SCHEMAS})
+    with pytest.raises(ValueError, match="need chat prompts: column 'prompt' holds str"):
+        settings().messages({"prompt": "plain text"})
+    assert settings().messages({}) == [{"role": "user", "content": ""}]

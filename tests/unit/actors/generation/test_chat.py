@@ -1,0 +1,160 @@
+"""chat.py on the tiny tool model's real tokenizer, against TRL 1.16's own pieces where TRL has them: the tool
+suffix (TRL's `_get_tool_suffix_ids` dummy-conversation diff), parse_response, the prefix-preserving check;
+tool-result truncation; and the structural check of trained ids against the template's full rendering."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from trl.chat_template_utils import is_chat_template_prefix_preserving, parse_response
+
+from actors.generation import chat
+from orchestrator.tasks.boxes import boxes_dataset
+from orchestrator.tiny_tools import completion_ids, episode_ids, episode_messages, task_tools
+from orchestrator.tiny_tools import tool_suffix_ids as trl_style_suffix
+from tests.fixtures.envs import ToolTestEnv, tool_schemas
+
+
+@pytest.fixture(scope="module")
+def schemas():
+    from transformers.utils import get_json_schema
+
+    return [get_json_schema(f) for f in task_tools()]
+
+
+def ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def call_text(name: str, **arguments) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call><|im_end|>"
+
+
+def test_the_first_prompt_appends_resets_text_to_the_last_message_and_renders_the_tools(tool_tokenizer, schemas):
+    row = [{"role": "system", "content": "S"}, {"role": "user", "content": "Open box 2."}]
+    messages = chat.prompt_messages(row, " The boxes are red.")
+    assert messages[-1] == {"role": "user", "content": "Open box 2. The boxes are red."}
+    assert row[-1]["content"] == "Open box 2."  # the row is left as it was
+    assert chat.prompt_messages(row, None) == row
+    prompt = chat.render_prompt(tool_tokenizer, messages, schemas)
+    assert prompt == tool_tokenizer.apply_chat_template(messages, tools=task_tools(), add_generation_prompt=True,
+                                                        tokenize=True, return_dict=False)
+    text = tool_tokenizer.decode(prompt)
+    assert '"name": "open_box"' in text and text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("results", [
+    [{"role": "tool", "name": "open_box", "content": "583"}],
+    [{"role": "tool", "name": "open_box", "content": "583"}, {"role": "tool", "name": "submit", "content": "ok"}],
+])
+def test_the_tool_suffix_is_trls_and_starts_after_the_end_of_turn_token(tool_tokenizer, results):
+    suffix = chat.tool_suffix_ids(tool_tokenizer, results)
+    assert suffix == trl_style_suffix(tool_tokenizer, results)
+    text = tool_tokenizer.decode(suffix)
+    assert text.startswith("\n<|im_start|>user\n<tool_response>") and text.endswith("<|im_start|>assistant\n")
+    assert all(m["content"] in text for m in results)
+
+
+def test_the_qwen_template_extends_and_a_rewriting_one_is_named_and_spliced_at_its_eos(tool_tokenizer):
+    assert chat.extension_note(tool_tokenizer) is None
+    assert is_chat_template_prefix_preserving(tool_tokenizer)
+    rewriting = (
+        "{%- for m in messages -%}<|im_start|>{{ m.role }}\n"
+        "{%- if m.role == 'assistant' and loop.last %}LAST{% endif %}{{ m.content }}<|im_end|>\n{% endfor -%}"
+        "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
+    )
+    original = tool_tokenizer.chat_template
+    tool_tokenizer.chat_template = rewriting
+    try:
+        assert not is_chat_template_prefix_preserving(tool_tokenizer)
+        assert "not prefix-preserving" in chat.extension_note(tool_tokenizer)
+        suffix = chat.tool_suffix_ids(tool_tokenizer, [{"role": "tool", "name": "f", "content": "r"}])
+        assert tool_tokenizer.decode(suffix) == "\n<|im_start|>toolr<|im_end|>\n<|im_start|>assistant\n"
+    finally:
+        tool_tokenizer.chat_template = original
+
+
+def test_a_call_is_parsed_as_trl_parses_it_with_arguments_typed_by_the_schema(tool_tokenizer, schemas):
+    prompt = chat.render_prompt(tool_tokenizer, [{"role": "user", "content": "Open box 2."}], schemas)
+    sampled = ids(tool_tokenizer, call_text("open_box", box="2"))
+    turn = chat.parse_turn(tool_tokenizer, sampled, prompt, schemas)
+    assert turn.message == parse_response(tool_tokenizer, sampled, prefix=prompt, tools=schemas)
+    assert [(c.name, c.arguments) for c in turn.calls] == [("open_box", {"box": 2})]
+    assert turn.malformed is None
+    two = ids(tool_tokenizer, call_text("open_box", box=1)[: -len("<|im_end|>")] + "\n" + call_text("submit", code=5))
+    assert [c.name for c in chat.parse_turn(tool_tokenizer, two, prompt, schemas).calls] == ["open_box", "submit"]
+    answer = chat.parse_turn(tool_tokenizer, ids(tool_tokenizer, "Done.<|im_end|>"), prompt, schemas)
+    assert answer.message == {"role": "assistant", "content": "Done."} and not answer.calls and not answer.malformed
+
+
+def test_an_unreadable_call_is_malformed_and_plain_text_is_not(tool_tokenizer, schemas):
+    prompt = chat.render_prompt(tool_tokenizer, [{"role": "user", "content": "Open box 2."}], schemas)
+    bad = ids(tool_tokenizer, '<tool_call>\n{"name": "open_box", "arguments": {"box": 2}\n</tool_call><|im_end|>')
+    turn = chat.parse_turn(tool_tokenizer, bad, prompt, schemas)
+    assert turn.calls == [] and "JSON" in turn.malformed
+    assert turn.message == parse_response(tool_tokenizer, bad, prefix=prompt, tools=schemas)  # TRL's fallback
+    nameless = ids(tool_tokenizer, '<tool_call>\n{"arguments": {}}\n</tool_call><|im_end|>')
+    assert "no name" in chat.parse_turn(tool_tokenizer, nameless, prompt, schemas).malformed
+    cut = ids(tool_tokenizer, "The code is")  # a turn cut by max_tokens
+    assert chat.parse_turn(tool_tokenizer, cut, prompt, schemas).malformed is None
+    error = chat.malformed_result("bad JSON")
+    assert error["role"] == "tool" and "Malformed tool call: bad JSON" in error["content"]
+    assert chat.tool_suffix_ids(tool_tokenizer, [error])  # the template renders it
+
+
+def test_tool_results_are_cut_to_the_budget_longest_first(tool_tokenizer):
+    results = [{"role": "tool", "name": "huge", "content": "word " * 400},
+               {"role": "tool", "name": "echo", "content": "short"}]
+    whole = chat.fit_tool_results(tool_tokenizer, results, 10_000)
+    assert whole.truncated == 0 and whole.messages == results
+    for budget in (40, 100, 250):
+        fitted = chat.fit_tool_results(tool_tokenizer, results, budget)
+        assert fitted.truncated == 1 and len(fitted.suffix_ids) <= budget
+        assert fitted.suffix_ids == chat.tool_suffix_ids(tool_tokenizer, fitted.messages)
+        assert fitted.messages[0]["content"].endswith(chat.TRUNCATION_MARK)
+        assert fitted.messages[1] == results[1]
+        assert len(fitted.suffix_ids) >= budget - 8  # cut to the budget, not far below it
+    assert chat.fit_tool_results(tool_tokenizer, results, 12) is None  # not even the scaffold fits
+    assert results[0]["content"] == "word " * 400  # the caller's messages are left as they were
+
+
+def test_an_episode_built_token_by_token_matches_the_template_at_every_boundary(tool_tokenizer, schemas):
+    row = boxes_dataset(size=1, seed=3)[0]
+    messages = episode_messages(row, 2)
+    trained, _ = episode_ids(tool_tokenizer, row["prompt"], messages, task_tools())
+    check = chat.template_check(tool_tokenizer, row["prompt"], messages, schemas, trained)
+    assert check.match and check.position is None and check.boundaries == check.rendered > 10
+    # Ending after tool results: the ids end with the next generation prompt.
+    first_round = messages[:2]
+    after_tools, _ = episode_ids(tool_tokenizer, row["prompt"], first_round, task_tools())
+    assert chat.template_check(tool_tokenizer, row["prompt"], first_round, schemas, after_tools).match
+    # A last turn cut before its end-of-turn token may lack that one boundary.
+    cut = trained[:-3]
+    assert cut[-1] != tool_tokenizer.eos_token_id
+    assert chat.template_check(tool_tokenizer, row["prompt"], messages, schemas, cut).match
+
+
+def test_boundary_drift_is_a_mismatch_and_content_drift_is_not(tool_tokenizer, schemas):
+    row = boxes_dataset(size=1, seed=4)[0]
+    messages = episode_messages(row, 1)
+    trained, _ = episode_ids(tool_tokenizer, row["prompt"], messages, task_tools())
+    im_start = tool_tokenizer.convert_tokens_to_ids("<|im_start|>")
+    last_start = len(trained) - 1 - trained[::-1].index(im_start)
+    dropped = trained[:last_start] + trained[last_start + 1:]  # a separator the template writes, missing
+    check = chat.template_check(tool_tokenizer, row["prompt"], messages, schemas, dropped)
+    assert not check.match and check.position is not None
+    # The model wrote the call with other spacing than the template renders it: content drift only.
+    spaced = [dict(m) for m in messages]
+    first_call = completion_ids(tool_tokenizer, messages[0])
+    respaced = ids(tool_tokenizer, tool_tokenizer.decode(first_call).replace('", "', '","'))
+    assert respaced != first_call
+    start = trained.index(first_call[0], len(chat.render_prompt(tool_tokenizer, row["prompt"], schemas)))
+    drifted = trained[:start] + respaced + trained[start + len(first_call):]
+    check = chat.template_check(tool_tokenizer, row["prompt"], spaced, schemas, drifted)
+    assert check.match and check.drifted_segments >= 1
+
+
+def test_every_tool_of_the_test_environment_has_a_schema():
+    assert sorted(s["function"]["name"] for s in tool_schemas(ToolTestEnv)) == [
+        "boom", "die", "echo", "gated_echo", "hang", "huge"]
