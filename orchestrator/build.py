@@ -355,9 +355,8 @@ def agent_kwargs(cfg: RunConfig, agent: AgentSetup, env_pool: EnvPoolGroup, prom
     """The Generator's agentic arguments: the environment pool (its sessions, reached from the generator actor,
     never through the driver) and the rollouts' fixed settings (the tools per environment, the budgets, the
     rows' prompt column: default the training data's)."""
-    from actors.generation.agent import AgentSettings
-
     from actors.envs.client import PoolEnvironments
+    from actors.generation.agent import AgentSettings
 
     settings = AgentSettings(
         tools=agent.schemas,
@@ -374,13 +373,15 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
                      **engine: Any) -> ActorGroup:
     """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments;
     agent: `agent_kwargs` for a run with tools)."""
-    from actors.generation.generator import Generator
+    from actors.generation.generator import GENERATOR_GROUPS, GENERATOR_METHOD_GROUPS, Generator
     from orchestrator.cluster import generator_options, namespace
 
     c, gen = cfg.cluster, cfg.generation
     return ActorGroup(
         Generator,
         c.num_generators,
+        concurrency_groups=GENERATOR_GROUPS,  # weight loads beside generation, between engine steps
+        method_groups=GENERATOR_METHOD_GROUPS,
         run_name=name,
         role="generator",
         options=generator_options(c.generator, gen.tensor_parallel_size, c.generator_max_restarts,

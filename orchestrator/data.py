@@ -69,19 +69,22 @@ def to_rollouts(
     group_size: int,
 ) -> Rollouts:
     """Flatten generator output (per prompt row, its group_size samples) into one Rollouts batch; the rows'
-    other columns travel with every sample. policy_version: the version the call was made under.
+    other columns travel with every sample. policy_version: the version the call was made under (its min_version);
+    where the samples carry per-token versions, the batch's is their oldest model token's (the staleness rule: a
+    weight load may land while a batch samples).
 
     Agentic samples (with a Trajectory) bring the prompt as the engine saw it (tool schemas and reset()'s text
-    rendered in: the ids the learner must condition on), the whole conversation after it as the completion
-    (assistant and tool messages, as TRL passes them to reward functions), and per-token versions: the batch's
-    policy_version is then its oldest model token's (the staleness rule)."""
+    rendered in: the ids the learner must condition on) and the whole conversation after it as the completion
+    (assistant and tool messages, as TRL passes them to reward functions)."""
     cols = [c for c in rows[0] if c not in (prompt_column, "prompt_ids")]
     out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, group_size)
-    agentic = any(s.trajectory is not None for samples in groups for s in samples)
-    trajectories, versions = [], []
-    for row, samples in zip(rows, groups, strict=True):
+    samples = [s for group in groups for s in group]
+    agentic = any(s.trajectory is not None for s in samples)
+    if agentic and not all(s.trajectory is not None for s in samples):
+        raise ValueError("to_rollouts: a batch mixes agentic samples with one-turn samples")
+    for row, group in zip(rows, groups, strict=True):
         chat = is_conversational(row[prompt_column])
-        for s in samples:
+        for s in group:
             t = s.trajectory
             out.prompts.append(row[prompt_column] if t is None else t.prompt)
             out.prompt_ids.append(row["prompt_ids"] if t is None else t.prompt_ids)
@@ -94,14 +97,12 @@ def to_rollouts(
             out.truncated.append(s.finish_reason == "length")
             for c in cols:
                 out.columns[c].append(row[c])
-            if agentic:
-                if t is None:
-                    raise ValueError("to_rollouts: a batch mixes agentic samples with one-turn samples")
-                trajectories.append(t)
-                versions.append(s.versions if s.versions is not None else [policy_version] * len(s.completion_ids))
     if agentic:
-        out.trajectories, out.versions = trajectories, versions
-        out.policy_version = oldest_version(versions, policy_version)
+        out.trajectories = [s.trajectory for s in samples]
+    if any(s.versions is not None for s in samples):
+        out.versions = [s.versions if s.versions is not None else [policy_version] * len(s.completion_ids)
+                        for s in samples]
+        out.policy_version = oldest_version(out.versions, policy_version)
     return out
 
 

@@ -90,12 +90,14 @@ class EvalResult:
         ]
 
 
-def submit_eval(es: EvalSet, generators: ActorGroup, step: int, epoch: float = 0.0) -> PendingEval:
-    """Submit the eval's generation (the rows sharded over the generators); returns without waiting."""
+def submit_eval(es: EvalSet, generators: ActorGroup, step: int, epoch: float = 0.0,
+                min_version: int | None = None) -> PendingEval:
+    """Submit the eval's generation (the rows sharded over the generators); returns without waiting. min_version:
+    the engines' version of the weights evaluated (a run's: `step`; None: whatever they hold, `rayward eval`)."""
     # Seeds per row, fixed across evals: two evals differ by the policy, not by the dice; vLLM adds j to a
     # prompt's seed for its j-th completion, so rows are n apart and repeated prompts still differ.
     seeds = row_seeds(es.seed, 0, len(es.rows), es.group_size)
-    return PendingEval(step, epoch, es.rollout.submit(generators, es.rows, seeds, es.sampling))
+    return PendingEval(step, epoch, es.rollout.submit(generators, es.rows, seeds, es.sampling, min_version))
 
 
 def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
@@ -175,7 +177,7 @@ class _Evaluator:
             self.best_checkpoint.restore()
 
     def _submit(self, step: int) -> PendingEval:
-        return submit_eval(self.es, self.generators, step, self.prompts.epoch_progress)
+        return submit_eval(self.es, self.generators, step, self.prompts.epoch_progress, min_version=step)
 
     def _record(self, result: EvalResult, candidate: Pending[str] | None) -> None:
         self.logger.log_eval(result.step, result.metrics)

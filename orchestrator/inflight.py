@@ -70,11 +70,12 @@ def submit_batch(run: Run) -> InFlight:
     return InFlight(version, [Part(rows[s], seeds[s], _stream(run, version, m, rows[s], seeds[s])) for m, s in shards])
 
 
-def _resume(run: Run, batch: InFlight, part: Part) -> None:
+def _resume(run: Run, batch: InFlight, part: Part, training: bool) -> None:
     """A part whose generator died: once the generators are back (restarted and re-synced, once per death however
-    many parts it cut), its groups not yet yielded are generated again on the same generator."""
+    many parts it cut), its groups not yet yielded are generated again on the same generator. training: a train
+    step is in flight (the learner's weights are the step after it)."""
     if part.stream.epoch == run.generators.restarts:
-        recover_generators(run)
+        recover_generators(run, training)
     left = [i for i in range(len(part.rows)) if i not in part.yielded]
     part.rows, part.seeds = [part.rows[i] for i in left], [part.seeds[i] for i in left]
     part.yielded = set()
@@ -100,7 +101,7 @@ def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None)
         except RayActorError:
             if run.cfg.cluster.generator_max_restarts == 0:
                 raise
-            _resume(run, batch, part)
+            _resume(run, batch, part, training=until is not None)
             continue
         part.yielded.update(i for i, _ in out.groups)
         part.seconds = out.seconds

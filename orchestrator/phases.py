@@ -49,12 +49,13 @@ def rollouts_of(run: Run, rows: list[dict[str, Any]], groups: list[list[Sample]]
                        group_size=run.cfg.generation.num_generations)
 
 
-def recover_generators(run: Run) -> None:
+def recover_generators(run: Run, training: bool = False) -> None:
     """After a generator died: wait for Ray to restart it, then re-form the weight-transfer group and bring every
-    engine the current weights."""
+    engine the current weights, labelled with the learner's step when it sends them (training: a train step is
+    in flight, and the learner sends after it)."""
     run.display.message("rayward: a generator died; waiting for Ray to restart it, then re-syncing weights")
     run.generators.recover(RESTART_WAIT_S)
-    run.weights.rejoin()
+    run.weights.rejoin(run.progress.global_step + (run.cfg.grpo.num_iterations if training else 0))
 
 
 def with_generator_restarts(run: Run, call: Callable[[], T]) -> T:
@@ -179,15 +180,15 @@ def submit_train(run: Run, batch: TrainBatch) -> Pending[TrainResult]:
 
 
 def sync(run: Run) -> SyncStats:
-    """New weights into every engine, waited for."""
-    return with_generator_restarts(run, run.weights.push)
+    """New weights into every engine, waited for; the engines label what they sample with them by the step."""
+    return with_generator_restarts(run, lambda: run.weights.push(run.progress.global_step))
 
 
 def sync_async(run: Run) -> SyncStats | None:
     """Pipelined: submit the sync without waiting (it queues on each generator behind generation already
     submitted, so every later generation uses the new weights); returns the last finished sync (None before
     one). A generator that died since the last one is restarted and brought the current weights first."""
-    with_generator_restarts(run, run.weights.submit_async)
+    with_generator_restarts(run, lambda: run.weights.submit_async(run.progress.global_step))
     return run.weights.last
 
 

@@ -6,8 +6,11 @@
               row (a GRPO group's environments start from the same state), and the environments' outputs
               (get_reward(), the pickled environments) handed to the reward pool with the completions
 
-The loop and the evaluator call the same four methods on either; nothing downstream asks which it is. The
-agentic step metrics (turns, tools, stop reasons, tokens by role) are `agent_metrics`, pure.
+The loop and the evaluator call the same four methods on either; nothing downstream asks which it is. Every call
+carries min_version, the weights its batch is accounted to: a generator's weight loads run beside generation
+(between engine steps, actors/generation/generator.py GENERATOR_GROUPS), so the order of calls no longer says
+which weights sample; requests wait for that version instead. The agentic step metrics (turns, tools, stop
+reasons, tokens by role) are `agent_metrics`, pure.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ class Rollout(Protocol):
         """Every row's samples (row order), sharded over the generators, waited for."""
 
     def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any]) -> list[Pending[list[list[Sample]]]]:
-        """The same without waiting (the eval: seeded, so every eval draws alike), one Pending per shard."""
+               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+        """The same without waiting, for an eval: seeded (every eval draws alike) and pinned to one version (no
+        weight load lands until it is done; min_version None: whatever the engines hold), one Pending per shard."""
 
     def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
                sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
@@ -49,16 +53,18 @@ class OneTurn:
 
     def generate(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
                  sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
-        return generators.call_sharded("generate", [r["prompt_ids"] for r in rows], **sampling)
+        return generators.call_sharded("generate", [r["prompt_ids"] for r in rows], min_version=min_version,
+                                       **sampling)
 
     def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any]) -> list[Pending[list[list[Sample]]]]:
+               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
         return generators.submit_sharded("generate", [r["prompt_ids"] for r in rows], aligned={"seeds": seeds},
-                                         **sampling)
+                                         min_version=min_version, pin=True, **sampling)
 
     def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
                sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
-        return generators.stream(member, "generate_stream", [r["prompt_ids"] for r in rows], **sampling)
+        return generators.stream(member, "generate_stream", [r["prompt_ids"] for r in rows], min_version=min_version,
+                                 **sampling)
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
         return rollouts.reward_batch()
@@ -79,13 +85,12 @@ class Agentic:
                                        min_version=min_version)
 
     def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any]) -> list[Pending[list[list[Sample]]]]:
-        return generators.submit_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling)
+               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+        return generators.submit_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling,
+                                         min_version=min_version, pin=True)
 
     def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
                sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
-        # min_version: the weights the batch was submitted under. Weight loads do not queue behind generation
-        # (they run between engine steps), so the order of calls no longer says which weights a turn gets.
         return generators.stream(member, "rollout_stream", rows, seeds, sampling=sampling, min_version=min_version)
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:

@@ -122,7 +122,7 @@ def train(
         if ckpt is not None:
             say(f"rayward: resumed from {ckpt} at step {run.progress.global_step}")
         if cfg.logging.check_logprob_parity:
-            stats = run.weights.push()
+            stats = run.weights.push(run.progress.global_step)
             gap = logprob_parity(run.learner, run.generators, cfg.generation.temperature)
             say(
                 f"rayward: weight sync {stats.bytes / 1e6:.0f} MB in {stats.seconds:.2f}s; generator-learner "
