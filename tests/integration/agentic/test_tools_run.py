@@ -169,3 +169,16 @@ def test_the_completions_log_holds_the_conversations(tools_run):
     roles = [m["role"] for m in called[0]["completion"]]
     assert roles[0] == "assistant" and "tool" in roles and called[0]["completion"][0].get("tool_calls")
     assert {"stop_reason", "turns", "tool_failures", "rewards/BoxEnv", "advantage"} <= set(rows[0])
+
+
+def test_rayward_eval_runs_the_tools(tools_run, tmp_path):
+    """`rayward eval` on the config: its own environment pool, the environment's reward, conversations reported."""
+    from orchestrator.train import evaluate
+
+    cfg = load_config(ROOT / "configs" / "tools.yaml", [
+        f"logging.dir={tmp_path}", "eval.data.path=boxes", "eval.max_samples=2", "eval.num_generations=2",
+    ])
+    report = evaluate(cfg, name="agentic-eval", output=tmp_path / "eval.json", verbose=False)
+    m = report["metrics"]
+    assert m["eval/prompts"] == 2 and "eval/rewards/BoxEnv/mean" in m and m["eval/multiturn/tool_calls"] > 0
+    assert len(report["samples"]) == 4 and report["samples"][0]["completion"][0]["role"] == "assistant"
