@@ -141,11 +141,20 @@ class Rollouts:
     sampling_logprobs: list[list[float]]
     truncated: list[bool]
     columns: dict[str, list[Any]]  # every dataset column except the prompt, per completion
-    policy_version: int  # learner step whose weights generated the batch
+    policy_version: int  # learner step whose weights generated the batch (agentic: of its oldest model token)
     group_size: int
+    # Agentic rollouts, per completion: the conversation record (Trajectory.mask: which completion tokens the
+    # model sampled) and each completion token's policy version (-1 where the model did not sample it). None: a
+    # one-turn batch (every completion token the model's, of policy_version).
+    trajectories: list[Trajectory] | None = None
+    versions: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
+
+    def completion_mask(self) -> list[list[int]] | None:
+        """TrainBatch.completion_mask: per completion token, 1 where the model sampled it (None: every token)."""
+        return None if self.trajectories is None else [t.mask for t in self.trajectories]
 
     @property
     def num_groups(self) -> int:
@@ -154,19 +163,26 @@ class Rollouts:
     def take_groups(self, groups: list[int]) -> Rollouts:
         """The given groups (by index), in that order."""
         idx = group_rows(groups, self.group_size)
+        pick = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
         return Rollouts(
             **{k: [getattr(self, k)[i] for i in idx] for k in _ROLLOUT_LISTS},
             columns={c: [v[i] for i in idx] for c, v in self.columns.items()},
             policy_version=self.policy_version,
             group_size=self.group_size,
+            trajectories=pick(self.trajectories),
+            versions=pick(self.versions),
         )
 
     def concat(self, other: Rollouts) -> Rollouts:
+        """This batch followed by `other`; the policy version is the older of the two (the staleness rule)."""
+        join = lambda a, b: None if a is None or b is None else a + b  # noqa: E731
         return Rollouts(
             **{k: getattr(self, k) + getattr(other, k) for k in _ROLLOUT_LISTS},
             columns={c: self.columns[c] + other.columns[c] for c in self.columns},
-            policy_version=self.policy_version,
+            policy_version=min(self.policy_version, other.policy_version),
             group_size=self.group_size,
+            trajectories=join(self.trajectories, other.trajectories),
+            versions=join(self.versions, other.versions),
         )
 
     def reward_batch(self) -> RewardBatch:

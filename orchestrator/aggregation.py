@@ -186,6 +186,7 @@ def to_train_batch(
     batch = TrainBatch(
         prompt_ids=rollouts.prompt_ids, completion_ids=rollouts.completion_ids,
         sampling_logprobs=rollouts.sampling_logprobs, advantages=adv.advantages.tolist(), truncated=rollouts.truncated,
+        completion_mask=rollouts.completion_mask(),  # agentic: tool results and scaffold out of the loss
     )
     nan_to_none = lambda xs: [None if math.isnan(x) else x for x in xs]  # noqa: E731 - JSON has no NaN
     table: dict[str, list[Any]] = {"total": nan_to_none(adv.total.tolist()), "advantage": adv.advantages.tolist()}

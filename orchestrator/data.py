@@ -9,11 +9,12 @@ from typing import Any
 
 from actors.types import Rollouts, Sample
 from orchestrator.config import DataConfig, DataSource
+from orchestrator.tasks.boxes import boxes_dataset
 from orchestrator.tasks.code import code_dataset
 from orchestrator.tasks.letters import toy_dataset
 
-# data.path names of the built-in tasks
-BUILTIN_DATASETS = {"toy": toy_dataset, "code": code_dataset}
+# data.path names of the built-in tasks (boxes: the tool task, with environment_factory BoxEnv)
+BUILTIN_DATASETS = {"toy": toy_dataset, "code": code_dataset, "boxes": boxes_dataset}
 
 
 class DataError(ValueError):
@@ -68,21 +69,46 @@ def to_rollouts(
     group_size: int,
 ) -> Rollouts:
     """Flatten generator output (per prompt row, its group_size samples) into one Rollouts batch; the rows'
-    other columns travel with every sample."""
+    other columns travel with every sample. policy_version: the version the call was made under (its min_version);
+    where the samples carry per-token versions, the batch's is their oldest model token's (the staleness rule: a
+    weight load may land while a batch samples).
+
+    Agentic samples (with a Trajectory) bring the prompt as the engine saw it (tool schemas and reset()'s text
+    rendered in: the ids the learner must condition on) and the whole conversation after it as the completion
+    (assistant and tool messages, as TRL passes them to reward functions)."""
     cols = [c for c in rows[0] if c not in (prompt_column, "prompt_ids")]
     out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, group_size)
-    for row, samples in zip(rows, groups, strict=True):
+    samples = [s for group in groups for s in group]
+    agentic = any(s.trajectory is not None for s in samples)
+    if agentic and not all(s.trajectory is not None for s in samples):
+        raise ValueError("to_rollouts: a batch mixes agentic samples with one-turn samples")
+    for row, group in zip(rows, groups, strict=True):
         chat = is_conversational(row[prompt_column])
-        for s in samples:
-            out.prompts.append(row[prompt_column])
-            out.prompt_ids.append(row["prompt_ids"])
+        for s in group:
+            t = s.trajectory
+            out.prompts.append(row[prompt_column] if t is None else t.prompt)
+            out.prompt_ids.append(row["prompt_ids"] if t is None else t.prompt_ids)
             out.completion_ids.append(s.completion_ids)
-            out.completions.append([{"role": "assistant", "content": s.text}] if chat else s.text)
+            if t is not None:
+                out.completions.append(t.messages)
+            else:
+                out.completions.append([{"role": "assistant", "content": s.text}] if chat else s.text)
             out.sampling_logprobs.append(s.logprobs)
             out.truncated.append(s.finish_reason == "length")
             for c in cols:
                 out.columns[c].append(row[c])
+    if agentic:
+        out.trajectories = [s.trajectory for s in samples]
+    if any(s.versions is not None for s in samples):
+        out.versions = [s.versions if s.versions is not None else [policy_version] * len(s.completion_ids)
+                        for s in samples]
+        out.policy_version = oldest_version(out.versions, policy_version)
     return out
+
+
+def oldest_version(versions: list[list[int]], default: int) -> int:
+    """The oldest policy version among model tokens (-1 marks the others); `default` where there is none."""
+    return min((v for vs in versions for v in vs if v >= 0), default=default)
 
 
 def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:

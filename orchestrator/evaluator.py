@@ -35,6 +35,7 @@ from orchestrator.aggregation import RewardAggregator, raw_matrix, weighted_tota
 from orchestrator.checkpoints import BestCheckpoint
 from orchestrator.data import PromptSource, to_rollouts
 from orchestrator.eval_metrics import EvalSchedule, eval_metrics
+from orchestrator.rollout import OneTurn, Rollout, agent_metrics, row_seeds
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
 
@@ -46,13 +47,14 @@ class EvalSet:
 
     rows: list[dict[str, Any]]  # the held-out rows, each with prompt_ids
     prompt_column: str
-    sampling: dict[str, Any]  # Generator.generate kwargs: n, max_tokens, temperature, top_p, top_k
+    sampling: dict[str, Any]  # vLLM sampling kwargs: n, max_tokens, temperature, top_p, top_k
     seed: int  # row i's completions are drawn with seeds seed + i*n .. seed + i*n + n-1, at every eval
     pool: RewardPoolGroup  # the pool that scores eval completions
     aggregator: RewardAggregator  # weights, gates and schedules of the eval rewards
     chunk_groups: int
     pass_threshold: float
     max_steps: int  # trainer_state.max_steps the eval rewards see
+    rollout: Rollout = field(default_factory=OneTurn)  # one-turn, or agentic with the run's tools (as training)
 
     @property
     def group_size(self) -> int:
@@ -65,7 +67,7 @@ class PendingEval:
 
     step: int  # the optimizer step whose weights are evaluated
     epoch: float
-    generation: list[Pending[list[list[Sample]]]]  # Generator.generate, one per shard, in row order
+    generation: list[Pending[list[list[Sample]]]]  # the generators' calls, one per shard, in row order
     t0: float = field(default_factory=time.perf_counter)
     scoring: tuple[Rollouts, Pending[Scores]] | None = None  # once generated: the rollouts and their scoring
     candidate: Pending[str] | None = None  # pipelined save_best: the learner's candidate checkpoint
@@ -88,15 +90,14 @@ class EvalResult:
         ]
 
 
-def submit_eval(es: EvalSet, generators: ActorGroup, step: int, epoch: float = 0.0) -> PendingEval:
-    """Submit the eval's generation (the rows sharded over the generators); returns without waiting."""
+def submit_eval(es: EvalSet, generators: ActorGroup, step: int, epoch: float = 0.0,
+                min_version: int | None = None) -> PendingEval:
+    """Submit the eval's generation (the rows sharded over the generators); returns without waiting. min_version:
+    the engines' version of the weights evaluated (a run's: `step`; None: whatever they hold, `rayward eval`)."""
     # Seeds per row, fixed across evals: two evals differ by the policy, not by the dice; vLLM adds j to a
     # prompt's seed for its j-th completion, so rows are n apart and repeated prompts still differ.
-    seeds = [es.seed + i * es.group_size for i in range(len(es.rows))]
-    parts = generators.submit_sharded(
-        "generate", [r["prompt_ids"] for r in es.rows], aligned={"seeds": seeds}, **es.sampling
-    )
-    return PendingEval(step, epoch, parts)
+    seeds = row_seeds(es.seed, 0, len(es.rows), es.group_size)
+    return PendingEval(step, epoch, es.rollout.submit(generators, es.rows, seeds, es.sampling, min_version))
 
 
 def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
@@ -108,7 +109,7 @@ def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
         groups = [g for part in p.generation for g in part.result()]
         rollouts = to_rollouts(es.rows, groups, p.step, prompt_column=es.prompt_column, group_size=es.group_size)
         state = TrainerState(global_step=p.step, max_steps=es.max_steps, epoch=p.epoch)
-        p.scoring = (rollouts, es.pool.submit_score(rollouts.reward_batch(), es.chunk_groups, state=state))
+        p.scoring = (rollouts, es.pool.submit_score(es.rollout.reward_batch(rollouts), es.chunk_groups, state=state))
     return p.scoring[1].done()
 
 
@@ -127,10 +128,11 @@ def summarize(
     """The eval metrics (weights and gates at the evaluated step) and the per-completion table."""
     raw = raw_matrix(scores)
     total = weighted_totals(es.aggregator, scores, es.group_size, step=step)
-    metrics = eval_metrics(
-        es.aggregator.names, raw, total, [len(c) for c in rollouts.completion_ids], rollouts.truncated,
-        es.group_size, es.pass_threshold,
-    )
+    mask = rollouts.completion_mask()  # agentic: lengths count the model's tokens, not the tool results
+    lengths = [len(c) for c in rollouts.completion_ids] if mask is None else [sum(m) for m in mask]
+    metrics = eval_metrics(es.aggregator.names, raw, total, lengths, rollouts.truncated, es.group_size,
+                           es.pass_threshold)
+    metrics.update({f"eval/{k}": v for k, v in agent_metrics(rollouts).items()})
     metrics["eval/policy_version"] = step
     nan_to_none = lambda xs: [None if math.isnan(x) else x for x in xs]  # noqa: E731 - JSON has no NaN
     table: dict[str, list[Any]] = {
@@ -175,7 +177,7 @@ class _Evaluator:
             self.best_checkpoint.restore()
 
     def _submit(self, step: int) -> PendingEval:
-        return submit_eval(self.es, self.generators, step, self.prompts.epoch_progress)
+        return submit_eval(self.es, self.generators, step, self.prompts.epoch_progress, min_version=step)
 
     def _record(self, result: EvalResult, candidate: Pending[str] | None) -> None:
         self.logger.log_eval(result.step, result.metrics)

@@ -3,7 +3,9 @@
 While the learner trains on batch k, the generators produce batches k+1 .. k+max_staleness, and every group goes
 to the reward pool the moment its completions exist (generators stream finished groups). The generators execute
 calls in the order they were submitted, so a weight sync submitted after step k lands before any generation
-submitted after it: a batch's policy_version is known when it is submitted.
+submitted after it: a batch's policy_version is known when it is submitted. Agentic rollouts carry it as their
+min_version (weight loads run between engine steps, not behind the call), and their batch's policy_version is
+then the oldest model token's (orchestrator/data.py to_rollouts).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ray.exceptions import RayActorError
 
 from actors.group import Pending, Stream
 from actors.types import FinishedGroups, Rollouts, Scores
-from orchestrator.phases import recover_generators, rollouts_of, submit_score
+from orchestrator.phases import recover_generators, rollouts_of, seeds_of, submit_score
 from orchestrator.run import Run
 
 
@@ -26,14 +28,16 @@ class Part:
     """One generator call of a batch: its prompt rows and the stream of finished groups it yields."""
 
     rows: list[dict[str, Any]]
+    seeds: list[int]  # one per row
     stream: Stream[FinishedGroups]
     done: bool = False
     seconds: float = 0.0  # generator-busy seconds so far
     yielded: set[int] = field(default_factory=set)  # indices into rows of the groups it has yielded
 
 
-def _stream(run: Run, member: int, rows: list[dict[str, Any]]) -> Stream[FinishedGroups]:
-    return run.generators.stream(member, "generate_stream", [r["prompt_ids"] for r in rows], **run.sampling)
+def _stream(run: Run, batch_version: int, member: int, rows: list[dict[str, Any]],
+            seeds: list[int]) -> Stream[FinishedGroups]:
+    return run.rollout.stream(run.generators, member, rows, seeds, run.sampling, batch_version)
 
 
 @dataclass
@@ -61,18 +65,21 @@ def submit_batch(run: Run) -> InFlight:
     """Submit one step's generation: rows split over the generators (loop.generation_chunks calls each), every
     call a stream of groups as they finish."""
     rows = run.prompts.next_batch(run.prompts_per_step)
+    seeds, version = seeds_of(run, rows), run.progress.policy_version
     shards = run.generators.shards(len(rows), parts=len(run.generators) * run.cfg.loop.generation_chunks)
-    return InFlight(run.progress.policy_version, [Part(rows[s], _stream(run, m, rows[s])) for m, s in shards])
+    return InFlight(version, [Part(rows[s], seeds[s], _stream(run, version, m, rows[s], seeds[s])) for m, s in shards])
 
 
-def _resume(run: Run, part: Part) -> None:
+def _resume(run: Run, batch: InFlight, part: Part, training: bool) -> None:
     """A part whose generator died: once the generators are back (restarted and re-synced, once per death however
-    many parts it cut), its groups not yet yielded are generated again on the same generator."""
+    many parts it cut), its groups not yet yielded are generated again on the same generator. training: a train
+    step is in flight (the learner's weights are the step after it)."""
     if part.stream.epoch == run.generators.restarts:
-        recover_generators(run)
-    part.rows = [r for i, r in enumerate(part.rows) if i not in part.yielded]
+        recover_generators(run, training)
+    left = [i for i in range(len(part.rows)) if i not in part.yielded]
+    part.rows, part.seeds = [part.rows[i] for i in left], [part.seeds[i] for i in left]
     part.yielded = set()
-    part.stream = _stream(run, part.stream.member, part.rows)
+    part.stream = _stream(run, batch.policy_version, part.stream.member, part.rows, part.seeds)
 
 
 def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None) -> None:
@@ -94,7 +101,7 @@ def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None)
         except RayActorError:
             if run.cfg.cluster.generator_max_restarts == 0:
                 raise
-            _resume(run, part)
+            _resume(run, batch, part, training=until is not None)
             continue
         part.yielded.update(i for i, _ in out.groups)
         part.seconds = out.seconds

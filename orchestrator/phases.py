@@ -28,6 +28,7 @@ from actors.types import Rollouts, Sample, Scores, TrainBatch, TrainerState, Tra
 from actors.weights.transfer import SyncStats
 from orchestrator import aggregation, checkpoints
 from orchestrator.data import to_rollouts
+from orchestrator.rollout import agent_metrics, row_seeds
 from orchestrator.run import Run
 from orchestrator.selection import Refill, Selection
 from orchestrator.telemetry.metrics import PhaseTimer
@@ -48,12 +49,13 @@ def rollouts_of(run: Run, rows: list[dict[str, Any]], groups: list[list[Sample]]
                        group_size=run.cfg.generation.num_generations)
 
 
-def recover_generators(run: Run) -> None:
+def recover_generators(run: Run, training: bool = False) -> None:
     """After a generator died: wait for Ray to restart it, then re-form the weight-transfer group and bring every
-    engine the current weights."""
+    engine the current weights, labelled with the learner's step when it sends them (training: a train step is
+    in flight, and the learner sends after it)."""
     run.display.message("rayward: a generator died; waiting for Ray to restart it, then re-syncing weights")
     run.generators.recover(RESTART_WAIT_S)
-    run.weights.rejoin()
+    run.weights.rejoin(run.progress.global_step + (run.cfg.grpo.num_iterations if training else 0))
 
 
 def with_generator_restarts(run: Run, call: Callable[[], T]) -> T:
@@ -68,17 +70,25 @@ def with_generator_restarts(run: Run, call: Callable[[], T]) -> T:
     return call()
 
 
+def seeds_of(run: Run, rows: list[dict[str, Any]]) -> list[int]:
+    """The seeds of a batch the prompt source has just served (rows = its last next_batch)."""
+    return row_seeds(run.cfg.seed, run.prompts.served - len(rows), len(rows), run.cfg.generation.num_generations)
+
+
 def generate(run: Run, rows: list[dict[str, Any]]) -> Rollouts:
-    ids = [r["prompt_ids"] for r in rows]
-    groups = with_generator_restarts(run, lambda: run.generators.call_sharded("generate", ids, **run.sampling))
-    return rollouts_of(run, rows, groups, run.progress.policy_version)
+    """The rows' samples (rows: the prompt source's last batch), one-turn or agentic as the run was built."""
+    seeds, version = seeds_of(run, rows), run.progress.policy_version
+    groups = with_generator_restarts(
+        run, lambda: run.rollout.generate(run.generators, rows, seeds, run.sampling, version)
+    )
+    return rollouts_of(run, rows, groups, version)
 
 
 # --- score ------------------------------------------------------------------------------------------------
 
 
 def submit_score(run: Run, rollouts: Rollouts) -> Pending[Scores]:
-    return run.reward_pool.submit_score(rollouts.reward_batch(), run.cfg.cluster.reward_chunk_groups)
+    return run.reward_pool.submit_score(run.rollout.reward_batch(rollouts), run.cfg.cluster.reward_chunk_groups)
 
 
 def score(run: Run, rollouts: Rollouts) -> Scores:
@@ -137,7 +147,8 @@ def step_metrics(rollouts: Rollouts, scores: Scores) -> dict[str, float]:
     m.update(scores.pool.step_metrics())
     m["reward_pool/queue_wait_s"] = scores.queue_wait_s
     m["reward_pool/workers_used"] = len(scores.workers)
-    lengths = [len(c) for c in rollouts.completion_ids]
+    mask = rollouts.completion_mask()  # agentic: the model's tokens only (tool results are not its length)
+    lengths = [len(c) for c in rollouts.completion_ids] if mask is None else [sum(m) for m in mask]
     m.update({
         "completions/mean_length": sum(lengths) / len(lengths),
         "completions/min_length": min(lengths),
@@ -147,6 +158,7 @@ def step_metrics(rollouts: Rollouts, scores: Scores) -> dict[str, float]:
         "policy_version": rollouts.policy_version,
         "reward_global_step": scores.global_step,
     })
+    m.update(agent_metrics(rollouts))
     return m
 
 
@@ -168,15 +180,15 @@ def submit_train(run: Run, batch: TrainBatch) -> Pending[TrainResult]:
 
 
 def sync(run: Run) -> SyncStats:
-    """New weights into every engine, waited for."""
-    return with_generator_restarts(run, run.weights.push)
+    """New weights into every engine, waited for; the engines label what they sample with them by the step."""
+    return with_generator_restarts(run, lambda: run.weights.push(run.progress.global_step))
 
 
 def sync_async(run: Run) -> SyncStats | None:
     """Pipelined: submit the sync without waiting (it queues on each generator behind generation already
     submitted, so every later generation uses the new weights); returns the last finished sync (None before
     one). A generator that died since the last one is restarted and brought the current weights first."""
-    with_generator_restarts(run, run.weights.submit_async)
+    with_generator_restarts(run, lambda: run.weights.submit_async(run.progress.global_step))
     return run.weights.last
 
 
@@ -192,6 +204,8 @@ def log_step(
     m: dict[str, Any] = {**step.metrics, **trained.metrics, "global_step": trained.global_step,
                          "num_tokens": trained.num_tokens, "time/train_compute": trained.compute_s}
     m.update(synced.metrics() if synced is not None else {})
+    if run.env_pool is not None:  # the environment pool's state (workers, sessions, lost sessions, ...)
+        m.update(run.env_pool.stats().step_metrics())
     if staleness is not None:
         m["policy_staleness"] = staleness
     if generate_busy_s is not None:
@@ -212,11 +226,16 @@ def log_step(
 def log_completions(run: Run, step: StepBatch) -> None:
     """One row per trained sample to the run's completions log (<run dir>/completions.jsonl, and a W&B table
     where W&B is on): step, prompt, completion, each reward raw and gated, total, advantage, and the reward
-    functions' log_extra columns."""
+    functions' log_extra columns. With tools the completion is the whole conversation (assistant messages with
+    their tool_calls, tool messages with the results), with its stop reason, turns, tool calls and failures."""
     r, rows = step.rollouts, []
     for i in range(len(r)):
         row = {"step": run.progress.global_step, "policy_version": r.policy_version,
                "prompt": r.prompts[i], "completion": r.completions[i]}
+        if r.trajectories is not None:  # the completion is the conversation: assistant and tool messages
+            t = r.trajectories[i]
+            row.update(stop_reason=t.stop_reason, turns=t.turns, tool_calls=t.tool_calls,
+                       tool_failures=t.tool_failures)
         row.update({k: v[i] for k, v in step.table.items()})
         row.update({c: v[i] for c, v in step.scores.extra.items()})
         rows.append(row)

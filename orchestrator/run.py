@@ -2,8 +2,10 @@
 record of where it is (`Progress`).
 
     generators   ActorGroup of actors.generation.generator.Generator    generate, stream, the weights they load
+    rollout      OneTurn or Agentic (orchestrator/rollout.py)           which generator calls make samples
     learner      LearnerGroup (cluster.num_learners ranks, one member)  train_step, checkpoints, weight send
     reward_pool  RewardPoolGroup, NAME/reward-pool                      score
+    env_pool     EnvPoolGroup, NAME/env-pool (tools only)               the generators' environments
     weights      WeightTransfer (collective or object-store backend)   push, submit_async, drain, rejoin
     evaluate     Evaluator (NoEval, BlockingEval or OverlappedEval)     start, after_step, drain, restore
     progress     Progress                                               written by the loop
@@ -15,11 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from actors.group import ActorGroup, LearnerGroup, RewardPoolGroup
+from actors.group import ActorGroup, EnvPoolGroup, LearnerGroup, RewardPoolGroup
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator
 from orchestrator.config import RunConfig
 from orchestrator.data import PromptSource
+from orchestrator.rollout import OneTurn, Rollout
 from orchestrator.selection import Selector
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
@@ -67,9 +70,11 @@ class Run:
     evaluate: Evaluator
     aggregator: RewardAggregator
     select: Selector  # group selection between scoring and advantages: keep_all or dynamic sampling (DAPO)
-    sampling: dict[str, Any]  # Generator.generate's sampling arguments for training batches
+    sampling: dict[str, Any]  # vLLM sampling arguments for training batches (n, max_tokens, temperature, ...)
     prompts_per_step: int
     logger: MetricsLogger
     display: Display  # the one way the driver tells the user something: display.message(text)
     eval_pool: RewardPoolGroup | None = None  # NAME/eval-reward-pool, when eval.rewards has rewards of its own
+    rollout: Rollout = field(default_factory=OneTurn)  # one-turn completions, or agentic rollouts with tools
+    env_pool: EnvPoolGroup | None = None  # NAME/env-pool: the environments of agentic rollouts (None: one-turn)
     progress: Progress = field(default_factory=Progress)

@@ -122,7 +122,7 @@ def train(
         if ckpt is not None:
             say(f"rayward: resumed from {ckpt} at step {run.progress.global_step}")
         if cfg.logging.check_logprob_parity:
-            stats = run.weights.push()
+            stats = run.weights.push(run.progress.global_step)
             gap = logprob_parity(run.learner, run.generators, cfg.generation.temperature)
             say(
                 f"rayward: weight sync {stats.bytes / 1e6:.0f} MB in {stats.seconds:.2f}s; generator-learner "
@@ -180,14 +180,18 @@ def evaluate(
     import ray
 
     from orchestrator.build import (
+        agent_kwargs,
         eval_set,
         load_tokenizer,
         prepare_eval,
         resolve_model,
         reward_specs,
+        rollout_kind,
+        start_env_pool,
         start_generators,
         start_reward_pool,
     )
+    from orchestrator.environments import prepare_agent
     from orchestrator.evaluator import finish_eval, submit_eval
 
     say = print if verbose else (lambda *a, **k: None)
@@ -206,25 +210,34 @@ def evaluate(
         if not any((ckpt / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
             engine["tokenizer"] = model_path  # checkpoints written before they carried their tokenizer
         step = checkpoints.saved_step(ckpt) or 0
+    tokenizer = load_tokenizer(cfg, model_path)
     try:
-        rows, eval_specs = prepare_eval(cfg, load_tokenizer(cfg, model_path))
+        rows, eval_specs = prepare_eval(cfg, tokenizer)
     except DataError as err:
         raise ConfigError(str(err)) from None
-    specs = eval_specs if eval_specs is not None else reward_specs(cfg.rewards)
+    train_specs = reward_specs(cfg.rewards)
+    agent = prepare_agent(cfg, tokenizer, rows, train_specs, rows)  # tools: checked as a run checks them
+    env_specs, env_rewards = (agent.env_reward_specs, agent.env_rewards) if agent is not None else ([], [])
+    specs = eval_specs if eval_specs is not None else train_specs + env_specs
     owns_ray = not ray.is_initialized()
     if owns_ray:
         init_ray(cfg.cluster, name)
-    pool = generators = None
+    groups: list[Any] = []  # started so far, killed at the end
     try:
         pool = start_reward_pool(cfg, name, specs, role="eval-reward")
-        generators = start_generators(cfg, name, policy, **engine)
-        es = eval_set(cfg, rows, pool)
+        groups.append(pool)
+        agent_args = None
+        if agent is not None:  # the environments the eval's trajectories run their tools in
+            env_pool = start_env_pool(cfg, name, agent.spec)
+            groups.append(env_pool)
+            agent_args = agent_kwargs(cfg, agent, env_pool, cfg.eval.data.prompt_column)
+        generators = start_generators(cfg, name, policy, agent=agent_args, **engine)
+        groups.append(generators)
+        es = eval_set(cfg, rows, pool, [*cfg.rewards, *env_rewards], rollout_kind(agent))
         result = finish_eval(es, submit_eval(es, generators, step))
     finally:
-        if generators is not None:
-            generators.kill()
-        if pool is not None:
-            pool.kill()
+        for group in reversed(groups):
+            group.kill()
         if owns_ray:
             ray.shutdown()
     out = Path(output) if output is not None else Path(cfg.logging.dir) / name / "eval.json"

@@ -362,7 +362,8 @@ class Learner:
                 mask = masks[slot.micro_batch]
                 if first:  # old / ref / IS terms frozen at the first pass (no optimizer step has happened yet)
                     sampling = [batch.sampling_logprobs[i] for i in idx]
-                    is_weights, is_metrics = self._is_weights(logp.detach(), sampling, mask)
+                    is_weights, is_metrics = self._is_weights(logp.detach(), sampling, mask,
+                                                              by_turn=batch.completion_mask is not None)
                     for k, v in is_metrics.items():
                         sums[k].append(v)
                     sums["entropy"].append(((entropy * mask).sum() / mask.sum().clamp(min=1)).item())
@@ -502,20 +503,29 @@ class Learner:
                 return self._forward_logps(self.model, rows, with_entropy=False)[0]
 
     def _is_weights(
-        self, old: torch.Tensor, sampling: list[list[float]], mask: torch.Tensor
+        self, old: torch.Tensor, sampling: list[list[float]], mask: torch.Tensor, by_turn: bool = False
     ) -> tuple[torch.Tensor | None, dict[str, float]]:
         """Importance weights for the sampler-learner mismatch ([B, T] or [B, 1]; None without the correction), and
         their metrics with the logprob gap (the alarm for stale or garbage weights after a sync). old: [B, T] the
-        learner's log-probs at the first pass; sampling: each row's vLLM log-probs; mask: [B, T] loss tokens."""
+        learner's log-probs at the first pass; sampling: each row's vLLM log-probs; mask: [B, T] loss tokens.
+        by_turn (multi-turn completions): the gap's max also per model turn (`.../max/turn_<k>`): a gap that grows
+        with the turn is the sign of ids that drifted from what the engine saw."""
         samp = torch.full_like(old, float("nan"))
         for r, lp in enumerate(sampling):
             samp[r, : len(lp)] = torch.tensor(lp, dtype=samp.dtype)
         metrics: dict[str, float] = {}
         valid = (mask > 0) & ~torch.isnan(samp)
         if valid.any():
-            gap = (old - samp).abs()[valid]
+            gaps = (old - samp).abs()
+            gap = gaps[valid]
             metrics["sampling/sampling_logp_difference/mean"] = gap.mean().item()
             metrics["sampling/sampling_logp_difference/max"] = gap.max().item()
+            if by_turn:
+                turns = mask_turns(mask)
+                for k in range(int(turns.max().item()) + 1):
+                    here = valid & (turns == k)
+                    if here.any():
+                        metrics[f"sampling/sampling_logp_difference/max/turn_{k}"] = gaps[here].max().item()
         correction = self.loss_config.vllm_importance_sampling
         if correction is None:
             return None, metrics
@@ -595,3 +605,12 @@ class Learner:
         if self.lora is None:
             raise ValueError("save_merged needs a LoRA learner: a full fine-tune's checkpoints are whole models already")
         return checkpoint.save_merged(self.train_state(), path, self.weights.full_state())
+
+
+def mask_turns(mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] loss mask -> [B, T] model turn of each loss token, -1 elsewhere. A multi-turn completion's model
+    turns are the runs of 1s in its mask (a tool result, never empty, separates two turns), counted from 0."""
+    on = (mask > 0).long()
+    starts = on.clone()
+    starts[:, 1:] = on[:, 1:] * (1 - on[:, :-1])
+    return torch.where(on > 0, starts.cumsum(-1) - 1, torch.full_like(on, -1))

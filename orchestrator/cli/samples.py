@@ -1,7 +1,8 @@
 """`rayward samples RUN`: what the model wrote at a step (the latest by default), as a table on the terminal.
 
 Reads the run's completions log (`<run dir>/completions.jsonl`, written by orchestrator/phases.py): one row per
-trained sample with its prompt, completion, each reward's raw score, the weighted total and the advantage.
+trained sample with its prompt, completion, each reward's raw score, the weighted total and the advantage. With
+tools the completion is the whole conversation: tool calls marked `→`, tool results `←`, and a stop column.
 """
 
 from __future__ import annotations
@@ -16,13 +17,33 @@ from orchestrator.telemetry.metrics import COMPLETIONS_FILE, find_run_dir
 
 # Characters of a prompt / completion shown in a cell (a table of whole completions would not fit a screen).
 CELL_CHARS = 240
+# A completion that is a conversation (tools) is several turns: more room, still a screen.
+CONVERSATION_CHARS = 960
 # Bytes read at a time from the end of the log when looking for the latest step.
 TAIL_BLOCK = 1 << 20
 
 
+def conversation(messages: list[dict[str, Any]]) -> str:
+    """A completion's messages as text: each assistant message's content, its tool calls marked `→ name(args)`,
+    each tool result marked `← name: result`. A single plain assistant message is its content, as before tools."""
+    lines = []
+    for msg in messages:
+        content = msg.get("content") or ""
+        if msg.get("role") == "tool":
+            lines.append(f"← {msg.get('name', 'tool')}: {content}")
+            continue
+        if content:
+            lines.append(content if isinstance(content, str) else json.dumps(content, default=str))
+        for call in msg.get("tool_calls") or []:
+            fn = call.get("function", call)
+            args = fn.get("arguments", {})
+            lines.append(f"→ {fn.get('name')}({args if isinstance(args, str) else json.dumps(args, default=str)})")
+    return "\n".join(lines)
+
+
 def visible(text: Any, limit: int = CELL_CHARS) -> str:
-    """A cell's text: conversations as their last message, control characters escaped (a tiny model writes
-    them; a terminal would act on them), cut at `limit` characters."""
+    """A cell's text: prompts (chat messages) as their last message, control characters escaped (a tiny model
+    writes them; a terminal would act on them), cut at `limit` characters."""
     if isinstance(text, list) and text and isinstance(text[-1], dict):
         text = text[-1].get("content", "")
     text = text if isinstance(text, str) else json.dumps(text, default=str)
@@ -84,6 +105,9 @@ def samples_table(rows: list[dict[str, Any]], *, title: str, limit: int = 0) -> 
     table.add_column("#", justify="right")
     table.add_column("prompt", ratio=2, overflow="fold")
     table.add_column("completion", ratio=3, overflow="fold")
+    agentic = bool(rows) and "stop_reason" in rows[0]
+    if agentic:
+        table.add_column("stop")
     for k in rewards:
         table.add_column(k.split("/", 1)[1], justify="right")
     table.add_column("total", justify="right")
@@ -93,7 +117,12 @@ def samples_table(rows: list[dict[str, Any]], *, title: str, limit: int = 0) -> 
         return "None" if v is None else f"{v:.3g}" if isinstance(v, (int, float)) else str(v)
 
     for i, r in enumerate(rows[:limit] if limit else rows):
-        table.add_row(str(i), visible(r.get("prompt")), visible(r.get("completion")),
+        completion, limit_chars = r.get("completion"), CELL_CHARS
+        if isinstance(completion, list) and completion and isinstance(completion[0], dict):
+            limit_chars = CONVERSATION_CHARS if len(completion) > 1 else CELL_CHARS
+            completion = conversation(completion)  # the whole conversation, tool calls and results marked
+        extra = [str(r.get("stop_reason"))] if agentic else []
+        table.add_row(str(i), visible(r.get("prompt")), visible(completion, limit_chars), *extra,
                       *(num(r.get(k)) for k in rewards), num(r.get("total")), num(r.get("advantage")))
     return table
 

@@ -1,6 +1,8 @@
 """orchestrator/build.py's pure choices, from the config: each actor's cores and environment, the reward pool's
 autoscaling settings."""
 
+import pytest
+
 from actors.cpus import SHARED_CORES_ENV, shared_cores_env
 from orchestrator.build import autoscale_settings, generator_cpu_share
 from orchestrator.config import parse_config
@@ -125,3 +127,41 @@ def test_packing_where_it_cannot_be_correct_is_a_config_error(tmp_path, tiny_mod
     with pytest.raises(ConfigError, match="model.attn_implementation 'flash_attention_2': FlashAttention2 has been "
                                           "toggled on, but it cannot be used"):
         check_learner_model(flash, tiny_model_path)
+
+
+def test_the_rollout_kind_follows_the_tools():
+    from orchestrator.build import rollout_kind
+    from orchestrator.environments import AgentSetup
+    from orchestrator.rollout import Agentic, OneTurn
+
+    assert isinstance(rollout_kind(None), OneTurn)
+    setup = AgentSetup(spec=None, schemas={None: []}, env_classes={None: "BoxEnv"}, env_rewards=[],
+                       env_reward_specs=[], keep_state=True)
+    assert rollout_kind(setup) == Agentic(env_classes={None: "BoxEnv"}, keep_state=True)
+
+
+def test_generators_get_the_environment_pool_and_the_agent_settings(tiny_tools_cfg):
+    from actors.envs.client import PoolEnvironments
+    from orchestrator.build import agent_kwargs
+    from orchestrator.environments import AgentSetup
+
+    class Pool:
+        handle = "the pool actor"
+
+    schemas = {None: [{"type": "function", "function": {"name": "open_box"}}]}
+    setup = AgentSetup(spec=None, schemas=schemas, env_classes={None: "BoxEnv"}, env_rewards=[],
+                       env_reward_specs=[], keep_state=False)
+    kw = agent_kwargs(tiny_tools_cfg, setup, Pool())
+    assert isinstance(kw["environments"], PoolEnvironments) and kw["environments"].pool == "the pool actor"
+    a = kw["agent"]
+    assert (a.tools, a.max_tool_tokens, a.trajectory_timeout_s, a.max_tool_calling_iterations, a.prompt_column) == (
+        schemas, 128, 120.0, 3, "prompt")
+    assert agent_kwargs(tiny_tools_cfg, setup, Pool(), "question")["agent"].prompt_column == "question"
+
+
+@pytest.fixture
+def tiny_tools_cfg():
+    from orchestrator.config import load_config
+    from tests.conftest import ROOT
+
+    return load_config(ROOT / "configs" / "tools.yaml", [])

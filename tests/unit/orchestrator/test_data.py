@@ -96,3 +96,44 @@ def test_to_rollouts_joins_samples_to_their_rows():
     assert r.completions[0] == [{"role": "assistant", "content": "a"}] and r.completions[2] == "b"  # chat stays chat
     assert r.columns == {"letter": ["a", "a", "b", "b"]} and r.prompt_ids[3] == [3]
     assert r.truncated == [False, True, False, False]
+
+
+def test_a_batch_is_as_old_as_its_oldest_model_token():
+    """A weight load landed while it sampled: per-token versions (-1: not the model's) set the batch's version."""
+    from actors.types import Sample
+    from orchestrator.data import to_rollouts
+
+    rows = [{"prompt": "p", "prompt_ids": [1]}]
+    groups = [[Sample([5, 6], [-0.1, -0.1], "a", "stop", versions=[4, 5]),
+               Sample([7, 8], [-0.1, -0.1], "b", "stop", versions=[-1, 5])]]
+    r = to_rollouts(rows, groups, 3, prompt_column="prompt", group_size=2)
+    assert r.policy_version == 4 and r.versions == [[4, 5], [-1, 5]] and r.trajectories is None
+    later = to_rollouts(rows, [[Sample([5], [-0.1], "a", "stop", versions=[6])] * 2], 6, prompt_column="prompt",
+                        group_size=2)
+    assert r.concat(later).policy_version == later.concat(r).policy_version == 4  # the older piece's
+
+
+def test_agentic_samples_bring_their_prompt_and_conversation():
+    from actors.types import Sample, Trajectory
+    from orchestrator.data import to_rollouts
+
+    chat = [{"role": "user", "content": "open box 2"}]
+    t = Trajectory(prompt_ids=[9, 1], prompt=[{"role": "user", "content": "open box 2 (reset)"}],
+                   messages=[{"role": "assistant", "content": "x"}], turn_ids=[0, -1, 1], stop_reason="length")
+    sample = Sample([5, 6, 7], [-0.1, float("nan"), -0.2], "x", "length", versions=[2, -1, 2], trajectory=t)
+    r = to_rollouts([{"prompt": chat, "prompt_ids": [1], "box": 2}], [[sample, sample]], 2, prompt_column="prompt",
+                    group_size=2)
+    assert r.prompt_ids[0] == [9, 1] and r.prompts[0] == t.prompt and r.completions[0] == t.messages
+    assert r.completion_mask() == [[1, 0, 1]] * 2 and r.truncated == [True, True] and r.columns == {"box": [2, 2]}
+    picked = r.take_groups([0])
+    assert picked.trajectories == [t, t] and picked.versions == r.versions
+    with pytest.raises(ValueError, match="mixes agentic samples with one-turn"):
+        to_rollouts([{"prompt": chat, "prompt_ids": [1]}], [[sample, Sample([5], [-0.1], "a", "stop")]], 2,
+                    prompt_column="prompt", group_size=2)
+
+
+def test_boxes_is_a_builtin_dataset():
+    from orchestrator.config import DataSource
+
+    rows = load_rows(DataSource(path="boxes"))
+    assert {"prompt", "box", "seed"} <= set(rows[0])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from actors.learner import layout
-from actors.learner.learner import Learner
+from actors.learner.learner import Learner, mask_turns
 from actors.types import TrainBatch
 from tests.fixtures.learner import TIMED_METRICS, spec
 
@@ -216,3 +216,21 @@ def test_packed_rows_whose_samples_see_each_other_are_refused(tiny_model_path, m
         make(tiny_model_path, loss_type="dapo", padding_free=True)
     monkeypatch.undo()
     assert make(tiny_model_path, loss_type="dapo").packed  # the real forward passes the probe
+
+
+def test_mask_turns_numbers_the_runs_of_model_tokens():
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0, 1], [0, 1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 0, 0]])
+    assert mask_turns(mask).tolist() == [[0, 0, -1, -1, 1, -1, 2], [-1, 0, 0, 0, 0, 0, 0], [-1] * 7]
+
+
+def test_the_logprob_gap_is_split_by_turn_for_multi_turn_batches(tiny_model_path):
+    b = ragged_batch()
+    b.completion_ids[0] = [5, 6, 7, 8, 9, 10]  # two model turns around two tool tokens
+    b.sampling_logprobs[0] = [-6.0, -6.0, math.nan, math.nan, 30.0, 30.0]  # turn 1 far off any logprob
+    b.completion_mask = [[1] * len(c) for c in b.completion_ids]
+    b.completion_mask[0] = [1, 1, 0, 0, 1, 1]
+    m = make(tiny_model_path, micro_batch_size=8).train_step(b).metrics
+    assert m["sampling/sampling_logp_difference/max/turn_1"] > 30.0 > m["sampling/sampling_logp_difference/max/turn_0"]
+    assert m["sampling/sampling_logp_difference/max"] == m["sampling/sampling_logp_difference/max/turn_1"]
+    plain = make(tiny_model_path, micro_batch_size=8).train_step(ragged_batch()).metrics
+    assert not any("/turn_" in k for k in plain)  # one-turn batches log what they always did

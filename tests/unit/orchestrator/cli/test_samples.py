@@ -44,3 +44,16 @@ def test_cells_escape_control_characters_and_show_a_conversation_s_last_message(
     assert visible("ab\x02c\nd\x1b[31m") == "ab\\x02c\nd\\x1b[31m"
     assert visible([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]) == "a"
     assert visible("x" * 10, limit=4) == "xxxx…"
+
+
+def test_a_conversation_shows_its_tool_calls_and_results():
+    from orchestrator.cli.samples import conversation
+
+    messages = [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "open_box", "arguments": {"box": 2}}}]},
+        {"role": "tool", "name": "open_box", "content": "417"},
+        {"role": "assistant", "content": "Done."},
+    ]
+    assert conversation(messages) == 'open_box({"box": 2})'.join(["→ ", ""]) + "\n← open_box: 417\nDone."
+    assert conversation([{"role": "assistant", "content": "hi"}]) == "hi"  # one plain turn: as before tools

@@ -1,0 +1,133 @@
+"""How a run's generators turn prompt rows into samples, chosen once when the run is built (build.rollout_kind):
+
+    OneTurn   one completion per sample: Generator.generate / generate_stream on the rows' prompt ids
+    Agentic   multi-turn conversations with tools: Generator.rollout / rollout_stream on the rows themselves
+              (the generator renders the prompt with the environment's tools and reset()'s text), one seed per
+              row (a GRPO group's environments start from the same state), and the environments' outputs
+              (get_reward(), the pickled environments) handed to the reward pool with the completions
+
+The loop and the evaluator call the same four methods on either; nothing downstream asks which it is. Every call
+carries min_version, the weights its batch is accounted to: a generator's weight loads run beside generation
+(between engine steps, actors/generation/generator.py GENERATOR_GROUPS), so the order of calls no longer says
+which weights sample; requests wait for that version instead. The agentic step metrics (turns, tools, stop
+reasons, tokens by role) are `agent_metrics`, pure.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from actors.group import ActorGroup, Pending, Stream
+from actors.types import FinishedGroups, RewardBatch, Rollouts, Sample, StopReason
+
+# Every stop reason, so each step logs all of their fractions (a reason absent from a step logs 0, and a plot of
+# it has no gaps).
+STOP_REASONS: tuple[StopReason, ...] = ("stop", "max_turns", "length", "timeout", "env_error")
+
+
+class Rollout(Protocol):
+    """Generation as the phases, the pipelined bookkeeping and the evaluator call it."""
+
+    def generate(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+                 sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
+        """Every row's samples (row order), sharded over the generators, waited for."""
+
+    def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+        """The same without waiting, for an eval: seeded (every eval draws alike) and pinned to one version (no
+        weight load lands until it is done; min_version None: whatever the engines hold), one Pending per shard."""
+
+    def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
+               sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
+        """One generator's groups as they finish."""
+
+    def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
+        """What the reward pool scores."""
+
+
+class OneTurn:
+    """One-turn completions of the rows' prompt ids (`prompt_ids`, added by the PromptSource). Training batches
+    are not seeded per row (each generator draws from its own seed), as before agentic rollouts existed."""
+
+    def generate(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+                 sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
+        return generators.call_sharded("generate", [r["prompt_ids"] for r in rows], min_version=min_version,
+                                       **sampling)
+
+    def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+        return generators.submit_sharded("generate", [r["prompt_ids"] for r in rows], aligned={"seeds": seeds},
+                                         min_version=min_version, pin=True, **sampling)
+
+    def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
+               sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
+        return generators.stream(member, "generate_stream", [r["prompt_ids"] for r in rows], min_version=min_version,
+                                 **sampling)
+
+    def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
+        return rollouts.reward_batch()
+
+
+@dataclass(frozen=True)
+class Agentic:
+    """Multi-turn rollouts with tools (see the module docstring). env_classes: environment_factory name (None:
+    the only one) -> class name, for the environments' own rewards; keep_state: a reward function declares
+    `environments` (the pickled environments travel to the pool only then)."""
+
+    env_classes: dict[str | None, str] = field(default_factory=dict)
+    keep_state: bool = False
+
+    def generate(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+                 sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
+        return generators.call_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling,
+                                       min_version=min_version)
+
+    def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+        return generators.submit_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling,
+                                         min_version=min_version, pin=True)
+
+    def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
+               sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
+        return generators.stream(member, "rollout_stream", rows, seeds, sampling=sampling, min_version=min_version)
+
+    def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
+        if rollouts.trajectories is None:
+            raise ValueError("Agentic.reward_batch: the rollouts have no trajectories (a one-turn generator?)")
+        return rollouts.reward_batch().with_trajectories(rollouts.trajectories, self.env_classes, self.keep_state)
+
+
+def agent_metrics(rollouts: Rollouts) -> dict[str, float]:
+    """A batch's conversations, per sample means: turns, tool calls and failures, seconds on the environment,
+    tokens by role (model: sampled; tool: tool results and template scaffold), tool results cut to the budget;
+    stop-reason fractions. {} for a one-turn batch."""
+    ts = rollouts.trajectories
+    if not ts:
+        return {}
+    n = len(ts)
+    mean = lambda xs: sum(xs) / n  # noqa: E731
+    model_tokens = [sum(t.mask) for t in ts]
+    role_tokens = [len(c) - m for c, m in zip(rollouts.completion_ids, model_tokens, strict=True)]
+    m = {
+        "multiturn/turns": mean([t.turns for t in ts]),
+        "multiturn/tool_calls": mean([t.tool_calls for t in ts]),
+        "multiturn/tool_failures": mean([t.tool_failures for t in ts]),
+        "multiturn/truncated_tool_results": mean([t.truncated_tool_results for t in ts]),
+        "multiturn/env_s": mean([t.env_s for t in ts]),
+        "multiturn/env_s_max": max(t.env_s for t in ts),
+        "multiturn/tokens/model": mean(model_tokens),
+        "multiturn/tokens/tool": mean(role_tokens),
+        "multiturn/env_reward_missing_frac": mean([t.env_reward is None for t in ts]),
+    }
+    stops = Counter(t.stop_reason for t in ts)
+    m.update({f"multiturn/stop_reason/{r}": stops[r] / n for r in STOP_REASONS})
+    return m
+
+
+def row_seeds(base: int, first: int, count: int, group_size: int) -> list[int]:
+    """Seeds of `count` rows, the first being the `first`-th row the run has served: `group_size` apart (a
+    generator seeds sample j of a row with its seed + j) and fixed by the row's place in the run, so a resumed
+    run draws what the original would have."""
+    return [base + (first + i) * group_size for i in range(count)]
