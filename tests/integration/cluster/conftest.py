@@ -3,6 +3,8 @@ that need one: starting its nodes one at a time is the slow part, and each test'
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.fixtures.cluster import Cluster
@@ -22,3 +24,13 @@ def multinode(request: pytest.FixtureRequest):
         yield cluster
     finally:
         cluster.down(keep_logs=request.session.testsfailed > failed_before)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """This package's tests that need no `multinode` cluster run before those that do, so that the cluster (a
+    package fixture: it lives until the package's last test) is down again while the others run."""
+    here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if Path(str(item.fspath)).parent == here]
+    ordered = sorted((items[i] for i in slots), key=lambda item: "multinode" in getattr(item, "fixturenames", ()))
+    for i, item in zip(slots, ordered, strict=True):
+        items[i] = item
