@@ -1,10 +1,11 @@
 """Reward-worker placement and live scaling on a real multi-node Ray cluster (`ray start` nodes on this machine).
 
 cluster/local_cluster.sh starts a head (no reward resource), two nodes with {"reward_node": 8} and one with
-{"generator_node": 1}. A real `rayward run` joins it with reward workers asking for {"reward_node": 1} and its
-generator for {"generator_node": 1} (the learner stays on the head, so every weight sync crosses nodes over the
-collective backend: the first sync's logprob parity and every step's logprob gap are checked); the test runs
-`rayward scale` to 6 and then to 3 workers while it trains. The run's reward (tests/fixtures/slow_rewards.py:
+{"generator_node": 1} (the package's `multinode` fixture, shared with test_multinode_learner.py). A real `rayward run`
+joins it with reward workers asking for {"reward_node": 1} and its generator for {"generator_node": 1} (the
+learner stays on the head, so every weight sync crosses nodes over the collective backend: the first sync's
+logprob parity and every step's logprob gap are checked); the test runs `rayward scale` to 6 and then to 3
+workers while it trains. The run's reward (tests/fixtures/slow_rewards.py:
 tagged_value) returns the sample's `value` column and writes one line per scored sample (step, prompt uid,
 completion token ids, node).
 
@@ -106,15 +107,15 @@ def _alive_workers(cluster: Cluster) -> int:
     return sum(a["state"] == "ALIVE" and _is_worker(a) for a in cluster.state()["actors"])
 
 
-def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
+def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(multinode: Cluster, tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Write the letter {'abcd'[i % 4]}:", "uid": i, "value": _value(i)})
                             + "\n" for i in range(ROWS)))
     records, holds, runs, log = tmp_path / "records", tmp_path / "holds", tmp_path / "runs", tmp_path / "run.log"
     holds.mkdir()
     metrics = runs / RUN / "metrics.jsonl"
-    cluster = Cluster()
-    proc, passed = None, False
+    cluster = multinode
+    proc = None
     t0 = time.monotonic()
 
     def held(step: int) -> bool:
@@ -124,8 +125,6 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
         Path(release_file(str(holds), step)).touch()
 
     try:
-        cluster.up(reward_nodes=2, generator_node=True)
-        t_up = time.monotonic() - t0
         cmd = [
             rayward_exe(), "run", str(ROOT / "configs" / "demo.yaml"),
             f"cluster.address={cluster.gcs}",
@@ -163,7 +162,7 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
         release(HOLD_END)
         rc = proc.wait(timeout=WAIT_S)
         assert rc == 0, f"rayward run failed (rc {rc}):\n{tail(log)}"
-        t_run = time.monotonic() - t0 - t_up
+        t_run = time.monotonic() - t0
 
         # (a) placement, from the cluster's own records (dead actors keep their node id).
         st = cluster.state()
@@ -214,9 +213,8 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
             assert row["rewards/tagged/mean"] == pytest.approx(sum(map(_value, uids)) / PROMPTS, abs=1e-6), s
             assert row["rewards/tagged/none_frac"] == 0.0
             assert row["rewards/tagged/timeouts"] == 0 and row["rewards/tagged/errors"] == 0
-        print(f"\nmulti-node: cluster up {t_up:.0f}s, run {t_run:.0f}s; pool sizes per step {sizes}; workers used "
+        print(f"\nmulti-node: run {t_run:.0f}s; pool sizes per step {sizes}; workers used "
               f"{used}; workers per reward node {sorted(placed.values())}; samples per node {sorted(scored_on.values())}")
-        passed = True
     finally:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -225,4 +223,3 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
-        cluster.down(keep_logs=not passed)

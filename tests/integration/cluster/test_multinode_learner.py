@@ -1,6 +1,7 @@
 """FSDP learner ranks across nodes on a real multi-node Ray cluster (`ray start` nodes on this machine, token auth).
 
-cluster/local_cluster.sh starts a head and one more node. With `cluster.learner_placement: spread`:
+The package's `multinode` fixture (cluster/local_cluster.sh: a head and three more nodes, shared with
+test_multinode.py). With `cluster.learner_placement: spread`:
   (a) fsdp_across_nodes.py (a Ray client of its own) builds 2 FSDP ranks as `rayward run` does (Ray STRICT_SPREAD: one
       rank per node, rank 0's rendezvous address taken on its node) beside 1 single learner, and checks the ranks ran
       on two different nodes and train as one: the same loss and updated weights as 1 rank (fp32, <= 1e-5); their
@@ -18,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import defaultdict
 
 import pytest
 
@@ -45,49 +47,48 @@ def _run(cluster: Cluster, log, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(cmd, cwd=ROOT, env=client_env(), stdout=out, stderr=subprocess.STDOUT, timeout=400)
 
 
-def test_fsdp_ranks_on_two_nodes_match_one_rank_and_resume_across_nodes(tmp_path):
-    cluster = Cluster()
-    passed = False
-    try:
-        cluster.up(reward_nodes=1)
-        nodes = {n["node_id"] for n in cluster.state()["nodes"] if n["state"] == "ALIVE"}
-        assert len(nodes) == 2, nodes
+def test_fsdp_ranks_on_two_nodes_match_one_rank_and_resume_across_nodes(multinode: Cluster, tmp_path):
+    cluster = multinode
+    nodes = {n["node_id"] for n in cluster.state()["nodes"] if n["state"] == "ALIVE"}
+    assert len(nodes) == 4, nodes
 
-        # (a) the numbers
-        p = subprocess.run([sys.executable, "-m", "tests.integration.cluster.fsdp_across_nodes", cluster.gcs, str(tmp_path)],
-                           cwd=ROOT, env={**client_env(), "RAY_AUTH_MODE": "token"}, capture_output=True, text=True,
-                           timeout=400)
-        assert p.returncode == 0, f"driver failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
-        r = json.loads((tmp_path / "result.json").read_text())
-        print(f"\n2 ranks on 2 nodes vs 1 rank: {r}")
-        ranks = [r["nodes"][str(i)] for i in range(2)]  # placement group bundle (= rank) -> node id
-        assert len(set(ranks)) == 2 and set(ranks) == nodes  # one rank on each node
-        assert set(r["resumed_nodes"].values()) == nodes
-        assert r["initial_diff"] == 0.0 and r["moved"] > 100 * ATOL  # the step moved the weights: not vacuous
-        assert r["loss_2"] == pytest.approx(r["loss_1"], abs=ATOL) and r["kl_2"] == pytest.approx(r["kl_1"], abs=ATOL)
-        assert r["step1_diff"] <= ATOL
-        assert r["resumed_state"] == {"global_step": 1, "note": "2 ranks on 2 nodes"} and r["resumed_diff"] == 0.0
-        assert r["loss2_2"] == pytest.approx(r["loss2_1"], abs=ATOL) and r["step2_global"] == 2
-        assert r["step2_diff"] <= ATOL and r["single_from_2_diff"] == 0.0
+    # (a) the numbers
+    p = subprocess.run([sys.executable, "-m", "tests.integration.cluster.fsdp_across_nodes", cluster.gcs, str(tmp_path)],
+                       cwd=ROOT, env={**client_env(), "RAY_AUTH_MODE": "token"}, capture_output=True, text=True,
+                       timeout=400)
+    assert p.returncode == 0, f"driver failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+    r = json.loads((tmp_path / "result.json").read_text())
+    print(f"\n2 ranks on 2 nodes vs 1 rank: {r}")
+    ranks = [r["nodes"][str(i)] for i in range(2)]  # placement group bundle (= rank) -> node id
+    assert len(set(ranks)) == 2 and set(ranks) <= nodes  # one rank on each of two nodes
+    resumed = set(r["resumed_nodes"].values())
+    assert len(resumed) == 2 and resumed <= nodes
+    assert r["initial_diff"] == 0.0 and r["moved"] > 100 * ATOL  # the step moved the weights: not vacuous
+    assert r["loss_2"] == pytest.approx(r["loss_1"], abs=ATOL) and r["kl_2"] == pytest.approx(r["kl_1"], abs=ATOL)
+    assert r["step1_diff"] <= ATOL
+    assert r["resumed_state"] == {"global_step": 1, "note": "2 ranks on 2 nodes"} and r["resumed_diff"] == 0.0
+    assert r["loss2_2"] == pytest.approx(r["loss2_1"], abs=ATOL) and r["step2_global"] == 2
+    assert r["step2_diff"] <= ATOL and r["single_from_2_diff"] == 0.0
 
-        # (b) a run: spread ranks train and sync the generators; the checkpoint resumes on spread ranks
-        log = tmp_path / "run.log"
-        p = _run(cluster, log, f"grpo.max_steps={STEPS}")
-        assert p.returncode == 0, tail(log, 6000)
-        metrics = tmp_path / "runs" / RUN / "metrics.jsonl"
-        rows = [json.loads(x) for x in metrics.read_text().splitlines()]
-        assert [x["step"] for x in rows] == list(range(1, STEPS + 1))
-        assert (tmp_path / "runs" / RUN / f"checkpoint-{STEPS}" / "model.safetensors").exists()
-        p = _run(cluster, log, f"grpo.max_steps={STEPS + 2}", "--resume")
-        assert p.returncode == 0, tail(log, 6000)
-        text = log.read_text()
-        assert f"resumed from {tmp_path / 'runs' / RUN / f'checkpoint-{STEPS}'} at step {STEPS}" in text, tail(log)
-        rows = [json.loads(x) for x in metrics.read_text().splitlines()]
-        assert [x["step"] for x in rows] == list(range(1, STEPS + 3))
-        assert rows[STEPS]["policy_version"] == STEPS
-        assert max(x["sampling/sampling_logp_difference/max"] for x in rows) < 1e-3  # rank 0's weights landed
-        actors = [a for a in cluster.state()["actors"] if (a["name"] or "").startswith(f"{RUN}/learner-")]
-        assert len(actors) == 4 and {a["node_id"] for a in actors} == nodes, actors  # 2 runs x 2 spread ranks
-        passed = True
-    finally:
-        cluster.down(keep_logs=not passed)
+    # (b) a run: spread ranks train and sync the generators; the checkpoint resumes on spread ranks
+    log = tmp_path / "run.log"
+    p = _run(cluster, log, f"grpo.max_steps={STEPS}")
+    assert p.returncode == 0, tail(log, 6000)
+    metrics = tmp_path / "runs" / RUN / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [x["step"] for x in rows] == list(range(1, STEPS + 1))
+    assert (tmp_path / "runs" / RUN / f"checkpoint-{STEPS}" / "model.safetensors").exists()
+    p = _run(cluster, log, f"grpo.max_steps={STEPS + 2}", "--resume")
+    assert p.returncode == 0, tail(log, 6000)
+    text = log.read_text()
+    assert f"resumed from {tmp_path / 'runs' / RUN / f'checkpoint-{STEPS}'} at step {STEPS}" in text, tail(log)
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [x["step"] for x in rows] == list(range(1, STEPS + 3))
+    assert rows[STEPS]["policy_version"] == STEPS
+    assert max(x["sampling/sampling_logp_difference/max"] for x in rows) < 1e-3  # rank 0's weights landed
+    actors = [a for a in cluster.state()["actors"] if (a["name"] or "").startswith(f"{RUN}/learner-")]
+    by_run = defaultdict(set)  # each `rayward run` is its own Ray job
+    for a in actors:
+        by_run[a["job_id"]].add(a["node_id"])
+    assert len(actors) == 4 and len(by_run) == 2, actors  # 2 runs x 2 spread ranks
+    assert all(len(on) == 2 and on <= nodes for on in by_run.values()), actors  # each run's ranks on two nodes

@@ -1,7 +1,7 @@
-"""Held-out eval on a local Ray cluster with real vLLM: the demo's eval curve rises, `rayward eval` on the final
-checkpoint reproduces the run's last eval, and in the pipelined loop checkpoint-best holds the weights that scored
-its eval. (The eval schedule, which weights each eval sees, checkpoint-best's bookkeeping:
-tests/unit/orchestrator/test_loop.py, on fakes.)"""
+"""Held-out eval on a local Ray cluster with real vLLM: the demo's eval curve rises, and in the pipelined loop
+checkpoint-best holds the weights that scored its eval (`rayward eval` on it reproduces that eval). (The eval
+schedule, which weights each eval sees, checkpoint-best's bookkeeping: tests/unit/orchestrator/test_loop.py, on
+fakes.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.cli.main import main
 from orchestrator.config import load_config
-from orchestrator.train import evaluate, train
+from orchestrator.train import train
 from tests.conftest import ROOT
 
 DEMO = ROOT / "configs" / "demo.yaml"
@@ -66,29 +66,11 @@ def test_eval_in_the_progress_output_and_on_disk(demo_run):
     assert {"step", "prompt", "completion", "total", "passed", "rewards/letter"} <= set(first)
 
 
-def test_rayward_eval_on_the_final_checkpoint(demo_run, tmp_path, capsys):
-    """`rayward eval CONFIG --checkpoint ...` prints the table and writes the report; same weights, prompts and
-    seeded sampling as the run's last eval, so the same numbers."""
-    _, history, run_dir, _ = demo_run
-    report = tmp_path / "report.json"
-    code = main(["eval", str(DEMO), *EVAL_OVERRIDES, "--checkpoint", str(run_dir / "checkpoint-40"),
-                 "--name", "eval-cli", "--output", str(report), f"logging.dir={tmp_path}"])
-    out = capsys.readouterr().out
-    assert code == 0
-    assert any(line.startswith("eval/reward ") for line in out.splitlines()), out
-    got = json.loads(report.read_text())
-    assert got["step"] == 40 and len(got["samples"]) == 256 * 4
-    last = evals_of(history)[-1]
-    print(f"in-training eval at step 40: {last['eval/reward']:.4f}; rayward eval of checkpoint-40: "
-          f"{got['metrics']['eval/reward']:.4f}")
-    for key in ("eval/reward", "eval/pass@1", "eval/pass@4", "eval/mean_length"):
-        assert got["metrics"][key] == pytest.approx(last[key], abs=1e-6), key
-
-
-def test_pipelined_eval_overlaps_and_evaluates_the_weights_it_names(ray_cluster, tmp_path):
+def test_pipelined_eval_overlaps_and_rayward_eval_reproduces_checkpoint_best(ray_cluster, tmp_path, capsys):
     """Pipelined, with eval rewards of its own (scored by NAME/eval-reward-pool, not trained on): checkpoint-best,
     saved as a candidate when its eval was submitted (queued on the real learner before its next train step),
-    holds the weights that scored the recorded value."""
+    holds the weights that scored the recorded value: `rayward eval CONFIG --checkpoint ...` on it (same weights,
+    prompts and seeded sampling as that eval, so the same numbers) prints the table and writes the report."""
     own = ('[{"name": "letter", "function": "letter_fraction"}, '
            '{"name": "starts", "function": "starts_with_letter", "weight": 0.5}]')
     over = [f"logging.dir={tmp_path}", "grpo.max_steps=10", "logging.check_logprob_parity=false",
@@ -104,6 +86,16 @@ def test_pipelined_eval_overlaps_and_evaluates_the_weights_it_names(ray_cluster,
     state = json.loads((tmp_path / "eval-pipe" / "checkpoint-best" / "rayward_state.json").read_text())
     best = max(evals, key=lambda h: h["eval/reward"])
     assert state["best"]["step"] == best["step"] == state["global_step"]
-    again = evaluate(cfg, tmp_path / "eval-pipe" / "checkpoint-best", name="eval-pipe-best",
-                     output=tmp_path / "best.json", verbose=False)
-    assert again["metrics"]["eval/reward"] == pytest.approx(best["eval/reward"], abs=1e-6)
+    capsys.readouterr()
+    report = tmp_path / "best.json"
+    code = main(["eval", str(ROOT / "configs" / "pipelined.yaml"), *over, "--name", "eval-pipe-best",
+                 "--checkpoint", str(tmp_path / "eval-pipe" / "checkpoint-best"), "--output", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert any(line.startswith("eval/reward ") for line in out.splitlines()), out
+    again = json.loads(report.read_text())
+    assert again["step"] == best["step"] and len(again["samples"]) == best["eval/prompts"] * 2
+    print(f"eval at step {best['step']} (best): {best['eval/reward']:.4f}; rayward eval of checkpoint-best: "
+          f"{again['metrics']['eval/reward']:.4f}")
+    for key in ("eval/reward", "eval/pass@1", "eval/pass@2", "eval/mean_length"):
+        assert again["metrics"][key] == pytest.approx(best[key], abs=1e-6), key

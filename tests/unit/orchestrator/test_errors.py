@@ -7,6 +7,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+from ray import cloudpickle
 from ray.exceptions import RayActorError, RayTaskError
 
 from actors.rewards.worker import RewardFunctionError, RewardSpec, RewardWorker
@@ -75,18 +76,20 @@ def test_debug_adds_every_traceback(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("mode", "message"),
+    ("mode", "batched", "message"),
     [
-        ("wrong_length", "reward 'bad' returned 3 values for 2 completions (samples 8..9)"),
-        ("strings", "reward 'bad' returned 'high' (str) for sample 8, expected a number or None"),
+        ("wrong_length", True, "reward 'bad' returned 3 values for 2 completions (samples 8..9)"),
+        # one call per sample (the default, as in a run of configs/demo.yaml)
+        ("wrong_length", False, "reward 'bad' returned 2 values for 1 completions (samples 8..8)"),
+        ("strings", False, "reward 'bad' returned 'high' (str) for sample 8, expected a number or None"),
     ],
 )
-def test_a_bad_return_value_names_the_function(mode, message, tmp_path):
-    spec_batched = mode == "wrong_length"
-    worker = RewardWorker([RewardSpec("bad", BAD, kwargs={"mode": mode}, batched=spec_batched)])
+def test_a_bad_return_value_names_the_function(mode, batched, message, tmp_path):
+    worker = RewardWorker([RewardSpec("bad", BAD, kwargs={"mode": mode}, batched=batched)])
     with pytest.raises(RewardFunctionError) as info:
         worker.score(RewardBatch(["p1", "p2"], ["c1", "c2"], [[1]] * 2, {}, 2, offset=8))
-    text = explain(failed_run(as_ray_delivers(info.value, "RewardPool.score"), tmp_path, ckpt=False))
+    crossed = cloudpickle.loads(cloudpickle.dumps(info.value))  # as it crosses from the worker to the driver
+    text = explain(failed_run(as_ray_delivers(crossed, "RewardPool.score"), tmp_path, ckpt=False))
     lines = text.splitlines()
     assert lines[1] == message
     assert lines[2:4] == ["  prompt:     'p1'", "  completion: 'c1'"]

@@ -33,35 +33,37 @@ from vllm.inputs import TokensPrompt  # noqa: E402
 
 from actors.generation.engine import token_versions  # noqa: E402
 from actors.generation.generator import Generator, _samples  # noqa: E402
-from orchestrator.tiny import ensure_tiny_model  # noqa: E402
+from tests.integration.actors.generation.conftest import MAX_MODEL_LEN  # noqa: E402
 
 # Engine vs transformers, both float32: kernel summation orders differ by ~1e-5; the other weights' logprobs
 # are > 0.1 away (NOISE_STD), so 1e-3 tells the two apart.
 PARITY_TOL = 1e-3
 NOISE_STD = 0.05
 # Long enough that a request is still decoding when the test acts on it (the engine core in its own process
-# does not wait for the test), within max_model_len.
+# does not wait for the test), within MAX_MODEL_LEN.
 LONG_TOKENS = 900
-MAX_MODEL_LEN = 1024
 # Bounds polling on the engine, so a loop that stopped fails the test instead of hanging it.
 WAIT_S = 120
 
 
 @pytest.fixture(scope="module", params=["in-process", "engine-core-process"])
-def generator(request: pytest.FixtureRequest):
+def generator(request: pytest.FixtureRequest, tiny_model):
+    if request.param == "engine-core-process":  # the package's, shared with test_generator.py (conftest.py)
+        yield request.getfixturevalue("engine_core_generator")
+        return
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if request.param == "in-process" else "1")
-        gen = Generator(str(ensure_tiny_model()), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0)
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        gen = Generator(str(tiny_model), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0)
         yield gen
         gen.loop.close(WAIT_S)
         gen.llm.llm_engine.engine_core.shutdown()
 
 
 @pytest.fixture(scope="module")
-def weights() -> dict[str, dict[str, torch.Tensor]]:
+def weights(tiny_model) -> dict[str, dict[str, torch.Tensor]]:
     """The tiny model's weights and a perturbed copy, HF-named, as the learner sends them: without the tied
     lm_head (an alias of the embeddings, which safetensors refuses)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(ensure_tiny_model(), dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     assert model.config.tie_word_embeddings
     original = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     g = torch.Generator().manual_seed(1)
@@ -73,8 +75,8 @@ def blob(state: dict[str, torch.Tensor]) -> bytes:
     return save({k: v.contiguous() for k, v in state.items()})
 
 
-def hf_model(state: dict[str, torch.Tensor]):
-    model = transformers.AutoModelForCausalLM.from_pretrained(ensure_tiny_model(), dtype=torch.float32)
+def hf_model(path, state: dict[str, torch.Tensor]):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied: the embeddings are the lm_head
     return model.eval()
@@ -120,9 +122,10 @@ def test_a_request_submitted_while_another_decodes_finishes_first(generator: Gen
     assert len(long.result(WAIT_S).outputs[0].token_ids) == LONG_TOKENS
 
 
-def test_a_weight_load_between_steps_splits_each_completion_by_version(generator: Generator, weights) -> None:
+def test_a_weight_load_between_steps_splits_each_completion_by_version(generator: Generator, weights,
+                                                                      tiny_model) -> None:
     loop = generator.loop
-    old, new = hf_model(weights["original"]), hf_model(weights["perturbed"])
+    old, new = hf_model(tiny_model, weights["original"]), hf_model(tiny_model, weights["perturbed"])
     perturbed = blob(weights["perturbed"])
     before = loop.version
     prompt = prompt_ids(generator, "Write the letter c:")

@@ -1,7 +1,7 @@
 """The vLLM Generator on the tiny local model: sampling outputs, logprob conventions and weight sync.
 
-One engine is started for the whole module (~20-30 s on CPU). Tests that compare with transformers
-use `engine_weights`, a HF model kept equal to whatever weights the engine currently holds, so the
+One engine serves the whole package (conftest.py: shared with test_engine.py). Tests that compare with
+transformers use `engine_weights`, a HF model kept equal to whatever weights the engine currently holds, so the
 tests do not depend on their order.
 """
 
@@ -22,7 +22,6 @@ transformers = pytest.importorskip("transformers")
 from safetensors.torch import save  # noqa: E402
 
 from actors.generation.generator import Generator  # noqa: E402
-from orchestrator.tiny import build_tiny_model  # noqa: E402
 
 # Both sides run float32; differing kernel summation orders give ~1e-5 differences. A layer that
 # failed to sync (e.g. a stale lm_head) shifts logprobs by > 0.1, so 1e-3 separates the two cleanly.
@@ -32,23 +31,11 @@ NOISE_STD = 0.05
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def generator(tiny_model: Path):
-    # vLLM's multiprocess engine (engine core + worker processes), the layout GPU generators use; on CPU
-    # the Generator defaults to the in-process engine, which the Ray tests (test_e2e, ...) exercise.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-        t0 = time.perf_counter()
-        gen = Generator(str(tiny_model), seed=0, max_model_len=256, kv_cache_gib=1.0)
-        print(f"\nengine start: {time.perf_counter() - t0:.1f}s {gen!r}")
-        yield gen
-        # Shut the engine core down now rather than at interpreter exit, so its processes do not
-        # outlive the module (and later tests get the CPU cores back).
-        gen.llm.llm_engine.engine_core.shutdown()
+def generator(engine_core_generator: Generator) -> Generator:
+    """vLLM's multiprocess engine (engine core + worker processes), the layout GPU generators use, shared with
+    test_engine.py (conftest.py); on CPU the Generator defaults to the in-process engine, which the Ray tests
+    (test_e2e, ...) exercise."""
+    return engine_core_generator
 
 
 @pytest.fixture(scope="module")

@@ -111,17 +111,20 @@ def run_members(tmp_path: Path, world: int, started: int, mode: str, device_type
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(started)]
 
 
+@pytest.mark.slow  # spawns the group's processes
 def test_gloo_group_moves_buckets_exactly(tmp_path):
     results = run_members(tmp_path, world=3, started=3, mode="ok")
     assert all(r.get("equal") for r in results), results
 
 
+@pytest.mark.slow  # spawns the group's processes
 def test_a_member_that_never_joins_is_a_timeout_not_a_hang(tmp_path):
     r0, r1 = run_members(tmp_path, world=3, started=2, mode="ok")
     assert "did not form within 3 s: ranks [2] never joined" in r0["error"], r0  # rank 0 holds the store
     assert "did not form within 3 s" in r1["error"], r1
 
 
+@pytest.mark.slow  # spawns the group's processes
 def test_a_stalled_receiver_times_out_the_sender_naming_the_bucket(tmp_path):
     r0, r1 = run_members(tmp_path, world=2, started=2, mode="stall")
     assert "weight transfer failed at bucket 1" in r0["error"] and "timeout 3 s" in r0["error"], r0

@@ -1,0 +1,36 @@
+"""One freshly built tiny model and one Generator on vLLM's engine core in its own process (GPU's layout) for the
+generation tests: an engine start is the slow part, so test_engine.py's engine-core-process case and
+test_generator.py share this one. A test that loads other weights into it loads the original ones back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# Long enough that a request is still decoding when a test acts on it (test_engine.py's LONG_TOKENS).
+MAX_MODEL_LEN = 1024
+# Bounds the wait for the engine's loop to stop at teardown.
+CLOSE_WAIT_S = 120
+
+
+@pytest.fixture(scope="package")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """build_tiny_model's output itself (not the cache other tests share: test_generator.py checks the build)."""
+    from orchestrator.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
+
+
+@pytest.fixture(scope="package")
+def engine_core_generator(tiny_model: Path):
+    from actors.generation.generator import Generator
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        gen = Generator(str(tiny_model), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0)
+        yield gen
+        gen.loop.close(CLOSE_WAIT_S)
+        # Shut the engine core down now rather than at interpreter exit, so its processes do not outlive the
+        # package (and later tests get the CPU cores back).
+        gen.llm.llm_engine.engine_core.shutdown()
