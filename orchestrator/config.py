@@ -679,7 +679,7 @@ class AgentConfig(_Section):
     own); also bounds an environment's construction + reset(). A call past it returns an error message the model
     reads, and is counted; the trajectory goes on."""
     trajectory_timeout_s: float = Field(600.0, gt=0)
-    """Each trajectory's deadline, from its first turn to its close: past it the trajectory ends with stop reason
+    """Each trajectory's deadline, from its group's environment sessions opening to its last turn: past it the trajectory ends with stop reason
     `timeout` (and its reward is scored as usual)."""
     max_tool_tokens: int = Field(1024, ge=1)
     """Tool-result tokens per trajectory (the model-token budget is generation.max_completion_length): a result

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit.actors.weights.test_collective import run_members
+from tests.fixtures.collective import plan_of, run_members, tensors
 
 needs_two = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one NCCL rank per GPU)")
 
@@ -25,7 +25,6 @@ def test_nccl_member_that_never_joins_is_a_timeout(tmp_path):
 
 def test_wire_tensors_on_the_gpu():
     from actors.weights.collective import bucket_tensors, wire_tensors
-    from tests.unit.actors.weights.test_collective import plan_of, tensors
 
     ts = {k: v.cuda() for k, v in tensors().items()}
     (bucket,) = plan_of(ts, bucket_bytes=1 << 20)

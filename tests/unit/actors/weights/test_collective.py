@@ -4,43 +4,20 @@ processes (a clean transfer, a member that never joins, a receiver that stalls).
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from actors.net import free_port
 from actors.weights.collective import (
     ALIGN_BYTES,
     DIRECT,
-    WeightGroup,
-    WeightTransferError,
     bucket_tensors,
-    plan_buckets,
     plan_from_wire,
     plan_to_wire,
     receive_buffers,
     wire_tensors,
 )
-
-DIRECT_BYTES = 100  # in these tests: "d" (768 bytes) travels on its own, the others are packed
-
-SHORT_TIMEOUT_S = 3.0
-
-
-def tensors() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(0)
-    return {
-        "a": torch.randn(3, 5, generator=g),
-        "b": torch.randn(7, generator=g).to(torch.bfloat16),
-        "c": torch.randint(0, 9, (2, 2), generator=g),
-        "d": torch.randn(64, 3, generator=g),
-    }
-
-
-def plan_of(ts, bucket_bytes, direct_bytes=DIRECT_BYTES):
-    return plan_buckets([(k, v.dtype, tuple(v.shape)) for k, v in ts.items()], bucket_bytes, direct_bytes)
+from tests.fixtures.collective import plan_of, run_members, tensors
 
 
 def test_plan_cuts_buckets_at_the_size_and_keeps_every_tensor_in_order():
@@ -68,47 +45,6 @@ def test_wire_then_views_are_exact_for_mixed_dtypes_and_direct_tensors_are_not_c
     for k, v in ts.items():
         assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
     assert bucket.wire_bytes == bucket.nbytes + ts["d"].nbytes
-
-
-def _member(rank: int, port: int, world: int, mode: str, out: str, device_type: str = "cpu") -> None:
-    """rank 0 sends the test tensors in buckets; the others receive. mode: ok | stall (rank 1 joins, never
-    receives). device_type "cuda": each rank on its own GPU, so the group is NCCL (the same code)."""
-    device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
-    if device_type == "cuda":
-        torch.cuda.set_device(device)
-    store = None
-    if rank == 0:
-        store = torch.distributed.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False)
-    result: dict = {}
-    try:
-        g = WeightGroup.join(rank=rank, world_size=world, device=device, timeout_s=SHORT_TIMEOUT_S,
-                             generation=0, store=store, host="127.0.0.1", port=port)
-        ts = {k: v.to(device) for k, v in tensors().items()}
-        plan = plan_of(ts, bucket_bytes=300)
-        got = {}
-        for k, b in enumerate(plan):
-            if rank == 0:
-                g.wait(g.broadcast(wire_tensors(b, [ts[m.name] for m in b.tensors], g.device)), f"bucket {k + 1}")
-            elif mode == "stall":
-                continue
-            else:
-                bufs = receive_buffers(b, device)
-                g.wait(g.broadcast(bufs), f"bucket {k + 1}")
-                got.update(bucket_tensors(b, bufs))
-        result["equal"] = rank == 0 or mode == "stall" or all(torch.equal(got[k], v) for k, v in ts.items())
-    except WeightTransferError as err:
-        result["error"] = str(err)
-    Path(f"{out}.{rank}").write_text(json.dumps(result))
-    if rank == 1 and mode == "stall":
-        import time
-
-        time.sleep(SHORT_TIMEOUT_S + 2)  # stay alive: the sender must time out, not see a closed connection
-
-
-def run_members(tmp_path: Path, world: int, started: int, mode: str, device_type: str = "cpu") -> list[dict]:
-    out = str(tmp_path / "r")
-    mp.spawn(_member, args=(free_port(), world, mode, out, device_type), nprocs=started, join=True)
-    return [json.loads(Path(f"{out}.{r}").read_text()) for r in range(started)]
 
 
 @pytest.mark.slow  # spawns the group's processes
