@@ -34,7 +34,14 @@ from orchestrator.config import (
     RewardConfig,
     ScheduledFloat,
 )
-from orchestrator.grpo import Aggregation, ScaleRewards, compute_advantages, nanmean_or_nan, nanstd_or_nan
+from orchestrator.grpo import (
+    Aggregation,
+    ScaleRewards,
+    compute_advantages,
+    nan_to_none,
+    nanmean_or_nan,
+    nanstd_or_nan,
+)
 
 
 def schedule_value(value: ScheduledFloat, step: int) -> float:
@@ -188,7 +195,6 @@ def to_train_batch(
         sampling_logprobs=rollouts.sampling_logprobs, advantages=adv.advantages.tolist(), truncated=rollouts.truncated,
         completion_mask=rollouts.completion_mask(),  # agentic: tool results and scaffold out of the loss
     )
-    nan_to_none = lambda xs: [None if math.isnan(x) else x for x in xs]  # noqa: E731 - JSON has no NaN
     table: dict[str, list[Any]] = {"total": nan_to_none(adv.total.tolist()), "advantage": adv.advantages.tolist()}
     for k, name in enumerate(aggregator.names):
         table[f"rewards/{name}"] = nan_to_none(raw[:, k].tolist())

@@ -24,7 +24,6 @@ the same way, one call per phase:
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,7 @@ from orchestrator.aggregation import RewardAggregator, raw_matrix, weighted_tota
 from orchestrator.checkpoints import BestCheckpoint
 from orchestrator.data import PromptSource, to_rollouts
 from orchestrator.eval_metrics import EvalSchedule, eval_metrics
+from orchestrator.grpo import nan_to_none
 from orchestrator.rollout import OneTurn, Rollout, agent_metrics, row_seeds
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
@@ -134,7 +134,6 @@ def summarize(
                            es.pass_threshold)
     metrics.update({f"eval/{k}": v for k, v in agent_metrics(rollouts).items()})
     metrics["eval/policy_version"] = step
-    nan_to_none = lambda xs: [None if math.isnan(x) else x for x in xs]  # noqa: E731 - JSON has no NaN
     table: dict[str, list[Any]] = {
         "total": nan_to_none(total.tolist()), "passed": (total >= es.pass_threshold).tolist(),
     }

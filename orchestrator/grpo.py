@@ -42,6 +42,11 @@ def nanstd(x: Tensor, dim: int | tuple[int, ...] | None = None, keepdim: bool = 
     return std
 
 
+def nan_to_none(xs: list[float]) -> list[float | None]:
+    """NaN (a reward that did not score) as None: JSON has no NaN, the completions log and reports want null."""
+    return [None if math.isnan(x) else x for x in xs]
+
+
 def nanmean_or_nan(x: Tensor) -> float:
     """Mean of the non-NaN values of x, NaN if there are none."""
     v = x[~torch.isnan(x)]
