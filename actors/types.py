@@ -136,6 +136,9 @@ class Rollouts:
     columns: dict[str, list[Any]]  # every dataset column except the prompt, per completion
     policy_version: int  # learner step whose weights generated the batch
     group_size: int
+    # per completion: its prompt's draw index in the run's prompt stream (-1: not a training prompt); with the
+    # completion's place in its group, the sample's id. None: not tracked (records built by hand)
+    prompt_index: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -152,6 +155,7 @@ class Rollouts:
             columns={c: [v[i] for i in idx] for c, v in self.columns.items()},
             policy_version=self.policy_version,
             group_size=self.group_size,
+            prompt_index=None if self.prompt_index is None else [self.prompt_index[i] for i in idx],
         )
 
     def concat(self, other: Rollouts) -> Rollouts:
@@ -160,6 +164,8 @@ class Rollouts:
             columns={c: self.columns[c] + other.columns[c] for c in self.columns},
             policy_version=self.policy_version,
             group_size=self.group_size,
+            prompt_index=None if self.prompt_index is None or other.prompt_index is None
+            else self.prompt_index + other.prompt_index,
         )
 
     def reward_batch(self) -> RewardBatch:

@@ -17,7 +17,7 @@ from ray.exceptions import RayActorError
 
 from actors.group import Pending, Stream
 from actors.types import FinishedGroups, Rollouts, Scores
-from orchestrator.phases import recover_generators, rollouts_of, submit_score
+from orchestrator.phases import recover_generators, rollouts_of, seeds, submit_score
 from orchestrator.run import Run
 
 
@@ -32,8 +32,9 @@ class Part:
     yielded: set[int] = field(default_factory=set)  # indices into rows of the groups it has yielded
 
 
-def _stream(run: Run, member: int, rows: list[dict[str, Any]]) -> Stream[FinishedGroups]:
-    return run.generators.stream(member, "generate_stream", [r["prompt_ids"] for r in rows], **run.sampling)
+def _stream(run: Run, member: int, rows: list[dict[str, Any]], version: int) -> Stream[FinishedGroups]:
+    ids = [r["prompt_ids"] for r in rows]
+    return run.generators.stream(member, "generate_stream", ids, seeds=seeds(run, rows, version), **run.sampling)
 
 
 @dataclass
@@ -42,6 +43,8 @@ class InFlight:
 
     policy_version: int
     parts: list[Part]
+    mark: dict[str, Any]  # the prompt stream's state before this batch drew its rows
+    draws: range  # the draw indices of its rows
     scored: list[tuple[Rollouts, Pending[Scores]]] = field(default_factory=list)  # per piece yielded so far
 
     def generating(self) -> bool:
@@ -60,19 +63,30 @@ class Generated:
 def submit_batch(run: Run) -> InFlight:
     """Submit one step's generation: rows split over the generators (loop.generation_chunks calls each), every
     call a stream of groups as they finish."""
+    mark = run.prompts.state()
     rows = run.prompts.next_batch(run.prompts_per_step)
+    version = run.progress.policy_version
     shards = run.generators.shards(len(rows), parts=len(run.generators) * run.cfg.loop.generation_chunks)
-    return InFlight(run.progress.policy_version, [Part(rows[s], _stream(run, m, rows[s])) for m, s in shards])
+    parts = [Part(rows[s], _stream(run, m, rows[s], version)) for m, s in shards]
+    return InFlight(version, parts, mark, range(mark["served"], run.prompts.served))
 
 
-def _resume(run: Run, part: Part) -> None:
+def untrained_position(run: Run, inflight: deque[InFlight]) -> dict[str, Any] | None:
+    """The prompt stream's position a checkpoint keeps: that of the next batch to train, the oldest in flight (a
+    resumed run generates it and the batches after it again), or None when none is in flight (the stream's own)."""
+    if not inflight:
+        return None
+    return run.prompts.untrained_position(inflight[0].mark, [b.draws for b in inflight])
+
+
+def _resume(run: Run, batch: InFlight, part: Part) -> None:
     """A part whose generator died: once the generators are back (restarted and re-synced, once per death however
     many parts it cut), its groups not yet yielded are generated again on the same generator."""
     if part.stream.epoch == run.generators.restarts:
         recover_generators(run)
     part.rows = [r for i, r in enumerate(part.rows) if i not in part.yielded]
     part.yielded = set()
-    part.stream = _stream(run, part.stream.member, part.rows)
+    part.stream = _stream(run, part.stream.member, part.rows, batch.policy_version)
 
 
 def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None) -> None:
@@ -94,7 +108,7 @@ def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None)
         except RayActorError:
             if run.cfg.cluster.generator_max_restarts == 0:
                 raise
-            _resume(run, part)
+            _resume(run, batch, part)
             continue
         part.yielded.update(i for i, _ in out.groups)
         part.seconds = out.seconds

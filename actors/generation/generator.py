@@ -127,25 +127,35 @@ class Generator:
         seeds: one per prompt instead of `seed` (vLLM seeds sample j of a prompt with its seed + j), so that
         repeated prompts still get different samples while a repeated call draws the same ones.
         """
-        if seeds is None:
-            params = self._sampling_params(**sampling)
-        else:
-            if len(seeds) != len(prompt_token_ids):
-                raise ValueError(f"{len(seeds)} seeds for {len(prompt_token_ids)} prompts")
-            params = [self._sampling_params(**sampling, seed=s) for s in seeds]
         # One batch, so vLLM schedules all prompts * n samples together.
-        requests = self.loop.submit_batch(prompt_token_ids, params)
+        requests = self.loop.submit_batch(prompt_token_ids, self._params(sampling, seeds, len(prompt_token_ids)))
         return [_samples(out) for out in _results(requests)]
 
-    def generate_stream(self, prompt_token_ids: list[list[int]], **sampling: Any) -> Iterator[FinishedGroups]:
+    def _params(self, sampling: dict[str, Any], seeds: list[int] | None, num_prompts: int) -> Any:
+        """One SamplingParams for every prompt, or one per prompt with its seed."""
+        if seeds is None:
+            return self._sampling_params(**sampling)
+        if len(seeds) != num_prompts:
+            raise ValueError(f"{len(seeds)} seeds for {num_prompts} prompts")
+        return [self._sampling_params(**sampling, seed=s) for s in seeds]
+
+    def ping(self) -> None:
+        """The driver's hang check (called in the actor's health concurrency group, so it answers while a batch
+        generates; a generator that does not answer is stopped or wedged)."""
+
+    def generate_stream(
+        self, prompt_token_ids: list[list[int]], seeds: list[int] | None = None, **sampling: Any
+    ) -> Iterator[FinishedGroups]:
         """`generate`, streamed: yields the groups that finished after every engine step in which some did,
         so their rewards can be scored while the rest of the batch is still decoding. One engine batch, so no cost over `generate`.
+        seeds: one per prompt, as in `generate`.
 
         As a Ray actor method it is a streaming generator: the actor runs one call at a time, so a weight
         sync submitted after it still lands after the whole batch is generated."""
         t0 = time.perf_counter()
         stream = Stream()
-        requests = self.loop.submit_batch(prompt_token_ids, self._sampling_params(**sampling), stream=stream)
+        requests = self.loop.submit_batch(prompt_token_ids, self._params(sampling, seeds, len(prompt_token_ids)),
+                                          stream=stream)
         index = {r.request_id: i for i, r in enumerate(requests)}
         try:
             for done in stream:

@@ -174,10 +174,12 @@ class RewardPool:
         trainer_state: TrainerState | None = None,
         autoscale: AutoscaleSettings | None = None,
         role: str = "reward",
+        chunk_grace_s: float = CHUNK_GRACE_S,
     ):
         """`num_workers` at start (clamped to the autoscaling bounds when `autoscale` is given). role: the
         workers are named `<run_name>/<role>-<i>`, and the pool's Ray metrics carry it as the `pool` tag, so
-        two pools of one run stay apart."""
+        two pools of one run stay apart. chunk_grace_s: how long past its rewards' timeouts a chunk may take
+        before its worker counts as hung (the run's cluster.hang_timeout_s)."""
         self.specs = specs
         self.run_name = run_name
         self.role = role
@@ -208,7 +210,7 @@ class RewardPool:
         self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
         self._tasks: set[asyncio.Task] = set()  # strong references: asyncio keeps only weak ones
         # The chunk timeout: every reward's own bound (they run concurrently) plus grace.
-        self.chunk_timeout_s = max(s.timeout_s for s in specs) + CHUNK_GRACE_S
+        self.chunk_timeout_s = max(s.timeout_s for s in specs) + chunk_grace_s
         self.metrics = PoolMetrics(run_name, role)
         for _ in range(autoscale.clamp(num_workers) if autoscale else num_workers):
             self._spawn()
@@ -366,6 +368,21 @@ class RewardPool:
             self._apply(Decision(time.monotonic(), before, settings.clamp(before),
                                  f"bounds set to {settings.min_workers}..{settings.max_workers}"))
         await self._notify()
+        return self.stats()
+
+    def scaling_state(self) -> dict[str, Any]:
+        """How the pool is sized (kept in a run's checkpoints, so a resumed run keeps what `rayward scale` set):
+        the target, whether it is pinned, the autoscaling settings (None: off)."""
+        return {"target": self.target(), "pinned": self.pinned,
+                "autoscale": asdict(self.policy.settings) if self.policy else None}
+
+    async def restore_scaling(self, state: dict[str, Any]) -> PoolStats:
+        """`scaling_state` back: the same bounds, or the same pinned count."""
+        if state["autoscale"] is not None:
+            a = state["autoscale"]
+            await self.set_bounds(a["min_workers"], a["max_workers"], fresh=AutoscaleSettings(**a))
+        if state["pinned"] or state["autoscale"] is None:
+            await self.scale(state["target"])
         return self.stats()
 
     async def _retire(self, slot: _Slot) -> None:
