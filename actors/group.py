@@ -7,7 +7,7 @@ handles and fans calls out. The driver reaches every actor through one of them, 
 - `ActorGroup` (the generators): N members of one class. It names methods by string (`call`, `submit`,
   `call_sharded`, `submit_sharded`, `stream`), owns the shard arithmetic, and waits on its members' streams.
 - `LearnerGroup`: the learner, one member to the loop whatever its number of ranks, with named methods (see there).
-- `RewardPoolGroup`: the named reward pool actor, which owns its reward workers.
+- `RewardPoolGroup`, `EnvPoolGroup`: the named reward and environment pool actors, which own their workers.
 
 Every fan-out is one batch of `.remote()` calls, so members work in parallel; names are `<run>/<role>-<i>` so the
 dashboard's actor list reads as the run's parts. A Ray actor runs its calls in submission order: the driver's
@@ -26,7 +26,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
 from actors.net import free_port, node_ip
-from actors.types import RewardBatch, Scores, TrainBatch, TrainerState, TrainResult
+from actors.types import EnvPoolStats, RewardBatch, Scores, TrainBatch, TrainerState, TrainResult
 
 T = TypeVar("T")
 
@@ -453,9 +453,9 @@ class LearnerGroup:
             self.placement_group = None
 
 
-class RewardPoolGroup:
-    """The named reward pool `<run>/<role>-pool` (actors/rewards/pool.py), which owns its reward workers.
-    `handle` is the pool's ActorHandle (the learner pushes TrainerState to it; `rayward scale` finds it by name)."""
+class PoolGroup:
+    """A named pool actor `<run>/<role>-pool` (actors/pool.py) that owns its workers. `handle` is the pool's
+    ActorHandle (`rayward scale` finds the pool by name)."""
 
     def __init__(self, cls: type, *, run_name: str, role: str, namespace: str, kwargs: dict[str, Any],
                  options: dict[str, Any] | None = None):
@@ -467,20 +467,8 @@ class RewardPoolGroup:
             .remote(**kwargs)
         )
 
-    def submit_score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Pending[Scores]:
-        """Score a batch in chunks of `chunk_groups` groups; state: the trainer_state the rewards see (default: the
-        pool's, the learner's latest)."""
-        return Pending(self.handle.score.remote(batch, chunk_groups, state=state))
-
-    def score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Scores:
-        return self.submit_score(batch, chunk_groups, state).result()
-
-    def set_state(self, state: TrainerState) -> None:
-        """The trainer_state the rewards see from now on (a restored checkpoint's; the learner pushes the next)."""
-        ray.get(self.handle.set_state.remote(state))
-
     def scaling(self) -> dict[str, Any]:
-        """How the pool is sized now (`RewardPool.scaling_state`), for a checkpoint."""
+        """How the pool is sized now (`WorkerPool.scaling_state`), for a checkpoint."""
         return ray.get(self.handle.scaling_state.remote())
 
     def restore_scaling(self, state: dict[str, Any]) -> None:
@@ -494,3 +482,28 @@ class RewardPoolGroup:
         except Exception:  # noqa: BLE001 - best effort at teardown
             pass
         ray.kill(self.handle, no_restart=True)
+
+
+class RewardPoolGroup(PoolGroup):
+    """The named reward pool `<run>/<role>-pool` (actors/rewards/pool.py). The learner pushes TrainerState to its
+    `handle`."""
+
+    def submit_score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Pending[Scores]:
+        """Score a batch in chunks of `chunk_groups` groups; state: the trainer_state the rewards see (default: the
+        pool's, the learner's latest)."""
+        return Pending(self.handle.score.remote(batch, chunk_groups, state=state))
+
+    def score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Scores:
+        return self.submit_score(batch, chunk_groups, state).result()
+
+    def set_state(self, state: TrainerState) -> None:
+        """The trainer_state the rewards see from now on (a restored checkpoint's; the learner pushes the next)."""
+        ray.get(self.handle.set_state.remote(state))
+
+
+class EnvPoolGroup(PoolGroup):
+    """The named environment pool `<run>/env-pool` (actors/envs/pool.py). The generators reach it through its
+    `handle` (actors.envs.client.PoolEnvironments), never through the driver."""
+
+    def stats(self) -> EnvPoolStats:
+        return ray.get(self.handle.stats.remote())

@@ -8,7 +8,7 @@
     TrainBatch          driver -> learner          token ids, sampling logprobs, advantages
     TrainResult         learner -> driver          the new global_step and the step's metrics
     TrainerState        learner -> reward pool -> reward workers   (TRL's trainer_state fields)
-    PoolStats           reward pool -> driver (with every Scores, and to `rayward scale`)
+    PoolStats           reward pool -> driver (with every Scores, and to `rayward scale`); EnvPoolStats likewise
 
 They live in `actors/` because both sides import them and `actors/` never imports the driver
 (`orchestrator/`). Plain dataclasses: Ray pickles them as they are, and the pure driver code builds and
@@ -183,7 +183,12 @@ def group_rows(groups: list[int], group_size: int) -> list[int]:
 
 @dataclass
 class RewardBatch:
-    """Completions to score: the whole batch (driver -> pool) or one chunk of whole groups (pool -> worker)."""
+    """Completions to score: the whole batch (driver -> pool) or one chunk of whole groups (pool -> worker).
+
+    Agentic runs add what the environments left (the driver fills them from the samples' Trajectories with
+    `with_trajectories`): `env_rewards` and `env_classes` feed the environments' get_reward() rewards (a reward
+    named after the class scores its own samples, NaN elsewhere), `environments` reaches the reward functions
+    that declare an `environments` parameter (unpickled by the worker; None where the state was lost)."""
 
     prompts: list[Any]
     completions: list[Any]
@@ -191,19 +196,42 @@ class RewardBatch:
     columns: dict[str, list[Any]]  # dataset columns, per completion: the reward functions' keyword arguments
     group_size: int
     offset: int = 0  # index of the first completion in the whole batch (names samples in error messages)
+    env_rewards: list[float | None] | None = None  # per completion: Trajectory.env_reward (NaN: get_reward() returned
+    # None; None: there is none, it failed or the session was lost); None: a run without environments
+    env_classes: list[str | None] | None = None  # per completion: the class name of its environment (the reward
+    # named after it scores it); None where it ran without one (tools only)
+    environments: list[bytes | None] | None = None  # per completion: Trajectory.env_state (the environment pickled
+    # at close; None where it was lost or could not be pickled); None unless a reward declares `environments`
 
     def __len__(self) -> int:
         return len(self.completions)
 
     def chunks(self, size: int) -> list[RewardBatch]:
         """Consecutive slices of `size` completions (a multiple of group_size keeps groups whole)."""
+
+        def cut(xs: list[Any] | None, lo: int) -> list[Any] | None:
+            return None if xs is None else xs[lo : lo + size]
+
         return [
             RewardBatch(
                 self.prompts[lo : lo + size], self.completions[lo : lo + size], self.completion_ids[lo : lo + size],
                 {c: v[lo : lo + size] for c, v in self.columns.items()}, self.group_size, self.offset + lo,
+                cut(self.env_rewards, lo), cut(self.env_classes, lo), cut(self.environments, lo),
             )
             for lo in range(0, len(self), size)
         ]
+
+    def with_trajectories(self, trajectories: list[Trajectory], env_classes: dict[str | None, str],
+                          keep_state: bool) -> RewardBatch:
+        """This batch with its samples' environment outputs (one Trajectory per completion, in order).
+        env_classes: environment_factory name (None: the only one) -> class name; empty for tools only.
+        keep_state: a reward function declares `environments` (the pickled states travel only then)."""
+        return replace(
+            self,
+            env_rewards=[t.env_reward for t in trajectories],
+            env_classes=[env_classes.get(t.env) for t in trajectories],
+            environments=[t.env_state for t in trajectories] if keep_state else None,
+        )
 
 
 @dataclass
@@ -264,13 +292,30 @@ class Scores:
 
 @dataclass
 class TrainBatch:
-    """One generation batch as the learner trains on it (N completions)."""
+    """One generation batch as the learner trains on it (N completions). A completion may be a whole multi-turn
+    exchange: the model's turns and, between them, tool results and chat-template tokens it did not sample."""
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
-    sampling_logprobs: list[list[float]]
+    sampling_logprobs: list[list[float]]  # per completion token; NaN where the model did not sample it
     advantages: list[float]  # [N]
     truncated: list[bool]  # [N]: hit max_completion_length
+    # Per completion token: 1 = the model sampled it (in the loss), 0 = a tool result or template token (in the
+    # sequence, so later tokens see it, but out of the loss, the entropy, the vLLM IS correction and the loss-token
+    # counts). None: every completion token is the model's.
+    completion_mask: list[list[int]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.completion_mask is None:
+            return
+        if len(self.completion_mask) != len(self.completion_ids):
+            raise ValueError(f"TrainBatch.completion_mask: {len(self.completion_mask)} rows for "
+                             f"{len(self.completion_ids)} completions")
+        for i, (m, c) in enumerate(zip(self.completion_mask, self.completion_ids, strict=True)):
+            if len(m) != len(c) or not set(m) <= {0, 1}:
+                raise ValueError(
+                    f"TrainBatch.completion_mask[{i}]: needs one 0 or 1 per completion token ({len(c)}), got {m}"
+                )
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -333,6 +378,33 @@ class PoolStats:
         "utilization",
     )
 
+    PREFIX = "reward_pool"
+
     def step_metrics(self) -> dict[str, float]:
-        """reward_pool/<name> for each of STEP_METRICS (counts stay ints, as the metrics log always had them)."""
-        return {f"reward_pool/{k}": getattr(self, k) for k in self.STEP_METRICS}
+        """<PREFIX>/<name> for each of STEP_METRICS (counts stay ints, as the metrics log always had them)."""
+        return {f"{self.PREFIX}/{k}": getattr(self, k) for k in self.STEP_METRICS}
+
+
+@dataclass
+class EnvPoolStats(PoolStats):
+    """The environment pool's state (`EnvPool.stats`): PoolStats' fields (queue_depth: session opens waiting for
+    room; inflight: worker calls in flight; retries: opens re-sent after their worker died) and the sessions'."""
+
+    sessions: int = 0  # open now
+    sessions_opened: int = 0
+    sessions_closed: int = 0
+    sessions_lost: int = 0  # their worker died, hung or was retired past its drain deadline
+    tool_calls: int = 0
+    tool_errors: int = 0  # raised, or bad arguments
+    tool_timeouts: int = 0
+    unknown_tools: int = 0
+    reset_errors: int = 0  # the factory or reset() raised or timed out
+    reward_errors: int = 0  # get_reward() raised, timed out or returned a non-number; or pickling failed
+
+    # Copied into every step's metrics as env_pool/<name>.
+    STEP_METRICS = (
+        "workers", "target_workers", "starting", "sessions", "sessions_lost", "replaced", "queue_depth",
+        "decisions", "worker_s", "utilization",
+    )
+    PREFIX = "env_pool"
+

@@ -9,17 +9,19 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from actors import cpus
 from actors.cpus import Share
+from actors.envs.spec import EnvSpec
 from actors.group import (
     HEALTH_GROUP,
     PLACEMENT_TIMEOUT_S,
     SEND_GROUP,
     ActorGroup,
+    EnvPoolGroup,
     LearnerGroup,
     RewardPoolGroup,
 )
@@ -27,13 +29,14 @@ from actors.learner.loss import ImportanceSampling, LossConfig
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
 from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.builtin import BUILTIN_REWARDS, builtin_target
-from actors.rewards.worker import RewardFunctionError, RewardSpec, load_reward_function
+from actors.rewards.worker import RewardFunctionError, RewardSpec, declares_environments, load_reward_function
 from actors.types import TrainerState
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
 from orchestrator.config import TINY_MODEL, ConfigError, RewardConfig, RunConfig
 from orchestrator.data import PromptSource, eval_rows, load_rows
+from orchestrator.environments import AgentSetup, env_reward_spec, prepare_agent
 from orchestrator.eval_metrics import Best, EvalSchedule
 from orchestrator.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
 from orchestrator.run import Evaluator, FaultLog, Run
@@ -56,9 +59,13 @@ def resolve_model(cfg: RunConfig) -> str:
 def reward_specs(rewards: list[RewardConfig], field: str = "rewards") -> list[RewardSpec]:
     """The rewards as worker specs, built-in names resolved; each function imported once here so a typo
     fails now, naming the reward (`field`: `rewards` or `eval.rewards`), instead of inside a worker after Ray
-    and vLLM have started."""
+    and vLLM have started. A reward with neither function nor model is an environment's get_reward()
+    (checked against the environment classes in orchestrator/environments.py)."""
     specs = []
     for r in rewards:
+        if r.function is None and r.model is None:
+            specs.append(env_reward_spec(r))
+            continue
         fn = r.function
         if fn is not None and ":" not in fn:
             if fn not in BUILTIN_REWARDS:
@@ -73,9 +80,10 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards") -> list[Re
         )
         if spec.function:
             try:
-                load_reward_function(spec)
+                loaded = load_reward_function(spec)
             except RewardFunctionError as err:
                 raise ConfigError(f"{field}[{r.name}].function: {err}") from None
+            spec = replace(spec, takes_environments=declares_environments(loaded))
         specs.append(spec)
     return specs
 
@@ -87,9 +95,9 @@ def generator_cpu_share(cfg: RunConfig) -> Share | None:
                                     on_gpu=bool(c.generator.num_gpus))
 
 
-def autoscale_settings(cfg: RunConfig) -> AutoscaleSettings | None:
-    """cluster.reward_autoscale as the pool's policy settings (None: a fixed pool)."""
-    a = cfg.cluster.reward_autoscale
+def autoscale_settings(cfg: RunConfig, section: str = "reward_autoscale") -> AutoscaleSettings | None:
+    """cluster.reward_autoscale (or cluster.env_autoscale) as the pool's policy settings (None: a fixed pool)."""
+    a = getattr(cfg.cluster, section)
     return None if a is None else AutoscaleSettings(**a.model_dump())
 
 
@@ -134,6 +142,7 @@ def learner_spec(cfg: RunConfig, model_path: str) -> LearnerSpec:
         gradient_checkpointing=g.gradient_checkpointing,
         gradient_checkpointing_kwargs=g.gradient_checkpointing_kwargs,
         lora=lora_kwargs(cfg),
+        attn_implementation=cfg.model.attn_implementation,
     )
     optim = OptimSpec(
         optim=g.optim,
@@ -149,13 +158,16 @@ def learner_spec(cfg: RunConfig, model_path: str) -> LearnerSpec:
         micro_batch_size=g.per_device_train_batch_size,
         num_iterations=g.num_iterations,
         mask_truncated_completions=g.mask_truncated_completions,
+        padding_free=g.padding_free,
+        max_tokens_per_microbatch=g.max_tokens_per_microbatch,
     )
     return LearnerSpec(model=model, optim=optim, loss=loss_config(cfg), step=step, seed=cfg.seed)
 
 
 def check_learner_model(cfg: RunConfig, model_path: str) -> None:
     """The learner's model options against the model's architecture, built on the meta device (no weights): gradient
-    checkpointing support and its keyword arguments, and LoRA target modules PEFT can match and rayward can merge."""
+    checkpointing support and its keyword arguments, the attention implementation, packed micro-batches where they
+    are asked for (grpo.padding_free true), and LoRA target modules PEFT can match and rayward can merge."""
     import inspect
 
     g = cfg.grpo
@@ -169,8 +181,9 @@ def check_learner_model(cfg: RunConfig, model_path: str) -> None:
                 f"grpo.gradient_checkpointing_kwargs: {unknown} are not arguments of torch.utils.checkpoint.checkpoint "
                 f"(it takes {sorted(known)})"
             )
-    if not (g.gradient_checkpointing or cfg.model.lora):
+    if not (g.gradient_checkpointing or cfg.model.lora or g.padding_free or cfg.model.attn_implementation):
         return
+    from actors.learner.layout import packing_refusal
     from actors.learner.learner import meta_model
     from actors.learner.lora import LoraError, apply_lora
 
@@ -178,6 +191,14 @@ def check_learner_model(cfg: RunConfig, model_path: str) -> None:
         model = meta_model(model_path, cfg.model.trust_remote_code)
     except Exception as err:  # noqa: BLE001 - any failure to build the architecture is the model field's
         raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r}: cannot build the model ({err})") from None
+    if cfg.model.attn_implementation is not None:
+        try:
+            model = meta_model(model_path, cfg.model.trust_remote_code, cfg.model.attn_implementation)
+        except Exception as err:  # noqa: BLE001 - the architecture built without it: the attention is at fault
+            raise ConfigError(f"model.attn_implementation {cfg.model.attn_implementation!r}: {err}") from None
+    why = packing_refusal(model) if g.padding_free else None
+    if why is not None:
+        raise ConfigError(f"grpo.padding_free: {why}; set grpo.padding_free=false (padded micro-batches)")
     if g.gradient_checkpointing and not model.supports_gradient_checkpointing:
         raise ConfigError(
             f"grpo.gradient_checkpointing: {type(model).__name__} does not support gradient checkpointing "
@@ -202,6 +223,9 @@ class Prepared:
     run_dir: Path
     eval_rows: list[dict[str, Any]] | None = None  # the held-out rows, tokenized (None: no eval block)
     eval_specs: list[RewardSpec] | None = None  # eval.rewards as specs (None: the training rewards score evals)
+    agent: AgentSetup | None = None  # tools and environments (None: a one-turn run)
+    rewards: list[RewardConfig] = field(default_factory=list)  # cfg.rewards + the environments' unnamed get_reward()s,
+    # in `specs` order: what the aggregator weights and gates
 
 
 def load_tokenizer(cfg: RunConfig, model_path: str) -> Any:
@@ -223,7 +247,7 @@ def prepare_eval(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]] |
 
 def prepare(cfg: RunConfig, name: str) -> Prepared:
     """The cheap checks, in order: reward functions import, model and tokenizer load, the learner's model options
-    fit the architecture, datasets have prompts."""
+    fit the architecture, datasets have prompts, tools and environments (schemas, template, routing column)."""
     specs = reward_specs(cfg.rewards)
     for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
         if sink in cfg.logging.report_to and importlib.util.find_spec(module) is None:
@@ -234,7 +258,10 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     rows = load_rows(cfg.data, seed=cfg.seed)
     prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed)
     held_out, eval_specs = prepare_eval(cfg, tokenizer)
-    return Prepared(cfg, name, model_path, specs, prompts, Path(cfg.logging.dir) / name, held_out, eval_specs)
+    agent = prepare_agent(cfg, tokenizer, rows, specs, held_out)
+    extra = agent.env_rewards if agent else []
+    return Prepared(cfg, name, model_path, specs + (agent.env_reward_specs if agent else []), prompts,
+                    Path(cfg.logging.dir) / name, held_out, eval_specs, agent, [*cfg.rewards, *extra])
 
 
 def selector(cfg: RunConfig, aggregator: RewardAggregator) -> Selector:
@@ -309,6 +336,25 @@ def ray_node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+def start_env_pool(cfg: RunConfig, name: str, spec: EnvSpec, *, num_workers: int | None = None) -> EnvPoolGroup:
+    """The named environment pool `NAME/env-pool` and its workers `NAME/env-<i>` (Ray must be initialised): the
+    sessions of the run's trajectories, placed and scaled as the reward pool's chunks are."""
+    from actors.envs.pool import CALL_GRACE_S, EnvPool
+    from orchestrator.cluster import actor_options, namespace, run_sys_path
+
+    ns = namespace(name)  # explicit, so `rayward scale NAME --env-workers` finds it whatever the driver's namespace
+    return EnvPoolGroup(EnvPool, run_name=name, role="env", namespace=ns, kwargs=dict(
+        spec=spec,
+        run_name=name,
+        num_workers=num_workers or cfg.cluster.num_env_workers,
+        worker_options=actor_options(cfg.cluster.env_worker, namespace=ns),
+        sys_path=run_sys_path(),
+        autoscale=autoscale_settings(cfg, "env_autoscale"),
+        # a retiring worker's sessions belong to trajectories that end by their deadline
+        drain_timeout_s=cfg.agent.trajectory_timeout_s + CALL_GRACE_S,
+    ))
+
+
 def start_generators(cfg: RunConfig, name: str, model_path: str, **engine: Any) -> ActorGroup:
     """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments)."""
     from actors.generation.generator import Generator
@@ -344,9 +390,12 @@ def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
                 top_k=g.top_k)
 
 
-def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup) -> EvalSet:
+def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup,
+             rewards: list[RewardConfig] | None = None) -> EvalSet:
     """What every eval of the run generates and how it is scored (cfg.eval set): the training batches' sampling,
-    with eval's num_generations, and its max_completion_length and temperature where given."""
+    with eval's num_generations, and its max_completion_length and temperature where given. rewards: the
+    training rewards the pool scores (Prepared.rewards: with environment rewards; default cfg.rewards), used
+    unless eval has its own."""
     e = cfg.eval
     sampling = {**sampling_kwargs(cfg), "n": e.num_generations}
     if e.max_completion_length is not None:
@@ -355,7 +404,7 @@ def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup) 
         sampling["temperature"] = e.temperature
     return EvalSet(
         rows=rows, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
-        aggregator=RewardAggregator(e.rewards if e.rewards is not None else cfg.rewards),
+        aggregator=RewardAggregator(e.rewards if e.rewards is not None else rewards or cfg.rewards),
         chunk_groups=cfg.cluster.reward_chunk_groups, pass_threshold=e.pass_threshold, max_steps=cfg.grpo.max_steps,
     )
 
@@ -391,7 +440,7 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
         p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,
         max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"), display=display,
     )
-    aggregator = RewardAggregator(cfg.rewards)
+    aggregator = RewardAggregator(p.rewards)
     run = Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
         reward_pool=reward_pool, weights=weights, evaluate=NoEval(),
@@ -428,7 +477,8 @@ def start_learner(p: Prepared, reward_pool: RewardPoolGroup, say: Callable[[str]
 
 def run_evaluator(run: Run, p: Prepared) -> Evaluator:
     """The run's evaluator, bound to its current learner and generators."""
-    es = eval_set(p.cfg, p.eval_rows, run.eval_pool or run.reward_pool) if p.eval_rows is not None else None
+    es = (eval_set(p.cfg, p.eval_rows, run.eval_pool or run.reward_pool, p.rewards) if p.eval_rows is not None
+          else None)
     return evaluator(p.cfg, es, generators=run.generators, learner=run.learner, logger=run.logger,
                      prompts=run.prompts, run_dir=run.run_dir)
 

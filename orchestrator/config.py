@@ -161,6 +161,13 @@ class ModelConfig(_Section):
     GPUs."""
     trust_remote_code: bool = False
     """Passed to transformers and vLLM when loading the model and tokenizer."""
+    attn_implementation: (
+        Literal["sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3"] | None
+    ) = None
+    """The learner's attention kernel (transformers' `attn_implementation`; the generators use vLLM's own). null:
+    transformers' default for the model (sdpa where the model has it). flash_attention_2 / _3 need a GPU and the
+    flash-attn package; packed micro-batches are then one row each, with no pad at all. flex_attention trains on
+    GPUs only (torch has no backward for it on CPU)."""
     lora: LoraSettings | None = None
     """Train LoRA adapters (PEFT) instead of every weight: e.g. {r: 8, alpha: 16, target_modules: all-linear}.
     The optimizer holds the adapters only, the KL reference is the base with adapters disabled (no second
@@ -192,7 +199,9 @@ class GenerationConfig(_Section):
     """Completions generated per optimizer step, across all generators; a multiple of num_generations
     (prompts per step = generation_batch_size / num_generations)."""
     max_completion_length: int = Field(64, ge=1)
-    """Maximum new tokens per completion (also the dr_grpo normaliser)."""
+    """Maximum new tokens per completion (also the dr_grpo normaliser). With tools: the tokens the model samples
+    over all turns of a trajectory; tool results count in agent.max_tool_tokens instead (TRL counts both in
+    this one)."""
     temperature: float = Field(1.0, gt=0)
     """Sampling temperature; the learner divides logits by it too, so logprobs match the sampler's."""
     top_p: float = Field(1.0, gt=0, le=1)
@@ -205,6 +214,10 @@ class GenerationConfig(_Section):
     """KV cache per generator in GiB on CPU (VLLM_CPU_KVCACHE_SPACE)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """Fraction of GPU memory a generator's vLLM may take (GPU only)."""
+    max_tool_calling_iterations: int | None = Field(None, ge=0)
+    """With tools: the most tool-calling rounds per trajectory (TRL's name); a model that still calls a tool after
+    them ends its trajectory with stop reason `max_turns`. null: no limit but the token budgets and
+    agent.trajectory_timeout_s."""
     tensor_parallel_size: int = Field(1, ge=1)
     """vLLM tensor parallelism inside each generator (vLLM's name): the engine's workers split every layer.
     On GPUs each generator actor then takes tensor_parallel_size x cluster.generator.num_gpus GPUs of one node;
@@ -294,6 +307,20 @@ class GRPOConfig(_Section):
     gradient_checkpointing_kwargs: dict[str, Any] | None = None
     """Keyword arguments for `torch.utils.checkpoint.checkpoint` (TRL's name), e.g. {use_reentrant: true}.
     null: transformers' default ({use_reentrant: false})."""
+    padding_free: bool | None = None
+    """Pack each micro-batch's samples (prompt + completion) into rows with no pad tokens between them, each
+    sample's position_ids restarting at 0 (TRL's name, from its SFT trainer), so the learner computes no pad;
+    the loss and gradients are the padded layout's. null: packed where the model computes packed rows as separate
+    samples (its attention implementation and layer types, and a packed forward checked against the padded one
+    when the learner starts), padded elsewhere, with a warning. true: packed, or an error where it cannot be.
+    false: TRL's padded layout (prompts left-padded, completions right-padded)."""
+    max_tokens_per_microbatch: int | None = Field(None, ge=1)
+    """Cut each step's batch into micro-batches by tokens instead of by count: first-fit-decreasing bins of at
+    most this many positions (prompt + completion tokens packed; rows x longest prompt + longest completion with
+    padding_free false), balanced across learner ranks, so the learner's peak memory follows the budget rather
+    than per_device_train_batch_size x the longest sample (per_device_train_batch_size is then unused). A sample
+    longer than the budget trains in a micro-batch of its own, with a warning: give at least the longest prompt
+    + max_completion_length. null: micro-batches of per_device_train_batch_size completions."""
     save_best: str | None = None
     """Also keep `<dir>/<run name>/checkpoint-best`: the checkpoint of the policy with the best value so far of
     this eval metric (`eval/reward`, `eval/pass@1`, `eval/rewards/<name>/mean`, ...; needs an `eval` block),
@@ -329,7 +356,10 @@ class RewardConfig(_Section):
     """Name used in logs (`rewards/<name>/mean`) and by gates."""
     function: str | None = None
     """`package.module:callable` (importable from the directory you run rayward from), a `.py` file path
-    with `:callable`, or a built-in name (see `rayward rewards`). TRL's reward-function signature."""
+    with `:callable`, or a built-in name (see `rayward rewards`). TRL's reward-function signature. Neither
+    `function` nor `model`: the `get_reward()` of the environment class of this `name` (environment_factory),
+    to weight, gate or schedule it (unnamed, it is a reward of weight 1); a missing value (get_reward raised or
+    timed out, the trajectory's environment was lost) scores `fallback`, whatever `on_error` says."""
     model: str | None = None
     """Instead of `function`: a sequence-classification reward model (HF path or hub id), scored on
     prompt + completion as TRL does."""
@@ -353,8 +383,8 @@ class RewardConfig(_Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> RewardConfig:
-        if (self.function is None) == (self.model is None):
-            raise ValueError("give exactly one of `function` or `model`")
+        if self.function is not None and self.model is not None:
+            raise ValueError("give one of `function` or `model`, not both (neither: an environment's get_reward())")
         if self.function is not None and ":" not in self.function and not self.function.isidentifier():
             raise ValueError(f"function {self.function!r} is neither `module:callable` nor a built-in name")
         if self.fallback is not None and not math.isfinite(self.fallback):
@@ -481,6 +511,37 @@ class RewardAutoscaleConfig(_Section):
         return self
 
 
+class EnvWorkerResources(Resources):
+    num_cpus: float = Field(0.25, ge=0)
+    """Logical CPUs reserved per environment worker (tools that wait on a service need little; ones that compute
+    want 1)."""
+
+
+class EnvAutoscaleConfig(_Section):
+    min_workers: int = Field(1, ge=1)
+    """Fewest environment workers; idle workers are retired down to this many (once their sessions end)."""
+    max_workers: int = Field(ge=1)
+    """Most environment workers; the pool adds workers up to this many while tool calls keep them busy or
+    sessions wait for room."""
+    target_utilization: float = Field(DEFAULT_TARGET_UTILIZATION, gt=0, le=1)
+    """Fraction of the time each worker should be busy (running a tool turn, a reset or a get_reward, or full of
+    sessions); the pool sizes itself to busy workers / target, as the reward pool does (docs/agents.md)."""
+    look_back_s: float = Field(DEFAULT_LOOK_BACK_S, gt=0)
+    """Seconds of history each decision averages over (Serve's look_back_period_s), stretched to whole cycles
+    between session opens."""
+    upscale_delay_s: float = Field(DEFAULT_UPSCALE_DELAY_S, ge=0)
+    """The load must call for more workers this long before the pool grows (Ray Serve's default: 30 s)."""
+    downscale_delay_s: float = Field(DEFAULT_DOWNSCALE_DELAY_S, ge=0)
+    """The load must call for fewer workers this long before the pool retires any (Ray Serve's default: 600 s);
+    a retiring worker takes no new sessions and goes once its open ones have closed."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> EnvAutoscaleConfig:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) must not exceed max_workers ({self.max_workers})")
+        return self
+
+
 class ClusterConfig(_Section):
     address: str | None = None
     """Ray cluster to join (`auto`, `host:6379`). null starts an embedded local cluster (laptop, CI)."""
@@ -531,6 +592,15 @@ class ClusterConfig(_Section):
     """Resources of the learner actor (of each rank, with num_learners > 1)."""
     reward_worker: RewardWorkerResources = RewardWorkerResources()
     """Resources of each reward worker actor."""
+    num_env_workers: int = Field(2, ge=1)
+    """With tools or environment_factory: environment worker actors at start (they hold the trajectories'
+    environments and run the tools; scale later with `rayward scale --env-workers`); with env_autoscale,
+    clamped to its bounds."""
+    env_autoscale: EnvAutoscaleConfig | None = None
+    """Let the environment pool size itself between min_workers and max_workers from its load (docs/agents.md).
+    null: a fixed pool of num_env_workers."""
+    env_worker: EnvWorkerResources = EnvWorkerResources()
+    """Resources of each environment worker actor (`resources` can place them on CPU nodes of their own)."""
 
     @model_validator(mode="after")
     def _learners(self) -> ClusterConfig:
@@ -610,6 +680,28 @@ class LoggingConfig(_Section):
     each reward raw and gated, total, advantage, and the reward functions' log_extra columns."""
 
 
+class AgentConfig(_Section):
+    """rayward's own settings for multi-turn rollouts with tools (`tools`, `environment_factory`)."""
+
+    tool_timeout_s: float = Field(60.0, gt=0)
+    """Each tool call's time bound, in the environment worker (the calls of one turn run at once, each with its
+    own); also bounds an environment's construction + reset(). A call past it returns an error message the model
+    reads, and is counted; the trajectory goes on."""
+    trajectory_timeout_s: float = Field(600.0, gt=0)
+    """Each trajectory's deadline, from its first turn to its close: past it the trajectory ends with stop reason
+    `timeout` (and its reward is scored as usual)."""
+    max_tool_tokens: int = Field(1024, ge=1)
+    """Tool-result tokens per trajectory (the model-token budget is generation.max_completion_length): a result
+    that would pass it is cut to fit, and counted; the context (generation.max_model_len) bounds both."""
+
+    @model_validator(mode="after")
+    def _deadlines(self) -> AgentConfig:
+        if self.trajectory_timeout_s <= self.tool_timeout_s:
+            raise ValueError(f"trajectory_timeout_s ({self.trajectory_timeout_s:g}) must be above tool_timeout_s "
+                             f"({self.tool_timeout_s:g}): a trajectory holds at least one tool call")
+        return self
+
+
 class RunConfig(_Section):
     name: str | None = Field(None, pattern=RUN_NAME_PATTERN)
     """Run name (actors, namespace `rayward-<name>`, log directory). Default: generated and printed."""
@@ -623,8 +715,20 @@ class RunConfig(_Section):
     """Sampling in the vLLM generators."""
     grpo: GRPOConfig = GRPOConfig()
     """The GRPO update in the learner."""
-    rewards: list[RewardConfig] = Field(min_length=1)
-    """Reward functions, combined by weights, gates and schedules."""
+    rewards: list[RewardConfig] = []
+    """Reward functions, combined by weights, gates and schedules. At least one, unless an environment_factory
+    class has a get_reward() (TRL's rule)."""
+    tools: list[str] = []
+    """Tools the model may call (TRL's `tools=`): `module:function` (or `path/to/file.py:function`), sync or
+    `async def`, each with type hints and a Google-style docstring, the schema the model sees. They run in the
+    environment workers, never in the driver or a generator (docs/agents.md)."""
+    environment_factory: str | dict[str, str] | None = None
+    """An environment class, `module:Class` (TRL's `environment_factory=`): one instance per trajectory, in an
+    environment worker; `reset(**row)` gets the dataset row's columns and may return text appended to the last user
+    message; its public methods are tools; an optional `get_reward()` is a reward named after the class. Or a
+    mapping name -> `module:Class`: the dataset's `environment` column picks each row's environment and tools."""
+    agent: AgentConfig = AgentConfig()
+    """Multi-turn rollouts with tools: time bounds and the tool-result token budget."""
     cluster: ClusterConfig = ClusterConfig()
     """Ray cluster and actor placement."""
     loop: LoopConfig = LoopConfig()
@@ -638,6 +742,7 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _rewards_consistent(self) -> RunConfig:
+        self._check_agentic()
         check_rewards(self.rewards)
         if self.generation.generation_batch_size % self.grpo.per_device_train_batch_size:
             raise ValueError(
@@ -653,6 +758,33 @@ class RunConfig(_Section):
             )
         self._check_eval()
         return self
+
+    def _check_agentic(self) -> None:
+        """`tools` and `environment_factory` name `module:name` targets; a reward without a source names an
+        environment; something gives a reward. Whether the targets import and have tools is checked before Ray
+        starts (orchestrator/environments.py)."""
+        factory = self.environment_factory
+        targets = [(f"tools[{i}]", t) for i, t in enumerate(self.tools)]
+        if isinstance(factory, dict):
+            if not factory:
+                raise ValueError("environment_factory: an empty mapping; give `module:Class`, or name -> `module:Class`")
+            targets += [(f"environment_factory[{k}]", v) for k, v in factory.items()]
+        elif factory is not None:
+            targets.append(("environment_factory", factory))
+        for where, target in targets:
+            module, _, name = target.rpartition(":")
+            if not module or not name:
+                raise ValueError(f"{where}: {target!r} is not of the form module:name")
+        sourceless = [r.name for r in [*self.rewards, *(self.eval.rewards or [] if self.eval else [])]
+                      if r.function is None and r.model is None]
+        if sourceless and factory is None:
+            raise ValueError(
+                f"rewards {sourceless}: neither `function` nor `model`, which names an environment's get_reward(), "
+                "but environment_factory is not set"
+            )
+        if not self.rewards and factory is None:
+            raise ValueError("rewards: give at least one reward (or an environment_factory whose class has a "
+                             "get_reward())")
 
     def _check_eval(self) -> None:
         e, best = self.eval, self.grpo.save_best
@@ -775,7 +907,7 @@ def config_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> li
             rows.extend(config_reference(optional[0], f"{prefix}{name}."))
             continue
         if name == "rewards" and model is RunConfig:
-            rows.append((f"{prefix}rewards", "(required)", field.description or ""))
+            rows.append((f"{prefix}rewards", repr(field.get_default()), (field.description or "").replace("\n", " ")))
             rows.extend(config_reference(RewardConfig, f"{prefix}rewards[]."))
             continue
         default = "(required)" if field.is_required() else repr(field.get_default(call_default_factory=True))

@@ -3,14 +3,20 @@ turn's tool calls in a session, close sessions. Every call returns a Future, so 
 trajectories at once and never blocks the engine.
 
 A session is one environment instance (TRL's `environment_factory()`, then `reset(**row)`) living in one
-environment worker for the whole trajectory. Its worker dying or hanging loses the session: the Future raises
-EnvSessionLost and the trajectory ends `env_error`.
+environment worker for the whole trajectory. Its worker dying or hanging loses the session: the Future of a
+`call` raises EnvSessionLost and the trajectory ends `env_error`; a `close` reports it per session instead
+(EnvClosed.error "EnvSessionLost: ...", reward None), so the other sessions closed with it keep their rewards.
+An `open` whose worker dies is re-sent to another (nothing of it existed yet); a reset that raised is its
+EnvOpened.error.
+
+`PoolEnvironments` is the protocol over the environment pool's actor handle (actors/envs/pool.py): each method is
+one call on the pool actor, its ObjectRef turned into a Future (no thread, no Ray import here).
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Protocol
+from typing import Any, Protocol
 
 from actors.types import EnvClosed, EnvOpened, EnvRequest, ToolCall, ToolResult
 
@@ -30,3 +36,41 @@ class Environments(Protocol):
     def close(self, sessions: list[int], *, keep_state: bool) -> Future[list[EnvClosed]]:
         """End the sessions: get_reward() where the environment has one, and the pickled environment when
         keep_state (reward functions that declare `environments` receive it)."""
+
+
+class PoolEnvironments:
+    """Environments over the pool actor `<run>/env-pool` (its handle, e.g. passed to a generator actor)."""
+
+    def __init__(self, pool: Any):
+        self.pool = pool
+
+    def open(self, requests: list[EnvRequest]) -> Future[list[EnvOpened]]:
+        return _future(self.pool.open.remote(requests))
+
+    def call(self, session: int, calls: list[ToolCall]) -> Future[list[ToolResult]]:
+        return _future(self.pool.call.remote(session, calls))
+
+    def close(self, sessions: list[int], *, keep_state: bool) -> Future[list[EnvClosed]]:
+        return _future(self.pool.close.remote(sessions, keep_state))
+
+
+def _future(ref: Any) -> Future[Any]:
+    """The ObjectRef's Future, with the pool's EnvSessionLost raised as itself (Ray wraps an actor's exception in
+    a RayTaskError that is also an instance of it); other errors (the pool actor died) pass as Ray raises them."""
+    out: Future[Any] = Future()
+
+    def done(f: Future[Any]) -> None:
+        if f.cancelled():
+            out.cancel()
+            return
+        err = f.exception()
+        if err is None:
+            out.set_result(f.result())
+        elif isinstance(err, EnvSessionLost):
+            out.set_exception(EnvSessionLost(str(getattr(err, "cause", None) or err)))
+        else:
+            out.set_exception(err)
+
+    ref.future().add_done_callback(done)
+    return out
+

@@ -4,18 +4,20 @@ A plain class (Ray wraps it in `actors.group`), built from frozen specs (actors/
 builds once from the run config; the GRPO loss is this package's own (actors/learner/loss.py), configured by the
 spec's `LossConfig`, so this file depends on torch and transformers, never on the driver.
 
-One `train_step(batch)` consumes one generation batch: it is split into micro-batches of
-`micro_batch_size` completions with gradient accumulation, and trained on `num_iterations` times (one
-optimizer step each), with the old, reference and importance-sampling terms frozen at the first pass,
-as TRL buffers them.
+One `train_step(batch)` consumes one generation batch: it is split into micro-batches (of `micro_batch_size`
+completions, or token-budget bins of `max_tokens_per_microbatch` positions: actors/learner/micro_batches.py) with
+gradient accumulation, and trained on `num_iterations` times (one optimizer step each), with the old, reference
+and importance-sampling terms frozen at the first pass, as TRL buffers them. Each micro-batch is laid out padded
+(TRL's layout) or packed with no pad (`padding_free`: actors/learner/layout.py); the log-probs come back in the
+padded [B, T] layout either way, so the loss and its normalisers are the same code for both.
 
 Several ranks (`strategy="fsdp"`, `world_size` > 1; one Ray actor each, or one process each in tests) form
 one torch.distributed process group (gloo on CPU, NCCL on CUDA) and shard the policy and the reference
 model with FSDP2 (`fully_shard` on every decoder layer and on the root). Data parallelism keeps the
-single-rank numbers: every rank receives the whole batch and trains on its contiguous run of the single-rank
-micro-batches (actors/learner/micro_batches.py). Each micro-batch loss keeps the single-rank normalisers
-(grad_accum_steps = the micro-batches of the WHOLE step; num_items_in_batch = the whole batch's loss tokens), and
-FSDP sums (does not average) the gradients over ranks, so the summed gradient is the single-rank one for every
+single-rank numbers: every rank receives the whole batch, cuts the single-rank micro-batches and trains on its
+share of them (actors/learner/micro_batches.py). Each micro-batch loss keeps the single-rank normalisers
+(grad_accum_steps = the micro-batches of the WHOLE step; num_items_in_batch, num_sequences = the whole batch's loss
+tokens and sequences), and FSDP sums (does not average) the gradients over ranks, so the summed gradient is the single-rank one for every
 loss_type. A rank with fewer micro-batches runs zero-weight padding slots: FSDP's all-gathers and
 reduce-scatters need every rank in every forward and backward. Metrics are gathered from all ranks, so
 every rank (rank 0 reports) returns the global ones.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import random
 import time
@@ -43,12 +46,25 @@ import torch.nn.functional as F
 from actors.cpus import describe, omp_waits, pick_cores
 from actors.learner import checkpoint
 from actors.learner.distributed import init_process_group, shard, tied_names
+from actors.learner.layout import VARLEN_ATTENTION, Packed, Padded, pack, packing_refusal, pad
 from actors.learner.lora import apply_lora, merged_view
 from actors.learner.loss import LossInputs, grpo_loss, vllm_importance_weights
-from actors.learner.micro_batches import plan_micro_batches
+from actors.learner.micro_batches import MicroBatchPlan, plan_micro_batches
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, ParallelSpec
 from actors.types import TrainBatch, TrainerState, TrainResult
 from actors.weights.sender import WeightSender, plain_view
+
+logger = logging.getLogger("rayward.learner")
+
+# The packing check at start-up: three samples whose two short ones share a packed row (rows are capped at the
+# padded layout's row length, 3 + 5), against the padded layout. A model that does not see where a packed row's samples start
+# conditions the third sample on the second: its log-probs move by nats, not by rounding.
+PROBE_PROMPTS = [[5, 17, 42], [8, 99], [23, 61]]
+PROBE_COMPLETIONS = [[7, 150, 33, 12, 77], [12, 33], [77, 5]]
+# The largest packed-vs-padded log-prob gap (nats) that is rounding: float32 adds in another order (1e-6 on the
+# tiny model); bfloat16 / float16 round every layer's activations to 8 / 11 bits, which a deep model compounds.
+PROBE_ATOL_FP32 = 1e-3
+PROBE_ATOL_HALF = 0.25
 
 
 def _lr_lambda(kind: str, warmup_steps: int, max_steps: int) -> Callable[[int], float]:
@@ -76,13 +92,19 @@ def threads_for(num_params: int, cores: int) -> int:
     return max(1, min(cores, num_params // PARAMS_PER_THREAD))
 
 
-def meta_model(model: str, trust_remote_code: bool = False) -> torch.nn.Module:
+def meta_model(model: str, trust_remote_code: bool = False, attn_implementation: str | None = None) -> torch.nn.Module:
     """The model's architecture on the meta device (no weights, no memory): for checks before anything loads."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        return AutoModelForCausalLM.from_config(
+            config, trust_remote_code=trust_remote_code, **_attn_kwargs(attn_implementation)
+        )
+
+
+def _attn_kwargs(attn_implementation: str | None) -> dict[str, str]:
+    return {} if attn_implementation is None else {"attn_implementation": attn_implementation}
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict[str, Any] | None) -> None:
@@ -132,6 +154,8 @@ class Learner:
         self.ref_model = self._load_reference(spec.model)
         self.optimizer, self.scheduler = self._make_optimizer(spec.optim)
         self.pad_id = self.model.config.pad_token_id or 0
+        self.one_row = self.model.config._attn_implementation in VARLEN_ATTENTION
+        self.packed = self._choose_packing(spec.step.padding_free)
         self.global_step = 0
         self._rng = random.Random(spec.seed)  # the micro-batch shuffle: the same draws on every rank
         self.reward_pool = reward_pool
@@ -156,7 +180,8 @@ class Learner:
 
         dtype = torch.float32 if self.sharded else self.dtype
         model = AutoModelForCausalLM.from_pretrained(
-            spec.name_or_path, dtype=dtype, trust_remote_code=spec.trust_remote_code
+            spec.name_or_path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
+            **_attn_kwargs(spec.attn_implementation),
         )
         return model if self.sharded else model.to(self.device)
 
@@ -212,6 +237,40 @@ class Learner:
         """The driver's hang check (called in the actor's health concurrency group, so it answers while a train
         step runs; a rank that does not answer is stopped or wedged)."""
 
+    def _choose_packing(self, wanted: bool | None) -> bool:
+        """Whether micro-batches are packed: not when `wanted` is False; else where the architecture and attention
+        implementation compute packed rows as separate samples (`packing_refusal`) and the probe agrees (its
+        packed log-probs equal the padded layout's; every rank runs it, the worst gap counts). Where they do not:
+        an error when `wanted` is True, padded with a warning when None."""
+        if wanted is False:
+            return False
+        hf = self.model.get_base_model() if self.lora is not None else self.model
+        why = packing_refusal(hf)
+        if why is None:
+            gap = self._probe_packing()
+            atol = PROBE_ATOL_FP32 if self.dtype == torch.float32 else PROBE_ATOL_HALF
+            if not gap <= atol:
+                why = (f"packed rows of {type(hf).__name__} give log-probs {gap:.3g} nats away from the padded "
+                       f"layout's (more than rounding, {atol:g}): its samples see each other")
+        if why is None:
+            return True
+        if wanted:
+            raise ValueError(f"grpo.padding_free: {why}; set grpo.padding_free=false (padded micro-batches)")
+        logger.warning("grpo.padding_free: %s; training on padded micro-batches", why)
+        return False
+
+    @torch.no_grad()
+    def _probe_packing(self) -> float:
+        """The largest |packed - padded| log-prob of the probe's completion tokens (over ranks)."""
+        with _eval(self.model):
+            want = self._forward_logps(self.model, self._pad(PROBE_PROMPTS, PROBE_COMPLETIONS), with_entropy=False)[0]
+            got = self._forward_logps(self.model, self._pack(PROBE_PROMPTS, PROBE_COMPLETIONS), with_entropy=False)[0]
+        mask = torch.zeros_like(want)
+        for r, c in enumerate(PROBE_COMPLETIONS):
+            mask[r, : len(c)] = 1
+        gap = ((got - want).abs() * mask).max().item()
+        return self._sum_over_ranks([gap], op="max")[0]
+
     def cpu_threads(self) -> str:
         """How this rank computes, for the start-up log."""
         if self.device.type != "cpu":
@@ -222,65 +281,57 @@ class Learner:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
         n = sum(p.numel() for p in self.model.parameters())
         ranks = f", rank={self.rank}/{self.world_size} fsdp" if self.sharded else ""
+        layout = ", packed" + (" (one row)" if self.one_row else "") if self.packed else ", padded"
         lora = ""
         if self.lora is not None:
             trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             lora = f", lora r={self.lora.get('r', 8)} trains {trained / 1e6:.3f}M"
-        return f"Learner(params={n / 1e6:.2f}M, device={self.device}{ranks}{lora})"
+        return f"Learner(params={n / 1e6:.2f}M, device={self.device}{ranks}{layout}{lora})"
 
     # --- log-probs ------------------------------------------------------------------------------------
 
+    def _pad(self, prompts: list[list[int]], completions: list[list[int]]) -> Padded:
+        return pad(prompts, completions, self.pad_id, self.device)
+
+    def _pack(self, prompts: list[list[int]], completions: list[list[int]]) -> Packed:
+        return pack(prompts, completions, self.pad_id, self.device, one_row=self.one_row)
+
+    def layout(self, prompts: list[list[int]], completions: list[list[int]]) -> Packed | Padded:
+        """A micro-batch of these samples as this learner's forward takes it: packed or padded."""
+        return self._pack(prompts, completions) if self.packed else self._pad(prompts, completions)
+
     def _forward_logps(
-        self,
-        model: torch.nn.Module,
-        prompts: list[list[int]],
-        completions: list[list[int]],
-        with_entropy: bool,
+        self, model: torch.nn.Module, rows: Packed | Padded, with_entropy: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs of the completion tokens at `temperature`: [B, T] (T = longest completion),
-        and per-token entropy [B, T] if asked.
+        and per-token entropy [B, T] if asked; 0 at the padded layout's pad positions when packed.
 
-        As TRL lays out a batch: prompts left-padded to the longest prompt P, completions right-padded to T,
-        positions counted from each row's first real token (so every token sits at the position vLLM gave it),
-        and the model asked for the logits of the last T+1 positions only (`logits_to_keep`): the lm_head, a
-        large share of a small model's compute (a 32k x 768 matrix is a quarter of a 100M model), never runs on
-        prompt positions."""
-        p_max = max(len(p) for p in prompts)
-        t_max = max(max(len(c) for c in completions), 1)
-        ids = torch.full((len(prompts), p_max + t_max), self.pad_id, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        tgt = torch.zeros((len(prompts), t_max), dtype=torch.long)
-        for b, (p, c) in enumerate(zip(prompts, completions, strict=True)):
-            ids[b, p_max - len(p) : p_max + len(c)] = torch.tensor(p + c)
-            attn[b, p_max - len(p) : p_max + len(c)] = 1
-            if c:
-                tgt[b, : len(c)] = torch.tensor(c, dtype=torch.long)
-        positions = (attn.cumsum(1) - 1).clamp(min=0)
-        ids, attn, positions, tgt = (t.to(self.device) for t in (ids, attn, positions, tgt))
-        logits = model(
-            input_ids=ids, attention_mask=attn, position_ids=positions, logits_to_keep=t_max + 1, use_cache=False
-        ).logits[:, :-1]  # [B, T+1, V] computed: position P-1+j predicts completion token j
-        # [B, T, V] tensors are the largest a long completion makes (a 32k vocabulary at T = 512: 64 MB per row),
+        Either layout computes the logits of the positions that predict completion tokens only (the padded one: the
+        last T + 1 of each row): the lm_head, a large share of a small model's compute (a 32k x 768 matrix is a
+        quarter of a 100M model), never runs on prompt positions."""
+        logits = rows.logits(model)  # [B, T, V] padded, [M, V] packed
+        # [.., V] tensors are the largest a long completion makes (a 32k vocabulary at T = 512: 64 MB per row),
         # so none is made that is not needed: no copy for float32 at temperature 1, the logits freed once the
         # log-softmax (which autograd keeps) exists, the entropy's product computed in place.
         if logits.dtype != torch.float32:
             logits = logits.float()
         if self.loss_config.temperature != 1.0:
             logits = logits / self.loss_config.temperature
-        logps_all = F.log_softmax(logits, dim=-1)  # [B, T, V]
+        logps_all = F.log_softmax(logits, dim=-1)
         del logits
-        logps = logps_all.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)  # [B, T]
+        logps = logps_all.gather(-1, rows.targets.unsqueeze(-1)).squeeze(-1)
         entropy = None
         if with_entropy:
             with torch.no_grad():
-                entropy = -logps_all.exp().mul_(logps_all).sum(-1)
-        return logps, entropy
+                entropy = rows.unflatten(-logps_all.exp().mul_(logps_all).sum(-1))
+        return rows.unflatten(logps), entropy
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
-        """Log-probs of tokens 1..end of a fixed sequence (for the generator-learner parity check)."""
+        """Log-probs of tokens 1..end of a fixed sequence (for the generator-learner parity check), in this
+        learner's layout."""
         with _eval(self.model):
-            logps, _ = self._forward_logps(self.model, [token_ids[:1]], [token_ids[1:]], with_entropy=False)
+            logps, _ = self._forward_logps(self.model, self.layout([token_ids[:1]], [token_ids[1:]]), False)
         return logps[0].tolist()
 
     # --- the update -----------------------------------------------------------------------------------
@@ -291,9 +342,12 @@ class Learner:
         with each new global_step. With several ranks every rank gets the whole batch and trains on its slots."""
         t0 = time.perf_counter()
         step = self.spec.step
-        plan = plan_micro_batches(len(batch), step.micro_batch_size, self.rank, self.world_size, self._rng)
+        plan = self._plan(batch)
         masks = [self._loss_mask(batch, idx) for idx in plan.micro_batches]
         num_items = sum(m.sum() for m in masks)  # dapo normaliser: loss tokens in the whole generation batch
+        rows = {j: self.layout([batch.prompt_ids[i] for i in plan.micro_batches[j]],
+                               [batch.completion_ids[i] for i in plan.micro_batches[j]])
+                for j in {slot.micro_batch for slot in plan.slots}}
         frozen: list[LossInputs | None] = [None] * len(plan.slots)  # each real slot's inputs bar the live logp
         sums: dict[str, list[float]] = defaultdict(list)
         losses, norms = [], []
@@ -301,15 +355,12 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
             for s, slot in enumerate(plan.slots):
-                idx = plan.micro_batches[slot.micro_batch]
-                prompts = [batch.prompt_ids[i] for i in idx]
-                comps = [batch.completion_ids[i] for i in idx]
+                idx, mb = plan.micro_batches[slot.micro_batch], rows[slot.micro_batch]
                 first = it == 0
-                with_entropy = first and not slot.padding
-                logp, entropy = self._forward_logps(self.model, prompts, comps, with_entropy=with_entropy)
+                logp, entropy = self._forward_logps(self.model, mb, with_entropy=first and not slot.padding)
                 if slot.padding:  # zero gradient through every sharded unit; the ref forward keeps the lockstep too
                     if first:
-                        self._ref_logps(prompts, comps)
+                        self._ref_logps(mb)
                     (logp * 0.0).sum().backward()
                     continue
                 mask = masks[slot.micro_batch]
@@ -325,10 +376,11 @@ class Learner:
                         advantages=torch.tensor([batch.advantages[i] for i in idx], dtype=torch.float32,
                                                 device=self.device),
                         mask=mask,
-                        ref_logp=self._ref_logps(prompts, comps),
+                        ref_logp=self._ref_logps(mb),
                         is_weights=is_weights,
                         num_items_in_batch=num_items,
                         grad_accum_steps=plan.grad_accum_steps,
+                        num_sequences=len(batch),
                     )
                 result = grpo_loss(dataclasses.replace(frozen[s], logp=logp), self.loss_config)
                 result.loss.backward()
@@ -346,17 +398,51 @@ class Learner:
             norms.append(grad_norm)
         out = self._step_metrics(sums, losses, norms)
         out["learning_rate"] = self.scheduler.get_last_lr()[0]
-        return TrainResult(global_step=self.global_step, metrics=out, num_tokens=float(num_items),
-                           compute_s=time.perf_counter() - t0)
+        compute_s = time.perf_counter() - t0
+        out.update(self._throughput_metrics(plan, rows, batch, compute_s))
+        return TrainResult(global_step=self.global_step, metrics=out, num_tokens=float(num_items), compute_s=compute_s)
+
+    def _plan(self, batch: TrainBatch) -> MicroBatchPlan:
+        """This step's micro-batches and this rank's slots; warns about samples longer than the token budget."""
+        step = self.spec.step
+        sizes = [(len(p), len(c)) for p, c in zip(batch.prompt_ids, batch.completion_ids, strict=True)]
+        plan = plan_micro_batches(sizes, step.micro_batch_size, self.rank, self.world_size, self._rng,
+                                  max_tokens=step.max_tokens_per_microbatch, padded=not self.packed)
+        if plan.oversized and self.rank == 0:
+            logger.warning(
+                "grpo.max_tokens_per_microbatch %d: %d sample(s) of %s tokens are longer; each trains in a "
+                "micro-batch of its own", step.max_tokens_per_microbatch, len(plan.oversized),
+                sorted((sum(sizes[i]) for i in plan.oversized), reverse=True),
+            )
+        return plan
+
+    def _throughput_metrics(
+        self, plan: MicroBatchPlan, rows: dict[int, Packed | Padded], batch: TrainBatch, compute_s: float
+    ) -> dict[str, float]:
+        """learner/tokens_per_s: the batch's prompt + completion tokens, once per optimizer step, per second of
+        train_step; learner/padding_frac: the pad share of the positions the policy forwards computed (every
+        rank's real micro-batches); learner/micro_batches: micro-batches in the step (all ranks)."""
+        real = sum(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids, strict=True))
+        mine = [rows[slot.micro_batch] for slot in plan.slots if not slot.padding]
+        counted, positions = self._sum_over_ranks(
+            [float(sum(r.real_tokens for r in mine)), float(sum(r.positions for r in mine))]
+        )
+        return {
+            "learner/tokens_per_s": real * self.spec.step.num_iterations / compute_s,
+            "learner/padding_frac": 1.0 - counted / positions if positions else 0.0,
+            "learner/micro_batches": float(plan.grad_accum_steps),
+        }
 
     def _loss_mask(self, batch: TrainBatch, idx: list[int]) -> torch.Tensor:
-        """[B, T] for the rows `idx` (T = their longest completion): 1 on each completion's tokens; all 0 for a
-        truncated completion with mask_truncated_completions."""
+        """[B, T] for the rows `idx` (T = their longest completion): 1 on each completion's tokens the model sampled
+        (TrainBatch.completion_mask; every token without one), 0 on the rest; all 0 for a truncated completion
+        with mask_truncated_completions."""
         lens = [len(batch.completion_ids[i]) for i in idx]
         m = torch.zeros(len(idx), max(max(lens), 1))
         for r, (i, ln) in enumerate(zip(idx, lens, strict=True)):
-            if not (self.spec.step.mask_truncated_completions and batch.truncated[i]):
-                m[r, :ln] = 1.0
+            if self.spec.step.mask_truncated_completions and batch.truncated[i]:
+                continue
+            m[r, :ln] = 1.0 if batch.completion_mask is None else torch.tensor(batch.completion_mask[i])
         return m.to(self.device)
 
     def _step_metrics(
@@ -392,13 +478,14 @@ class Learner:
                 merged[k].extend(v)
         return merged
 
-    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+    def _sum_over_ranks(self, values: list[float], op: str = "sum") -> list[float]:
+        """Each value summed (op "sum") or maxed ("max") over ranks (identity on one rank)."""
         if self.world_size == 1:
             return values
         import torch.distributed as dist
 
         t = torch.tensor(values, dtype=torch.float64)  # a CPU tensor: gloo carries it, also next to NCCL
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return t.tolist()
 
     def _push_state(self, reward_state: TrainerState | None) -> None:
@@ -409,14 +496,14 @@ class Learner:
         state = dataclasses.replace(reward_state or TrainerState(), global_step=self.global_step)
         ray.get(self.reward_pool.set_state.remote(state))
 
-    def _ref_logps(self, prompts: list[list[int]], comps: list[list[int]]) -> torch.Tensor | None:
+    def _ref_logps(self, rows: Packed | Padded) -> torch.Tensor | None:
         if self.loss_config.beta == 0.0:
             return None
         with torch.no_grad():
             if self.ref_model is not None:
-                return self._forward_logps(self.ref_model, prompts, comps, with_entropy=False)[0]
+                return self._forward_logps(self.ref_model, rows, with_entropy=False)[0]
             with self.model.disable_adapter(), _eval(self.model):  # LoRA: the base model, as TRL's reference
-                return self._forward_logps(self.model, prompts, comps, with_entropy=False)[0]
+                return self._forward_logps(self.model, rows, with_entropy=False)[0]
 
     def _is_weights(
         self, old: torch.Tensor, sampling: list[list[float]], mask: torch.Tensor

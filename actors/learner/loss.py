@@ -66,6 +66,9 @@ class LossInputs:
     is_weights: Tensor | None = None  # [B, T] or [B, 1] from vllm_importance_weights; None: no correction
     num_items_in_batch: Tensor | float | None = None  # loss tokens of the whole generation batch (dapo, cispo)
     grad_accum_steps: int = 1  # micro-batches in this optimizer step (TRL's current_gradient_accumulation_steps)
+    # Sequences in this optimizer step, every micro-batch's (grpo, sapo, dr_grpo, luspo normalise by it); None:
+    # B x grad_accum_steps, TRL's count when every micro-batch holds B.
+    num_sequences: int | None = None
 
 
 @dataclass
@@ -113,9 +116,16 @@ def _nanmax(x: Tensor) -> Tensor:
 def grpo_loss(inputs: LossInputs, cfg: LossConfig) -> LossOutputs:
     """One micro-batch's loss, already divided for gradient accumulation, as TRL's ``_compute_loss``
     (T:3020-3290) on one process: rayward's learner ranks keep the single-rank normalisers (TRL's num_processes
-    is 1 here)."""
+    is 1 here).
+
+    Normalisers are the whole step's, so that the summed loss and gradient do not depend on how the step's
+    sequences are cut into micro-batches: TRL's per-micro-batch mean over B sequences / GA is written as a sum over
+    the micro-batch's sequences / num_sequences (equal when every micro-batch holds B; token-budget micro-batches
+    hold different numbers), dapo and cispo divide by the generation batch's loss tokens. bnpo alone depends on
+    the cut by definition: each micro-batch's token mean, / GA."""
     logp, mask = inputs.logp, inputs.mask.to(inputs.logp.dtype)
     ga = inputs.grad_accum_steps
+    n_seq = inputs.num_sequences if inputs.num_sequences is not None else logp.size(0) * ga
     eps_low = cfg.epsilon
     eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high  # the fallback also applies to cispo
     spg = ga if cfg.steps_per_generation is None else cfg.steps_per_generation
@@ -159,21 +169,21 @@ def grpo_loss(inputs: LossInputs, cfg: LossConfig) -> LossOutputs:
         per_token = per_token + cfg.beta * kl
 
     masked = per_token * mask  # [B, T] (a [B, 1] sequence-level loss broadcasts over the tokens)
-    if cfg.loss_type in ("grpo", "sapo"):  # mean over sequences of the per-sequence token mean
-        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / ga
+    if cfg.loss_type in ("grpo", "sapo"):  # mean over the step's sequences of the per-sequence token mean
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / n_seq
     elif cfg.loss_type == "bnpo":  # micro-batch token mean
         loss = masked.sum() / mask.sum().clamp(min=1.0) / ga
-    elif cfg.loss_type == "dr_grpo":  # constant normaliser B * L_max
+    elif cfg.loss_type == "dr_grpo":  # constant normaliser: the step's sequences x L_max
         if cfg.max_completion_length is None:
             raise ValueError("dr_grpo needs max_completion_length")
-        loss = masked.sum() / (per_token.size(0) * cfg.max_completion_length) / ga
+        loss = masked.sum() / (n_seq * cfg.max_completion_length)
     elif cfg.loss_type in ("dapo", "cispo"):  # generation-batch token count, rescaled to one accumulation window
         if inputs.num_items_in_batch is None:
             raise ValueError(f"{cfg.loss_type} needs num_items_in_batch")
         n_items = torch.as_tensor(inputs.num_items_in_batch, device=logp.device)
         loss = masked.sum() / (n_items.clamp(min=1.0) * ga / spg)
-    else:  # luspo: per-sequence token SUM, averaged over sequences
-        loss = masked.sum(-1).mean() / ga
+    else:  # luspo: per-sequence token SUM, averaged over the step's sequences
+        loss = masked.sum(-1).sum() / n_seq
 
     def masked_mean(x: Tensor) -> Tensor:  # T:3264-3270 on one rank; [B, 1] counts one per sequence
         if x.shape[1] == 1:

@@ -25,6 +25,7 @@ class ModelSpec:
     gradient_checkpointing: bool = True  # TRL's default
     gradient_checkpointing_kwargs: dict[str, Any] | None = None  # torch.utils.checkpoint arguments (TRL's name)
     lora: dict[str, Any] | None = None  # PEFT LoraConfig keyword arguments; None: train every weight
+    attn_implementation: str | None = None  # transformers' name; None: its default for the model (sdpa or eager)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,12 @@ class StepSpec:
     micro_batch_size: int = 8  # completions per forward and backward (TRL's per_device_train_batch_size)
     num_iterations: int = 1  # optimizer steps per batch, old / ref / IS terms frozen at the first (TRL's)
     mask_truncated_completions: bool = False  # completions cut at max_completion_length add no loss tokens
+    # Samples packed into rows with no pad (actors/learner/layout.py): True, or None = where the model computes
+    # packed rows correctly (padded elsewhere); False: TRL's padded layout.
+    padding_free: bool | None = None
+    # Micro-batches as token-budget bins of at most this many positions (actors/learner/micro_batches.py), in
+    # place of micro_batch_size rows; None: micro_batch_size rows.
+    max_tokens_per_microbatch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -63,7 +63,7 @@ class AutoscaleSettings:
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
             raise ValueError(
-                f"reward autoscaling needs 1 <= min_workers <= max_workers, got {self.min_workers}..{self.max_workers}"
+                f"autoscaling needs 1 <= min_workers <= max_workers, got {self.min_workers}..{self.max_workers}"
             )
         if not 0 < self.target_utilization <= 1:
             raise ValueError(f"target_utilization must be in (0, 1], got {self.target_utilization}")

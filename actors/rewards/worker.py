@@ -8,6 +8,11 @@ keeps TRL 1.16's signature:
 
 sync or `async def`. Unlike TRL, every call has a time bound and an error policy, and by default each
 completion is scored by its own call so a slow or failing sample cannot take its neighbours with it.
+
+Agentic runs (actors/envs): a function that declares an `environments` parameter also receives its samples'
+environment instances (TRL's `environments=`), unpickled from RewardBatch.environments here; and an
+environment's get_reward() is a reward of its own (`RewardSpec.env_reward`), named after the class, whose
+values the environments computed at close and the batch carries (RewardBatch.env_rewards).
 """
 
 from __future__ import annotations
@@ -85,6 +90,11 @@ class RewardSpec:
     fallback: float | None = 0.0
     batched: bool = False
     kwargs: dict[str, Any] = field(default_factory=dict)
+    env_reward: bool = False  # the get_reward() of the environment class named `name` (no function, no model): its
+    # samples' RewardBatch.env_rewards, NaN for other environments' samples; one that is missing (get_reward
+    # failed, the session was lost) scores `fallback` and counts as an error (give on_error "fallback")
+    takes_environments: bool = False  # the function declares `environments` (set by the driver, which imports it:
+    # the generators then keep each environment's state at close); the worker reads the signature itself
 
 
 @dataclass
@@ -128,6 +138,35 @@ def load_reward_function(spec: RewardSpec) -> Callable[..., Any]:
     if not callable(fn):
         raise RewardFunctionError(f"reward {spec.name!r}: {target!r} is not callable")
     return fn
+
+
+def declares_environments(fn: Any) -> bool:
+    """Whether a reward function (or callable object) names an `environments` parameter: it then receives its
+    samples' environment instances, as TRL passes them."""
+    try:
+        return "environments" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class _EnvReward:
+    """An environment's get_reward() as a reward function: the values the environment workers computed at close,
+    for the samples of the environment class `name`; None (NaN) for other environments' samples."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, env_rewards: list[float | None], env_classes: list[str | None] | None, **_: Any) -> list[Any]:
+        classes = env_classes or [None] * len(env_rewards)
+        out: list[float | None] = []
+        for reward, cls in zip(env_rewards, classes, strict=True):
+            if cls != self.name:
+                out.append(None)
+            elif reward is None:
+                raise RuntimeError(f"no get_reward() value: {self.name}.get_reward() failed, or its session was lost")
+            else:
+                out.append(reward)
+        return out
 
 
 def is_async_callable(fn: Any) -> bool:
@@ -216,8 +255,16 @@ class RewardWorker:
                 sys.path.insert(0, p)
         self.index = index
         self.specs = list(specs)
-        self.functions = [_RewardModel(s.model) if s.model else load_reward_function(s) for s in self.specs]
+        self.functions = [
+            _EnvReward(s.name) if s.env_reward else _RewardModel(s.model) if s.model else load_reward_function(s)
+            for s in self.specs
+        ]
         self.is_async = [is_async_callable(f) for f in self.functions]
+        # What each function gets beyond TRL's arguments: environment instances, or environment rewards.
+        self.extras = [
+            ("env_rewards",) if s.env_reward else ("environments",) if declares_environments(f) else ()
+            for s, f in zip(self.specs, self.functions, strict=True)
+        ]
         self.state = trainer_state or TrainerState()
         self.state.to_transformers()  # import transformers now (seconds), while the engines start, not at step 1
         # One persistent event loop, as TRL keeps one: async reward code may hold loop-bound clients.
@@ -244,6 +291,7 @@ class RewardWorker:
         if state is not None:
             self.state = state
         ctx = _Chunk(chunk, self.state.to_transformers())
+        self._check_env_inputs(ctx)
         ks = range(len(self.specs))
         # Async rewards run on the worker's event loop; sync ones go straight to the thread pool from this
         # thread (no asyncio task per call: that was half the worker's CPU per sample).
@@ -268,6 +316,19 @@ class RewardWorker:
             workers=[self.index],
         )
 
+    def _check_env_inputs(self, ctx: _Chunk) -> None:
+        """Environment rewards need the batch's values; `environments` functions get the instances unpickled once
+        per chunk (a class that cannot be imported here fails naming the reward)."""
+        for spec, extras in zip(self.specs, self.extras, strict=True):
+            if "env_rewards" in extras and ctx.chunk.env_rewards is None:
+                raise RewardFunctionError(
+                    f"reward {spec.name!r} is the get_reward() of environment {spec.name}, but the batch carries no "
+                    "environment rewards (RewardBatch.env_rewards)", reward=spec.name, sample=ctx.offset,
+                )
+        wanting = [s.name for s, e in zip(self.specs, self.extras, strict=True) if "environments" in e]
+        if wanting and ctx.chunk.environments is not None:
+            ctx.unpickle_environments(wanting[0])
+
     def score_chunks(self, chunks: list[RewardBatch], state: TrainerState | None = None) -> list[Scores]:
         """Score several chunks one after another in one call (the pool batches chunks to save Ray calls)."""
         return [self.score(c, state) for c in chunks]
@@ -279,7 +340,8 @@ class RewardWorker:
         fn = self.functions[k]
         calls = []
         for lo, hi in ctx.spans(self.specs[k]):
-            calls.append((lo, hi, time.monotonic(), self._executor.submit(_timed_call, fn, ctx.kwargs(lo, hi))))
+            kwargs = ctx.kwargs(lo, hi, self.extras[k])
+            calls.append((lo, hi, time.monotonic(), self._executor.submit(_timed_call, fn, kwargs)))
         return calls
 
     def _collect(self, k: int, calls: list[tuple[int, int, float, Future]], ctx: _Chunk) -> RewardResult:
@@ -392,6 +454,19 @@ class _Chunk:
         # log_extra columns, one value per sample of the chunk (None where no call logged one)
         self.extra: dict[str, list[Any]] = {}
         self._lock = threading.Lock()
+        self.environments: list[Any] | None = None  # unpickled RewardBatch.environments (unpickle_environments)
+
+    def unpickle_environments(self, reward: str) -> None:
+        from ray import cloudpickle  # the environment workers pickled them with it
+
+        try:
+            self.environments = [None if b is None else cloudpickle.loads(b) for b in self.chunk.environments or []]
+        except Exception as err:  # noqa: BLE001 - named for the user: the class must import in the reward workers
+            raise RewardFunctionError(
+                f"reward {reward!r}: cannot unpickle the environments of samples {self.offset}..{self.offset + self.n - 1}"
+                f" ({type(err).__name__}: {err}); the environment class must be importable in the reward workers",
+                reward=reward, sample=self.offset, error=f"{type(err).__name__}: {err}",
+            ) from None
 
     def log_metric(self, name: str, value: float) -> None:
         with self._lock:
@@ -412,8 +487,10 @@ class _Chunk:
         unit = self.n if spec.model else self.chunk.group_size if spec.batched else 1
         return [(lo, min(lo + unit, self.n)) for lo in range(0, self.n, unit)]
 
-    def kwargs(self, lo: int, hi: int) -> dict[str, Any]:
-        """TRL's reward call: dataset columns, prompts, completions, completion_ids, trainer_state, log hooks."""
+    def kwargs(self, lo: int, hi: int, extras: tuple[str, ...] = ()) -> dict[str, Any]:
+        """TRL's reward call: dataset columns, prompts, completions, completion_ids, trainer_state, log hooks; and
+        `extras`: "environments" (the instances, when the batch has them, as TRL passes them only with an
+        environment_factory) or "env_rewards" (with env_classes, for an environment's own reward)."""
         c = self.chunk
         kw = {name: vals[lo:hi] for name, vals in c.columns.items()}
         kw.update(
@@ -424,6 +501,11 @@ class _Chunk:
             log_extra=self.log_extra_at(lo, hi),
             log_metric=self.log_metric,
         )
+        if "environments" in extras and self.environments is not None:
+            kw["environments"] = self.environments[lo:hi]
+        if "env_rewards" in extras:
+            kw["env_rewards"] = (c.env_rewards or [])[lo:hi]
+            kw["env_classes"] = None if c.env_classes is None else c.env_classes[lo:hi]
         return kw
 
 
@@ -438,7 +520,7 @@ async def _score_async(worker: RewardWorker, ks: list[int], ctx: _Chunk) -> dict
 async def _score_async_reward(worker: RewardWorker, k: int, ctx: _Chunk) -> RewardResult:
     spec, fn = worker.specs[k], worker.functions[k]
     t0 = time.monotonic()
-    outs = await asyncio.gather(*(_call_async(spec, fn, ctx, lo, hi) for lo, hi in ctx.spans(spec)))
+    outs = await asyncio.gather(*(_call_async(spec, fn, ctx, lo, hi, worker.extras[k]) for lo, hi in ctx.spans(spec)))
     scores: list[float] = []
     for vals, _ in outs:
         scores.extend(vals)
@@ -447,9 +529,11 @@ async def _score_async_reward(worker: RewardWorker, k: int, ctx: _Chunk) -> Rewa
     return RewardResult(scores, timeouts, errors, time.monotonic() - t0)
 
 
-async def _call_async(spec: RewardSpec, fn: Any, ctx: _Chunk, lo: int, hi: int) -> tuple[list[float], str]:
+async def _call_async(
+    spec: RewardSpec, fn: Any, ctx: _Chunk, lo: int, hi: int, extras: tuple[str, ...]
+) -> tuple[list[float], str]:
     try:
-        out = await asyncio.wait_for(fn(**ctx.kwargs(lo, hi)), timeout=spec.timeout_s)
+        out = await asyncio.wait_for(fn(**ctx.kwargs(lo, hi, extras)), timeout=spec.timeout_s)
         return _validate(spec.name, out, hi - lo, ctx.offset + lo), "ok"
     except asyncio.TimeoutError:
         return _fallback(spec, hi - lo), "timeout"

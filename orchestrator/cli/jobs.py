@@ -1,5 +1,6 @@
 """Runs on a shared Ray cluster through the Ray Jobs API: submit, status, logs (-f), stop, list; and `scale`,
-which resizes a running run's reward pool as a Ray client of the cluster (its GCS address, not the dashboard).
+which resizes a running run's reward or environment pool as a Ray client of the cluster (its GCS address, not
+the dashboard).
 
 `rayward submit CONFIG [overrides] --address http://HEAD:8265` validates the config here first (a typo fails
 on the laptop, not after an upload), then submits `python -m orchestrator run CONFIG overrides --name NAME`
@@ -493,13 +494,14 @@ def list_runs(address: str, *, show_all: bool = False, as_json: bool = False, ou
     return 0
 
 
-def scale(address: str | None, run: str, *, reward_workers: int | None = None, min_workers: int | None = None,
-          max_workers: int | None = None) -> PoolStats:
-    """Pin run `run`'s reward pool at `reward_workers`, or set its autoscaling bounds (with both bounds, a pool
-    without autoscaling turns it on with the config's defaults); returns the pool's state after it. Joins the
-    cluster at the GCS `address` (default: auto). UnreachableError when nothing answers there; ScaleRefused
-    for a run that does not exist or a change the pool refuses (its own message)."""
-    fresh = _fresh_autoscale(run, min_workers, max_workers)  # bad bounds fail before Ray starts
+def scale(address: str | None, run: str, *, reward_workers: int | None = None, env_workers: int | None = None,
+          min_workers: int | None = None, max_workers: int | None = None, pool: str = "reward") -> PoolStats:
+    """Pin run `run`'s reward pool at `reward_workers` (or its environment pool at `env_workers`), or set the
+    autoscaling bounds of `pool` ("reward" or "env"; with both bounds, a pool without autoscaling turns it on with
+    the config's defaults); returns the pool's state after it. Joins the cluster at the GCS `address` (default:
+    auto). UnreachableError when nothing answers there; ScaleRefused for a run or pool that does not exist or a
+    change the pool refuses (its own message)."""
+    fresh = _fresh_autoscale(run, min_workers, max_workers, pool)  # bad bounds fail before Ray starts
     import ray
     from ray.exceptions import RayTaskError
 
@@ -512,27 +514,30 @@ def scale(address: str | None, run: str, *, reward_workers: int | None = None, m
     except ConnectionError as err:
         raise UnreachableError(f"cannot connect to Ray at {address}: {err}") from None
     try:
-        pool = ray.get_actor(f"{run}/reward-pool")
+        handle = ray.get_actor(f"{run}/{pool}-pool")
     except ValueError:
-        raise ScaleRefused(f"no run named {run!r} on this cluster (no actor {run}/reward-pool)") from None
+        what = "no run named" if pool == "reward" else "no environment pool (no tools or environment_factory) in run"
+        raise ScaleRefused(f"{what} {run!r} on this cluster (no actor {run}/{pool}-pool)") from None
     try:
-        if reward_workers is not None:
-            return ray.get(pool.scale.remote(reward_workers))
-        return ray.get(pool.set_bounds.remote(min_workers, max_workers, fresh=fresh))
+        count = reward_workers if pool == "reward" else env_workers
+        if count is not None:
+            return ray.get(handle.scale.remote(count))
+        return ray.get(handle.set_bounds.remote(min_workers, max_workers, fresh=fresh))
     except RayTaskError as err:  # the pool refused (e.g. bounds out of order): its message, not a traceback
         raise ScaleRefused(f"{run}: {getattr(err, 'cause', None) or err}") from None
 
 
-def _fresh_autoscale(run: str, min_workers: int | None, max_workers: int | None) -> AutoscaleSettings | None:
+def _fresh_autoscale(run: str, min_workers: int | None, max_workers: int | None,
+                     pool: str = "reward") -> AutoscaleSettings | None:
     """With both bounds: the settings a pool without autoscaling starts from (the config's defaults)."""
     if min_workers is None or max_workers is None:
         return None
-    try:
-        return AutoscaleSettings(min_workers, max_workers, target_utilization=DEFAULT_TARGET_UTILIZATION,
-                                 look_back_s=DEFAULT_LOOK_BACK_S, upscale_delay_s=DEFAULT_UPSCALE_DELAY_S,
-                                 downscale_delay_s=DEFAULT_DOWNSCALE_DELAY_S)
-    except ValueError as err:
-        raise ScaleRefused(f"{run}: {err}") from None
+    if not 1 <= min_workers <= max_workers:
+        raise ScaleRefused(f"{run}: {pool} autoscaling needs 1 <= min_workers <= max_workers, got "
+                           f"{min_workers}..{max_workers}")
+    return AutoscaleSettings(min_workers, max_workers, target_utilization=DEFAULT_TARGET_UTILIZATION,
+                             look_back_s=DEFAULT_LOOK_BACK_S, upscale_delay_s=DEFAULT_UPSCALE_DELAY_S,
+                             downscale_delay_s=DEFAULT_DOWNSCALE_DELAY_S)
 
 
 def guarded(command: str, fn, *args: Any, **kwargs: Any) -> int:

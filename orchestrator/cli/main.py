@@ -55,19 +55,20 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _cmd_scale(args: argparse.Namespace) -> int:
     bounds = args.min is not None or args.max is not None
-    if (args.reward_workers is not None) == bounds:  # neither, or both
-        print("rayward scale: give --reward-workers N (a fixed count) or --min/--max (autoscaling bounds)",
-              file=sys.stderr)
+    if (args.reward_workers is not None) + (args.env_workers is not None) + bounds != 1:  # exactly one action
+        print("rayward scale: give --reward-workers N (a fixed count) or --min/--max (autoscaling bounds); for the "
+              "environment pool --env-workers N, or --pool env --min/--max", file=sys.stderr)
         return EXIT_BAD_INPUT
+    pool = "env" if args.env_workers is not None else args.pool
     from orchestrator.cli import jobs
 
     try:
-        stats = jobs.scale(args.address, args.run, reward_workers=args.reward_workers, min_workers=args.min,
-                           max_workers=args.max)
+        stats = jobs.scale(args.address, args.run, reward_workers=args.reward_workers, env_workers=args.env_workers,
+                           min_workers=args.min, max_workers=args.max, pool=pool)
     except jobs.ScaleRefused as err:
         print(f"rayward scale: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"rayward scale: {args.run}: reward workers -> {stats.target_workers} ({stats.workers} live, "
+    print(f"rayward scale: {args.run}: {pool} workers -> {stats.target_workers} ({stats.workers} live, "
           f"{stats.starting} starting, {stats.retiring} retiring); autoscaling {stats.autoscale}")
     return 0
 
@@ -194,11 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", help="PNG path (default: <run dir>/plot.png)")
     pl.set_defaults(func=_cmd_plot)
 
-    s = sub.add_parser("scale", help="resize a running run's reward pool, or set its autoscaling bounds")
+    s = sub.add_parser("scale", help="resize a running run's reward or environment pool, or set its autoscaling bounds")
     s.add_argument("run", help="run name")
-    s.add_argument("--reward-workers", type=int, help="pin the pool at this many workers (pauses autoscaling)")
+    s.add_argument("--reward-workers", type=int, help="pin the reward pool at this many workers (pauses autoscaling)")
+    s.add_argument("--env-workers", type=int,
+                   help="pin the environment pool at this many workers (pauses autoscaling)")
     s.add_argument("--min", type=int, help="autoscale with at least this many workers (turns autoscaling on)")
     s.add_argument("--max", type=int, help="autoscale with at most this many workers (turns autoscaling on)")
+    s.add_argument("--pool", choices=("reward", "env"), default="reward",
+                   help="the pool --min/--max apply to (default: reward)")
     s.add_argument("--address", help="Ray GCS address (default: auto)")
     s.set_defaults(func=_cmd_scale)
 

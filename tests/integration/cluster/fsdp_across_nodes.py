@@ -2,7 +2,7 @@
 
     python -m tests.integration.cluster.fsdp_across_nodes HOST:PORT OUT_DIR
 
-Builds the learner exactly as `rayward run` does (`orchestrator.build.learner_kwargs` of a config with
+Builds the learner exactly as `rayward run` does (`orchestrator.build.learner_spec` of a config with
 `cluster.learner_placement: spread`, `actors.group.LearnerGroup`), 2 FSDP ranks and, beside them, 1 single learner,
 and feeds both the same batches: step 1, a checkpoint of the 2 ranks, a fresh pair of spread ranks resuming from it,
 step 2 on both sides, and a single learner resuming from the 2-rank checkpoint. Writes OUT_DIR/result.json: the nodes
@@ -60,7 +60,7 @@ def main(address: str, out: Path) -> None:
 
     from actors.group import LearnerGroup
     from actors.learner.learner import Learner
-    from orchestrator.build import learner_kwargs
+    from orchestrator.build import learner_spec
     from orchestrator.cluster import check_learner_placement
     from orchestrator.config import load_config
     from orchestrator.tiny import ensure_tiny_model
@@ -68,7 +68,7 @@ def main(address: str, out: Path) -> None:
     cfg = load_config(ROOT / "configs" / "demo.yaml", OVERRIDES)
     ray.init(address=address, namespace="rayward-mn-fsdp", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     check_learner_placement(cfg.cluster, ray.nodes())  # what train() checks at Ray start: it passes here
-    kw = learner_kwargs(cfg, str(ensure_tiny_model()))
+    kw = {"spec": learner_spec(cfg, str(ensure_tiny_model()))}
     opts = {"num_cpus": cfg.cluster.learner.num_cpus}
 
     def spread(name: str) -> LearnerGroup:

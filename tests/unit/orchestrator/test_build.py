@@ -37,6 +37,14 @@ def test_autoscale_settings_are_the_config_section():
     assert autoscale_settings(parse_config(MINIMAL)) is None
 
 
+def test_env_autoscale_settings_are_their_own_section():
+    c = parse_config({**MINIMAL, "cluster": {"env_autoscale": {"min_workers": 1, "max_workers": 5},
+                                             "reward_autoscale": {"max_workers": 3}}})
+    s = autoscale_settings(c, "env_autoscale")
+    assert (s.min_workers, s.max_workers) == (1, 5) and autoscale_settings(c).max_workers == 3
+    assert autoscale_settings(parse_config(MINIMAL), "env_autoscale") is None
+
+
 
 # --------------------------------------------------------------------------------------------- the learner's spec
 def test_learner_spec_carries_the_run_config():
@@ -82,3 +90,38 @@ def test_lora_and_gradient_checkpointing_reach_the_learner_as_peft_and_trl_take_
     cfg = parse_config({**MINIMAL, "grpo": {"gradient_checkpointing_kwargs": {"use_reentrant": True}}})
     m = learner_spec(cfg, "m").model
     assert m.gradient_checkpointing is True and m.gradient_checkpointing_kwargs == {"use_reentrant": True}
+
+
+# --------------------------------------------------------------------------------------------- packed micro-batches
+def test_packing_and_token_budgets_reach_the_learner():
+    from orchestrator.build import learner_spec
+
+    default = learner_spec(parse_config(MINIMAL), "m")
+    assert (default.step.padding_free, default.step.max_tokens_per_microbatch) == (None, None)  # packed where correct
+    assert default.model.attn_implementation is None
+    s = learner_spec(parse_config({**MINIMAL, "grpo": {"padding_free": False, "max_tokens_per_microbatch": 4096},
+                                   "model": {"attn_implementation": "eager"}}), "m")
+    assert (s.step.padding_free, s.step.max_tokens_per_microbatch, s.model.attn_implementation) == (False, 4096, "eager")
+
+
+def test_packing_where_it_cannot_be_correct_is_a_config_error(tmp_path, tiny_model_path):
+    """Checked on the meta-device model, before anything loads: a model whose layers carry state along a row
+    (LFM2's convolutions), and an attention implementation that is not installed."""
+    import pytest
+    from transformers import Lfm2Config
+
+    from orchestrator.build import check_learner_model
+    from orchestrator.config import ConfigError
+
+    Lfm2Config(vocab_size=512, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+               num_key_value_heads=2, layer_types=["conv", "full_attention"]).save_pretrained(tmp_path)
+    asked = parse_config({**MINIMAL, "grpo": {"padding_free": True}})
+    with pytest.raises(ConfigError, match=r"grpo.padding_free: Lfm2ForCausalLM has \['conv'\] layers, which carry "
+                                          r"state across the samples of a packed row; set grpo.padding_free=false"):
+        check_learner_model(asked, str(tmp_path))
+    check_learner_model(parse_config(MINIMAL), str(tmp_path))  # null: the learner trains it padded
+    check_learner_model(asked, tiny_model_path)  # Qwen2 on sdpa packs
+    flash = parse_config({**MINIMAL, "model": {"attn_implementation": "flash_attention_2"}})
+    with pytest.raises(ConfigError, match="model.attn_implementation 'flash_attention_2': FlashAttention2 has been "
+                                          "toggled on, but it cannot be used"):
+        check_learner_model(flash, tiny_model_path)

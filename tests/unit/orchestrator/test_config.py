@@ -39,10 +39,17 @@ def test_batch_must_divide_into_groups():
 
 
 def test_reward_needs_exactly_one_source():
-    with pytest.raises(ConfigError, match="exactly one of `function` or `model`"):
+    """Neither source names an environment's get_reward(): only with an environment_factory."""
+    with pytest.raises(ConfigError, match="neither `function` nor `model`, which names an environment's get_reward"):
         parse_config({"rewards": [{"name": "r"}]})
-    with pytest.raises(ConfigError, match="rewards"):
+    with pytest.raises(ConfigError, match="give one of `function` or `model`, not both"):
+        parse_config({"rewards": [{"name": "r", "function": "letter_fraction", "model": "m"}]})
+    with pytest.raises(ConfigError, match="rewards: give at least one reward"):
         parse_config({"rewards": []})
+    cfg = parse_config({"rewards": [{"name": "BoxEnv", "weight": 2.0}],
+                        "environment_factory": "orchestrator.tasks.boxes:BoxEnv"})
+    assert cfg.rewards[0].function is None and cfg.rewards[0].weight == 2.0
+    assert parse_config({"environment_factory": "orchestrator.tasks.boxes:BoxEnv"}).rewards == []  # its get_reward
 
 
 def test_gate_errors():

@@ -28,7 +28,7 @@ def test_cuda_logprobs_match_cpu(tiny_model_path):
     cpu_model = gpu.model.to("cpu")
     cpu_lp = Learner._forward_logps.__get__(gpu)  # same code path, model moved
     gpu.device = torch.device("cpu")
-    want = cpu_lp(cpu_model, [ids[:1]], [ids[1:]], with_entropy=False)[0]
+    want = cpu_lp(cpu_model, gpu.layout([ids[:1]], [ids[1:]]), with_entropy=False)[0]
     gpu.model, gpu.device = cpu_model.to("cuda"), torch.device("cuda")
-    got = gpu._forward_logps(gpu.model, [ids[:1]], [ids[1:]], with_entropy=False)[0].cpu()
+    got = gpu._forward_logps(gpu.model, gpu.layout([ids[:1]], [ids[1:]]), with_entropy=False)[0].cpu()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -20,7 +20,7 @@ def test_logprobs_match_trl_conventions(tiny_model_path):
 
     lr = make(tiny_model_path, temperature=0.7)
     b = batch([0.0] * 3)
-    logp, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
+    logp, _ = lr._forward_logps(lr.model, lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
     ids = torch.tensor([p + c for p, c in zip(b.prompt_ids, b.completion_ids, strict=True)])
     logits = lr.model(input_ids=ids).logits[:, 2:-1]  # positions predicting the completion tokens
     want = selective_log_softmax(logits, torch.tensor(b.completion_ids), 0.7)
@@ -31,10 +31,10 @@ def test_update_moves_logprobs_along_advantages(tiny_model_path):
     lr = make(tiny_model_path)
     b = batch([1.0, 1.0, -1.0, -1.0])
     with torch.no_grad():
-        before, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
+        before, _ = lr._forward_logps(lr.model, lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
     result = lr.train_step(b)
     with torch.no_grad():
-        after, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
+        after, _ = lr._forward_logps(lr.model, lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
     delta = (after - before).sum(-1)
     assert delta[:2].min() > 0 and delta[2:].max() < 0, delta
     assert isinstance(result, TrainResult) and result.global_step == 1
@@ -56,7 +56,7 @@ def test_importance_weights_and_logp_gap_are_reported(tiny_model_path):
     lr = make(tiny_model_path, is_mode="token_truncate")
     b = batch([1.0, -1.0, 1.0, -1.0])
     with torch.no_grad():
-        logp, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
+        logp, _ = lr._forward_logps(lr.model, lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
     b.sampling_logprobs = (logp - 0.25).tolist()  # the sampler was 0.25 nats less confident on every token
     stats = lr.train_step(b).metrics
     assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx(0.25, abs=1e-4)

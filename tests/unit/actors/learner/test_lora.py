@@ -63,11 +63,11 @@ def test_update_moves_logprobs_along_advantages(tiny_model_path):
     lr = make(tiny_model_path, learning_rate=5e-2)
     b = batch([1.0, 1.0, -1.0, -1.0])
     with torch.no_grad():
-        before, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
+        before, _ = lr._forward_logps(lr.model, lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
     for _ in range(2):  # the first step moves lora_B only (A's gradient goes through B, which starts at 0)
         lr.train_step(b)
     with torch.no_grad():
-        after, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
+        after, _ = lr._forward_logps(lr.model, lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
     delta = (after - before).sum(-1)
     assert delta[:2].min() > 0 and delta[2:].max() < 0, delta
 
@@ -77,11 +77,11 @@ def test_reference_is_the_base_with_adapters_disabled_not_a_copy(tiny_model_path
     assert lr.ref_model is None  # no second copy of the model
     randomize_adapters(lr.model)
     b = batch([1.0, -1.0, 1.0, -1.0])
-    ref = lr._ref_logps(b.prompt_ids, b.completion_ids)
+    ref = lr._ref_logps(lr.layout(b.prompt_ids, b.completion_ids))
     base = Learner(spec(tiny_model_path))
     with torch.no_grad():
-        want, _ = base._forward_logps(base.model, b.prompt_ids, b.completion_ids, with_entropy=False)
-        policy, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
+        want, _ = base._forward_logps(base.model, base.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
+        policy, _ = lr._forward_logps(lr.model, lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
     torch.testing.assert_close(ref, want, rtol=0, atol=1e-5)
     assert (policy - ref).abs().max() > 1e-2  # the adapters do change the policy: the check is not vacuous
     assert lr.model.training and all(m.training for m in lr.model.modules())  # back in train mode
@@ -155,8 +155,8 @@ def test_merged_model_is_a_plain_hf_model(tiny_model_path, tmp_path):
     assert AutoTokenizer.from_pretrained(out).eos_token == AutoTokenizer.from_pretrained(tiny_model_path).eos_token
     b = batch([0.0, 0.0])
     with torch.no_grad():
-        want, _ = lr._forward_logps(lr.model, b.prompt_ids, b.completion_ids, with_entropy=False)
-        got, _ = lr._forward_logps(model.train(), b.prompt_ids, b.completion_ids, with_entropy=False)
+        want, _ = lr._forward_logps(lr.model, lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
+        got, _ = lr._forward_logps(model.train(), lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="needs a LoRA learner"):
         Learner(spec(tiny_model_path)).save_merged(str(tmp_path / "x"))

@@ -1,0 +1,400 @@
+"""EnvPool: the named actor that owns a run's environment workers and routes every session to one of them.
+
+One per run, `<run>/env-pool` in the run's namespace, workers `<run>/env-<i>` (actors/envs/worker.py). The
+machinery is the pool base's, shared with the reward pool (actors/pool.py): live-worker tracking, replacement,
+`rayward scale --env-workers N` / `--pool env --min/--max`, autoscaling on the same policy, Ray metrics, stats.
+What is this pool's own:
+
+* **Placement.** A session goes to the least-loaded live worker (fewest sessions, then fewest calls in flight)
+  and stays there until it closes: its environment instance lives in that worker. A worker holds at most
+  SESSIONS_PER_WORKER sessions; an `open` waits until the live workers have room for all of its requests at
+  once (so two opens never hold each other's half), or, for more requests than the whole pool holds, until the
+  pool is empty (they then share it over capacity): the wait is the pool's queue, which autoscaling reads.
+* **Routing.** Every open, call and close goes through here to the session's worker, so the pool sees the load,
+  the time each worker call takes, and the deaths. A worker that dies, or does not answer a call within the
+  call's own bound (agent.tool_timeout_s, the environment reward's timeout at close) plus `grace_s`, is killed
+  and replaced; its sessions are lost: their calls raise EnvSessionLost, their closes report it in
+  EnvClosed.error, and they are counted. An open whose worker died is re-sent to another worker (nothing of
+  its sessions existed yet; they reset from the same seed), counted under `retries`.
+* **Retiring** a worker (scaling down) waits until its sessions have closed, at most `drain_timeout_s` (the
+  trajectory deadline plus grace: a trajectory past it has ended anyway); sessions still open then are lost.
+
+**Autoscaling load.** A worker counts as busy while it runs a call (an open, a tool turn, a close), or while it
+is full. Open sessions alone are not load: a session waits on the model most of its life and costs memory, not
+time, so a pool sized by sessions would grow with the batch size even when tools are instant. Calls in flight
+are the environments' own work, as chunks are the reward pool's, so the same policy and target utilisation mean
+the same thing: the fraction of the time a worker is running something. A full worker is busy too, so opens
+waiting for room grow the pool. The policy caps its wish at the most sessions open or waiting at once (a worker
+per session is all the parallelism there is) and sees a batch arrival at every `open`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.util import metrics as ray_metrics
+
+from actors.envs.client import EnvSessionLost
+from actors.envs.spec import EnvSpec
+from actors.envs.worker import EnvWorker
+from actors.pool import LATENCY_BOUNDS, TAGS, WAIT_BOUNDS, PoolKind, PoolMetrics, Slot, WorkerPool
+from actors.rewards.autoscale import AutoscaleSettings
+from actors.types import EnvClosed, EnvOpened, EnvPoolStats, EnvRequest, PoolStats, ToolCall, ToolResult
+
+# Sessions one worker holds. A session costs its environment's memory and nothing while the model writes, so
+# the bound is about what one worker's death takes with it: at most this many trajectories, one default batch
+# (generation.generation_batch_size 32). Two default workers hold a default pipelined step's two batches.
+SESSIONS_PER_WORKER = 32
+# Ray calls a worker runs at once: an open, a turn or a close per session at most, with room for the opens and
+# closes of whole groups on top.
+WORKER_CONCURRENCY = 2 * SESSIONS_PER_WORKER
+# Beyond a call's own bound, how long the pool waits before it presumes the worker hung (SIGSTOPped, deadlocked,
+# a tool holding the GIL in C code) and replaces it: Ray's dispatch and a loaded node fit in it many times over.
+# Sessions go to live workers only, so it need not cover imports at start-up (the reward pool's grace does).
+CALL_GRACE_S = 30.0
+
+ENV_POOL = PoolKind(noun="environment pool", pin_flag="--env-workers", bounds_flag="--pool env --min/--max")
+
+
+def env_pool_metrics() -> PoolMetrics:
+    """The environment pool's Ray metrics (tagged with the run and the pool's role by the pool); the open-sessions
+    gauge is the pool's own (rayward_env_sessions)."""
+    return PoolMetrics(
+        alive=ray_metrics.Gauge("rayward_env_workers_alive", "live environment workers", tag_keys=TAGS),
+        queue=ray_metrics.Gauge("rayward_env_queue_depth", "session opens waiting for room on a worker", tag_keys=TAGS),
+        inflight=ray_metrics.Gauge(
+            "rayward_env_inflight_calls", "environment worker calls in flight (opens, tool turns, closes)", tag_keys=TAGS
+        ),
+        latency=ray_metrics.Histogram(
+            "rayward_env_call_latency_s", "seconds of one environment worker call (an open, a tool turn, a close)",
+            boundaries=LATENCY_BOUNDS, tag_keys=TAGS,
+        ),
+        events=ray_metrics.Counter(
+            "rayward_env_events_total", "tool errors and timeouts, unknown tools, failed resets and rewards, lost "
+            "sessions, hung workers, re-sent opens", tag_keys=(*TAGS, "kind"),
+        ),
+        target=ray_metrics.Gauge(
+            "rayward_env_workers_target", "environment workers alive or starting (the pool's target)", tag_keys=TAGS
+        ),
+        starting=ray_metrics.Gauge(
+            "rayward_env_workers_starting", "environment workers waiting for a node or starting up", tag_keys=TAGS
+        ),
+        utilization=ray_metrics.Gauge(
+            "rayward_env_utilization", "busy fraction of the live environment workers over the autoscaler's window",
+            tag_keys=TAGS,
+        ),
+        wait=ray_metrics.Histogram(
+            "rayward_env_queue_wait_s", "seconds an open waited for room on the workers", boundaries=WAIT_BOUNDS,
+            tag_keys=TAGS,
+        ),
+        decisions=ray_metrics.Counter(
+            "rayward_env_scale_decisions_total", "changes of the environment pool's target size",
+            tag_keys=(*TAGS, "direction"),
+        ),
+    )
+COUNTERS = ("retries", "timeouts", "sessions_opened", "sessions_closed", "sessions_lost", "tool_calls", "tool_errors",
+            "tool_timeouts", "unknown_tools", "reset_errors", "reward_errors")
+# ToolResult.status -> the counter it adds to.
+STATUS_COUNTERS = {"error": "tool_errors", "timeout": "tool_timeouts", "unknown_tool": "unknown_tools"}
+
+
+@dataclass
+class _EnvSlot(Slot):
+    sessions: set[int] = field(default_factory=set)  # placed here: open, or opening
+    opening: set[int] = field(default_factory=set)  # of those, the ones whose open is in flight
+
+
+class _WorkerLost(Exception):
+    """The worker died or hung during a call (it has been killed and replaced)."""
+
+
+class EnvPool(WorkerPool):
+    KIND = ENV_POOL
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        *,
+        run_name: str,
+        num_workers: int,
+        worker_options: dict[str, Any],
+        sys_path: list[str] | None = None,
+        autoscale: AutoscaleSettings | None = None,
+        role: str = "env",
+        grace_s: float = CALL_GRACE_S,
+        drain_timeout_s: float | None = None,
+    ):
+        """`num_workers` at start (clamped to the autoscaling bounds when `autoscale` is given); workers are
+        named `<run_name>/<role>-<i>`. drain_timeout_s: how long a retiring worker's sessions may stay open
+        (None: until they close)."""
+        self.spec = spec
+        self.sys_path = sys_path or []
+        self.grace_s = grace_s
+        self.drain_timeout_s = drain_timeout_s
+        self._where: dict[int, _EnvSlot] = {}  # open (or opening) session -> its worker
+        self._lost: set[int] = set()  # sessions whose worker died: their calls raise EnvSessionLost
+        self._next_session = 0
+        self._sessions_gauge = ray_metrics.Gauge("rayward_env_sessions", "environment sessions open", tag_keys=TAGS)
+        self._sessions_gauge.set_default_tags({"run": run_name, "pool": role})
+        super().__init__(run_name=run_name, role=role, num_workers=num_workers, worker_options=worker_options,
+                         autoscale=autoscale, counters=COUNTERS)
+
+    def __repr__(self) -> str:
+        # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
+        return f"EnvPool(run={self.run_name!r}, role={self.role!r}, environments={self.spec.environments})"
+
+    # --- the pool base's hooks ------------------------------------------------------------------------------
+
+    def _new_worker(self, index: int, name: str) -> Any:
+        return (
+            ray.remote(EnvWorker)
+            .options(name=name, max_concurrency=WORKER_CONCURRENCY, max_restarts=0, **self.worker_options)
+            .remote(self.spec, index=index, sys_path=self.sys_path)
+        )
+
+    def _new_metrics(self) -> PoolMetrics:
+        return env_pool_metrics()
+
+    def _new_slot(self, i: int, handle: Any) -> Slot:
+        return _EnvSlot(i, handle, time.monotonic())
+
+    def _is_busy(self, slot: Slot) -> bool:
+        assert isinstance(slot, _EnvSlot)
+        return slot.inflight > 0 or len(slot.sessions) >= SESSIONS_PER_WORKER
+
+    def _load(self, slot: Slot) -> int:
+        assert isinstance(slot, _EnvSlot)
+        return len(slot.sessions)
+
+    def _drained(self, slot: Slot) -> bool:
+        assert isinstance(slot, _EnvSlot)
+        return not slot.sessions and slot.inflight == 0
+
+    def _outstanding(self) -> int:
+        return self.queued + len(self._where)
+
+    def _stats_fields(self) -> dict[str, Any]:
+        return {"global_step": 0, "sessions": len(self._where)}
+
+    def _stats_type(self) -> type[PoolStats]:
+        return EnvPoolStats
+
+    def _publish_extra(self) -> None:
+        self._sessions_gauge.set(len(self._where))
+
+    async def _retire(self, slot: Slot) -> None:
+        try:
+            await asyncio.wait_for(self._wait_drained(slot), self.drain_timeout_s)
+        except asyncio.TimeoutError:
+            assert isinstance(slot, _EnvSlot)
+            self._lose(slot, f"retired with {len(slot.sessions)} sessions still open after {self.drain_timeout_s:g} s")
+            return
+        self._drop(slot, replace=False)
+
+    # --- sessions ------------------------------------------------------------------------------------------
+
+    async def open(self, requests: list[EnvRequest]) -> list[EnvOpened]:
+        """One session per request, each on the least-loaded live worker, reset with the request's row and seed;
+        results in request order. A session whose reset failed has its error in EnvOpened.error (and is not
+        open); an open whose worker died is re-sent to another."""
+        t0 = time.monotonic()
+        self.queued += len(requests)
+        self._arrived()
+        out: dict[int, EnvOpened] = {}
+        pending = list(range(len(requests)))  # request indices still to open
+        first = True
+        while pending:
+            placed = await self._place(len(pending))
+            if first:
+                self.metrics.wait.observe(time.monotonic() - t0)
+                first = False
+            groups: dict[int, list[tuple[int, int]]] = defaultdict(list)  # worker -> [(request index, session)]
+            for i, (sid, slot) in zip(pending, placed, strict=True):
+                groups[slot.id].append((i, sid))
+            slots = {sid: slot for sid, slot in placed}
+            results = await asyncio.gather(*(
+                self._open_on(slots[g[0][1]], [(sid, requests[i]) for i, sid in g]) for g in groups.values()
+            ))
+            pending = []
+            for g, opened in zip(groups.values(), results, strict=True):
+                if opened is None:  # the worker died: these go again
+                    pending += [i for i, _ in g]
+                    continue
+                for (i, _), o in zip(g, opened, strict=True):
+                    out[i] = o
+            if pending:
+                self.counters["retries"] += 1
+                self.metrics.event("retry")
+                self.queued += len(pending)
+        return [out[i] for i in range(len(requests))]
+
+    async def _place(self, n: int) -> list[tuple[int, _EnvSlot]]:
+        """n new sessions, each reserved on the least-loaded live worker once there is room for all of them
+        (see the module docstring); their ids and workers."""
+        cond = self._cond()
+        async with cond:
+            await cond.wait_for(lambda: self._room_for(n))
+            placed = []
+            for _ in range(n):
+                slot = min(self._live_env(), key=lambda s: (len(s.sessions), s.inflight))
+                sid, self._next_session = self._next_session, self._next_session + 1
+                was = self._is_busy(slot)
+                slot.sessions.add(sid)
+                slot.opening.add(sid)
+                self._load_changed(slot, was)
+                self._where[sid] = slot
+                placed.append((sid, slot))
+        self.queued -= n
+        self._publish()
+        return placed
+
+    def _live_env(self) -> list[_EnvSlot]:
+        return [s for s in self._live() if isinstance(s, _EnvSlot)]
+
+    def _room_for(self, n: int) -> bool:
+        live = self._live_env()
+        free = sum(max(SESSIONS_PER_WORKER - len(s.sessions), 0) for s in live)
+        return bool(live) and free >= min(n, SESSIONS_PER_WORKER * len(live))
+
+    async def _open_on(self, slot: _EnvSlot, pairs: list[tuple[int, EnvRequest]]) -> list[EnvOpened] | None:
+        """Open the sessions on their worker; None if it died or hung meanwhile (they are no longer placed)."""
+        sids = [sid for sid, _ in pairs]
+        try:
+            opened = await self._run(slot, "open", self.spec.tool_timeout_s * len(pairs), pairs)
+        except _WorkerLost:
+            return None
+        finally:
+            slot.opening.difference_update(sids)
+        for o in opened:
+            if o.error is None:
+                self.counters["sessions_opened"] += 1
+            else:  # reset failed: the worker holds nothing for it
+                self.counters["reset_errors"] += 1
+                self.metrics.event("reset_error")
+                self._unplace(slot, [o.session])
+        await self._notify()
+        return opened
+
+    async def call(self, session: int, calls: list[ToolCall]) -> list[ToolResult]:
+        """One model turn's tool calls in the session's environment (concurrently, each within the tool
+        timeout); results in call order. EnvSessionLost if its worker died or hung (now or before)."""
+        slot = self._slot_of(session)
+        try:
+            results = await self._run(slot, "call", self.spec.tool_timeout_s, session, calls)
+        except _WorkerLost as err:
+            raise EnvSessionLost(f"session {session}: {err}") from None
+        except RayTaskError as err:  # the worker does not hold it (never should): the same for the trajectory
+            raise EnvSessionLost(f"session {session}: {getattr(err, 'cause', None) or err}") from None
+        self.counters["tool_calls"] += len(calls)
+        for r in results:
+            if r.status in STATUS_COUNTERS:
+                self.counters[STATUS_COUNTERS[r.status]] += 1
+                self.metrics.event(STATUS_COUNTERS[r.status].removesuffix("s"))
+        return results
+
+    async def close(self, sessions: list[int], keep_state: bool = False) -> list[EnvClosed]:
+        """End the sessions: get_reward() where their environment has one, and the pickled environment when
+        keep_state; results in order. A session lost before or during the close gets EnvClosed(None, None,
+        error="EnvSessionLost: ...") and the others keep their rewards."""
+        out: dict[int, EnvClosed] = {}
+        groups: dict[int, list[int]] = defaultdict(list)
+        slots: dict[int, _EnvSlot] = {}
+        for sid in sessions:
+            try:
+                slot = self._slot_of(sid)
+            except EnvSessionLost as err:
+                out[sid] = EnvClosed(None, None, error=f"EnvSessionLost: {err}")
+                continue
+            groups[slot.id].append(sid)
+            slots[slot.id] = slot
+        results = await asyncio.gather(*(self._close_on(slots[w], sids, keep_state) for w, sids in groups.items()))
+        for sids, closed in zip(groups.values(), results, strict=True):
+            out.update(zip(sids, closed, strict=True))
+        return [out[sid] for sid in sessions]
+
+    async def _close_on(self, slot: _EnvSlot, sids: list[int], keep_state: bool) -> list[EnvClosed]:
+        try:
+            closed = await self._run(slot, "close", self.spec.reward_timeout_s, sids, keep_state)
+        except _WorkerLost as err:
+            return [EnvClosed(None, None, error=f"EnvSessionLost: session {sid}: {err}") for sid in sids]
+        self._unplace(slot, sids)
+        self.counters["sessions_closed"] += len(sids)
+        errors = sum(c.error is not None for c in closed)
+        if errors:
+            self.counters["reward_errors"] += errors
+            self.metrics.event("reward_error", errors)
+        await self._notify()
+        return closed
+
+    # --- routing -------------------------------------------------------------------------------------------
+
+    def _slot_of(self, session: int) -> _EnvSlot:
+        slot = self._where.get(session)
+        if slot is not None and session not in slot.opening:
+            return slot
+        if session in self._lost:
+            raise EnvSessionLost(f"session {session} was lost: its environment worker died or stopped answering")
+        raise EnvSessionLost(f"session {session} is not open (never opened, or already closed)")
+
+    async def _run(self, slot: _EnvSlot, method: str, bound_s: float, *args: Any) -> Any:
+        """One worker call, counted in the worker's load; _WorkerLost when it died or took longer than its
+        bound plus grace (the worker is then killed and replaced: everything it held is lost)."""
+        was = self._is_busy(slot)
+        slot.inflight += 1
+        self._load_changed(slot, was)
+        self._publish()
+        t0 = time.monotonic()
+        try:
+            return await asyncio.wait_for(getattr(slot.handle, method).remote(*args), bound_s + self.grace_s)
+        except (RayActorError, asyncio.TimeoutError, GetTimeoutError) as err:
+            hung = not isinstance(err, RayActorError)
+            why = f"did not answer a call within {bound_s + self.grace_s:g} s" if hung else "died"
+            if hung:
+                self.counters["timeouts"] += 1
+                self.metrics.event("timeout")
+            self._lose(slot, why)
+            raise _WorkerLost(f"its environment worker {slot.id} {why}") from None
+        finally:
+            was = self._is_busy(slot)
+            slot.inflight -= 1
+            self._load_changed(slot, was)
+            self.metrics.latency.observe(time.monotonic() - t0)
+            self._publish()
+            await self._notify(1)
+
+    def _unplace(self, slot: _EnvSlot, sids: list[int]) -> None:
+        was = self._is_busy(slot)
+        slot.sessions.difference_update(sids)
+        self._load_changed(slot, was)
+        for sid in sids:
+            self._where.pop(sid, None)
+
+    def _lose(self, slot: _EnvSlot, why: str) -> None:
+        """Kill a dead, hung or overdue worker (replaced unless it was retiring): its open sessions are lost; the
+        ones still opening are left to their open, which sends them elsewhere."""
+        if self.slots.get(slot.id) is not slot:
+            return  # another call on it already did
+        lost = slot.sessions - slot.opening
+        for sid in slot.sessions:
+            self._where.pop(sid, None)
+        self._lost.update(lost)
+        self.counters["sessions_lost"] += len(lost)
+        if lost:
+            self.metrics.event("session_lost", len(lost))
+        self._drop(slot, replace=not slot.retiring, why=f"{why}: {len(lost)} sessions lost")
+        self._background(self._notify())
+
+    # --- introspection -------------------------------------------------------------------------------------
+
+    def session_workers(self) -> dict[int, int]:
+        """Open session -> the worker that holds it."""
+        return {sid: slot.id for sid, slot in self._where.items() if sid not in slot.opening}
+
+
+__all__ = ["EnvPool", "SESSIONS_PER_WORKER", "CALL_GRACE_S"]

@@ -1,0 +1,190 @@
+"""Tools and environments before anything starts: the checks, and what the build hands the pool and the generators.
+
+`prepare_agent` runs in `orchestrator.build.prepare` (before Ray), after the tokenizer and the dataset have
+loaded, and fails with one line naming the field or function at fault:
+
+* a tool or environment method without the type hints or docstring its schema needs (transformers'
+  get_json_schema, what TRL uses), or two tools with one name;
+* an environment_factory that cannot be imported, is not a class, or has no `reset`;
+* a chat template that cannot render a tool call (TRL's supports_tool_calling, with what it drops named);
+* environment_factory as a mapping with rows that lack an `environment` column, or name an unknown key;
+* a reward named without a function or model that is no environment class's get_reward(); no reward at all.
+
+Its AgentSetup carries the tool schemas per environment (rendered into each row's prompt by the generators: the
+environment's methods are read from the class, bound to a placeholder for their signatures, so no user
+environment is created before a worker starts), the workers' EnvSpec, the environment rewards, and whether a
+reward function wants the environments' state at close.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from actors.envs.spec import EnvSpec, EnvSpecError, load_environment, reward_classes, tool_schemas
+from actors.rewards.worker import RewardSpec
+from orchestrator.config import ConfigError, RewardConfig, RunConfig
+
+# The dataset column that picks each row's environment when environment_factory is a mapping (TRL's name).
+ENVIRONMENT_COLUMN = "environment"
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    """What a run with tools or environments is built with (see the module docstring)."""
+
+    spec: EnvSpec  # the environment workers' tools, classes and time bounds
+    schemas: dict[str | None, list[dict[str, Any]]]  # environment name (None: the only one, or tools only) ->
+    # the tool schemas a row of it sees, in prompt order (apply_chat_template's `tools=`)
+    env_classes: dict[str | None, str]  # environment_factory name -> its class's name (an environment reward's name)
+    env_rewards: list[RewardConfig]  # get_reward()s that `rewards` does not name: weight 1, after the named ones
+    env_reward_specs: list[RewardSpec]  # the same, as reward-worker specs
+    keep_state: bool  # a reward function declares `environments`: sessions close with keep_state
+
+    @property
+    def routed(self) -> bool:
+        return self.spec.routed
+
+
+def env_spec(cfg: RunConfig) -> EnvSpec:
+    """The config's tools and environment_factory as the workers' spec. get_reward()'s bound is its reward's
+    `timeout_s` (the longest, with several environment rewards; RewardConfig's default where none is named)."""
+    factory = cfg.environment_factory
+    envs = {} if factory is None else dict(factory) if isinstance(factory, dict) else {None: factory}
+    named = [r.timeout_s for r in cfg.rewards if r.function is None and r.model is None]
+    default_timeout = RewardConfig.model_fields["timeout_s"].default
+    return EnvSpec(tools=tuple(cfg.tools), environments=envs, tool_timeout_s=cfg.agent.tool_timeout_s,
+                   reward_timeout_s=max(named, default=default_timeout))
+
+
+def env_reward_spec(r: RewardConfig) -> RewardSpec:
+    """A reward without function or model: the get_reward() of the environment class of its name. A missing value
+    (get_reward raised, the session was lost) always scores its fallback: one environment's failure must not end
+    the run (on_error applies to reward functions)."""
+    return RewardSpec(name=r.name, timeout_s=r.timeout_s, on_error="fallback", fallback=r.fallback, env_reward=True)
+
+
+def prepare_agent(
+    cfg: RunConfig,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    specs: list[RewardSpec],
+    eval_rows: list[dict[str, Any]] | None = None,
+) -> AgentSetup | None:
+    """The checks above, for a run with `tools` or `environment_factory` (None for a one-turn run). specs: the
+    run's reward specs as `reward_specs` built them (which functions declare `environments`)."""
+    if not cfg.tools and cfg.environment_factory is None:
+        return None
+    spec = env_spec(cfg)
+    try:
+        schemas = tool_schemas(spec)
+        rewarding = reward_classes(spec)
+        env_classes = {n: load_environment(t, "environment_factory").__name__ for n, t in spec.environments.items()}
+    except EnvSpecError as err:
+        raise ConfigError(str(err)) from None
+    implicit = _env_rewards(cfg, rewarding)
+    check_tool_template(cfg, tokenizer)
+    check_environment_rows(cfg, rows, "data")
+    if eval_rows is not None and cfg.eval is not None:
+        check_environment_rows(cfg, eval_rows, "eval.data")
+    return AgentSetup(
+        spec=spec, schemas=schemas, env_classes=env_classes, env_rewards=implicit,
+        env_reward_specs=[env_reward_spec(r) for r in implicit], keep_state=any(s.takes_environments for s in specs),
+    )
+
+
+def _env_rewards(cfg: RunConfig, rewarding: dict[str, list[str | None]]) -> list[RewardConfig]:
+    """The environment rewards `rewards` does not name (weight 1, TRL's), after checking the ones it names."""
+    lists = [("rewards", cfg.rewards)] + ([("eval.rewards", cfg.eval.rewards)] if cfg.eval and cfg.eval.rewards else [])
+    for field, rewards in lists:
+        for r in rewards:
+            sourceless = r.function is None and r.model is None
+            if sourceless and r.name not in rewarding:
+                raise ConfigError(
+                    f"{field}[{r.name}]: neither function nor model names an environment's get_reward(), but no "
+                    f"environment_factory class named {r.name!r} has one (classes with get_reward: {sorted(rewarding)})"
+                )
+            if not sourceless and r.name in rewarding:
+                raise ConfigError(
+                    f"{field}[{r.name}]: {r.name} is also the name of environment {r.name}'s get_reward() reward; rename "
+                    f"this reward, or drop its function/model to weight or gate the environment's"
+                )
+    named = {r.name for r in cfg.rewards}
+    implicit = [RewardConfig(name=n) for n in rewarding if n not in named]
+    if not cfg.rewards and not implicit:
+        raise ConfigError("rewards: no reward source: give at least one reward, or an environment_factory class "
+                          "with a get_reward() method")
+    return implicit
+
+
+# --- the chat template -------------------------------------------------------------------------------------
+
+# TRL's supports_tool_calling sentinels (trl/chat_template_utils.py): each part of a tool exchange must survive.
+_NAME, _ARG_KEY, _ARG_VALUE, _CONTENT = "tool_name_a8f3e2b1", "tool_arg_key_b9d4f5c2", "tool_arg_val_d6e7a9f3", \
+    "tool_content_c4f9a8e2"
+_PARTS = (
+    (_NAME, "the tool call's name (the assistant message's tool_calls)"),
+    (_ARG_KEY, "the tool call's argument names"),
+    (_ARG_VALUE, "the tool call's argument values"),
+    (_CONTENT, "the tool result (a message of role 'tool')"),
+)
+
+
+def tool_template_problem(tokenizer: Any) -> str | None:
+    """Why the tokenizer's chat template cannot render a tool-calling conversation (TRL's criterion:
+    user -> assistant with tool_calls -> tool, every part visible in the text), or None if it can."""
+    from trl.chat_template_utils import supports_tool_calling
+
+    if supports_tool_calling(tokenizer):
+        return None
+    if getattr(tokenizer, "chat_template", None) is None:
+        return "the tokenizer has no chat template"
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": _NAME, "arguments": {_ARG_KEY: _ARG_VALUE}}}]},
+        {"role": "tool", "name": _NAME, "content": _CONTENT},
+    ]
+    try:
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception as err:  # noqa: BLE001 - the template's own error says what it rejects
+        return f"rendering user -> assistant with tool_calls -> tool raises {type(err).__name__}: {err}"
+    missing = [what for sentinel, what in _PARTS if sentinel not in rendered]
+    return f"it drops {', '.join(missing)}" if missing else "TRL's supports_tool_calling rejects it"
+
+
+def check_tool_template(cfg: RunConfig, tokenizer: Any) -> None:
+    problem = tool_template_problem(tokenizer)
+    if problem is not None:
+        raise ConfigError(
+            f"model.name_or_path {cfg.model.name_or_path!r}: its chat template cannot render tool calls ({problem}); "
+            "`tools` and `environment_factory` need one that renders user -> assistant with tool_calls -> tool"
+        )
+
+
+# --- the dataset -------------------------------------------------------------------------------------------
+
+
+def check_environment_rows(cfg: RunConfig, rows: list[dict[str, Any]], field: str) -> None:
+    """With environment_factory as a mapping, every row's `environment` names one of its keys (TRL's routing)."""
+    factory = cfg.environment_factory
+    if not isinstance(factory, dict):
+        return
+    keys = sorted(factory)
+    for i, row in enumerate(rows):
+        if ENVIRONMENT_COLUMN not in row:
+            raise ConfigError(
+                f"{field}: environment_factory is a mapping, so every row needs an `{ENVIRONMENT_COLUMN}` column naming "
+                f"one of {keys}; row {i} has none (columns: {sorted(row)})"
+            )
+        if row[ENVIRONMENT_COLUMN] not in factory:
+            raise ConfigError(
+                f"{field} row {i}: {ENVIRONMENT_COLUMN} {row[ENVIRONMENT_COLUMN]!r} is not a key of environment_factory "
+                f"(have {keys})"
+            )
+
+
+__all__ = [
+    "AgentSetup", "ENVIRONMENT_COLUMN", "check_environment_rows", "check_tool_template", "env_reward_spec",
+    "env_spec", "prepare_agent", "tool_template_problem",
+]

@@ -1,0 +1,223 @@
+"""EnvPool's own logic in milliseconds: placement, the capacity wait, opens re-sent after a death, lost sessions, the
+drain deadline, what counts as load. Its workers are real EnvWorkers in this process behind handles that obey an
+actor handle's interface (`handle.method.remote(...)` is awaitable; a killed one raises RayActorError); what only
+Ray shows (processes dying, hanging, `rayward scale`) is in tests/integration/actors/envs/test_pool.py."""
+
+import asyncio
+
+import pytest
+from ray.exceptions import RayActorError
+
+import actors.envs.pool as pool_module
+import actors.pool as base_module
+from actors.envs.client import EnvSessionLost
+from actors.envs.pool import EnvPool
+from actors.envs.spec import EnvSpec
+from actors.envs.worker import EnvWorker
+from actors.types import EnvRequest, ToolCall
+from tests.fixtures import envs
+
+SPEC = EnvSpec(environments={None: "tests.fixtures.envs:CounterEnv"})
+
+
+class _Method:
+    def __init__(self, handle, name):
+        self.handle, self.name = handle, name
+
+    def remote(self, *args, **kwargs):
+        return asyncio.get_running_loop().run_in_executor(None, self.handle.invoke, self.name, args, kwargs)
+
+
+class FakeHandle:
+    """An in-process EnvWorker behind an actor handle's interface."""
+
+    def __init__(self, spec, index):
+        self.worker = EnvWorker(spec, index=index)
+        self.dead = False
+        self.die_on: str | None = None  # the next call of this method kills the worker first
+
+    def invoke(self, name, args, kwargs):
+        if self.die_on == name:
+            self.dead = True
+        if self.dead:
+            raise RayActorError()
+        return getattr(self.worker, name)(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return _Method(self, name)
+
+
+class FakePool(EnvPool):
+    def _new_worker(self, index, name):
+        return FakeHandle(self.spec, index)
+
+
+@pytest.fixture(autouse=True)
+def in_process_kill(monkeypatch):
+    monkeypatch.setattr(base_module.ray, "kill", lambda handle, no_restart=True: setattr(handle, "dead", True))
+    envs.RELEASE.clear()
+    yield
+    envs.RELEASE.set()
+
+
+def run(test):
+    """Run `test(pool)` on an event loop, as Ray runs the pool actor's methods."""
+
+    async def main(n, kwargs):
+        pool = FakePool(SPEC, run_name="t", num_workers=n, worker_options={}, **kwargs)
+        await until(lambda: pool.size() == n)
+        return await test(pool)
+
+    return lambda n=2, **kwargs: asyncio.run(main(n, kwargs))
+
+
+async def until(pred):
+    for _ in range(10_000):
+        if pred():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition never held")
+
+
+def requests(n, **row):
+    return [EnvRequest(None, {"start": i, **row}, 0) for i in range(n)]
+
+
+def test_sessions_spread_least_loaded_and_results_keep_request_order():
+    async def t(pool):
+        out = await pool.open(requests(5))
+        assert [o.observation for o in out] == [f"The counter starts at {i}." for i in range(5)]
+        assert len({o.session for o in out}) == 5
+        assert sorted(pool.session_workers().values()) == [0, 0, 0, 1, 1]
+        results = await pool.call(out[3].session, [ToolCall("add", {"n": 1})])
+        assert results[0].content == "4"
+        closed = await pool.close([o.session for o in out])
+        assert [c.reward for c in closed] == [0.0, 1.0, 2.0, 4.0, 4.0]
+        assert pool.stats().sessions == 0 and pool.stats().sessions_closed == 5
+
+    run(t)()
+
+
+def test_an_open_waits_for_room_for_all_its_sessions(monkeypatch):
+    monkeypatch.setattr(pool_module, "SESSIONS_PER_WORKER", 2)
+
+    async def t(pool):
+        first = await pool.open(requests(3))  # 3 of 4 places taken
+        second = asyncio.ensure_future(pool.open(requests(2)))
+        await until(lambda: pool.stats().queue_depth == 2)
+        assert not second.done() and pool.stats().sessions == 3  # it holds nothing while it waits
+        await pool.close([first[0].session])
+        out = await second
+        assert len(out) == 2 and pool.stats().queue_depth == 0 and pool.stats().sessions == 4
+
+    run(t)()
+
+
+def test_an_open_bigger_than_the_pool_waits_for_an_empty_pool_then_shares_it(monkeypatch):
+    monkeypatch.setattr(pool_module, "SESSIONS_PER_WORKER", 2)
+
+    async def t(pool):
+        out = await pool.open(requests(6))  # more than 2 x 2: over capacity rather than never
+        assert sorted(pool.session_workers().values()) == [0, 0, 0, 1, 1, 1]
+        assert all(o.error is None for o in out)
+
+    run(t)()
+
+
+def test_an_open_whose_worker_died_goes_to_another():
+    async def t(pool):
+        pool.slots[0].handle.die_on = "open"
+        out = await pool.open(requests(4))
+        assert [o.error for o in out] == [None] * 4
+        assert [o.observation for o in out] == [f"The counter starts at {i}." for i in range(4)]
+        s = pool.stats()
+        assert (s.retries, s.replaced, s.sessions_lost, s.sessions_opened) == (1, 1, 0, 4)
+        assert set(pool.session_workers().values()) <= {1, 2}  # the survivor and the replacement
+
+    run(t)()
+
+
+def test_a_dead_worker_loses_exactly_its_sessions():
+    async def t(pool):
+        out = await pool.open(requests(4))
+        where = pool.session_workers()
+        victim = where[out[0].session]
+        pool.slots[victim].handle.dead = True
+        with pytest.raises(EnvSessionLost, match=f"environment worker {victim} died"):
+            await pool.call(out[0].session, [ToolCall("add", {"n": 1})])
+        lost = [o.session for o in out if where[o.session] == victim]
+        kept = [o.session for o in out if where[o.session] != victim]
+        assert pool.stats().sessions_lost == len(lost) == 2
+        for sid in lost:
+            with pytest.raises(EnvSessionLost, match="was lost"):
+                await pool.call(sid, [ToolCall("add", {"n": 1})])
+        closed = await pool.close([o.session for o in out])
+        assert [c.error is None for c in closed] == [o.session in kept for o in out]
+        with pytest.raises(EnvSessionLost, match="is not open"):
+            await pool.call(12345, [])
+
+    run(t)()
+
+
+def test_a_reset_that_failed_holds_no_place():
+    spec = EnvSpec(environments={None: "tests.fixtures.envs:FailingResetEnv"})
+
+    async def main():
+        pool = FakePool(spec, run_name="t", num_workers=1, worker_options={})
+        await until(lambda: pool.size() == 1)
+        out = await pool.open(requests(2, task="x"))
+        assert [o.error for o in out] == ["ValueError: no such task: x"] * 2
+        assert pool.stats().sessions == 0 and pool.stats().reset_errors == 2
+        with pytest.raises(EnvSessionLost, match="is not open"):
+            await pool.call(out[0].session, [])
+
+    asyncio.run(main())
+
+
+def test_tool_outcomes_are_counted():
+    async def t(pool):
+        (o,) = await pool.open(requests(1))
+        await pool.call(o.session, [ToolCall("boom", {}), ToolCall("nope", {}), ToolCall("add", {"n": 1})])
+        s = pool.stats()
+        assert (s.tool_calls, s.tool_errors, s.unknown_tools, s.tool_timeouts) == (3, 1, 1, 0)
+
+    run(t)()
+
+
+def test_a_retiring_worker_past_its_drain_deadline_loses_what_is_still_open():
+    async def t(pool):
+        out = await pool.open(requests(2))
+        await pool.scale(1)
+        await until(lambda: pool.stats().retiring == 0)
+        s = pool.stats()
+        assert (s.workers, s.sessions_lost, s.sessions) == (1, 1, 1)
+        kept = [o.session for o in out if o.session in pool.session_workers()]
+        assert len(kept) == 1 and (await pool.close(kept))[0].error is None
+
+    run(t)(drain_timeout_s=0.05)
+
+
+def test_load_is_calls_in_flight_or_a_full_worker(monkeypatch):
+    """Open sessions alone are not load (they wait on the model); a call in flight is, and so is a full worker."""
+    monkeypatch.setattr(pool_module, "SESSIONS_PER_WORKER", 2)
+
+    async def t(pool):
+        out = await pool.open(requests(1))
+        assert pool._busy == 0
+        slot = pool.slots[pool.session_workers()[out[0].session]]
+        call = asyncio.ensure_future(pool.call(out[0].session, [ToolCall("hold", {})]))
+        await until(lambda: slot.inflight == 1)
+        assert pool._busy == 1
+        envs.RELEASE.set()
+        await call
+        assert pool._busy == 0
+        await pool.open(requests(2))  # both workers: one full (2), one with 1
+        assert pool._busy == 1 and pool._outstanding() == 3
+
+    run(t)()
+
+
+def test_the_pool_is_an_async_actor_and_its_worker_a_threaded_one():
+    from ray._private.async_compat import has_async_methods
+
+    assert has_async_methods(EnvPool) and not has_async_methods(EnvWorker)

@@ -1,0 +1,216 @@
+"""Tools and environments before anything starts (orchestrator/environments.py, build.prepare's agentic part): the
+config keys, each bad input refused in one line naming the field or function, the tool schemas per environment,
+the environment rewards and `keep_state`."""
+
+import copy
+
+import pytest
+
+from actors.envs.spec import tool_schemas
+from orchestrator.build import reward_specs
+from orchestrator.config import ConfigError, parse_config
+from orchestrator.environments import check_environment_rows, env_spec, prepare_agent, tool_template_problem
+from orchestrator.tasks.boxes import boxes_dataset
+from orchestrator.tiny_tools import chat_template
+
+F, BAD = "tests.fixtures.envs", "tests.fixtures.bad_envs"
+BOXES = "orchestrator.tasks.boxes:BoxEnv"
+ROWS = [{"prompt": [{"role": "user", "content": "hi"}], "start": 1}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    tok.chat_template = chat_template()  # TRL's Qwen2.5 template: renders tool calls
+    return tok
+
+
+def cfg(**tree):
+    tree.setdefault("rewards", [{"name": "r", "function": "letter_fraction"}])
+    return parse_config(tree)
+
+
+def prepare(c, tokenizer, rows=ROWS, eval_rows=None):
+    return prepare_agent(c, tokenizer, rows, reward_specs(c.rewards), eval_rows)
+
+
+# --- config ---------------------------------------------------------------------------------------------------
+
+
+def test_config_keys_and_defaults():
+    c = cfg()
+    assert (c.tools, c.environment_factory, c.generation.max_tool_calling_iterations) == ([], None, None)
+    assert (c.agent.tool_timeout_s, c.agent.trajectory_timeout_s, c.agent.max_tool_tokens) == (60.0, 600.0, 1024)
+    assert (c.cluster.num_env_workers, c.cluster.env_worker.num_cpus, c.cluster.env_autoscale) == (2, 0.25, None)
+    c = cfg(tools=[f"{F}:echo"], environment_factory={"a": f"{F}:CounterEnv"},
+            generation={"max_tool_calling_iterations": 3}, cluster={"env_autoscale": {"max_workers": 4}})
+    assert c.environment_factory == {"a": f"{F}:CounterEnv"} and c.cluster.env_autoscale.min_workers == 1
+
+
+@pytest.mark.parametrize(("tree", "message"), [
+    ({"tools": ["echo"]}, "tools[0]: 'echo' is not of the form module:name"),
+    ({"environment_factory": {"a": "Counter"}}, "environment_factory[a]: 'Counter' is not of the form module:name"),
+    ({"environment_factory": {}}, "environment_factory: an empty mapping"),
+    ({"agent": {"tool_timeout_s": 60, "trajectory_timeout_s": 30}}, "trajectory_timeout_s (30) must be above"),
+    ({"cluster": {"env_autoscale": {"min_workers": 3, "max_workers": 2}}}, "min_workers (3) must not exceed"),
+    ({"generation": {"max_tool_calling_iterations": -1}}, "max_tool_calling_iterations"),
+])
+def test_config_rejects(tree, message):
+    with pytest.raises(ConfigError) as info:
+        cfg(**tree)
+    assert message in str(info.value)
+
+
+# --- tools and environment classes --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("tree", "message"), [
+    ({"tools": [f"{BAD}:no_docstring"]},
+     "tools[0] 'tests.fixtures.bad_envs:no_docstring': no tool schema (DocstringParsingException: Cannot generate JSON "
+     "schema for no_docstring because it has no docstring!)"),
+    ({"tools": [f"{BAD}:no_hints"]}, "tools[0] 'tests.fixtures.bad_envs:no_hints': no tool schema "
+     "(TypeHintParsingException: Argument x is missing a type hint in function no_hints)"),
+    ({"tools": [f"{BAD}:undescribed_argument"]}, "no description for the argument 'y'"),
+    ({"tools": [f"{BAD}:nope"]}, "tools[0] 'tests.fixtures.bad_envs:nope': module 'tests.fixtures.bad_envs' has no "
+     "attribute 'nope'"),
+    ({"environment_factory": "tests.fixtures.no_such_module:Env"},
+     "environment_factory 'tests.fixtures.no_such_module:Env': cannot import 'tests.fixtures.no_such_module' "
+     "(ModuleNotFoundError"),
+    ({"environment_factory": "tests.fixtures.broken_env_module:Env"},
+     "cannot import 'tests.fixtures.broken_env_module' (RuntimeError: this module does not import)"),
+    ({"environment_factory": f"{BAD}:NoReset"}, "class NoReset has no `reset` method"),
+    ({"environment_factory": f"{BAD}:make_env"}, "is a function, not a class"),
+    ({"environment_factory": f"{BAD}:UndocumentedMethodEnv"},
+     "environment_factory 'tests.fixtures.bad_envs:UndocumentedMethodEnv': method UndocumentedMethodEnv.look: no tool "
+     "schema (DocstringParsingException"),
+    ({"environment_factory": f"{BAD}:EchoEnv", "tools": [f"{F}:echo"]},
+     "method EchoEnv.echo: the tool name 'echo' is taken by tools[0] 'tests.fixtures.envs:echo'"),
+    ({"environment_factory": {"a": f"{F}:CounterEnv", "b": f"{BAD}:NoReset"}},
+     "environment_factory[b] 'tests.fixtures.bad_envs:NoReset': class NoReset has no `reset` method"),
+])
+def test_bad_tools_and_environments_are_named(tokenizer, tree, message):
+    with pytest.raises(ConfigError) as info:
+        prepare(cfg(**tree), tokenizer)
+    assert message in str(info.value), str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_schemas_per_environment_in_trl_order_without_an_instance(tokenizer):
+    c = cfg(tools=[f"{F}:echo"], environment_factory={"count": f"{F}:CounterEnv", "boxes": BOXES})
+    rows = [{**ROWS[0], "environment": "count"}, {**ROWS[0], "environment": "boxes"}]
+    setup = prepare(c, tokenizer, rows)
+    names = {env: [s["function"]["name"] for s in schemas] for env, schemas in setup.schemas.items()}
+    assert names == {"count": ["echo", "add", "async_add", "big", "boom", "double", "hold", "own_timeout"],
+                     "boxes": ["echo", "open_box", "submit"]}  # standalone first, then methods (getmembers order)
+    add = setup.schemas["count"][1]["function"]
+    assert add["parameters"] == {"type": "object", "properties": {"n": {"type": "integer", "description":
+                                 "How much to add."}}, "required": ["n"]}  # no `self`
+    assert setup.env_classes == {"count": "CounterEnv", "boxes": "BoxEnv"}
+    assert setup.routed and setup.spec.tool_timeout_s == 60.0
+
+
+def test_schemas_are_what_trl_renders_for_bound_methods():
+    """The schema of a method read from the class is the one TRL's instance method gives (transformers' own)."""
+    from transformers.utils import get_json_schema
+
+    from orchestrator.tasks.boxes import BoxEnv
+
+    ours = tool_schemas(env_spec(cfg(environment_factory=BOXES)))[None]
+    env = BoxEnv()
+    assert ours == [get_json_schema(env.open_box), get_json_schema(env.submit)]
+
+
+def test_tools_only_run(tokenizer):
+    setup = prepare(cfg(tools=[f"{F}:echo", f"{F}:async_echo"]), tokenizer)
+    assert [s["function"]["name"] for s in setup.schemas[None]] == ["echo", "async_echo"]
+    assert setup.spec.environments == {} and setup.env_classes == {} and setup.env_rewards == []
+
+
+def test_one_turn_runs_have_no_agent_setup(tokenizer):
+    assert prepare(cfg(), tokenizer) is None
+
+
+# --- the chat template -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("template", "problem"), [
+    ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}",
+     "it drops the tool call's name (the assistant message's tool_calls), the tool call's argument names, the tool "
+     "call's argument values"),
+    ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
+     "{{ m['content'] }}{% endfor %}",
+     "rendering user -> assistant with tool_calls -> tool raises TemplateError: no tool role"),
+    ("{% for m in messages %}{% if m['role'] != 'tool' %}{{ m['content'] }}{% for c in m.get('tool_calls', []) %}"
+     "{{ c['function']['name'] }}{{ c['function']['arguments'] | tojson }}{% endfor %}{% endif %}{% endfor %}",
+     "it drops the tool result (a message of role 'tool')"),
+    (None, "the tokenizer has no chat template"),
+])
+def test_a_template_that_cannot_render_tool_calls_is_named(tokenizer, template, problem):
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = template
+    assert tool_template_problem(tok) == problem
+    with pytest.raises(ConfigError, match="its chat template cannot render tool calls"):
+        prepare(cfg(environment_factory=BOXES), tok)
+
+
+def test_a_tool_calling_template_passes(tokenizer):
+    assert tool_template_problem(tokenizer) is None
+
+
+# --- the dataset's environment column ----------------------------------------------------------------------------
+
+
+def test_environment_column_is_checked_with_a_mapping_only(tokenizer):
+    routed = cfg(environment_factory={"count": f"{F}:CounterEnv"})
+    with pytest.raises(ConfigError, match=r"data: environment_factory is a mapping, so every row needs an "
+                                          r"`environment` column naming one of \['count'\]; row 0 has none"):
+        prepare(routed, tokenizer)
+    rows = [{**ROWS[0], "environment": "count"}, {**ROWS[0], "environment": "maze"}]
+    with pytest.raises(ConfigError, match=r"data row 1: environment 'maze' is not a key of environment_factory "
+                                          r"\(have \['count'\]\)"):
+        prepare(routed, tokenizer, rows)
+    with pytest.raises(ConfigError, match=r"eval.data row 0: environment 'maze'"):
+        check_environment_rows(routed, rows[1:], "eval.data")
+    check_environment_rows(cfg(environment_factory=f"{F}:CounterEnv"), rows, "data")  # one class: column unused
+
+
+# --- rewards ------------------------------------------------------------------------------------------------------
+
+
+def test_environment_rewards_named_or_implicit(tokenizer):
+    implicit = prepare(cfg(environment_factory=BOXES), tokenizer, boxes_dataset(4))
+    assert [r.name for r in implicit.env_rewards] == ["BoxEnv"] and implicit.env_rewards[0].weight == 1.0
+    (spec,) = implicit.env_reward_specs
+    assert (spec.name, spec.env_reward, spec.on_error, spec.function) == ("BoxEnv", True, "fallback", None)
+
+    c = cfg(environment_factory=BOXES, rewards=[{"name": "BoxEnv", "weight": 2.0, "fallback": -1.0, "timeout_s": 5}])
+    named = prepare(c, tokenizer, boxes_dataset(4))
+    assert named.env_rewards == [] and named.spec.reward_timeout_s == 5.0
+    assert reward_specs(c.rewards)[0].fallback == -1.0 and reward_specs(c.rewards)[0].env_reward
+
+    only_env = prepare(cfg(environment_factory=BOXES, rewards=[]), tokenizer, boxes_dataset(4))
+    assert [r.name for r in only_env.env_rewards] == ["BoxEnv"]  # TRL: the environment may be the only reward
+
+
+@pytest.mark.parametrize(("tree", "message"), [
+    ({"environment_factory": BOXES, "rewards": [{"name": "Boxes"}]},
+     "rewards[Boxes]: neither function nor model names an environment's get_reward(), but no environment_factory "
+     "class named 'Boxes' has one (classes with get_reward: ['BoxEnv'])"),
+    ({"environment_factory": BOXES, "rewards": [{"name": "BoxEnv", "function": "letter_fraction"}]},
+     "rewards[BoxEnv]: BoxEnv is also the name of environment BoxEnv's get_reward() reward"),
+    ({"environment_factory": f"{BAD}:NoRewardEnv", "rewards": []}, "rewards: no reward source"),
+])
+def test_bad_reward_sources(tokenizer, tree, message):
+    with pytest.raises(ConfigError) as info:
+        prepare(cfg(**tree), tokenizer)
+    assert message in str(info.value)
+
+
+def test_keep_state_when_a_reward_declares_environments(tokenizer):
+    plain = cfg(environment_factory=f"{F}:CounterEnv")
+    assert not prepare(plain, tokenizer).keep_state
+    wanting = cfg(environment_factory=f"{F}:CounterEnv",
+                  rewards=[{"name": "c", "function": f"{F}:env_counts"}])
+    assert prepare(wanting, tokenizer).keep_state
