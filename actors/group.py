@@ -358,6 +358,18 @@ class LearnerGroup:
     def __repr__(self) -> str:
         return f"LearnerGroup(ranks={len(self.ranks)})"
 
+    def _submit(self, method: str, *args: Any, **kwargs: Any) -> Pending[Any]:
+        if len(self.ranks) > 1:
+            put = lambda x: x if isinstance(x, ray.ObjectRef) else ray.put(x)  # noqa: E731
+            args, kwargs = tuple(put(a) for a in args), {k: put(v) for k, v in kwargs.items()}
+        first, *others = [getattr(h, method).remote(*args, **kwargs) for h in self.ranks]
+        return Pending(first, others)
+
+    def _one_rank(self, method: str) -> ActorHandle:
+        if len(self.ranks) != 1:
+            raise ValueError(f"LearnerGroup.{method}: a background send needs one learner rank, not {len(self.ranks)}")
+        return self.ranks[0]
+
     def wait_started(self, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> None:
         """Return once every rank has loaded its model (see `wait_started`)."""
         wait_started(self.ranks, self.names, self.options, timeout_s, on_wait)
