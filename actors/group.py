@@ -60,6 +60,8 @@ def death_reason(err: RayActorError) -> str:
     """Ray's one-line reason for an actor's death (the last line of its message that is not a field)."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("\t")]
     reason = lines[-1] if lines else type(err).__name__
+    if "Worker exit detail: " in reason:  # Ray appends a paragraph of generic advice: keep what happened
+        reason = "its worker process died: " + reason.split("Worker exit detail: ", 1)[1].split(". ", 1)[0]
     return ("its node was preempted; " if getattr(err, "preempted", False) else "") + reason
 
 

@@ -219,7 +219,7 @@ class RewardPool(WorkerPool):
                 self.queued += len(take)
                 self._peak = max(self._peak, self._outstanding())
                 await self._release(slot)
-                self._drop(slot, replace=not slot.retiring, why=f"{why}; its chunks go to other workers")
+                self._drop(slot, replace=not slot.retiring, why=why)
                 await self._notify()
                 continue
             self.inflight_chunks -= len(take)

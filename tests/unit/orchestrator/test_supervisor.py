@@ -2,7 +2,7 @@
 the run rewound to its latest checkpoint (or its start), the steps since it trained again on the same prompts, the
 pipelined loop's batches generated ahead dropped, each recovery recorded; the budget (cluster.max_failures); an
 error that is not a lost learner; a preemption notice that checkpoints and moves the learner, losing nothing.
-(The real thing, with Ray killing real actors: tests/integration/orchestrator/test_recovery.py.)"""
+(The real thing, with Ray killing real actors: tests/integration/faults/test_recovery.py.)"""
 
 from __future__ import annotations
 
