@@ -4,7 +4,7 @@ SIGSTOPped, a reward worker SIGSTOPped. The run must come back from each by itse
 
 - the learner is rebuilt from the latest checkpoint, its weight-transfer group re-formed, the reward pool given
   the checkpoint's trainer_state, the prompt stream rewound; one record in faults.jsonl with its cause and the
-  steps it lost, within cluster.max_failures;
+  steps it lost, within cluster.max_failures; the lost step, trained again, equals the one that was lost;
 - a stopped generator does not answer the driver's ping within cluster.hang_timeout_s: it is killed (named) and
   Ray restarts it;
 - a stopped reward worker does not return its chunk within its rewards' timeout plus cluster.hang_timeout_s: the
@@ -143,6 +143,17 @@ def test_a_killed_learner_is_rebuilt_from_the_last_checkpoint(chaos):
     assert 0 <= rec["steps_lost"] == lost_at - rec["restored_step"] < SAVE_STEPS + 1
     assert "learner" in rec["cause"] and (rec["failures"], rec["max_failures"]) == (1, 1)
     assert "rebuilding the learner (1/1)" in chaos["out"]
+    # The lost step, trained again by the rebuilt learner, is the step that was lost: the checkpoint's weights,
+    # optimizer and RNGs, the same prompts (the rewound stream), the same completions (seeded requests), the
+    # reward pool back at the checkpoint's step.
+    twice = [r for r in _rows(chaos["dir"] / "metrics.jsonl") if r["step"] == lost_at]
+    assert len(twice) == 2 and twice[0]["reward_global_step"] == twice[1]["reward_global_step"] == lost_at - 1
+    for key in ("loss", "reward", "grad_norm", "entropy"):
+        assert twice[1][key] == pytest.approx(twice[0][key], rel=1e-5, abs=1e-7), key
+    samples = [(r["prompt"], r["completion"], r["total"]) for r in _rows(chaos["dir"] / "completions.jsonl")
+               if r["step"] == lost_at]
+    half = len(samples) // 2
+    assert half and samples[:half] == samples[half:]
     assert "learner back at step" in chaos["out"] and "step(s) lost" in chaos["out"]
 
 
