@@ -139,11 +139,18 @@ node_pid() {  # node_pid <index>: the node's `ray start` pid (its process group)
   echo "$pid"
 }
 
+descendants() {  # descendants <pid>: every process under it (Ray workers leave the node's process group)
+  local c
+  for c in $(ps -o pid= --ppid "$1"); do echo "$c"; descendants "$c"; done
+}
+
 kill_node() {  # the machine goes away: every process of the node (raylet, workers, agents) at once
   [ "${1:-0}" != 0 ] || { echo "kill-node: give a worker node's index (0 is the head)" >&2; exit 2; }
-  local pid
+  local pid tree
   pid=$(node_pid "$1")
-  kill -KILL -- "-$pid" 2>/dev/null || true
+  tree=$(descendants "$pid")
+  kill -STOP -- "-$pid" $tree 2>/dev/null || true  # frozen first: nothing of it reacts to the others' death
+  kill -KILL -- "-$pid" $tree 2>/dev/null || true
   echo "node $1 (pid $pid) killed"
 }
 

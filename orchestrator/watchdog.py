@@ -58,6 +58,7 @@ class Watchdog:
         self.run, self.period_s = run, period_s
         self._pings: dict[str, _Ping] = {}  # by actor id
         self._hung_learner: str | None = None
+        self._noticed: set[str] = set()  # learner ranks (actor ids) already moved for a drain: one notice each
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="rayward-watchdog", daemon=True)
         self._failing = False  # a check raised: said once, until one succeeds
@@ -103,8 +104,10 @@ class Watchdog:
         learner = self.run.learner
         for name, handle in zip(learner.names, learner.ranks, strict=True):
             node = actor_info(handle).get("Address", {}).get("NodeID")
-            if node not in draining:
+            # A rank already noticed is on its way out: the group that replaces it has new ranks.
+            if node not in draining or handle._actor_id.hex() in self._noticed:
                 continue
+            self._noticed.update(h._actor_id.hex() for h in learner.ranks)
             left = draining[node] / 1000 - time.time() if draining[node] else None
             when = f"deadline in {left:.0f} s" if left is not None else "no deadline given"
             self.run.faults.record(

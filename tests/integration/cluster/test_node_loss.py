@@ -27,6 +27,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.fixtures.cluster import SCRIPT, Cluster, client_env, rayward_exe, tail
+from tests.fixtures.slow_rewards import held_marker, release_file
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("RAYWARD_SKIP_MULTINODE") == "1", reason="RAYWARD_SKIP_MULTINODE=1"),
@@ -34,7 +35,10 @@ pytestmark = [
 ]
 
 RUN = "node-loss"
-STEPS, SAVE_STEPS = 12, 5
+STEPS, SAVE_STEPS = 10, 5
+# Trainer steps (the reward's trainer_state.global_step) whose scoring waits for the test: the drain happens
+# inside step HOLD_DRAIN + 1, the node's death inside step HOLD_KILL + 1.
+HOLD_DRAIN, HOLD_KILL = 2, 6
 NODE_RESOURCES = '{"work_node": 1, "reward_node": 8}'
 DRAIN_DEADLINE_S = 120  # the notice's deadline: the learner moves well before it
 WAIT_S = 300.0  # any wait below: reached only when what is awaited never happens
@@ -53,7 +57,8 @@ def _script(cluster: Cluster, *args: str) -> str:
 @pytest.fixture(scope="module")
 def moved(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nodeloss")
-    runs, log = tmp / "runs", tmp / "run.log"
+    runs, log, holds = tmp / "runs", tmp / "run.log", tmp / "holds"
+    holds.mkdir()
     run_dir = runs / RUN
     cluster = Cluster()
     ok = False
@@ -69,15 +74,15 @@ def moved(tmp_path_factory):
             time.sleep(1)
         raise AssertionError(f"timed out waiting for {what}:\n{tail(log)}")
 
-    def step() -> int:
-        return max((r["step"] for r in _rows(run_dir / "metrics.jsonl")), default=0)
-
     def faults(kind: str) -> list[dict]:
         return [r for r in _rows(run_dir / "faults.jsonl") if r["kind"] == kind]
 
     def node_of(name: str) -> str | None:
         return next((a["node_id"] for a in cluster.state()["actors"] if a["name"] == name and a["state"] == "ALIVE"),
                     None)
+
+    def release(step: int) -> None:
+        Path(release_file(str(holds), step)).touch()
 
     try:
         cluster.up(reward_nodes=0)
@@ -88,20 +93,27 @@ def moved(tmp_path_factory):
             "cluster.generator={num_cpus: 0.5, resources: {work_node: 0.4}}",
             "cluster.reward_worker={num_cpus: 0.25, resources: {reward_node: 1}}",
             f"grpo.max_steps={STEPS}", f"grpo.save_steps={SAVE_STEPS}", "cluster.max_failures=0",
+            f"rewards.0={{name: letter, function: 'tests.fixtures.slow_rewards:held_letter', timeout_s: 600, "
+            f"kwargs: {{hold_dir: '{holds}', hold_steps: [{HOLD_DRAIN}, {HOLD_KILL}]}}}}",
             "logging.check_logprob_parity=false", f"logging.dir={runs}", "--name", RUN,
         ]
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=client_env(), stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        wait(lambda: step() >= 2, "step 2")
+        # 1. inside step HOLD_DRAIN + 1 (its scoring held): B joins, A is drained; the notice is seen while the
+        #    step is in progress, then the step ends, checkpoints, and the learner moves
+        wait(lambda: os.path.exists(held_marker(str(holds), HOLD_DRAIN)), f"step {HOLD_DRAIN + 1}'s scoring held")
         node_a_id = node_of(f"{RUN}/learner")
         _script(cluster, "add-node", "--resources", NODE_RESOURCES)
         _script(cluster, "drain-node", str(node_a), str(DRAIN_DEADLINE_S))
+        wait(lambda: faults("preemption_notice"), "the watchdog's preemption notice")
+        release(HOLD_DRAIN)
         (move,) = wait(lambda: faults("learner_moved"), "the learner's move off the drained node")
         node_b_id = wait(lambda: (n := node_of(f"{RUN}/learner")) != node_a_id and n, "the learner on node B")
-        at_move = step()
-        wait(lambda: step() > at_move, "a step after the move")
+        # 2. inside step HOLD_KILL + 1: A goes (its generator and reward workers with it)
+        wait(lambda: os.path.exists(held_marker(str(holds), HOLD_KILL)), f"step {HOLD_KILL + 1}'s scoring held")
         _script(cluster, "kill-node", str(node_a))
+        release(HOLD_KILL)
         wait(lambda: faults("generator_restarted"), "the generator's restart")
         gen_node = wait(lambda: node_of(f"{RUN}/generator-0"), "the generator alive again")
         rc = proc.wait(timeout=WAIT_S)
