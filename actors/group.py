@@ -219,8 +219,8 @@ class ActorGroup:
 
     def recover(self, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> None:
         """After a member died: return once every member answers again (Ray restarts it; a member that is
-        restarting answers ActorUnavailableError at once, so ask again until timeout_s; one out of restarts
-        raises), and count the restart. A member that waits for room (its node is gone) is reported to `on_wait`
+        restarting answers ActorUnavailableError at once, or an actor error when its node died under the call, so
+        ask again until timeout_s; one that Ray reports DEAD, out of restarts, raises), and count the restart. A member that waits for room (its node is gone) is reported to `on_wait`
         every WAIT_MESSAGE_S, naming it and what it needs."""
         deadline = time.monotonic() + timeout_s
         said = time.monotonic()
@@ -228,8 +228,8 @@ class ActorGroup:
             try:
                 wait_started(self.handles, self.names, self.options, max(deadline - time.monotonic(), 1), on_wait)
                 break
-            except ray.exceptions.ActorUnavailableError:
-                if time.monotonic() > deadline:
+            except RayActorError:  # restarting (ActorUnavailableError), or a call to it cut by its node's death
+                if time.monotonic() > deadline or any(actor_info(h).get("State") == "DEAD" for h in self.handles):
                     raise
                 if on_wait is not None and time.monotonic() - said > WAIT_MESSAGE_S:
                     said = time.monotonic()

@@ -95,7 +95,7 @@ def moved(tmp_path_factory):
             f"grpo.max_steps={STEPS}", f"grpo.save_steps={SAVE_STEPS}", "cluster.max_failures=0",
             f"rewards.0={{name: letter, function: 'tests.fixtures.slow_rewards:held_letter', timeout_s: 600, "
             f"kwargs: {{hold_dir: '{holds}', hold_steps: [{HOLD_DRAIN}, {HOLD_KILL}]}}}}",
-            "logging.check_logprob_parity=false", f"logging.dir={runs}", "--name", RUN,
+            "logging.check_logprob_parity=false", f"logging.dir={runs}", "--name", RUN, "--debug",
         ]
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=client_env(), stdout=out, stderr=subprocess.STDOUT,
