@@ -11,7 +11,8 @@ victims are found among the driver's own process tree (`ray::<Class>` titles), s
 never touched. Prints each fault with the time to recover (until the next step is logged; for the learner, the
 recovery's own record) and the steps lost, then checks: exit 0, every step trained with a full batch, no step's
 samples trained twice (the final lineage of steps has each prompt draw once), and the run tree's memory (RSS of
-the driver and every process under it) at the end against step 100's (scaled).
+the driver and every process under it) at the end against step 100's (half the run's, when shorter). The
+generators' restart budget (cluster.generator_max_restarts) is set to the schedule's generator deaths.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ REWARD_KILL_EVERY, GENERATOR_KILL_EVERY = 100, 500
 LEARNER_KILL_AT, GENERATOR_STOP_AT, NODE_KILL_AT = 1250, 750, 1650
 MEMORY_BASE_STEP = 100  # memory is compared with the run tree's at this step (scaled)
 MEMORY_TOLERANCE = 0.05
+# The run's faults.jsonl record that closes each fault (others: recovered when the next step is logged).
+RECOVERY_RECORD = {"learner_kill": "learner_recovered", "generator_kill": "generator_restarted",
+                   "generator_stop": "generator_restarted"}
 
 
 def _rows(path: Path) -> list[dict]:
@@ -92,7 +96,11 @@ class Schedule:
         f = steps / FULL_STEPS
         s = lambda n: max(2, round(n * f))  # noqa: E731
         return cls(steps, s(REWARD_KILL_EVERY), s(GENERATOR_KILL_EVERY), s(LEARNER_KILL_AT), s(GENERATOR_STOP_AT),
-                   s(NODE_KILL_AT) if two_node else None, s(MEMORY_BASE_STEP))
+                   s(NODE_KILL_AT) if two_node else None, min(MEMORY_BASE_STEP, steps // 2))
+
+    def generator_deaths(self) -> int:
+        """How often the schedule takes a generator down (kills, the stop, the node): its restart budget."""
+        return self.steps // self.generator_every + 1 + (self.node_at is not None)
 
     def due(self, step: int) -> list[str]:
         """Faults due at `step` not yet injected (each step at most once per kind)."""
@@ -124,6 +132,7 @@ def main() -> int:
     save = args.save_steps or sched.reward_every
     overrides = [f"grpo.max_steps={args.steps}", f"grpo.save_steps={save}", f"logging.dir={args.dir}",
                  f"cluster.hang_timeout_s={args.hang_timeout}", "cluster.max_failures=3",
+                 f"cluster.generator_max_restarts={sched.generator_deaths()}",
                  "logging.check_logprob_parity=false", "logging.progress=false"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""}
     cluster = None
@@ -169,7 +178,7 @@ def main() -> int:
             if step > seen:
                 now = time.monotonic()
                 for f in pending:
-                    if f.kind != "learner_kill":
+                    if f.kind in ("reward_kill", "node_kill"):
                         f.recovered_s = now - f.t
                 pending = [f for f in pending if f.recovered_s is None]
                 seen_before, seen = seen, step
@@ -184,12 +193,12 @@ def main() -> int:
                         faults.append(f)
                         pending.append(f)
                         print(f"chaos: step {step}: {f.kind} {f.note}", flush=True)
-            for f in pending:
-                if f.kind == "learner_kill":
-                    recs = [r for r in _rows(run_dir / "faults.jsonl") if r["kind"] == "learner_recovered"
-                            and r["time"] >= f.t_wall]
-                    if recs:
-                        f.recovered_s, f.steps_lost = recs[0]["time"] - f.t_wall, recs[0]["steps_lost"]
+            records = _rows(run_dir / "faults.jsonl")
+            for f in pending:  # the run's own record of the recovery (the pipelined loop logs steps ahead of it)
+                kind = RECOVERY_RECORD.get(f.kind)
+                recs = [r for r in records if r["kind"] == kind and r["time"] >= f.t_wall]
+                if kind is not None and recs:
+                    f.recovered_s, f.steps_lost = recs[0]["time"] - f.t_wall, recs[0].get("steps_lost", 0)
             pending = [f for f in pending if f.recovered_s is None]
     finally:
         if proc.poll() is None:
