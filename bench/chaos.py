@@ -59,11 +59,13 @@ def _procs(root: psutil.Process, cls: str) -> list[psutil.Process]:
     return out
 
 
-def tree_rss_mb(root: psutil.Process, extra: list[psutil.Process] = ()) -> float:
+def tree_mb(root: psutil.Process, extra: list[psutil.Process] = ()) -> float:
+    """The run tree's memory: each process's unique set size (RSS would count the libraries every process maps,
+    torch's included, once per process)."""
     total = 0
     for p in [root, *root.children(recursive=True), *extra]:
         try:
-            total += p.memory_info().rss
+            total += p.memory_full_info().uss
         except psutil.Error:
             continue
     return total / 2**20
@@ -184,8 +186,9 @@ def main() -> int:
                 seen_before, seen = seen, step
                 extra = cluster_procs()
                 if step >= sched.memory_at and mem_base is None:
-                    mem_base = (step, tree_rss_mb(root, extra))
-                mem_end = (step, tree_rss_mb(root, extra))
+                    mem_base = (step, tree_mb(root, extra))
+                if step >= sched.steps - 1 and mem_end is None:  # the last step but one: before the teardown
+                    mem_end = (step, tree_mb(root, extra))
                 due = [k for s in range(seen_before + 1, step + 1) for k in sched.due(s)]  # none skipped
                 for kind in due:
                     f = inject(kind, step, root, cluster)
@@ -266,7 +269,7 @@ def report(rc: int, wall: float, faults: list[Fault], run_dir: Path, sched: Sche
           f"rewind {retrained}")
     if mem_base and mem_end:
         growth = mem_end[1] / mem_base[1] - 1
-        print(f"chaos: run-tree memory {mem_base[1]:.0f} MB at step {mem_base[0]} -> {mem_end[1]:.0f} MB at step "
+        print(f"chaos: run-tree memory (USS) {mem_base[1]:.0f} MB at step {mem_base[0]} -> {mem_end[1]:.0f} MB at step "
               f"{mem_end[0]} ({growth:+.1%}; goal within {MEMORY_TOLERANCE:.0%})")
     ok = rc == 0 and len(last) == sched.steps and len(groups) == 1 and twice == 0
     print(f"chaos: {'OK' if ok else 'FAILED'} (driver output: {log})")
