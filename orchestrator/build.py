@@ -314,7 +314,9 @@ def start_reward_pool(
     from orchestrator.cluster import actor_options, namespace, run_sys_path
 
     ns = namespace(name)  # explicit, so `rayward scale NAME` finds the actors whatever the driver's namespace
-    beside_driver = NodeAffinitySchedulingStrategy(ray_node_id(), soft=True)
+    # Hard: a soft affinity lets a busy raylet spill the pool over to another node, whose loss would then end the
+    # run (it needs no resources, so the driver's node can always hold it).
+    beside_driver = NodeAffinitySchedulingStrategy(ray_node_id(), soft=False)
     return RewardPoolGroup(RewardPool, run_name=name, role=role, namespace=ns,
                            options={"scheduling_strategy": beside_driver}, kwargs=dict(
         specs=specs,
