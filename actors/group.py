@@ -19,11 +19,13 @@ min_version).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import ray
 from ray.actor import ActorHandle
+from ray.exceptions import RayActorError
 
 from actors.net import free_port, node_ip
 from actors.types import EnvPoolStats, RewardBatch, Scores, TrainBatch, TrainerState, TrainResult
@@ -40,6 +42,63 @@ RESTART_POLL_S = 1.0
 # The learner actor's concurrency group for `send_result`: it answers while the actor's default group runs a
 # train step (the background weight send, actors/weights/transfer.py). Declared when the learner is built.
 SEND_GROUP = "weight-send"
+# The concurrency group of `ping` (generators, learner ranks): it answers while the actor's default group is busy,
+# so only a stopped or wedged process misses it (the driver's hang check, orchestrator/watchdog.py).
+HEALTH_GROUP = "health"
+# While the driver waits for an actor that cannot start yet (no node has room, or a node is on its way), it says
+# what it waits for this often.
+WAIT_MESSAGE_S = 30.0
+
+
+def actor_info(handle: ActorHandle) -> dict[str, Any]:
+    """The GCS's record of an actor: State (ALIVE, RESTARTING, PENDING_CREATION, DEAD...), NumRestarts, Pid,
+    Address.NodeID ({} if the GCS does not know it)."""
+    from ray._private.state import state
+
+    return state.actor_table(handle._actor_id.hex()) or {}
+
+
+def death_reason(err: RayActorError) -> str:
+    """Ray's one-line reason for an actor's death (the last line of its message that is not a field)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("\t")]
+    reason = lines[-1] if lines else type(err).__name__
+    if "Worker exit detail: " in reason:  # Ray appends a paragraph of generic advice: keep what happened
+        reason = "its worker process died: " + reason.split("Worker exit detail: ", 1)[1].split(". ", 1)[0]
+    return ("its node was preempted; " if getattr(err, "preempted", False) else "") + reason
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Why the learner is gone (`LearnerGroup.lost`)."""
+
+    cause: str  # which rank, and what Ray or the hang check says of it
+    preempted: bool = False  # Ray says its node was drained for preemption before it died
+
+
+def _needs(options: dict[str, Any]) -> dict[str, Any]:
+    """An actor's resource request, for messages."""
+    need = {"CPU": options.get("num_cpus"), "GPU": options.get("num_gpus"), **options.get("resources", {})}
+    return {k: v for k, v in need.items() if v}
+
+
+def wait_started(handles: list[ActorHandle], names: list[str], options: dict[str, Any], timeout_s: float,
+                 on_wait: Callable[[str], None] | None) -> None:
+    """Return once every actor has run its constructor. Every WAIT_MESSAGE_S, `on_wait` hears which are still
+    waiting, what they need and what Ray says of them; after timeout_s, RuntimeError names them."""
+    refs = {h.__ray_ready__.remote(): (h, n) for h, n in zip(handles, names, strict=True)}
+    deadline = time.monotonic() + timeout_s
+    waiting = list(refs)
+    while waiting:
+        ready, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=min(WAIT_MESSAGE_S, timeout_s))
+        ray.get(ready)  # a constructor that raised, or an actor that died meanwhile
+        if not waiting:
+            return
+        states = ", ".join(f"{refs[r][1]} ({actor_info(refs[r][0]).get('State', '?')})" for r in waiting)
+        text = f"waiting for {states} to start: each needs {_needs(options)}"
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{text}; none came up within {timeout_s:.0f} s (no node with room for it?)")
+        if on_wait is not None:
+            on_wait(f"{text} (no node has room for it yet, or it is still loading)")
 
 
 class Pending(Generic[T]):
@@ -102,17 +161,20 @@ class ActorGroup:
         method_groups: dict[str, str] | None = None,
     ):
         """concurrency_groups: Ray concurrency groups of the actors ({name: max concurrency}; Ray takes them with
-        the class); method_groups: the methods whose calls run in one of them ({method: group}), the rest in the
-        default group (e.g. actors/generation/generator.py GENERATOR_GROUPS, GENERATOR_METHOD_GROUPS)."""
+        the class), e.g. HEALTH_GROUP for `submit_ping`; method_groups: the methods whose calls run in one of them
+        ({method: group}), the rest in the default group (e.g. actors/generation/generator.py GENERATOR_GROUPS,
+        GENERATOR_METHOD_GROUPS)."""
         self.role = role
         self.restarts = 0  # deaths the group has come back from (`recover`)
         self._method_groups = dict(method_groups or {})
+        self.options = dict(options or {})
         remote_cls = ray.remote(concurrency_groups=concurrency_groups)(cls) if concurrency_groups else ray.remote(cls)
         self.handles: list[ActorHandle] = []
-        for i in range(num):
-            name = f"{run_name}/{role}-{i}"
+        self.names = [f"{run_name}/{role}-{i}" for i in range(num)]
+        for i, name in enumerate(self.names):
             kw = {**(kwargs or {}), **((per_actor_kwargs or [{}] * num)[i])}
-            self.handles.append(remote_cls.options(name=name, **(options or {})).remote(*args, **kw))
+            self.handles.append(remote_cls.options(name=name, **self.options).remote(*args, **kw))
+        self._seen_restarts = [0] * num  # each member's Ray restarts as of the last `recover`
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -168,20 +230,42 @@ class ActorGroup:
         ready, _ = ray.wait(list(by_items) + ([until.ref] if until is not None else []), num_returns=1)
         return by_items.get(ready[0])
 
-    def recover(self, timeout_s: float) -> None:
+    def recover(self, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> None:
         """After a member died: return once every member answers again (Ray restarts it; a member that is
-        restarting answers ActorUnavailableError at once, so ask again until timeout_s; one out of restarts
-        raises), and count the restart."""
+        restarting answers ActorUnavailableError at once, or an actor error when its node died under the call, so
+        ask again until timeout_s; one that Ray reports DEAD, out of restarts, raises), and count the restart. A member that waits for room (its node is gone) is reported to `on_wait`
+        every WAIT_MESSAGE_S, naming it and what it needs."""
         deadline = time.monotonic() + timeout_s
+        said = time.monotonic()
         while True:
             try:
-                ray.get([h.__ray_ready__.remote() for h in self.handles], timeout=max(deadline - time.monotonic(), 1))
+                wait_started(self.handles, self.names, self.options, max(deadline - time.monotonic(), 1), on_wait)
                 break
-            except ray.exceptions.ActorUnavailableError:
-                if time.monotonic() > deadline:
+            except RayActorError:  # restarting (ActorUnavailableError), or a call to it cut by its node's death
+                if time.monotonic() > deadline or any(actor_info(h).get("State") == "DEAD" for h in self.handles):
                     raise
+                if on_wait is not None and time.monotonic() - said > WAIT_MESSAGE_S:
+                    said = time.monotonic()
+                    states = ", ".join(f"{n} ({actor_info(h).get('State', '?')})"
+                                       for h, n in zip(self.handles, self.names, strict=True))
+                    on_wait(f"waiting for {states} to restart: each needs {_needs(self.options)}")
                 time.sleep(RESTART_POLL_S)
+        self._seen_restarts = [actor_info(h).get("NumRestarts", 0) for h in self.handles]
         self.restarts += 1
+
+    def restarted(self) -> bool:
+        """Whether Ray restarted a member since the last `recover` (one that died while idle comes back with a
+        fresh engine and no call of the driver's failed: the caller must recover before using it)."""
+        return any(actor_info(h).get("NumRestarts", 0) > seen
+                   for h, seen in zip(self.handles, self._seen_restarts, strict=True))
+
+    def submit_ping(self) -> list[Pending[None]]:
+        """Every member's `ping`, in HEALTH_GROUP (it answers while the member generates)."""
+        return [Pending(h.ping.options(concurrency_group=HEALTH_GROUP).remote()) for h in self.handles]
+
+    def kill_member(self, member: int) -> None:
+        """Kill one member as a crash would (a hung one): Ray restarts it if it has restarts left."""
+        ray.kill(self.handles[member], no_restart=False)
 
     def kill(self) -> None:
         for h in self.handles:
@@ -228,9 +312,11 @@ class LearnerGroup:
         kwargs: dict[str, Any] | None = None,
         rank0_kwargs: dict[str, Any] | None = None,
         concurrency_groups: dict[str, int] | None = None,
+        on_wait: Callable[[str], None] | None = None,
     ):
-        """concurrency_groups: Ray concurrency groups of the learner actors ({name: max concurrency}; Ray takes
-        them with the class, not in `.options()`)."""
+        """concurrency_groups: Ray concurrency groups of the learner actors besides HEALTH_GROUP ({name: max
+        concurrency}; Ray takes them with the class, not in `.options()`). on_wait: hears what the group waits
+        for while its placement group cannot be placed (every WAIT_MESSAGE_S)."""
         from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
         from ray.util.scheduling_strategies import (
             NodeAffinitySchedulingStrategy,
@@ -240,32 +326,39 @@ class LearnerGroup:
         self.role = "learner"
         self.placement_group = None
         opts, kw = dict(options or {}), dict(kwargs or {})
-        remote_cls = ray.remote(concurrency_groups=concurrency_groups)(cls) if concurrency_groups else ray.remote(cls)
-        name = (lambda r: f"{run_name}/learner") if num == 1 else (lambda r: f"{run_name}/learner-{r}")
+        self.options = opts
+        remote_cls = ray.remote(concurrency_groups={HEALTH_GROUP: 1, **(concurrency_groups or {})})(cls)
+        self.names = [f"{run_name}/learner"] if num == 1 else [f"{run_name}/learner-{r}" for r in range(num)]
         if strategy == "single":
             if num != 1:
                 raise ValueError(f"strategy 'single' runs one learner, not {num}")
-            self.ranks = [remote_cls.options(name=name(0), **opts).remote(**kw, **(rank0_kwargs or {}))]
+            self.ranks = [remote_cls.options(name=self.names[0], **opts).remote(**kw, **(rank0_kwargs or {}))]
         else:
             bundle = {"CPU": opts.get("num_cpus", 0), "GPU": opts.get("num_gpus", 0), **opts.get("resources", {})}
             bundle = {k: v for k, v in bundle.items() if v}  # Ray rejects zero amounts in a bundle
             pg_strategy = PLACEMENT_STRATEGIES[placement]
+            where = "one node" if placement == "pack" else f"{num} different nodes"
             self.placement_group = placement_group([bundle] * num, strategy=pg_strategy, name=f"{run_name}/learner")
-            try:
-                ray.get(self.placement_group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-            except ray.exceptions.GetTimeoutError:
-                remove_placement_group(self.placement_group)  # a pending group would hold its claim on the cluster
-                where = "one node" if placement == "pack" else f"{num} different nodes"
-                raise RuntimeError(
-                    f"the cluster could not place {num} learner ranks of {bundle} each ({pg_strategy}: {where}) "
-                    f"within {PLACEMENT_TIMEOUT_S} s"
-                ) from None
+            deadline = time.monotonic() + PLACEMENT_TIMEOUT_S
+            while True:
+                try:
+                    ray.get(self.placement_group.ready(), timeout=min(WAIT_MESSAGE_S, PLACEMENT_TIMEOUT_S))
+                    break
+                except ray.exceptions.GetTimeoutError:
+                    if time.monotonic() > deadline:
+                        remove_placement_group(self.placement_group)  # a pending group would hold its claim
+                        raise RuntimeError(
+                            f"the cluster could not place {num} learner ranks of {bundle} each ({pg_strategy}: "
+                            f"{where}) within {PLACEMENT_TIMEOUT_S} s"
+                        ) from None
+                    if on_wait is not None:
+                        on_wait(f"waiting for room for {num} learner ranks of {bundle} each ({where})")
             node = placement_group_table(self.placement_group)["bundles_to_node_id"][0]
             on_node = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
             init_method = ray.get(ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=on_node).remote())
             self.ranks = [
                 remote_cls.options(
-                    name=name(r),
+                    name=self.names[r],
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         self.placement_group, placement_group_bundle_index=r
                     ),
@@ -291,6 +384,38 @@ class LearnerGroup:
         if len(self.ranks) != 1:
             raise ValueError(f"LearnerGroup.{method}: a background send needs one learner rank, not {len(self.ranks)}")
         return self.ranks[0]
+
+    def wait_started(self, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> None:
+        """Return once every rank has loaded its model (see `wait_started`)."""
+        wait_started(self.ranks, self.names, self.options, timeout_s, on_wait)
+
+    # --- health -------------------------------------------------------------------------------------------------
+
+    def submit_ping(self) -> list[Pending[None]]:
+        """Every rank's `ping`, in HEALTH_GROUP (it answers while the rank trains)."""
+        return [Pending(h.ping.options(concurrency_group=HEALTH_GROUP).remote()) for h in self.ranks]
+
+    def lost(self, err: BaseException | None, timeout_s: float) -> Loss | None:
+        """Whether the learner is gone, and why: `err` (the error that ended the loop) or a ping says a rank died,
+        or a rank does not answer a ping within timeout_s (it is hung: killed here). None: every rank answers."""
+        ids = {h._actor_id.hex(): n for h, n in zip(self.ranks, self.names, strict=True)}
+        seen: set[int] = set()
+        while err is not None and id(err) not in seen:  # the chain of causes, Ray's task errors unwrapped
+            seen.add(id(err))
+            if isinstance(err, RayActorError) and err.actor_id in ids:
+                return Loss(f"{ids[err.actor_id]} died: {death_reason(err)}", err.preempted)
+            err = vars(err).get("cause") or err.__cause__
+        pings = {p.ref: n for p, n in zip(self.submit_ping(), self.names, strict=True)}
+        ready, hung = ray.wait(list(pings), num_returns=len(pings), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError as died:
+                return Loss(f"{pings[ref]} died: {death_reason(died)}", died.preempted)
+        if hung:
+            self.kill()
+            return Loss(f"{', '.join(pings[r] for r in hung)} did not answer within {timeout_s:.0f} s (hung): killed")
+        return None
 
     # --- the update and checkpoints ---------------------------------------------------------------------------
 
@@ -352,18 +477,29 @@ class LearnerGroup:
             ray.kill(h, no_restart=True)
         if self.placement_group is not None:
             remove_placement_group(self.placement_group)
+            self.placement_group = None
 
 
 class PoolGroup:
     """A named pool actor `<run>/<role>-pool` (actors/pool.py) that owns its workers. `handle` is the pool's
     ActorHandle (`rayward scale` finds the pool by name)."""
 
-    def __init__(self, cls: type, *, run_name: str, role: str, namespace: str, kwargs: dict[str, Any]):
+    def __init__(self, cls: type, *, run_name: str, role: str, namespace: str, kwargs: dict[str, Any],
+                 options: dict[str, Any] | None = None):
+        """options: more Ray options of the pool actor (where it runs)."""
         self.handle: ActorHandle = (
             ray.remote(cls)
-            .options(name=f"{run_name}/{role}-pool", namespace=namespace, num_cpus=0, max_concurrency=1000)
+            .options(name=f"{run_name}/{role}-pool", namespace=namespace, num_cpus=0, max_concurrency=1000,
+                     **(options or {}))
             .remote(**kwargs)
         )
+
+    def scaling(self) -> dict[str, Any]:
+        """How the pool is sized now (`WorkerPool.scaling_state`), for a checkpoint."""
+        return ray.get(self.handle.scaling_state.remote())
+
+    def restore_scaling(self, state: dict[str, Any]) -> None:
+        ray.get(self.handle.restore_scaling.remote(state))
 
     def kill(self) -> None:
         """The pool and its workers (best effort, at teardown)."""
@@ -386,6 +522,10 @@ class RewardPoolGroup(PoolGroup):
 
     def score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Scores:
         return self.submit_score(batch, chunk_groups, state).result()
+
+    def set_state(self, state: TrainerState) -> None:
+        """The trainer_state the rewards see from now on (a restored checkpoint's; the learner pushes the next)."""
+        ray.get(self.handle.set_state.remote(state))
 
 
 class EnvPoolGroup(PoolGroup):

@@ -282,10 +282,17 @@ class WorkerPool:
         self._publish(force=True)
         await self._notify()
 
-    def _drop(self, slot: Slot, *, replace: bool) -> None:
-        """Kill a worker (and start a replacement when `replace`)."""
+    def worker_name(self, slot: Slot) -> str:
+        """The worker's actor name, as messages give it."""
+        return f"{self.run_name}/{self.role}-{slot.id}"
+
+    def _drop(self, slot: Slot, *, replace: bool, why: str | None = None) -> None:
+        """Kill a worker (and start a replacement when `replace`). why: what it did (it died, it did not answer
+        in time), said in one line naming it."""
         if self.slots.pop(slot.id, None) is None:
             return
+        if why is not None:
+            self._log(f"worker {self.worker_name(slot)} {why}: killed" + ("; replacing it" if replace else ""))
         if slot.alive:
             self._account()
             self._alive -= 1
@@ -367,6 +374,21 @@ class WorkerPool:
             self._apply(Decision(time.monotonic(), before, settings.clamp(before),
                                  f"bounds set to {settings.min_workers}..{settings.max_workers}"))
         await self._notify()
+        return self.stats()
+
+    def scaling_state(self) -> dict[str, Any]:
+        """How the pool is sized (kept in a run's checkpoints, so a resumed run keeps what `rayward scale` set):
+        the target, whether it is pinned, the autoscaling settings (None: off)."""
+        return {"target": self.target(), "pinned": self.pinned,
+                "autoscale": asdict(self.policy.settings) if self.policy else None}
+
+    async def restore_scaling(self, state: dict[str, Any]) -> PoolStats:
+        """`scaling_state` back: the same bounds, or the same pinned count."""
+        if state["autoscale"] is not None:
+            a = state["autoscale"]
+            await self.set_bounds(a["min_workers"], a["max_workers"], fresh=AutoscaleSettings(**a))
+        if state["pinned"] or state["autoscale"] is None:
+            await self.scale(state["target"])
         return self.stats()
 
     async def _retire(self, slot: Slot) -> None:

@@ -148,6 +148,9 @@ class Rollouts:
     # one-turn batch (every completion token the model's, of policy_version).
     trajectories: list[Trajectory] | None = None
     versions: list[list[int]] | None = None
+    # per completion: its prompt's draw index in the run's prompt stream (-1: not a training prompt); with the
+    # completion's place in its group, the sample's id. None: not tracked (records built by hand)
+    prompt_index: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -171,6 +174,7 @@ class Rollouts:
             group_size=self.group_size,
             trajectories=pick(self.trajectories),
             versions=pick(self.versions),
+            prompt_index=pick(self.prompt_index),
         )
 
     def concat(self, other: Rollouts) -> Rollouts:
@@ -183,6 +187,7 @@ class Rollouts:
             group_size=self.group_size,
             trajectories=join(self.trajectories, other.trajectories),
             versions=join(self.versions, other.versions),
+            prompt_index=join(self.prompt_index, other.prompt_index),
         )
 
     def reward_batch(self) -> RewardBatch:

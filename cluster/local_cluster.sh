@@ -2,6 +2,9 @@
 # A multi-node Ray cluster on this one machine, for trying rayward's placement (reward nodes, scaling).
 #   local_cluster.sh up [--reward-nodes N] [--generator-node] [--base-port P]   head + N reward nodes
 #   local_cluster.sh status                                                    address, nodes, resources
+#   local_cluster.sh add-node [--num-cpus N] [--resources JSON]                one more worker node; prints its index
+#   local_cluster.sh kill-node INDEX                                           SIGKILL a node: its raylet and workers
+#   local_cluster.sh drain-node INDEX [DEADLINE_S]                             `ray drain-node` for preemption
 #   local_cluster.sh down                                                      stops only this script's nodes
 # Each node is `ray start --block` in the background with its own ports (a block of 20000-29999) and temp dir;
 # PIDs live in $RAYWARD_CLUSTER_DIR (default /tmp/rayward-cluster-$USER). Never uses `ray stop`, which would
@@ -112,9 +115,69 @@ down() {
   echo "stopped (logs in $STATE)"
 }
 
+add_node() {  # a node joins the running cluster (an autoscaler bringing a replacement); prints its index
+  local cpus=2 res='{}'
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --num-cpus) cpus=$2; shift 2 ;;
+      --resources) res=$2; shift 2 ;;
+      *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+  done
+  [ -s "$STATE/pids" ] || { echo "not running ($STATE)" >&2; exit 1; }
+  BASE=$(cat "$STATE/base_port")
+  local i
+  i=$(wc -l <"$STATE/pids")
+  start_retry "$i" added --address "127.0.0.1:$BASE" --num-cpus "$cpus" --resources "$res" >&2
+  echo "$i"
+}
+
+node_pid() {  # node_pid <index>: the node's `ray start` pid (its process group)
+  local pid
+  pid=$(sed -n "$(($1 + 1))p" "$STATE/pids" | cut -d' ' -f1)
+  [ -n "$pid" ] || { echo "no node $1 ($STATE/pids)" >&2; exit 1; }
+  echo "$pid"
+}
+
+descendants() {  # descendants <pid>: every process under it (Ray workers leave the node's process group)
+  local c
+  for c in $(ps -o pid= --ppid "$1"); do echo "$c"; descendants "$c"; done
+}
+
+kill_node() {  # the machine goes away: every process of the node (raylet, workers, agents) at once
+  [ "${1:-0}" != 0 ] || { echo "kill-node: give a worker node's index (0 is the head)" >&2; exit 2; }
+  local pid tree
+  pid=$(node_pid "$1")
+  tree=$(descendants "$pid")
+  kill -STOP -- "-$pid" $tree 2>/dev/null || true  # frozen first: nothing of it reacts to the others' death
+  kill -KILL -- "-$pid" $tree 2>/dev/null || true
+  echo "node $1 (pid $pid) killed"
+}
+
+drain_node() {  # what a cloud's preemption notice does through the autoscaler: the node is drained with a deadline
+  [ "${1:-0}" != 0 ] || { echo "drain-node: give a worker node's index (0 is the head)" >&2; exit 2; }
+  BASE=$(cat "$STATE/base_port")
+  local port=$((BASE + 10 + $1 * 10)) deadline=${2:-30} id
+  id=$(python3 - "127.0.0.1:$BASE" "$port" <<'PY' 2>/dev/null
+import sys
+import ray
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+print(next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeManagerPort"] == int(sys.argv[2])))
+PY
+)
+  [ -n "$id" ] || { echo "drain-node: no live node $1 (port $port)" >&2; exit 1; }
+  "$RAY" drain-node --address "127.0.0.1:$BASE" --node-id "$id" --reason DRAIN_NODE_REASON_PREEMPTION \
+    --reason-message "local_cluster.sh drain-node" --deadline-remaining-seconds "$deadline"
+  echo "node $1 ($id) draining, deadline in ${deadline}s (kill it with: $0 kill-node $1)"
+}
+
 case ${1:-} in
   up) shift; up "$@" ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 up [--reward-nodes N] [--generator-node] [--base-port P] | status | down" >&2; exit 2 ;;
+  add-node) shift; add_node "$@" ;;
+  kill-node) kill_node "${2:-}" ;;
+  drain-node) drain_node "${2:-}" "${3:-30}" ;;
+  *) echo "usage: $0 up [--reward-nodes N] [--generator-node] [--base-port P] | status | add-node [--num-cpus N]" \
+       "[--resources JSON] | kill-node INDEX | drain-node INDEX [DEADLINE_S] | down" >&2; exit 2 ;;
 esac

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,15 @@ from typing import Any
 from actors import cpus
 from actors.cpus import Share
 from actors.envs.spec import EnvSpec
-from actors.group import SEND_GROUP, ActorGroup, EnvPoolGroup, LearnerGroup, RewardPoolGroup
+from actors.group import (
+    HEALTH_GROUP,
+    PLACEMENT_TIMEOUT_S,
+    SEND_GROUP,
+    ActorGroup,
+    EnvPoolGroup,
+    LearnerGroup,
+    RewardPoolGroup,
+)
 from actors.learner.loss import ImportanceSampling, LossConfig
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
 from actors.rewards.autoscale import AutoscaleSettings
@@ -31,7 +40,7 @@ from orchestrator.environments import AgentSetup, env_reward_spec, prepare_agent
 from orchestrator.eval_metrics import Best, EvalSchedule
 from orchestrator.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
 from orchestrator.rollout import Agentic, OneTurn, Rollout
-from orchestrator.run import Evaluator, Run
+from orchestrator.run import Evaluator, FaultLog, Run
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
@@ -306,12 +315,19 @@ def weight_transfer(cfg: RunConfig, learner: LearnerGroup, generators: ActorGrou
 def start_reward_pool(
     cfg: RunConfig, name: str, specs: list[RewardSpec], *, role: str = "reward", num_workers: int | None = None
 ) -> RewardPoolGroup:
-    """The named reward pool `NAME/<role>-pool` and its workers (Ray must be initialised)."""
+    """The named reward pool `NAME/<role>-pool` and its workers (Ray must be initialised). The pool is not restarted
+    (it holds the scoring in flight): it runs beside the driver, whose node the run cannot outlive anyway."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     from actors.rewards.pool import RewardPool
     from orchestrator.cluster import actor_options, namespace, run_sys_path
 
     ns = namespace(name)  # explicit, so `rayward scale NAME` finds the actors whatever the driver's namespace
-    return RewardPoolGroup(RewardPool, run_name=name, role=role, namespace=ns, kwargs=dict(
+    # Hard: a soft affinity lets a busy raylet spill the pool over to another node, whose loss would then end the
+    # run (it needs no resources, so the driver's node can always hold it).
+    beside_driver = NodeAffinitySchedulingStrategy(ray_node_id(), soft=False)
+    return RewardPoolGroup(RewardPool, run_name=name, role=role, namespace=ns,
+                           options={"scheduling_strategy": beside_driver}, kwargs=dict(
         specs=specs,
         run_name=name,
         num_workers=num_workers or cfg.cluster.num_reward_workers,
@@ -320,7 +336,15 @@ def start_reward_pool(
         trainer_state=TrainerState(max_steps=cfg.grpo.max_steps),
         autoscale=autoscale_settings(cfg),
         role=role,
+        chunk_grace_s=cfg.cluster.hang_timeout_s,
     ))
+
+
+def ray_node_id() -> str:
+    """The driver's node."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
 
 
 def start_env_pool(cfg: RunConfig, name: str, spec: EnvSpec, *, num_workers: int | None = None) -> EnvPoolGroup:
@@ -380,7 +404,9 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
     return ActorGroup(
         Generator,
         c.num_generators,
-        concurrency_groups=GENERATOR_GROUPS,  # weight loads beside generation, between engine steps
+        # weight loads beside generation, between engine steps; ping answers while a batch generates
+        # (orchestrator/watchdog.py)
+        concurrency_groups={**GENERATOR_GROUPS, HEALTH_GROUP: 1},
         method_groups=GENERATOR_METHOD_GROUPS,
         run_name=name,
         role="generator",
@@ -447,10 +473,7 @@ def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: ActorGroup, lea
 
 def build_run(p: Prepared, display: Display | None = None) -> Run:
     """Start the actor groups (Ray must be initialised). `display` shows the steps (default: step lines)."""
-    from actors.learner.learner import Learner
-    from orchestrator.cluster import actor_options, namespace
-
-    cfg, c, gen = p.cfg, p.cfg.cluster, p.cfg.generation
+    cfg, gen = p.cfg, p.cfg.generation
     reward_pool = start_reward_pool(cfg, p.name, p.specs)
     eval_pool = None
     if p.eval_specs is not None:
@@ -458,34 +481,65 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
     env_pool = start_env_pool(cfg, p.name, p.agent.spec) if p.agent is not None else None
     agent = agent_kwargs(cfg, p.agent, env_pool) if p.agent is not None else None
     generators = start_generators(cfg, p.name, p.model_path, agent=agent)
-    learner = LearnerGroup(  # one member to the loop, num_learners ranks behind it
-        Learner,
-        c.num_learners,
-        run_name=p.name,
-        strategy=c.learner_strategy,
-        placement=c.learner_placement,
-        options=actor_options(c.learner, namespace=namespace(p.name), **cpus.shared_cores_env(c.learner.num_gpus)),
-        concurrency_groups=learner_concurrency(cfg),
-        kwargs={"spec": learner_spec(cfg, p.model_path)},
-        rank0_kwargs={"reward_pool": reward_pool.handle},  # rank 0 alone pushes global_step
-    )
+    learner = start_learner(p, reward_pool)
     weights = weight_transfer(cfg, learner, generators)
     logger = MetricsLogger(
         p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,
         max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"), display=display,
     )
     aggregator = RewardAggregator(p.rewards)
-    rollout = rollout_kind(p.agent)
-    es = eval_set(cfg, p.eval_rows, eval_pool or reward_pool, p.rewards, rollout) if p.eval_rows is not None else None
-    return Run(
+    run = Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
-        reward_pool=reward_pool, weights=weights,
-        evaluate=evaluator(cfg, es, generators=generators, learner=learner, logger=logger, prompts=p.prompts,
-                           run_dir=p.run_dir),
+        reward_pool=reward_pool, weights=weights, evaluate=NoEval(),
         aggregator=aggregator, select=selector(cfg, aggregator), sampling=sampling_kwargs(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
-        eval_pool=eval_pool, rollout=rollout, env_pool=env_pool,
+        faults=FaultLog(p.run_dir, logger.display.message), eval_pool=eval_pool, rollout=rollout_kind(p.agent),
+        env_pool=env_pool,
     )
+    run.evaluate = run_evaluator(run, p)
+    return run
+
+
+def start_learner(p: Prepared, reward_pool: RewardPoolGroup, say: Callable[[str], None] | None = None) -> LearnerGroup:
+    """The learner group (cluster.num_learners ranks, one member to the loop), its model loaded: while it waits
+    for room, `say` hears what it waits for."""
+    from actors.learner.learner import Learner
+    from orchestrator.cluster import actor_options, namespace
+
+    c = p.cfg.cluster
+    learner = LearnerGroup(
+        Learner,
+        c.num_learners,
+        run_name=p.name,
+        strategy=c.learner_strategy,
+        placement=c.learner_placement,
+        options=actor_options(c.learner, namespace=namespace(p.name), **cpus.shared_cores_env(c.learner.num_gpus)),
+        concurrency_groups=learner_concurrency(p.cfg),
+        kwargs={"spec": learner_spec(p.cfg, p.model_path)},
+        rank0_kwargs={"reward_pool": reward_pool.handle},  # rank 0 alone pushes global_step
+        on_wait=say,
+    )
+    learner.wait_started(PLACEMENT_TIMEOUT_S, say)
+    return learner
+
+
+def run_evaluator(run: Run, p: Prepared) -> Evaluator:
+    """The run's evaluator, bound to its current learner and generators."""
+    es = (eval_set(p.cfg, p.eval_rows, run.eval_pool or run.reward_pool, p.rewards, run.rollout)
+          if p.eval_rows is not None else None)
+    return evaluator(p.cfg, es, generators=run.generators, learner=run.learner, logger=run.logger,
+                     prompts=run.prompts, run_dir=run.run_dir)
+
+
+def rebuild_learner(run: Run, p: Prepared) -> None:
+    """Recovery (orchestrator/supervisor.py): a new learner group in place of the lost one, wherever Ray finds room
+    (saying what it waits for meanwhile), its weight-transfer group formed with the generators, and an evaluator
+    bound to it. The run's state (weights, step, data) is the caller's to restore (checkpoints.rewind)."""
+    run.learner.kill()  # what is left of it: live ranks of a broken group, its placement group
+    say = lambda text: run.display.message(f"rayward: {text}")  # noqa: E731
+    run.learner = start_learner(p, run.reward_pool, say)
+    run.weights = weight_transfer(p.cfg, run.learner, run.generators)
+    run.evaluate = run_evaluator(run, p)
 
 
 def shutdown_run(run: Run) -> None:

@@ -1,24 +1,33 @@
-"""A run's checkpoints in one place: the run directory's layout, when each checkpoint is written, and what
-`--resume` loads.
+"""A run's checkpoints in one place: the run directory's layout, what a checkpoint holds, when each is written,
+what `--resume` loads, and where a lost learner starts again (`rewind`, for orchestrator/supervisor.py).
 
-    <run dir>/checkpoint-<step>/            the learner's state after optimizer step <step>: the policy (an HF
-                                            model directory with its tokenizer; LoRA: the adapter in PEFT's
-                                            format), optimizer.pt (optimizer and scheduler), and STATE_FILE
-                                            (rayward_state.json: global_step, `data`: the prompt order's position)
+    <run dir>/checkpoint-<step>/            the run after optimizer step <step>: the policy (an HF model
+                                            directory with its tokenizer; LoRA: the adapter in PEFT's format),
+                                            optimizer.pt (optimizer, scheduler, the learner's random number
+                                            generators: actors/learner/checkpoint.py) and STATE_FILE
     <run dir>/checkpoint-best/              grpo.save_best: the best eval's checkpoint; its STATE_FILE adds `best`
                                             (metric, value, step)
     <run dir>/checkpoint-best.candidate/    pipelined save_best: the evaluated weights until the eval's result
-    <name>.tmp/                             a checkpoint being written (the learner writes a directory, then
-                                            renames it: actors/learner/checkpoint.py)
+    <name>.tmp/, <name>.old/                a checkpoint being written, and one being replaced by it (the learner
+                                            writes a directory, then renames it: a crash leaves one of them whole)
+
+STATE_FILE (rayward_state.json), written last: global_step, `files` (every other file's size: a checkpoint whose
+files differ is damaged), and the run's state (`run_state`), everything a resumed run needs to go on as the
+stopped one would have:
+    data            the prompt stream's position of the next batch to train (with the draws to skip)
+    trainer_state   what the reward pool holds: global_step, max_steps, epoch (the rewards' curriculum)
+    eval            the evaluator's bookkeeping: the best eval so far (grpo.save_best)
+    reward_pool     how the reward pool is sized: what `rayward scale` set (count or autoscaling bounds)
 
 When: every grpo.save_steps steps (`save_periodic`); at the end of a finished run with grpo.save_steps set, and
-at the step boundary where a SIGTERM stopped the run (`save_final`, from phases.finish); checkpoint-best after an
-eval that beats the best so far (`BestCheckpoint`, from the evaluator).
+at the step boundary where a SIGTERM stopped the run or a preemption notice moves the learner (`save_final`, from
+phases.finish); checkpoint-best after an eval that beats the best so far (`BestCheckpoint`, from the evaluator).
 
---resume (`resume`): the latest complete checkpoint-<step> (never checkpoint-best: a run continues from where it
-stopped, not from its best eval). The learner loads its weights, optimizer, scheduler and global_step, the
-prompt source its position, a weight sync brings every generator those weights, the run's progress is set to
-the checkpoint's step, and checkpoint-best's record gives the best eval so far.
+--resume (`find`, before anything starts, then `resume`): the latest usable checkpoint-<step> (never
+checkpoint-best: a run continues from where it stopped, not from its best eval). A damaged one, or one that
+fails to load, is passed over with a message for the one before. A resume that finds nothing to do fails
+(exit 2) instead of "finishing" a run that did not train: no checkpoint (`--resume`; `--resume auto` starts
+afresh), or one at grpo.max_steps already.
 """
 
 from __future__ import annotations
@@ -28,28 +37,57 @@ import os
 import re
 import shutil
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ray.exceptions import RayActorError
+
 from actors.group import LearnerGroup, Pending
-from actors.learner.checkpoint import STATE_FILE
+from actors.learner.checkpoint import REPLACED_SUFFIX, STATE_FILE, damaged
+from actors.types import TrainerState
+from orchestrator.config import ConfigError
 from orchestrator.eval_metrics import Best
 from orchestrator.run import Run
 
 BEST = "checkpoint-best"
 # Where the pipelined loop's learner writes the evaluated weights until the eval's result is known.
 BEST_CANDIDATE = "checkpoint-best.candidate"
-PERIODIC = re.compile(r"^checkpoint-(\d+)$")  # not checkpoint-best, nor *.tmp / *.candidate
+PERIODIC = re.compile(r"^checkpoint-(\d+)$")  # not checkpoint-best, nor *.tmp / *.old / *.candidate
+# `--resume` modes: a checkpoint is required, or used if there is one (a retried driver).
+RESUME_REQUIRED, RESUME_AUTO = "required", "auto"
 
 
 def path_at(run_dir: Path, step: int) -> Path:
     return run_dir / f"checkpoint-{step}"
 
 
+def _step_of(p: Path) -> int:
+    return int(PERIODIC.match(p.name).group(1))
+
+
+def complete(run_dir: Path) -> list[Path]:
+    """Every checkpoint-<step> with its STATE_FILE (written last: one without it is incomplete), newest first."""
+    found = [p for p in run_dir.glob("checkpoint-*") if PERIODIC.match(p.name) and (p / STATE_FILE).exists()]
+    return sorted(found, key=_step_of, reverse=True)
+
+
+def usable(run_dir: Path, say: Callable[[str], None] | None = None) -> list[Path]:
+    """The complete checkpoints whose files are whole, newest first; each damaged one is named to `say`."""
+    out = []
+    for p in complete(run_dir):
+        why = damaged(p)
+        if why is None:
+            out.append(p)
+        elif say is not None:
+            say(f"rayward: {p.name} is damaged ({why}): using the checkpoint before it")
+    return out
+
+
 def latest(run_dir: Path) -> Path | None:
-    """The highest complete checkpoint-<step> in a run directory (one without its STATE_FILE is incomplete)."""
-    done = [p for p in run_dir.glob("checkpoint-*") if PERIODIC.match(p.name) and (p / STATE_FILE).exists()]
-    return max(done, key=lambda p: int(PERIODIC.match(p.name).group(1)), default=None)
+    """The newest usable checkpoint-<step> of a run directory."""
+    found = usable(run_dir)
+    return found[0] if found else None
 
 
 def saved_step(ckpt: Path) -> int | None:
@@ -61,10 +99,22 @@ def saved_step(ckpt: Path) -> int | None:
 # --- writing ------------------------------------------------------------------------------------------------
 
 
+def run_state(run: Run) -> dict[str, Any]:
+    """What a checkpoint keeps of the run besides the learner's state (the module docstring's STATE_FILE)."""
+    p = run.progress
+    trainer = TrainerState(global_step=p.global_step, max_steps=run.cfg.grpo.max_steps,
+                           epoch=run.prompts.epoch_progress)
+    return {
+        "data": p.resume_data if p.resume_data is not None else run.prompts.state(),
+        "trainer_state": asdict(trainer),
+        "eval": run.evaluate.state(),
+        "reward_pool": run.reward_pool.scaling(),
+    }
+
+
 def save(run: Run) -> str:
-    """checkpoint-<global_step>: the learner's state and the prompt order's position, written atomically."""
-    path = path_at(run.run_dir, run.progress.global_step)
-    return run.learner.save_checkpoint(str(path), extra={"data": run.prompts.state()})
+    """checkpoint-<global_step>: the learner's state and the run's, written atomically."""
+    return run.learner.save_checkpoint(str(path_at(run.run_dir, run.progress.global_step)), extra=run_state(run))
 
 
 def save_periodic(run: Run) -> None:
@@ -75,10 +125,12 @@ def save_periodic(run: Run) -> None:
 
 
 def save_final(run: Run) -> None:
-    """The end of the loop: where SIGTERM stopped the run (always: the job is going away), or a finished run's last
-    step with grpo.save_steps set; not twice when save_periodic just wrote this step."""
+    """The end of the loop: where SIGTERM stopped the run or a preemption notice moves the learner (always: the job
+    or the node is going away), or a finished run's last step with grpo.save_steps set; not twice when
+    save_periodic just wrote this step."""
     every, step = run.cfg.grpo.save_steps, run.progress.global_step
-    if not (run.progress.stop_requested or every is not None):
+    leaving = run.progress.stop_requested or run.progress.move_learner is not None
+    if not (leaving or every is not None):
         return
     if every is not None and step > 0 and step % every == 0:
         return
@@ -88,23 +140,81 @@ def save_final(run: Run) -> None:
 # --- resuming -----------------------------------------------------------------------------------------------
 
 
-def restore(run: Run, ckpt: Path) -> None:
-    """The learner's weights, optimizer, scheduler and global_step, the prompt order's position, then the
-    generators get the weights; the run's progress starts at the checkpoint's step."""
+def find(run_dir: Path, mode: str | None, max_steps: int, say: Callable[[str], None]) -> list[Path]:
+    """Before anything starts: the checkpoints `--resume` may load, newest first ([] for a fresh start). Raises
+    ConfigError when a resume has nothing to do: no checkpoint (mode RESUME_REQUIRED), or the latest one is at
+    max_steps already."""
+    if mode is None:
+        return []
+    found = usable(run_dir, say)
+    if not found:
+        if mode == RESUME_AUTO:
+            say(f"rayward: no checkpoint in {run_dir} yet: starting from the initial model")
+            return []
+        raise ConfigError(f"--resume: no checkpoint in {run_dir} (grpo.save_steps writes them, and so does a "
+                          "SIGTERM): nothing to resume")
+    step = saved_step(found[0])
+    if step >= max_steps:
+        raise ConfigError(f"--resume: {found[0]} is at step {step} and grpo.max_steps is {max_steps}: the run has "
+                          "nothing left to train (raise grpo.max_steps to train on)")
+    return found
+
+
+def restore(run: Run, ckpt: Path, *, scaling: bool = True) -> None:
+    """The learner's weights, optimizer, scheduler, RNGs and global_step, the prompt stream's position, the reward
+    pool's trainer_state (and, scaling=True, its size), the evaluator's best so far; then the generators get the
+    weights and the run's progress is set to the checkpoint's step."""
     state = run.learner.load_checkpoint(str(ckpt))
+    step = int(state["global_step"])
     if "data" in state:
         run.prompts.restore(state["data"])
-    run.weights.push(int(state["global_step"]))  # labelled with the checkpoint's step (Sample.versions)
-    run.progress.global_step = run.progress.policy_version = int(state["global_step"])
-    run.evaluate.restore()  # the best eval so far, from checkpoint-best (grpo.save_best)
+    trainer = state.get("trainer_state") or {"global_step": step, "max_steps": run.cfg.grpo.max_steps}
+    run.reward_pool.set_state(TrainerState(**trainer))
+    if scaling and "reward_pool" in state:
+        run.reward_pool.restore_scaling(state["reward_pool"])
+    run.evaluate.restore(state.get("eval"))
+    _go_on_from(run, step)
 
 
-def resume(run: Run) -> Path | None:
-    """Restore the run directory's latest checkpoint-<step>; returns it (None: nothing to resume, a fresh start)."""
-    ckpt = latest(run.run_dir)
-    if ckpt is not None:
-        restore(run, ckpt)
+def _go_on_from(run: Run, step: int) -> None:
+    run.weights.push(step)  # labelled with the checkpoint's step (Sample.versions)
+    p = run.progress
+    p.global_step = p.policy_version = step
+    p.resume_data = None
+
+
+def resume(run: Run, candidates: list[Path], *, scaling: bool = True) -> Path | None:
+    """Restore the first of `candidates` (newest first) that loads; one that fails to load is named and passed
+    over. Returns the checkpoint restored (None: none did, and the run starts afresh)."""
+    for i, ckpt in enumerate(candidates):
+        try:
+            restore(run, ckpt, scaling=scaling)
+            return ckpt
+        except RayActorError:  # the learner died: not the checkpoint's fault
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure to load it
+            then = f"using {candidates[i + 1].name}" if i + 1 < len(candidates) else "starting afresh"
+            run.display.message(f"rayward: {ckpt.name} could not be loaded ({_short(err)}): {then}")
+    return None
+
+
+def rewind(run: Run, start: dict[str, Any]) -> Path | None:
+    """A rebuilt learner's starting point: the latest usable checkpoint (older ones if it is damaged), or, with
+    none, the run's start: the initial weights the new learner holds, `start` (the prompt stream's first
+    position), step 0. Returns the checkpoint (None: the start)."""
+    ckpt = resume(run, usable(run.run_dir, run.display.message), scaling=False)
+    if ckpt is None:
+        run.prompts.restore(start)
+        run.reward_pool.set_state(TrainerState(max_steps=run.cfg.grpo.max_steps))
+        run.evaluate.restore({"best": None})
+        _go_on_from(run, 0)
     return ckpt
+
+
+def _short(err: BaseException) -> str:
+    cause = getattr(err, "cause", None) or err
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
 
 
 # --- checkpoint-best ----------------------------------------------------------------------------------------
@@ -118,13 +228,19 @@ class BestCheckpoint:
         self.best, self.learner, self.data_state = best, learner, data_state
         self.path, self.candidate_path = run_dir / BEST, run_dir / BEST_CANDIDATE
 
-    def restore(self) -> None:
-        """On resume: the best so far is the one checkpoint-best recorded (for the same metric)."""
-        state = self.path / STATE_FILE
-        if state.exists():
-            rec = json.loads(state.read_text()).get("best", {})
-            if rec.get("metric") == self.best.metric:
-                self.best.value, self.best.step = rec["value"], rec["step"]
+    def state(self) -> dict[str, Any]:
+        return {"metric": self.best.metric, "value": self.best.value, "step": self.best.step}
+
+    def restore(self, rec: dict[str, Any] | None, *, legacy: bool = False) -> None:
+        """The best so far as a checkpoint recorded it (None: none yet). legacy: a checkpoint from before it was
+        recorded there: checkpoint-best's own record (for the same metric)."""
+        if legacy:
+            state = self.path / STATE_FILE
+            rec = json.loads(state.read_text()).get("best") if state.exists() else None
+        if rec is None or rec.get("metric") != self.best.metric:
+            self.best.value = self.best.step = None
+        else:
+            self.best.value, self.best.step = rec["value"], rec["step"]
 
     def capture(self) -> Pending[str]:
         """Pipelined: the learner saves the current weights as the candidate, queued before its next train step."""
@@ -146,8 +262,11 @@ class BestCheckpoint:
         state = json.loads(state_file.read_text())
         state["best"] = {"metric": self.best.metric, "value": value, "step": step}
         state_file.write_text(json.dumps(state))
+        old = self.path.with_name(self.path.name + REPLACED_SUFFIX)  # a crash leaves one of the two whole
+        shutil.rmtree(old, ignore_errors=True)
         if self.path.exists():
-            shutil.rmtree(self.path)
+            os.replace(self.path, old)
         os.replace(self.candidate_path, self.path)
+        shutil.rmtree(old, ignore_errors=True)
         self.best.value, self.best.step = value, step
         return True

@@ -575,6 +575,17 @@ class ClusterConfig(_Section):
     generator_max_restarts: int = Field(3, ge=0)
     """How often Ray restarts a generator actor that died (vLLM crash, OOM, lost node). A restarted generator
     rejoins the weight-transfer group and gets the current weights before it generates again."""
+    max_failures: int = Field(3, ge=0)
+    """How many times a run brings its learner back by itself (Ray Train's name): when a learner rank dies, its
+    node is lost or it hangs, the learner is rebuilt from the latest checkpoint (grpo.save_steps; without one,
+    from the initial model), the steps since that checkpoint are trained again, and the run goes on. One more
+    loss ends the run naming the last cause. A learner moved off a node drained for preemption (it checkpoints
+    first, nothing is lost) does not count. 0: the first loss ends the run."""
+    hang_timeout_s: float = Field(120.0, gt=0)
+    """How long a live generator, learner rank or reward worker may go without answering before it counts as
+    hung, is killed and is replaced like a dead one (the message names it). Generators and learner ranks answer
+    a driver-side ping; a reward worker's chunk may take its rewards' timeout_s plus this. Long enough for the
+    longest pause a healthy actor makes (a GIL-holding call, a swap storm)."""
     reward_chunk_groups: int = Field(1, ge=1)
     """Groups (prompts x num_generations completions) per scoring chunk sent to one reward worker."""
     generator: GeneratorResources = GeneratorResources()

@@ -3,6 +3,7 @@ generated completions joined back to their prompt rows (`to_rollouts`)."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ from orchestrator.tasks.letters import toy_dataset
 
 # data.path names of the built-in tasks (boxes: the tool task, with environment_factory BoxEnv)
 BUILTIN_DATASETS = {"toy": toy_dataset, "code": code_dataset, "boxes": boxes_dataset}
+# The key of a served row that holds its draw index: the row's position in the run's prompt stream (0, 1, ...
+# across epochs). It names the prompt's samples (Rollouts.prompt_index) and seeds them; it is not a dataset column.
+DRAW_KEY = "_draw"
 
 
 class DataError(ValueError):
@@ -60,6 +64,14 @@ def _load_datasets(cfg: DataSource, field: str) -> list[dict[str, Any]]:
     return [dict(r) for r in ds]
 
 
+def request_seed(run_seed: int, step: int, draw: int) -> int:
+    """The sampling seed of a prompt's request: a stable hash of the run's seed, the policy step that generates it
+    and the prompt's draw index, so a resumed run draws the same completions (vLLM seeds sample j of the request
+    with this + j; no engine's global random state is involved). 62 bits: + j stays within torch's seed range."""
+    digest = hashlib.blake2b(f"{run_seed}:{step}:{draw}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
 def is_conversational(prompt: Any) -> bool:
     return isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict) and "role" in prompt[0]
 
@@ -69,15 +81,16 @@ def to_rollouts(
     group_size: int,
 ) -> Rollouts:
     """Flatten generator output (per prompt row, its group_size samples) into one Rollouts batch; the rows'
-    other columns travel with every sample. policy_version: the version the call was made under (its min_version);
-    where the samples carry per-token versions, the batch's is their oldest model token's (the staleness rule: a
-    weight load may land while a batch samples).
+    other columns travel with every sample (a served row's draw index as its prompt_index, -1 for eval rows).
+    policy_version: the version the call was made under (its min_version); where the samples carry per-token
+    versions, the batch's is their oldest model token's (the staleness rule: a weight load may land while a batch
+    samples).
 
     Agentic samples (with a Trajectory) bring the prompt as the engine saw it (tool schemas and reset()'s text
     rendered in: the ids the learner must condition on) and the whole conversation after it as the completion
     (assistant and tool messages, as TRL passes them to reward functions)."""
-    cols = [c for c in rows[0] if c not in (prompt_column, "prompt_ids")]
-    out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, group_size)
+    cols = [c for c in rows[0] if c not in (prompt_column, "prompt_ids", DRAW_KEY)]
+    out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, group_size, prompt_index=[])
     samples = [s for group in groups for s in group]
     agentic = any(s.trajectory is not None for s in samples)
     if agentic and not all(s.trajectory is not None for s in samples):
@@ -95,6 +108,7 @@ def to_rollouts(
                 out.completions.append([{"role": "assistant", "content": s.text}] if chat else s.text)
             out.sampling_logprobs.append(s.logprobs)
             out.truncated.append(s.finish_reason == "length")
+            out.prompt_index.append(row.get(DRAW_KEY, -1))
             for c in cols:
                 out.columns[c].append(row[c])
     if agentic:
@@ -127,13 +141,19 @@ def eval_rows(cfg: DataSource, tokenizer: Any, *, max_samples: int | None, seed:
 
 
 class PromptSource:
-    """Serves prompts `k` at a time, epoch after epoch, shuffled per epoch if asked; tokenizes them once."""
+    """Serves prompts `k` at a time, epoch after epoch, shuffled per epoch if asked; tokenizes them once. Every
+    draw has an index (`served` counts them), kept in the row under DRAW_KEY.
+
+    Its state (`state()`, in every checkpoint) is the position of the next draw. `skip`: draws at or after it
+    that are not served again (a resumed pipelined run replays the batches it had generated but not trained,
+    and skips the refill draws that later steps already trained on); `untrained_position` makes such a state."""
 
     def __init__(self, rows: list[dict[str, Any]], tokenizer: Any, cfg: DataConfig, seed: int = 0):
         self.rows, self.cfg, self.tokenizer = rows, cfg, tokenizer
         self._rng = random.Random(seed)
         self._order: list[int] = []
         self._cursor = 0
+        self._skip: set[int] = set()
         self.epoch = 0
         self.served = 0
         self._new_epoch(first=True)
@@ -152,24 +172,39 @@ class PromptSource:
         return self.served / len(self.rows)
 
     def next_batch(self, k: int) -> list[dict[str, Any]]:
-        """k rows, each with `prompt_ids` added."""
+        """k rows, each with `prompt_ids` and its draw index (DRAW_KEY) added."""
         out = []
-        for _ in range(k):
+        while len(out) < k:
             if self._cursor >= len(self._order):
                 self._new_epoch()
-            row = dict(self.rows[self._order[self._cursor]])
+            i, draw = self._order[self._cursor], self.served
             self._cursor += 1
+            self.served += 1
+            if draw in self._skip:
+                self._skip.discard(draw)
+                continue
+            row = dict(self.rows[i])
             row["prompt_ids"] = encode_prompt(self.tokenizer, row[self.cfg.prompt_column])
+            row[DRAW_KEY] = draw
             out.append(row)
-        self.served += k
         return out
 
     def state(self) -> dict[str, Any]:
+        """The position of the next draw (JSON-able; the order list is shared, never changed in place)."""
         return {"epoch": self.epoch, "cursor": self._cursor, "order": self._order, "served": self.served,
-                "rng": self._rng.getstate()}
+                "rng": self._rng.getstate(), "skip": sorted(self._skip)}
+
+    def untrained_position(self, mark: dict[str, Any], untrained: list[range]) -> dict[str, Any]:
+        """Where to resume when the draws in `untrained` (batches generated ahead, not trained yet) must be served
+        again: `mark`, the state taken before the first of them, with every draw made since that is not theirs
+        (a refill some trained step used) skipped."""
+        replay = {d for r in untrained for d in r}
+        since = {d for d in range(mark["served"], self.served) if d not in replay}
+        return {**mark, "skip": sorted(set(mark["skip"]) | since)}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.epoch, self._cursor, self.served = state["epoch"], state["cursor"], state["served"]
         self._order = list(state["order"])
+        self._skip = set(state.get("skip", ()))  # checkpoints written before skips existed have none
         rng = state["rng"]
         self._rng.setstate((rng[0], tuple(rng[1]), rng[2]))

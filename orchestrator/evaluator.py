@@ -8,7 +8,8 @@ the same way, one call per phase:
     run.evaluate.start(step)        before the first step (eval.at_start)
     run.evaluate.after_step(step)   after each step's weight sync (every eval.every_n_steps, and the last step)
     run.evaluate.drain()            at the end of the loop (phases.finish)
-    run.evaluate.restore()          on resume (orchestrator/checkpoints.py): the best eval so far
+    run.evaluate.state()            for a checkpoint (orchestrator/checkpoints.py): the best eval so far
+    run.evaluate.restore(state)     on resume: that state back
 
 - `NoEval`: the run has no eval block; every call does nothing.
 - `BlockingEval` (sync loop): between two steps the generators are idle; the eval generates there, is scored
@@ -157,7 +158,10 @@ class NoEval:
     def drain(self) -> None:
         pass
 
-    def restore(self) -> None:
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any] | None) -> None:
         pass
 
 
@@ -171,9 +175,12 @@ class _Evaluator:
         self.es, self.schedule, self.generators, self.logger, self.display = es, schedule, generators, logger, display
         self.prompts, self.best_checkpoint, self.log_completions = prompts, best, log_completions
 
-    def restore(self) -> None:
+    def state(self) -> dict[str, Any]:
+        return {"best": self.best_checkpoint.state() if self.best_checkpoint is not None else None}
+
+    def restore(self, state: dict[str, Any] | None) -> None:
         if self.best_checkpoint is not None:
-            self.best_checkpoint.restore()
+            self.best_checkpoint.restore(None if state is None else state.get("best"), legacy=state is None)
 
     def _submit(self, step: int) -> PendingEval:
         return submit_eval(self.es, self.generators, step, self.prompts.epoch_progress, min_version=step)

@@ -46,6 +46,8 @@ class InFlight:
 
     policy_version: int
     parts: list[Part]
+    mark: dict[str, Any]  # the prompt stream's state before this batch drew its rows
+    draws: range  # the draw indices of its rows
     scored: list[tuple[Rollouts, Pending[Scores]]] = field(default_factory=list)  # per piece yielded so far
 
     def generating(self) -> bool:
@@ -64,10 +66,21 @@ class Generated:
 def submit_batch(run: Run) -> InFlight:
     """Submit one step's generation: rows split over the generators (loop.generation_chunks calls each), every
     call a stream of groups as they finish."""
+    mark = run.prompts.state()
     rows = run.prompts.next_batch(run.prompts_per_step)
-    seeds, version = seeds_of(run, rows), run.progress.policy_version
+    version = run.progress.policy_version
+    seeds = seeds_of(run, rows, version)
     shards = run.generators.shards(len(rows), parts=len(run.generators) * run.cfg.loop.generation_chunks)
-    return InFlight(version, [Part(rows[s], seeds[s], _stream(run, version, m, rows[s], seeds[s])) for m, s in shards])
+    parts = [Part(rows[s], seeds[s], _stream(run, version, m, rows[s], seeds[s])) for m, s in shards]
+    return InFlight(version, parts, mark, range(mark["served"], run.prompts.served))
+
+
+def untrained_position(run: Run, inflight: deque[InFlight]) -> dict[str, Any] | None:
+    """The prompt stream's position a checkpoint keeps: that of the next batch to train, the oldest in flight (a
+    resumed run generates it and the batches after it again), or None when none is in flight (the stream's own)."""
+    if not inflight:
+        return None
+    return run.prompts.untrained_position(inflight[0].mark, [b.draws for b in inflight])
 
 
 def _resume(run: Run, batch: InFlight, part: Part, training: bool) -> None:

@@ -7,7 +7,7 @@ from collections import deque
 from typing import Any
 
 from orchestrator import checkpoints, phases
-from orchestrator.inflight import InFlight, collect, pump, submit_batch
+from orchestrator.inflight import InFlight, collect, pump, submit_batch, untrained_position
 from orchestrator.run import Run
 from orchestrator.telemetry.metrics import PhaseTimer
 
@@ -41,7 +41,9 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
     """Pipelined GRPO: batches generated (and scored, group by group) ahead of the one being trained. Admission
     rule: a batch is at most max_staleness optimizer steps behind the learner when it is trained on. The schedule
     keeps it: a batch is trained on num_iterations times, so `ahead` = max_staleness // num_iterations batches are
-    generated ahead, and batch k is submitted once batch k - ahead - 1 is trained, behind that step's sync."""
+    generated ahead, and batch k is submitted once batch k - ahead - 1 is trained, behind that step's sync. A
+    checkpoint keeps the prompt stream's position of the next batch to train: a resumed run generates the batches
+    that were ahead again, and trains every prompt once."""
     progress = run.progress
     per_batch = run.cfg.grpo.num_iterations
     ahead, batches = run.cfg.loop.max_staleness // per_batch, run.cfg.grpo.max_steps // per_batch
@@ -66,6 +68,7 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
         with timer("sync"):  # submitted, not awaited: it queues behind generation already submitted
             synced = phases.sync_async(run)
         progress.policy_version = progress.global_step
+        progress.resume_data = untrained_position(run, inflight)  # what a checkpoint keeps: the next batch's rows
         phases.log_step(run, timer, step, trained, synced, staleness=staleness, generate_busy_s=generated.generate_s)
         checkpoints.save_periodic(run)
         run.evaluate.after_step(progress.global_step)  # queued behind the sync: the new weights; finished later

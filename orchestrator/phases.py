@@ -9,7 +9,7 @@
     trained   = train(run, step.batch)                          learner (pushes TrainerState to the pool)
                                                                                             -> TrainResult
     synced    = sync(run)                                       learner -> every engine     -> SyncStats
-    log_step(run, t, step, trained, synced)
+    log_step(run, t, step, trained, synced)                     (every request seeded: data.request_seed)
     checkpoints.save_periodic(run); run.evaluate.after_step(global_step)
 
 Phases read the run's progress and never write it: the loop does, from what they return.
@@ -17,6 +17,7 @@ Phases read the run's progress and never write it: the loop does, from what they
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -27,8 +28,8 @@ from actors.group import Pending
 from actors.types import Rollouts, Sample, Scores, TrainBatch, TrainerState, TrainResult
 from actors.weights.transfer import SyncStats
 from orchestrator import aggregation, checkpoints
-from orchestrator.data import to_rollouts
-from orchestrator.rollout import agent_metrics, row_seeds
+from orchestrator.data import DRAW_KEY, request_seed, to_rollouts
+from orchestrator.rollout import agent_metrics
 from orchestrator.run import Run
 from orchestrator.selection import Refill, Selection
 from orchestrator.telemetry.metrics import PhaseTimer
@@ -50,17 +51,24 @@ def rollouts_of(run: Run, rows: list[dict[str, Any]], groups: list[list[Sample]]
 
 
 def recover_generators(run: Run, training: bool = False) -> None:
-    """After a generator died: wait for Ray to restart it, then re-form the weight-transfer group and bring every
-    engine the current weights, labelled with the learner's step when it sends them (training: a train step is
-    in flight, and the learner sends after it)."""
+    """After a generator died: wait for Ray to restart it (where there is room: until then, say what it waits
+    for), then re-form the weight-transfer group and bring every engine the current weights, labelled with the
+    learner's step when it sends them (training: a train step is in flight, and the learner sends after it)."""
+    t0 = time.monotonic()
     run.display.message("rayward: a generator died; waiting for Ray to restart it, then re-syncing weights")
-    run.generators.recover(RESTART_WAIT_S)
+    run.generators.recover(RESTART_WAIT_S, on_wait=lambda text: run.display.message(f"rayward: {text}"))
     run.weights.rejoin(run.progress.global_step + (run.cfg.grpo.num_iterations if training else 0))
+    seconds = time.monotonic() - t0
+    run.faults.record("generator_restarted", f"the generators are back after {seconds:.1f} s", seconds=seconds,
+                      step=run.progress.global_step)
 
 
 def with_generator_restarts(run: Run, call: Callable[[], T]) -> T:
     """Run a call on the generators; if one died and Ray restarted it (cluster.generator_max_restarts), recover
-    and run the call once more."""
+    and run the call once more. One that Ray restarted while it was idle (no call of ours failed) is recovered
+    first: it would generate with the initial weights."""
+    if run.generators.restarted():
+        recover_generators(run)
     try:
         return call()
     except RayActorError:
@@ -70,14 +78,16 @@ def with_generator_restarts(run: Run, call: Callable[[], T]) -> T:
     return call()
 
 
-def seeds_of(run: Run, rows: list[dict[str, Any]]) -> list[int]:
-    """The seeds of a batch the prompt source has just served (rows = its last next_batch)."""
-    return row_seeds(run.cfg.seed, run.prompts.served - len(rows), len(rows), run.cfg.generation.num_generations)
+def seeds_of(run: Run, rows: list[dict[str, Any]], policy_version: int) -> list[int]:
+    """Each prompt's sampling seed (data.request_seed), from the run's seed, the generating step and its draw:
+    a resumed run draws the completions the original would have (agentic: also its group's environment seed)."""
+    return [request_seed(run.cfg.seed, policy_version, r[DRAW_KEY]) for r in rows]
 
 
 def generate(run: Run, rows: list[dict[str, Any]]) -> Rollouts:
     """The rows' samples (rows: the prompt source's last batch), one-turn or agentic as the run was built."""
-    seeds, version = seeds_of(run, rows), run.progress.policy_version
+    version = run.progress.policy_version
+    seeds = seeds_of(run, rows, version)
     groups = with_generator_restarts(
         run, lambda: run.rollout.generate(run.generators, rows, seeds, run.sampling, version)
     )
@@ -225,12 +235,13 @@ def log_step(
 
 def log_completions(run: Run, step: StepBatch) -> None:
     """One row per trained sample to the run's completions log (<run dir>/completions.jsonl, and a W&B table
-    where W&B is on): step, prompt, completion, each reward raw and gated, total, advantage, and the reward
-    functions' log_extra columns. With tools the completion is the whole conversation (assistant messages with
-    their tool_calls, tool messages with the results), with its stop reason, turns, tool calls and failures."""
+    where W&B is on): step, prompt, completion, each reward raw and gated, total, advantage, the reward
+    functions' log_extra columns, and prompt_index (the prompt's draw in the run's prompt stream: with the
+    sample's place in its group, its id). With tools the completion is the whole conversation (assistant messages
+    with their tool_calls, tool messages with the results), with its stop reason, turns, tool calls and failures."""
     r, rows = step.rollouts, []
     for i in range(len(r)):
-        row = {"step": run.progress.global_step, "policy_version": r.policy_version,
+        row = {"step": run.progress.global_step, "policy_version": r.policy_version, "prompt_index": r.prompt_index[i],
                "prompt": r.prompts[i], "completion": r.completions[i]}
         if r.trajectories is not None:  # the completion is the conversation: assistant and tool messages
             t = r.trajectories[i]
@@ -249,11 +260,19 @@ def finish(run: Run) -> list[dict[str, Any]]:
     run.evaluate.drain()
     checkpoints.save_final(run)
     lora = run.cfg.model.lora
-    if not run.progress.stop_requested and lora is not None and lora.save_merged:
+    if finished(run) and lora is not None and lora.save_merged:
         merged = run.learner.save_merged(str(run.run_dir / "merged"))
         run.display.message(f"rayward: merged model (base + adapter) in {merged}")
     return run.logger.history
 
 
+def finished(run: Run) -> bool:
+    """The run trained its max_steps (not stopped by SIGTERM, nor paused to move the learner)."""
+    p = run.progress
+    return p.global_step >= run.cfg.grpo.max_steps and not p.stop_requested and p.move_learner is None
+
+
 def done(run: Run) -> bool:
-    return run.progress.global_step >= run.cfg.grpo.max_steps or run.progress.stop_requested
+    """Whether the loop stops at this step boundary: max_steps, SIGTERM, or a preemption notice for the learner."""
+    p = run.progress
+    return p.global_step >= run.cfg.grpo.max_steps or p.stop_requested or p.move_learner is not None

@@ -48,13 +48,13 @@ class Rollout(Protocol):
 
 
 class OneTurn:
-    """One-turn completions of the rows' prompt ids (`prompt_ids`, added by the PromptSource). Training batches
-    are not seeded per row (each generator draws from its own seed), as before agentic rollouts existed."""
+    """One-turn completions of the rows' prompt ids (`prompt_ids`, added by the PromptSource), one seed per row
+    (vLLM seeds sample j of a prompt with its seed + j)."""
 
     def generate(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
                  sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
-        return generators.call_sharded("generate", [r["prompt_ids"] for r in rows], min_version=min_version,
-                                       **sampling)
+        return generators.call_sharded("generate", [r["prompt_ids"] for r in rows], aligned={"seeds": seeds},
+                                       min_version=min_version, **sampling)
 
     def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
                sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
@@ -63,8 +63,8 @@ class OneTurn:
 
     def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
                sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
-        return generators.stream(member, "generate_stream", [r["prompt_ids"] for r in rows], min_version=min_version,
-                                 **sampling)
+        return generators.stream(member, "generate_stream", [r["prompt_ids"] for r in rows], seeds=seeds,
+                                 min_version=min_version, **sampling)
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
         return rollouts.reward_batch()

@@ -9,10 +9,13 @@ record of where it is (`Progress`).
     weights      WeightTransfer (collective or object-store backend)   push, submit_async, drain, rejoin
     evaluate     Evaluator (NoEval, BlockingEval or OverlappedEval)     start, after_step, drain, restore
     progress     Progress                                               written by the loop
+    faults       FaultLog                                               recoveries, restarts, hang kills
 """
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,13 +33,38 @@ from orchestrator.telemetry.progress import Display
 
 @dataclass
 class Progress:
-    """Where the run is. The loop (orchestrator/loop.py) writes global_step after each train step and
-    policy_version after each weight sync; `checkpoints.restore` writes both before the loop starts; the SIGTERM
-    handler (train.py) sets stop_requested. Nothing else writes it."""
+    """Where the run is. The loop (orchestrator/loop.py) writes global_step after each train step,
+    policy_version after each weight sync and (pipelined) resume_data; `checkpoints.restore` writes the steps
+    before the loop starts; the SIGTERM handler (train.py) sets stop_requested, the watchdog move_learner.
+    Nothing else writes it."""
 
     global_step: int = 0  # optimizer steps done (the learner's TrainResult.global_step)
     policy_version: int = 0  # learner step whose weights the generators hold, or will once the last sync lands
     stop_requested: bool = False  # SIGTERM: the loops stop at the next step boundary, then checkpoint
+    # The learner's node is drained for preemption (why, for the log): the loops stop at the next step boundary
+    # and checkpoint, and the supervisor moves the learner (orchestrator/supervisor.py)
+    move_learner: str | None = None
+    # Pipelined: the prompt stream's position of the next batch to train (PromptSource.untrained_position), which
+    # a checkpoint keeps; None: the stream's own position (the sync loop draws each batch when it trains it)
+    resume_data: dict[str, Any] | None = None
+
+
+# The run directory's fault log: one JSON object per line.
+FAULTS_FILE = "faults.jsonl"
+
+
+class FaultLog:
+    """What went wrong and how the run came back, one JSON line each in <run dir>/FAULTS_FILE (`kind`: learner
+    recovered, learner moved, generator restarted, hung actor killed, preemption notice), each also said on the
+    terminal in one line."""
+
+    def __init__(self, run_dir: Path, say: Any):
+        self.path, self.say = run_dir / FAULTS_FILE, say
+
+    def record(self, kind: str, message: str, **fields: Any) -> None:
+        self.say(f"rayward: {message}")
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"time": time.time(), "kind": kind, "message": message, **fields}, default=str) + "\n")
 
 
 class Evaluator(Protocol):
@@ -51,8 +79,11 @@ class Evaluator(Protocol):
     def drain(self) -> None:
         """At the end of the loop: an eval still on its way is recorded."""
 
-    def restore(self) -> None:
-        """On resume: the best eval so far (grpo.save_best)."""
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of it: the best eval so far (grpo.save_best)."""
+
+    def restore(self, state: dict[str, Any] | None) -> None:
+        """On resume: `state` from the checkpoint (None: one written before it was kept, or a fresh start)."""
 
 
 @dataclass
@@ -74,6 +105,7 @@ class Run:
     prompts_per_step: int
     logger: MetricsLogger
     display: Display  # the one way the driver tells the user something: display.message(text)
+    faults: FaultLog  # recoveries, restarts and hang kills: a line on the display and a record in faults.jsonl
     eval_pool: RewardPoolGroup | None = None  # NAME/eval-reward-pool, when eval.rewards has rewards of its own
     rollout: Rollout = field(default_factory=OneTurn)  # one-turn completions, or agentic rollouts with tools
     env_pool: EnvPoolGroup | None = None  # NAME/env-pool: the environments of agentic rollouts (None: one-turn)

@@ -68,8 +68,12 @@ class _Silent(Display):
         pass
 
 
+# train(resume=...) -> checkpoints.find's mode
+RESUME_MODES = {False: None, True: checkpoints.RESUME_REQUIRED, checkpoints.RESUME_AUTO: checkpoints.RESUME_AUTO}
+
+
 def train(
-    cfg: RunConfig, name: str | None = None, *, show_progress: bool = True, resume: bool = False,
+    cfg: RunConfig, name: str | None = None, *, show_progress: bool = True, resume: bool | str = False,
     show_actor_output: bool = False,
 ) -> list[dict[str, Any]]:
     """Check the config's rewards, model and data, start (or join) Ray, build the groups, run the loop.
@@ -78,13 +82,18 @@ def train(
     or summary). A Ray session already initialised by the caller is used as it is (and its log settings are left
     alone); otherwise the actors' output goes to <run dir>/actors.log, and on the terminal only rayward's own
     lines (show_actor_output=True: everything, as Ray prints it).
-    resume=True continues from the run directory's latest checkpoint (same name), if there is one.
+    resume=True (`--resume`) continues from the run directory's latest usable checkpoint (same name) and fails if
+    there is none; resume="auto" (`--resume auto`, what a retried driver runs) continues from it if there is one,
+    else starts afresh. A resume with nothing left to train fails before anything starts (ConfigError).
+    A lost learner is brought back up to cluster.max_failures times (orchestrator/supervisor.py).
     Raises RunFailed (the error that ended it as __cause__) or RunStopped (SIGTERM)."""
     import ray
 
     from actors.weights.parity import logprob_parity
-    from orchestrator.build import build_run, shutdown_run
+    from orchestrator.build import build_run, rebuild_learner, shutdown_run
     from orchestrator.loop import run_pipelined, run_sync
+    from orchestrator.supervisor import Supervisor
+    from orchestrator.watchdog import Watchdog
 
     name = name or cfg.name or new_run_name()
     try:
@@ -96,9 +105,14 @@ def train(
     display = open_display(cfg.logging.progress, cfg.grpo.max_steps) if show_progress else _Silent(cfg.grpo.max_steps)
     say = display.message  # the one channel: the evaluator and the phases reach it as run.display
     say(f"rayward run {name!r}: logs and checkpoints in {run_dir}")
+    mode = RESUME_MODES[resume]
+    found = checkpoints.find(run_dir, mode, cfg.grpo.max_steps, say)  # nothing to resume: fails here, cheaply
+    if cfg.cluster.max_failures and cfg.grpo.save_steps is None:
+        say(f"rayward: cluster.max_failures is {cfg.cluster.max_failures} but grpo.save_steps is unset: a lost "
+            "learner starts the run over from the initial model (set grpo.save_steps to lose at most that many steps)")
     owns_ray = not ray.is_initialized()
     signals = _Signals(name)
-    run, output, history, t0 = None, None, [], time.time()
+    run, output, history, t0, watchdog = None, None, [], time.time(), None
     try:
         if owns_ray:
             output = ActorOutput(run_dir / ACTOR_LOG, echo=None if show_actor_output else _echo)
@@ -118,9 +132,12 @@ def train(
         threads = [f"learner {run.learner.cpu_threads()}"]
         threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.call("cpu_threads"))]
         say(f"rayward: compute: {'; '.join(threads)}")
-        ckpt = checkpoints.resume(run) if resume else None
+        start = run.prompts.state()  # where a lost learner starts over when there is no checkpoint
+        ckpt = checkpoints.resume(run, found)
         if ckpt is not None:
             say(f"rayward: resumed from {ckpt} at step {run.progress.global_step}")
+        elif found and mode == checkpoints.RESUME_REQUIRED:
+            raise ConfigError(f"--resume: none of the checkpoints in {run_dir} could be loaded")
         if cfg.logging.check_logprob_parity:
             stats = run.weights.push(run.progress.global_step)
             gap = logprob_parity(run.learner, run.generators, cfg.generation.temperature)
@@ -129,10 +146,14 @@ def train(
                 f"logprob parity after sync: max abs diff {gap:.2e}"
             )
         loop = run_pipelined if cfg.loop.mode == "pipelined" else run_sync  # chosen once, at build time
+        watchdog = Watchdog(run)
+        supervisor = Supervisor(run, loop, rebuild=lambda: rebuild_learner(run, prepared), start=start,
+                                hung=watchdog.hung_learner)
         signals.check()
         signals.looping = True
         display.start(run.progress.global_step)
-        history = loop(run)  # on SIGTERM it stops at a step boundary and checkpoints (phases.finish)
+        watchdog.start()
+        history = supervisor()  # on SIGTERM the loop stops at a step boundary and checkpoints (phases.finish)
         display.close()
     except (RunStopped, KeyboardInterrupt, ConfigError):
         raise
@@ -146,6 +167,8 @@ def train(
         step = run.progress.global_step + 1 if run is not None and signals.looping else None
         raise RunFailed(name, run_dir, step, checkpoints.latest(run_dir)) from err
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         display.close()
         signals.restore()
         if run is not None:

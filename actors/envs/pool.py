@@ -387,8 +387,7 @@ class EnvPool(WorkerPool):
         self.counters["sessions_lost"] += len(lost)
         if lost:
             self.metrics.event("session_lost", len(lost))
-        self._log(f"worker {slot.id} {why}: {len(lost)} sessions lost" + ("" if slot.retiring else "; replacing it"))
-        self._drop(slot, replace=not slot.retiring)
+        self._drop(slot, replace=not slot.retiring, why=f"{why}: {len(lost)} sessions lost")
         self._background(self._notify())
 
     # --- introspection -------------------------------------------------------------------------------------

@@ -164,29 +164,38 @@ class Generator:
         min_version: sample with weights of at least this policy version (the requests wait for its load);
         pin: no weight load until the call is done (an eval of one version). Sample.versions: per token.
         """
-        if seeds is None:
-            params = self._sampling_params(**sampling)
-        else:
-            if len(seeds) != len(prompt_token_ids):
-                raise ValueError(f"{len(seeds)} seeds for {len(prompt_token_ids)} prompts")
-            params = [self._sampling_params(**sampling, seed=s) for s in seeds]
         # One batch, so vLLM schedules all prompts * n samples together.
+        params = self._params(sampling, seeds, len(prompt_token_ids))
         requests = self.loop.submit_batch(prompt_token_ids, params, min_version=min_version, pin=pin)
         return [_samples(out) for out in _results(requests)]
 
+    def _params(self, sampling: dict[str, Any], seeds: list[int] | None, num_prompts: int) -> Any:
+        """One SamplingParams for every prompt, or one per prompt with its seed."""
+        if seeds is None:
+            return self._sampling_params(**sampling)
+        if len(seeds) != num_prompts:
+            raise ValueError(f"{len(seeds)} seeds for {num_prompts} prompts")
+        return [self._sampling_params(**sampling, seed=s) for s in seeds]
+
+    def ping(self) -> None:
+        """The driver's hang check (called in the actor's health concurrency group, so it answers while a batch
+        generates; a generator that does not answer is stopped or wedged)."""
+
     def generate_stream(
-        self, prompt_token_ids: list[list[int]], *, min_version: int | None = None, **sampling: Any
+        self, prompt_token_ids: list[list[int]], seeds: list[int] | None = None, *, min_version: int | None = None,
+        **sampling: Any
     ) -> Iterator[FinishedGroups]:
         """`generate`, streamed: yields the groups that finished after every engine step in which some did,
         so their rewards can be scored while the rest of the batch is still decoding. One engine batch, so no cost over `generate`.
+        seeds: one per prompt, as in `generate`.
 
         As a Ray actor method it is a streaming generator in the default concurrency group: a weight load (the
         "weights" group) may land between two of its engine steps, which Sample.versions records per token;
         min_version keeps it from sampling with weights older than that version."""
         t0 = time.perf_counter()
         stream = Stream()
-        requests = self.loop.submit_batch(prompt_token_ids, self._sampling_params(**sampling), stream=stream,
-                                          min_version=min_version)
+        requests = self.loop.submit_batch(prompt_token_ids, self._params(sampling, seeds, len(prompt_token_ids)),
+                                          stream=stream, min_version=min_version)
         index = {r.request_id: i for i, r in enumerate(requests)}
         try:
             for done in stream:

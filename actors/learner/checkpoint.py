@@ -1,9 +1,16 @@
-"""Learner checkpoints: the policy plus optimizer, scheduler and run state, written atomically (a temporary directory
-renamed), in one format whatever the number of ranks. A full fine-tune writes an HF model directory with its
+"""Learner checkpoints: the policy plus optimizer, scheduler, every random number generator that decides what comes
+next, and the run state, written atomically (a temporary directory renamed), in one format whatever the number of
+ranks. A full fine-tune writes an HF model directory with its
 tokenizer (loadable by transformers and vLLM as it is); a LoRA learner writes its adapter in PEFT's format
 (adapter_config.json + adapter_model.safetensors, loadable with `PeftModel.from_pretrained` on the base), and can
 write the merged model.
-Sharded learners gather on rank 0, which writes; loading reads on rank 0 and broadcasts."""
+Sharded learners gather on rank 0, which writes; loading reads on rank 0 and broadcasts.
+
+    <dir>/<HF model files or the adapter>, tokenizer files
+    <dir>/optimizer.pt      {"optimizer", "scheduler", "rng": RNG_STATE}
+    <dir>/STATE_FILE        written last: {"global_step", "files": {relative path: bytes} of every other file,
+                            **the caller's extra}; a checkpoint whose files do not match it is damaged
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ import functools
 import io
 import json
 import os
+import random
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +30,9 @@ import torch
 from actors.learner.lora import adapter_keys, load_adapter_file, save_adapter
 
 STATE_FILE = "rayward_state.json"
+# Where a checkpoint being replaced (the same step saved again after a recovery, checkpoint-best) waits until its
+# successor is in place: a crash in between leaves one of the two whole.
+REPLACED_SUFFIX = ".old"
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,27 @@ class TrainState:
     lora: bool  # the model is a PEFT model: checkpoints hold the adapter
     model_path: str  # the base model's directory: its tokenizer goes next to the weights
     trust_remote_code: bool
+    shuffle: random.Random  # the micro-batch shuffle's generator (the same draws on every rank)
+
+
+def rng_state(st: TrainState) -> dict[str, Any]:
+    """Every generator a resumed learner must continue: the micro-batch shuffle, Python's and torch's (CPU, and
+    CUDA where present)."""
+    state = {"shuffle": st.shuffle.getstate(), "python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(st: TrainState, state: dict[str, Any] | None) -> None:
+    """Restore `rng_state` (None: a checkpoint written before it was saved; the generators stay as they are)."""
+    if state is None:
+        return
+    st.shuffle.setstate(state["shuffle"])
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def full_state_dict(st: TrainState) -> dict[str, torch.Tensor]:
@@ -133,21 +165,50 @@ def _fill(
     save_model(d)
     save_tokenizer(st, d)
     buf = io.BytesIO()
-    torch.save({"optimizer": optim, "scheduler": st.scheduler.state_dict()}, buf)
+    torch.save({"optimizer": optim, "scheduler": st.scheduler.state_dict(), "rng": rng_state(st)}, buf)
     (d / "optimizer.pt").write_bytes(buf.getvalue())
-    (d / STATE_FILE).write_text(json.dumps({"global_step": st.global_step, **(extra or {})}))
+    write_state(d, {"global_step": st.global_step, **(extra or {})})
+
+
+def write_state(d: Path, state: dict[str, Any]) -> None:
+    """STATE_FILE, last: `state` plus the size of every other file in the directory, which `damaged` checks."""
+    files = {p.relative_to(d).as_posix(): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()
+             and p.name != STATE_FILE}
+    (d / STATE_FILE).write_text(json.dumps({**state, "files": files}))
+
+
+def damaged(d: Path) -> str | None:
+    """Why a checkpoint directory cannot be trusted (its STATE_FILE unreadable, a file it lists missing or of
+    another size), or None. A directory without STATE_FILE is incomplete, not damaged: the caller skips it."""
+    try:
+        state = json.loads((d / STATE_FILE).read_text())
+        files = state.get("files", {})  # none in checkpoints written before it was recorded
+    except (OSError, ValueError) as err:
+        return f"{STATE_FILE} unreadable ({type(err).__name__}: {err})"
+    for name, size in files.items():
+        p = d / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != size:
+            return f"{name} has {p.stat().st_size} bytes, {size} were written"
+    return None
 
 
 def _atomic(final: Path, fill: Callable[[Path], None]) -> str:
-    """Write a directory through `fill(tmp)` next to `final`, then swap it in."""
+    """Write a directory through `fill(tmp)` next to `final`, then swap it in. A crash at any point leaves the
+    previous `final` whole: until the rename it is untouched; a `final` being replaced is renamed aside first
+    and removed once its successor is in place."""
     tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():  # a previous attempt killed half-way
-        shutil.rmtree(tmp)
+    old = final.with_name(final.name + REPLACED_SUFFIX)
+    for leftover in (tmp, old):  # a previous attempt killed half-way
+        if leftover.exists():
+            shutil.rmtree(leftover)
     tmp.mkdir(parents=True)
     fill(tmp)
     if final.exists():
-        shutil.rmtree(final)
+        os.replace(final, old)
     os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
     return str(final)
 
 
@@ -208,6 +269,7 @@ def load(st: TrainState, path: str) -> dict[str, Any]:
         assert not result.unexpected_keys, result.unexpected_keys
         st.optimizer.load_state_dict(opt["optimizer"])
         st.scheduler.load_state_dict(opt["scheduler"])
+        set_rng_state(st, opt.get("rng"))
         return state
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import (
@@ -218,18 +280,18 @@ def load(st: TrainState, path: str) -> dict[str, Any]:
 
     weights: dict[str, Any] = {}
     by_name: dict[str, Any] = {}
-    # read error, scheduler state, run state, whether the optimizer state holds tensors, its param_groups:
-    # broadcast as objects
-    small: list[Any] = [None, None, None, False, None]
+    # read error, scheduler state, run state, whether the optimizer state holds tensors, its param_groups, the
+    # RNG state: broadcast as objects
+    small: list[Any] = [None, None, None, False, None, None]
     if st.rank == 0:
         try:
             weights, by_name, opt, state = _read(st, p)
             has_tensors = any(torch.is_tensor(v) for s in by_name["state"].values() for v in s.values())
-            small = [None, opt["scheduler"], state, has_tensors, by_name["param_groups"]]
+            small = [None, opt["scheduler"], state, has_tensors, by_name["param_groups"], opt.get("rng")]
         except Exception as err:  # noqa: BLE001 - re-raised on every rank below
-            small = [f"{type(err).__name__}: {err}", None, None, False, None]
+            small = [f"{type(err).__name__}: {err}", None, None, False, None, None]
     dist.broadcast_object_list(small, src=0)
-    error, scheduler, state, has_tensors, groups = small
+    error, scheduler, state, has_tensors, groups, rng = small
     if error is not None:
         raise RuntimeError(f"loading checkpoint {p} failed on rank 0: {error}")
     # strict=False: a LoRA checkpoint holds the adapter only; the frozen base is the one loaded at start
@@ -241,4 +303,5 @@ def load(st: TrainState, path: str) -> dict[str, Any]:
         for group, saved in zip(st.optimizer.param_groups, groups, strict=True):
             group.update({k: v for k, v in saved.items() if k != "params"})
     st.scheduler.load_state_dict(scheduler)
+    set_rng_state(st, rng)
     return state

@@ -233,6 +233,10 @@ class Learner:
         schedule = _lr_lambda(spec.lr_scheduler_type, spec.warmup_steps, spec.max_steps)
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
+    def ping(self) -> None:
+        """The driver's hang check (called in the actor's health concurrency group, so it answers while a train
+        step runs; a rank that does not answer is stopped or wedged)."""
+
     def _choose_packing(self, wanted: bool | None) -> bool:
         """Whether micro-batches are packed: not when `wanted` is False; else where the architecture and attention
         implementation compute packed rows as separate samples (`packing_refusal`) and the probe agrees (its
@@ -586,7 +590,7 @@ class Learner:
         return checkpoint.TrainState(
             model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, global_step=self.global_step,
             rank=self.rank, sharded=self.sharded, tied=self.tied, lora=self.lora is not None,
-            model_path=m.name_or_path, trust_remote_code=m.trust_remote_code,
+            model_path=m.name_or_path, trust_remote_code=m.trust_remote_code, shuffle=self._rng,
         )
 
     def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> str:

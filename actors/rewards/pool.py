@@ -115,16 +115,18 @@ class RewardPool(WorkerPool):
         trainer_state: TrainerState | None = None,
         autoscale: AutoscaleSettings | None = None,
         role: str = "reward",
+        chunk_grace_s: float = CHUNK_GRACE_S,
     ):
         """`num_workers` at start (clamped to the autoscaling bounds when `autoscale` is given). role: the
         workers are named `<run_name>/<role>-<i>`, and the pool's Ray metrics carry it as the `pool` tag, so
-        two pools of one run stay apart."""
+        two pools of one run stay apart. chunk_grace_s: how long past its rewards' timeouts a chunk may take
+        before its worker counts as hung (the run's cluster.hang_timeout_s)."""
         self.specs = specs
         self.sys_path = sys_path or []
         self.state = trainer_state or TrainerState()
         self.inflight_chunks = 0
         # The chunk timeout: every reward's own bound (they run concurrently) plus grace.
-        self.chunk_timeout_s = max(s.timeout_s for s in specs) + CHUNK_GRACE_S
+        self.chunk_timeout_s = max(s.timeout_s for s in specs) + chunk_grace_s
         super().__init__(run_name=run_name, role=role, num_workers=num_workers, worker_options=worker_options,
                          autoscale=autoscale, counters=("chunks", "retries", "timeouts", "errors"))
 
@@ -206,8 +208,10 @@ class RewardPool(WorkerPool):
                     slot.handle.score_chunks.remote([batch.chunks[i] for i in take], batch.state),
                     self.chunk_timeout_s * len(take),
                 )
-            except (RayActorError, asyncio.TimeoutError, GetTimeoutError):
+            except (RayActorError, asyncio.TimeoutError, GetTimeoutError) as err:
                 # Its results, if they ever came, are dropped with the killed actor: nothing is scored twice.
+                why = "died" if isinstance(err, RayActorError) else (
+                    f"did not answer {len(take)} chunk(s) within {self.chunk_timeout_s * len(take):g} s (hung)")
                 self.counters["retries"] += 1
                 self.metrics.event("retry")
                 queue.extendleft(reversed(take))
@@ -215,7 +219,7 @@ class RewardPool(WorkerPool):
                 self.queued += len(take)
                 self._peak = max(self._peak, self._outstanding())
                 await self._release(slot)
-                self._drop(slot, replace=not slot.retiring)
+                self._drop(slot, replace=not slot.retiring, why=why)
                 await self._notify()
                 continue
             self.inflight_chunks -= len(take)

@@ -20,6 +20,10 @@ TAKES_OVERRIDES = ("run", "submit", "eval")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.max_retries:
+        from orchestrator.cli.retry import run_with_retries
+
+        return run_with_retries(args, args.max_retries)
     from orchestrator.train import train
 
     train(load_config(args.config, args.overrides), args.name, resume=args.resume, show_actor_output=args.verbose)
@@ -102,7 +106,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             args.config, args.overrides, name=args.name, working_dir=args.working_dir,
             extra_excludes=args.exclude, extra_env=args.env, max_file_mib=args.max_file_mib,
             ship_rayward=not args.no_ship_rayward, entrypoint_num_cpus=args.entrypoint_num_cpus,
-            run_flags=[f for f, on in (("--verbose", args.verbose), ("--debug", args.debug)) if on],
+            run_flags=[f for f, on in (("--verbose", args.verbose), ("--debug", args.debug)) if on]
+            + (["--max-retries", str(args.max_retries)] if args.max_retries else []),
         )
         if args.dry_run:
             import json
@@ -159,7 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("config", help="YAML config (see configs/)")
     r.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. grpo.max_steps=10")
     r.add_argument("--name", help="run name (default: generated and printed)")
-    r.add_argument("--resume", action="store_true", help="continue from the latest checkpoint of run --name")
+    r.add_argument("--resume", nargs="?", const=True, default=False, metavar="auto",
+                   help="continue from the latest checkpoint of run --name (an error if it has none, or nothing "
+                        "left to train); `--resume auto`: continue if there is a checkpoint, else start")
+    r.add_argument("--max-retries", type=int, default=0, metavar="N",
+                   help="restart a failed driver up to N times, each continuing from the latest checkpoint (not "
+                        "after bad input, SIGTERM or Ctrl-C)")
     r.set_defaults(func=_cmd_run)
 
     e = sub.add_parser("eval", parents=[debug], help="evaluate a checkpoint (or the config's model) on the eval block's data")
@@ -222,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     j.add_argument("--no-ship-rayward", action="store_true", help="use the image's installed rayward instead of "
                    "shipping this client's orchestrator/ and actors/ as py_modules")
     j.add_argument("--entrypoint-num-cpus", type=float, help="CPUs reserved for the driver")
+    j.add_argument("--max-retries", type=int, default=0, metavar="N",
+                   help="the job restarts a failed driver up to N times, each continuing the run from its latest "
+                        "checkpoint (not after bad input or `rayward stop`)")
     j.add_argument("--dry-run", action="store_true", help="print the job (entrypoint, runtime_env) and exit")
     j.add_argument("-f", "--follow", action="store_true", help="stream the logs until the run ends")
     j.set_defaults(func=_cmd_submit)
@@ -254,6 +267,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     overrides too, in the order given. Anything else unknown is an error, as argparse says it."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if getattr(args, "resume", False) not in (False, True, "auto"):  # `--resume key=value`: an override it took
+        if "=" not in args.resume:
+            parser.error(f"--resume takes no value but `auto`, not {args.resume!r}")
+        extra, args.resume = [args.resume, *extra], True
+    if getattr(args, "max_retries", 0) < 0:
+        parser.error("--max-retries must be 0 or more")
     if extra:
         stray = [w for w in extra if w.startswith("-") or "=" not in w]
         if args.command not in TAKES_OVERRIDES or stray:

@@ -119,6 +119,11 @@ class MetricsLogger:
         parts.append(f"prompts {row.get('eval/prompts')} | time {row.get('eval/seconds', 0.0):.2f}s")
         self.display.message(" | ".join(parts))
 
+    def rewind(self, step: int) -> None:
+        """A recovery went back to `step`: the rows of later steps leave the history (they are trained and logged
+        again); the sinks keep them, and faults.jsonl says which were lost."""
+        self.history = [r for r in self.history if r["step"] <= step]
+
     def close(self) -> None:
         if self._jsonl:
             self._jsonl.close()

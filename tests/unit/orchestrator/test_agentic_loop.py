@@ -12,6 +12,7 @@ import math
 import pytest
 
 from orchestrator.cli.samples import samples_table
+from orchestrator.data import request_seed
 from orchestrator.loop import run_pipelined, run_sync
 from orchestrator.rollout import STOP_REASONS
 from tests.fixtures.fakes import ENV_REWARD, TOOL, TOOLS_MARK, ByteTokenizer, fake_run
@@ -95,11 +96,11 @@ def test_a_trajectory_spanning_a_weight_sync_counts_as_its_oldest_tokens_version
     assert [mv for _, mv in gen.rollouts] == [0, 0, 1, 2]
 
 
-def test_rollouts_get_one_seed_per_row_fixed_by_its_place_in_the_run(tmp_path):
+def test_rollouts_get_one_seed_per_row_fixed_by_the_run_seed_step_and_draw(tmp_path):
     run = fake_run(tmp_path / "r", ["grpo.max_steps=2"], agentic=True)
     run_sync(run)
     seeds = [s for call, _ in run.generators.members[0].rollouts for s in call]
-    assert seeds == [run.cfg.seed + i * G for i in range(8)]
+    assert seeds == [request_seed(run.cfg.seed, step, draw) for step in range(2) for draw in range(4 * step, 4 * step + 4)]
 
 
 def test_the_completions_log_and_samples_show_the_conversation(tmp_path):

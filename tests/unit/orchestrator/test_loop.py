@@ -171,19 +171,54 @@ def test_sigterm_stops_at_the_step_boundary_with_a_checkpoint_and_resume_continu
     assert [h["step"] for h in history] == [1, 2] and run.progress.stop_requested
     assert run.learner.saved == ["checkpoint-2"]  # no save_steps: the SIGTERM checkpoint alone
     state = json.loads((tmp_path / "r" / "checkpoint-2" / STATE_FILE).read_text())
-    assert state["global_step"] == 2 and "data" in state
+    assert state["global_step"] == 2 and state["trainer_state"]["global_step"] == 2
+    assert set(state) >= {"data", "trainer_state", "eval", "reward_pool", "files"}
 
     again = fake_run(tmp_path / "r", [f"loop.mode={loop}", "grpo.max_steps=4"])
-    assert checkpoints.resume(again) == tmp_path / "r" / "checkpoint-2"
+    found = checkpoints.find(again.run_dir, checkpoints.RESUME_REQUIRED, 4, again.display.message)
+    assert checkpoints.resume(again, found) == tmp_path / "r" / "checkpoint-2"
     assert again.progress.global_step == again.progress.policy_version == again.learner.global_step == 2
     assert again.generators.members[0].version == 2  # the generators got the checkpoint's weights
+    assert again.reward_pool.state.global_step == 2  # and the reward pool the trainer_state
     resumed = LOOPS[loop](again)
     assert [h["step"] for h in resumed] == [3, 4] and resumed[0]["policy_version"] == 2
+    assert resumed[0]["reward_global_step"] == 2
     assert {u for s in trained_uids(run) for u in s} == set(range(8))
-    # The data position is the prompt source's: the pipelined loop had drawn the prompts of the batch generated
-    # ahead (uids 8-11, never trained), and the resumed run starts after them.
-    skipped = 4 * run.cfg.loop.max_staleness if loop == "pipelined" else 0
-    assert {u for s in trained_uids(again) for u in s} == set(range(8 + skipped, 16 + skipped))
+    # The data position is that of the next batch to TRAIN: the pipelined loop had drawn the prompts of the batch
+    # generated ahead (uids 8-11, never trained); the resumed run draws them again, skipping nothing.
+    assert {u for s in trained_uids(again) for u in s} == set(range(8, 16))
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_stopped_and_resumed_run_trains_what_the_uninterrupted_one_does(tmp_path, loop, dynamic):
+    """Stopped (SIGTERM) at step 3 and resumed: steps 4..8 train the same prompts, requested with the same seeds,
+    as in a run that never stopped; with dynamic sampling (refills drawn while batches are generated ahead) and
+    max_staleness 2 the resume position skips the draws trained already and replays the ones generated ahead."""
+    flags = [f"loop.mode={loop}", "grpo.max_steps=8", "loop.max_staleness=2"]
+    flags += ["grpo.dynamic_sampling=true", "grpo.max_refill_rounds=6"] if dynamic else []
+    prompts = rows(flat=lambda i: dynamic and i % 3 == 0)
+    whole = fake_run(tmp_path / "whole", flags, prompt_rows=prompts)
+    full = LOOPS[loop](whole)
+
+    stopped = fake_run(tmp_path / "r", flags, prompt_rows=prompts)
+    signals = _Signals("r")
+    signals.run, signals.looping = stopped, True
+    stopped.learner.hook = lambda step: os.kill(os.getpid(), signal.SIGTERM) if step == 3 else None
+    try:
+        LOOPS[loop](stopped)
+    finally:
+        signals.restore()
+    again = fake_run(tmp_path / "r", flags, prompt_rows=prompts)
+    checkpoints.resume(again, checkpoints.usable(again.run_dir))
+    resumed = LOOPS[loop](again)
+    assert [h["step"] for h in resumed] == [4, 5, 6, 7, 8]
+    assert trained_uids(stopped) + trained_uids(again) == trained_uids(whole)
+    if loop == "sync":  # the sync loop asks for exactly the same requests again (the pipelined one, its schedule's)
+        seeds = whole.generators.members[0].seeds
+        assert again.generators.members[0].seeds == seeds[len(seeds) - len(again.generators.members[0].seeds):]
+        same = ("reward", "loss", "batch/groups", "reward_global_step", "policy_version")
+        assert [{k: h[k] for k in same} for h in resumed] == [{k: h[k] for k in same} for h in full[3:]]
 
 
 @pytest.mark.parametrize("loop", LOOPS)
