@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RAYWARD_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || bash scripts/install.sh
-exec "$VENV/bin/python" -m pytest -q -ra --timeout=900 "$@"
+exec "$VENV/bin/python" -m pytest -q -ra --timeout=900 --durations=15 "$@"
