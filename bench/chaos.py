@@ -38,6 +38,11 @@ REWARD_KILL_EVERY, GENERATOR_KILL_EVERY = 100, 500
 LEARNER_KILL_AT, GENERATOR_STOP_AT, NODE_KILL_AT = 1250, 750, 1650
 MEMORY_BASE_STEP = 100  # memory is compared with the run tree's at this step (scaled)
 MEMORY_TOLERANCE = 0.05
+# The end sample is taken this many steps before the last (a sample at the last step can catch the teardown).
+MEMORY_END_MARGIN = 10
+# A memory sample counts only while the run has one live process of each (a sample during a recovery would
+# miss the restarting actor).
+ROLES = ("Generator", "Learner", "RewardWorker")
 # The run's faults.jsonl record that closes each fault (others: recovered when the next step is logged).
 RECOVERY_RECORD = {"learner_kill": "learner_recovered", "generator_kill": "generator_restarted",
                    "generator_stop": "generator_restarted"}
@@ -47,9 +52,11 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.endswith("}")] if path.exists() else []
 
 
-def _procs(root: psutil.Process, cls: str) -> list[psutil.Process]:
+def _procs(root: psutil.Process, cls: str, extra: list[psutil.Process] = ()) -> list[psutil.Process]:
+    """The live processes of one actor class (Ray titles them `ray::<Class>...`) under the driver, or among
+    `extra` (a local cluster's nodes)."""
     out = []
-    for p in root.children(recursive=True):
+    for p in [*root.children(recursive=True), *extra]:
         try:
             cmd = p.cmdline()
         except psutil.Error:
@@ -185,13 +192,14 @@ def main() -> int:
                 pending = [f for f in pending if f.recovered_s is None]
                 seen_before, seen = seen, step
                 extra = cluster_procs()
-                if step >= sched.memory_at and mem_base is None:
+                whole = not pending and all(_procs(root, cls, extra) for cls in ROLES)
+                if whole and step >= sched.memory_at and mem_base is None:
                     mem_base = (step, tree_mb(root, extra))
-                if step >= sched.steps - 1 and mem_end is None:  # the last step but one: before the teardown
+                if whole and step >= sched.steps - MEMORY_END_MARGIN and mem_end is None:
                     mem_end = (step, tree_mb(root, extra))
                 due = [k for s in range(seen_before + 1, step + 1) for k in sched.due(s)]  # none skipped
                 for kind in due:
-                    f = inject(kind, step, root, cluster)
+                    f = inject(kind, step, root, cluster, extra)
                     if f is not None:
                         faults.append(f)
                         pending.append(f)
@@ -213,7 +221,7 @@ def main() -> int:
     return report(rc, time.monotonic() - t0, faults, run_dir, sched, mem_base, mem_end, Path(log.name))
 
 
-def inject(kind: str, step: int, root: psutil.Process, cluster) -> Fault | None:
+def inject(kind: str, step: int, root: psutil.Process, cluster, extra: list[psutil.Process]) -> Fault | None:
     cls, sig = {"reward_kill": ("RewardWorker", signal.SIGKILL), "generator_kill": ("Generator", signal.SIGKILL),
                 "learner_kill": ("Learner", signal.SIGKILL), "generator_stop": ("Generator", signal.SIGSTOP),
                 "node_kill": (None, None)}[kind]
@@ -224,7 +232,7 @@ def inject(kind: str, step: int, root: psutil.Process, cluster) -> Fault | None:
         subprocess.run(["bash", str(SCRIPT), "kill-node", "2"], env=cluster.env, capture_output=True, timeout=60)
         f.note = "(local_cluster.sh kill-node 2)"
         return f
-    victims = _procs(root, cls)
+    victims = _procs(root, cls, extra)
     if not victims:
         print(f"chaos: step {step}: no live ray::{cls} to {kind}", flush=True)
         return None
@@ -271,7 +279,10 @@ def report(rc: int, wall: float, faults: list[Fault], run_dir: Path, sched: Sche
         growth = mem_end[1] / mem_base[1] - 1
         print(f"chaos: run-tree memory (USS) {mem_base[1]:.0f} MB at step {mem_base[0]} -> {mem_end[1]:.0f} MB at step "
               f"{mem_end[0]} ({growth:+.1%}; goal within {MEMORY_TOLERANCE:.0%})")
-    ok = rc == 0 and len(last) == sched.steps and len(groups) == 1 and twice == 0
+    grew = mem_base is None or mem_end is None or mem_end[1] / mem_base[1] - 1 > MEMORY_TOLERANCE
+    if grew:
+        print("chaos: memory goal not met" + ("" if mem_base and mem_end else " (no sample with every actor alive)"))
+    ok = rc == 0 and len(last) == sched.steps and len(groups) == 1 and twice == 0 and not grew
     print(f"chaos: {'OK' if ok else 'FAILED'} (driver output: {log})")
     return 0 if ok else 1
 

@@ -258,16 +258,14 @@ class RewardPool(WorkerPool):
     # --- curriculum ---------------------------------------------------------------------------------------
 
     async def set_state(self, state: TrainerState) -> int:
-        """The learner's push after each optimizer step: stored (for the next batch and new workers) and
-        forwarded to every live worker (not to starting ones: one waiting for a node would hold the learner
-        up; every chunk carries the state anyway)."""
+        """The learner's push after each optimizer step: stored, so every chunk dispatched from now on carries it
+        (a worker scores with its chunk's state) and workers started later begin from it. Live workers are sent
+        it too but not waited for: a hung worker (stopped, or stuck in a reward) must not hold the learner up;
+        it is found, killed and replaced when a chunk it holds is overdue."""
         self.state = state
-        refs = [s.handle.set_state.remote(self.state) for s in list(self.slots.values()) if s.alive]
-        for ref in refs:
-            try:
-                await ref
-            except RayActorError:
-                pass  # a dead worker is replaced on its next chunk; the replacement starts from self.state
+        for slot in list(self.slots.values()):
+            if slot.alive:
+                slot.handle.set_state.remote(state)
         return state.global_step
 
 

@@ -14,7 +14,7 @@ import pytest
 from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.pool import RewardPool
 from actors.rewards.worker import RewardSpec
-from actors.types import RewardBatch
+from actors.types import RewardBatch, TrainerState
 from orchestrator.config import RewardAutoscaleConfig
 
 # Long enough for any wait below on a loaded machine; reached only when what is awaited never happens.
@@ -132,6 +132,21 @@ def test_sigkilled_worker_is_replaced_and_its_chunks_rerun(ray_cluster, tmp_path
     stats = ray.get(pool.stats.remote())
     assert stats.retries >= 1 and stats.replaced == 1 and stats.target_workers == 2
     kill_pool(ray, pool)
+
+
+def test_a_stopped_worker_does_not_hold_up_the_learners_state_push(ray_cluster):
+    """The learner waits for `set_state` after every optimizer step: a worker that answers nothing (SIGSTOPped,
+    idle) must not hang it. The chunk path finds such a worker (test_recovery's chaos run)."""
+    ray = ray_cluster
+    pool = make_pool(ray, "t-stop", [GATED], n=2)
+    wait_for(ray, pool, lambda s: s.workers == 2, "2 live workers")
+    victim = ray.get(ray.get(pool.worker_handles.remote())[0].pid.remote())
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        assert ray.get(pool.set_state.remote(TrainerState(global_step=3, max_steps=9)), timeout=WAIT_S) == 3
+        assert ray.get(pool.stats.remote()).global_step == 3
+    finally:
+        kill_pool(ray, pool)  # SIGKILL ends a stopped process too
 
 
 def test_hung_reward_is_cut_at_its_timeout(ray_cluster):

@@ -22,6 +22,7 @@ from actors.generation.agent import AgentLoop, AgentSettings, turn_seed
 from actors.types import Sample
 from tests.fixtures.engines import TOKEN_LOGPROB, by_turn, scripted_loop, turn_params
 from tests.fixtures.envs import WAIT_S, LocalEnvironments, ToolTestEnv, tool_schemas
+from tests.fixtures.waiting import wait_until
 
 SCHEMAS = tool_schemas(ToolTestEnv)
 MODEL_LEN = 2048
@@ -44,6 +45,7 @@ def row(text: str = "Echo hi.", **columns: Any) -> dict[str, Any]:
 def envs():
     ToolTestEnv.release.clear()
     ToolTestEnv.gate.clear()
+    ToolTestEnv.held.clear()
     e = LocalEnvironments({None: ToolTestEnv})
     yield e
     e.shutdown()
@@ -284,7 +286,8 @@ def test_a_session_lost_at_close_loses_the_reward(rig, envs) -> None:
 def test_trajectories_interleave_one_waits_on_its_tool_while_others_finish(rig, envs) -> None:
     def reply(turn: int, prompt: str) -> str:
         if turn == 0:
-            return call("gated_echo", text="slow") if "Slow" in prompt else call("echo", text="fast")
+            # Fast's tool answers once a Slow tool is held, so the order below owes nothing to timing.
+            return call("gated_echo", text="slow") if "Slow" in prompt else call("after_held")
         return DONE
 
     r = rig(reply)
@@ -292,9 +295,10 @@ def test_trajectories_interleave_one_waits_on_its_tool_while_others_finish(rig, 
     for piece in r.agent_loop(n=2).run([row("Slow."), row("Fast.")], [0, 1]):
         order += [g for g, _ in piece]
         if order == [1]:  # the fast group finished while the slow one's tool is still held
-            assert len([c for c in envs.calls if c[1][0].name == "gated_echo"]) == 2
+            assert ToolTestEnv.held.is_set() and not ToolTestEnv.gate.is_set()
             ToolTestEnv.gate.set()
     assert order == [1, 0]
+    assert len([c for c in envs.calls if c[1][0].name == "gated_echo"]) == 2
     firsts = [step for _, prompt, _, step in r.engine.added if "Fast" in r.tokenizer.decode(prompt)]
     assert len(firsts) == 4  # both fast trajectories' two turns, beside the slow ones in the same engine
 
@@ -306,8 +310,7 @@ def test_a_weight_load_between_turns_splits_the_versions_and_min_version_holds_t
     thread = threading.Thread(target=lambda: result.update(pieces=list(pieces)))
     thread.start()
     r.loop.exclusive(lambda: None, version=3)  # the first turn was waiting for it (or is submitted after it)
-    while len(envs.calls) < 1:  # the first turn is done, its tool held
-        thread.join(0.01)
+    wait_until(ToolTestEnv.held.is_set, "the first turn done, its tool held")
     r.loop.exclusive(lambda: None, version=4)
     ToolTestEnv.gate.set()
     thread.join(WAIT_S)
@@ -318,13 +321,18 @@ def test_a_weight_load_between_turns_splits_the_versions_and_min_version_holds_t
 
 
 def test_a_consumer_that_stops_early_leaves_no_turn_running_and_no_session_open(rig, envs) -> None:
-    r = rig(lambda turn, prompt: DONE if "Fast" in prompt else call("gated_echo", text="x"))
+    def reply(turn: int, prompt: str) -> str:
+        if "Fast" in prompt:  # its tool answers once Slow's is held: Fast's group ends with Slow in its tool
+            return call("after_held") if turn == 0 else DONE
+        return call("gated_echo", text="x")
+
+    r = rig(reply)
     pieces = r.agent_loop().run([row("Fast."), row("Slow.")], [0, 1])
     assert [g for g, _ in next(pieces)] == [0]
-    while not envs.calls:
-        pass
+    assert ToolTestEnv.held.is_set() and not r.engine.live
     pieces.close()
-    assert sorted(envs.closed) == [0, 1]
+    assert sorted(envs.closed) == [0, 1]  # Slow's session too, without waiting for its tool
+    assert not r.engine.live
 
 
 def test_rows_pick_their_environment_and_its_tools(rig, tool_tokenizer) -> None:
@@ -386,12 +394,10 @@ def test_a_pinned_rollout_holds_a_weight_load_back_between_its_turns(rig, envs) 
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(out=r.rollout([row()], pin=True)))
     thread.start()
-    while not envs.calls:  # its first turn done, its tool held: nothing of it in the engine
-        thread.join(0.01)
+    wait_until(ToolTestEnv.held.is_set, "its first turn done, its tool held: nothing of it in the engine")
     load = threading.Thread(target=lambda: r.loop.exclusive(lambda: None, version=9))
     load.start()
-    while not r.loop._jobs and load.is_alive():  # queued (or, wrongly, run already)
-        load.join(0.01)
+    wait_until(lambda: r.loop._jobs or not load.is_alive(), "the load queued (or, wrongly, run already)")
     ToolTestEnv.gate.set()
     thread.join(WAIT_S)
     load.join(WAIT_S)

@@ -184,4 +184,4 @@ def test_boundary_drift_is_a_mismatch_and_content_drift_is_not(tool_tokenizer, s
 
 def test_every_tool_of_the_test_environment_has_a_schema():
     assert sorted(s["function"]["name"] for s in tool_schemas(ToolTestEnv)) == [
-        "boom", "die", "echo", "gated_echo", "hang", "huge"]
+        "after_held", "boom", "die", "echo", "gated_echo", "hang", "huge"]

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from actors.generation.engine import EngineError, EngineLoop, Stream, token_versions
+from tests.fixtures.waiting import wait_until
 
 # Bounds every blocking wait in these tests, so a loop bug fails a test instead of hanging the suite.
 WAIT_S = 10
@@ -236,11 +237,9 @@ def test_an_exclusive_section_that_exits_stops_the_loop_and_fails_the_jobs_behin
         raise SystemExit(3)
 
     first, first_box = run_in_thread(lambda: loop.exclusive(leave))
-    while len(loop._jobs) < 1:
-        pass
+    wait_until(lambda: len(loop._jobs) >= 1, "the first job queued")
     second, second_box = run_in_thread(lambda: loop.exclusive(lambda: "never"))
-    while len(loop._jobs) < 2:
-        pass
+    wait_until(lambda: len(loop._jobs) >= 2, "the second job queued")
     gated.release()
     first.join(WAIT_S)
     second.join(WAIT_S)
@@ -448,8 +447,7 @@ def test_a_pinned_request_holds_version_changes_back_until_it_finishes(gated: Fa
     assert box0 == {"result": "no version change"}  # not held back
     gated.hold()  # at the start of step 2
     t, box = run_in_thread(lambda: loop.exclusive(lambda: gated.steps, version=1))
-    while not loop._jobs:
-        pass
+    wait_until(lambda: loop._jobs, "the job queued")
     gated.release()
     gated.run(1)  # step 3: the pinned request's last token
     t.join(WAIT_S)
@@ -468,11 +466,9 @@ def test_a_pinned_request_waiting_for_its_version_lets_that_load_run_then_holds_
     evaluation = loop.submit([2], tokens(3), min_version=1, pin=True)
     gated.hold()  # at the start of step 0
     first, first_box = run_in_thread(lambda: loop.exclusive(lambda: None, version=1))
-    while len(loop._jobs) < 1:
-        pass
+    wait_until(lambda: len(loop._jobs) >= 1, "the first job queued")
     second, second_box = run_in_thread(lambda: loop.exclusive(lambda: gated.steps, version=2))
-    while len(loop._jobs) < 2:
-        pass
+    wait_until(lambda: len(loop._jobs) >= 2, "the second job queued")
     gated.release()
     first.join(WAIT_S)
     assert first_box == {"result": None}
@@ -492,8 +488,7 @@ def test_a_held_pin_lets_its_own_version_in_then_holds_version_changes_back_with
     with loop.pinned(min_version=1):
         assert loop.exclusive(lambda: "brings the pin's version", version=1) == "brings the pin's version"
         held, box = run_in_thread(lambda: loop.exclusive(lambda: "next", version=2))
-        while not loop._jobs and not box:  # queued (or, wrongly, run already)
-            pass
+        wait_until(lambda: loop._jobs or box, "the load queued (or, wrongly, run already)")
         # Requests still run (in the pinned version) while the load waits behind the pin.
         assert token_versions(loop.submit([1], tokens(2)).result(WAIT_S).outputs[0]) == [1, 1]
         assert not box and loop.version == 1
