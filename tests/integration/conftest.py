@@ -12,17 +12,12 @@ TEST_CLUSTER_CPUS = 8
 
 
 @pytest.fixture(scope="session")
-def record_file(tmp_path_factory):
-    return tmp_path_factory.mktemp("record") / "steps.jsonl"
-
-
-@pytest.fixture(scope="session")
-def ray_cluster(record_file):
+def ray_cluster():
     import ray
 
     from orchestrator.cluster import ACTOR_ENV
 
-    env = {**ACTOR_ENV, "PYTHONPATH": str(ROOT), "RAYWARD_TEST_RECORD": str(record_file)}
+    env = {**ACTOR_ENV, "PYTHONPATH": str(ROOT)}
     os.environ.update(env)
     ray.init(
         num_cpus=TEST_CLUSTER_CPUS, include_dashboard=False, namespace="rayward-tests", log_to_driver=False,

@@ -1,37 +1,67 @@
-"""End to end on a local Ray cluster: real vLLM generator, reward pool, learner; the demo task learns."""
+"""End to end, as a user runs it: `rayward run configs/demo.yaml` on a terminal (a pseudo-terminal, as a shell
+gives it), its own embedded Ray, real vLLM generator, reward pool and learner. The demo task learns; the terminal
+shows a live progress bar and rayward's own lines only (vLLM's, Triton's, NUMA's and the weight loaders' lines are
+in the run's actors.log instead); metrics and checkpoints are on disk."""
 
 import json
+import re
+import sys
 from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.train import train
 from tests.conftest import ROOT
 from tests.fixtures.accounting import sync_accounting
+from tests.fixtures.terminal import run_on_a_terminal, screen_lines
 
+pytestmark = pytest.mark.timeout(600)
+
+NAME = "e2e-demo"
 SWITCH_STEP = 12  # the `always` reward is scheduled on from this optimizer step
+OBSERVERS = [
+    "grpo.save_steps=20",
+    "rewards.1={name: record, function: 'tests.fixtures.trl_style_rewards:record_step'}",
+    "rewards.2={name: always, function: 'tests.fixtures.trl_style_rewards:always_one', "
+    f"schedule: {{type: piecewise, steps: [[0, 0.0], [{SWITCH_STEP}, 1.0]]}}}}",
+]
+# Lines the actors write that the terminal must not show (each seen in the demo's output before issue 18).
+NOISE = ("Triton", "NUMA", "FutureWarning", "safetensors", "Loading weights", "Writing model shards", "vLLM", "vllm",
+         "pid=", "Traceback")
+
+
+@dataclass
+class Demo:
+    cfg: Any
+    history: list[dict]  # the step rows of metrics.jsonl
+    run_dir: Path
+    rc: int
+    raw: str  # everything the terminal got
+    record: Path  # what `record` saw, one line per sample
 
 
 @pytest.fixture(scope="module")
-def demo_history(ray_cluster, record_file, tmp_path_factory):
+def demo(tmp_path_factory) -> Demo:
     """The demo config as shipped, plus two observers: `record` (returns None: no opinion, records the
-    trainer_state.global_step each worker sees) and `always` (constant 1.0, weight switched on at step
-    SWITCH_STEP: moves the weighted total, never the advantages)."""
+    trainer_state.global_step each worker sees in $RAYWARD_TEST_RECORD) and `always` (constant 1.0, weight
+    switched on at step SWITCH_STEP: moves the weighted total, never the advantages)."""
     logdir = tmp_path_factory.mktemp("runs")
-    cfg = load_config(ROOT / "configs" / "demo.yaml", [
-        f"logging.dir={logdir}",
-        "grpo.save_steps=20",
-        "rewards.1={name: record, function: 'tests.fixtures.trl_style_rewards:record_step'}",
-        "rewards.2={name: always, function: 'tests.fixtures.trl_style_rewards:always_one', "
-        f"schedule: {{type: piecewise, steps: [[0, 0.0], [{SWITCH_STEP}, 1.0]]}}}}",
-    ])
-    history = train(cfg, name="e2e-demo")
-    return cfg, history, logdir / "e2e-demo"
+    record = logdir / "steps.jsonl"
+    overrides = [f"logging.dir={logdir}", *OBSERVERS]
+    rc, raw = run_on_a_terminal([sys.executable, "-m", "orchestrator", "run", "configs/demo.yaml", *overrides,
+                                 "--name", NAME], timeout_s=540, env={"RAYWARD_TEST_RECORD": str(record)})
+    cfg = load_config(ROOT / "configs" / "demo.yaml", overrides)
+    run_dir = logdir / NAME
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if rc == 0 else []
+    return Demo(cfg, rows, run_dir, rc, raw, record)
 
 
-def test_demo_reward_rises(demo_history):
-    cfg, history, _ = demo_history
+def test_demo_reward_rises(demo: Demo):
+    cfg, history = demo.cfg, demo.history
+    assert demo.rc == 0, "\n".join(screen_lines(demo.raw)[-40:])
     assert len(history) == cfg.grpo.max_steps
     letter = [h["rewards/letter/mean"] for h in history]
     first, last = sum(letter[:5]) / 5, sum(letter[-5:]) / 5
@@ -40,22 +70,22 @@ def test_demo_reward_rises(demo_history):
     assert last > first + 0.1 and last > 3 * first, (first, last)
 
 
-def test_sync_loop_accounting(demo_history):
-    cfg, history, _ = demo_history
+def test_sync_loop_accounting(demo: Demo):
+    cfg, history = demo.cfg, demo.history
     sync_accounting(history, groups=cfg.generation.generation_batch_size // cfg.generation.num_generations)
 
 
-def test_generator_matches_learner_after_every_sync(demo_history):
-    _, history, _ = demo_history
+def test_generator_matches_learner_after_every_sync(demo: Demo):
+    history = demo.history
     gaps = [h["sampling/sampling_logp_difference/max"] for h in history]
     print(f"max |logp_vllm - logp_learner| per step: max over run {max(gaps):.2e}")
     assert max(gaps) < 1e-3  # a stale or partial sync shows up as > 0.1
 
 
-def test_reward_functions_see_every_step_in_order_on_every_worker(demo_history, record_file):
-    cfg, _, _ = demo_history
+def test_reward_functions_see_every_step_in_order_on_every_worker(demo: Demo):
+    cfg = demo.cfg
     seen = defaultdict(list)
-    for line in record_file.read_text().splitlines():
+    for line in demo.record.read_text().splitlines():
         r = json.loads(line)
         seen[r["pid"]].append(r["step"])
     assert len(seen) >= cfg.cluster.num_reward_workers
@@ -65,8 +95,8 @@ def test_reward_functions_see_every_step_in_order_on_every_worker(demo_history, 
     assert union == list(range(cfg.grpo.max_steps))  # 0, 1, 2, ... one value per step
 
 
-def test_schedule_switches_the_weighted_total_at_its_step(demo_history):
-    _, history, _ = demo_history
+def test_schedule_switches_the_weighted_total_at_its_step(demo: Demo):
+    history = demo.history
     for h in history:
         extra = h["reward"] - h["rewards/letter/mean"]  # weighted total minus the letter reward (weight 1)
         expected = 1.0 if h["reward_global_step"] >= SWITCH_STEP else 0.0
@@ -75,9 +105,8 @@ def test_schedule_switches_the_weighted_total_at_its_step(demo_history):
         assert h["rewards/record/none_frac"] == 1.0
 
 
-def test_metrics_and_checkpoints_on_disk(demo_history):
-    cfg, _, run_dir = demo_history
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def test_metrics_and_checkpoints_on_disk(demo: Demo):
+    cfg, rows, run_dir = demo.cfg, demo.history, demo.run_dir
     assert [r["step"] for r in rows] == list(range(1, cfg.grpo.max_steps + 1))
     for key in ("reward", "reward_std", "rewards/letter/mean", "completions/mean_length", "clip_ratio/region_mean",
                 "entropy", "loss", "tokens_per_s", "time/generate", "time/reward", "time/train", "time/sync"):
@@ -88,3 +117,28 @@ def test_metrics_and_checkpoints_on_disk(demo_history):
         ckpt = run_dir / f"checkpoint-{step}"
         assert json.loads((ckpt / "rayward_state.json").read_text())["global_step"] == step
         AutoModelForCausalLM.from_pretrained(ckpt)
+
+
+def test_the_terminal_shows_a_live_bar_and_only_rayward_lines(demo: Demo):
+    n, run_dir, raw = demo.cfg.grpo.max_steps, demo.run_dir, demo.raw
+    shown = screen_lines(raw)
+    assert demo.rc == 0, "\n".join(shown[-40:])
+    for noise in NOISE:
+        assert noise not in raw, (noise, "\n".join(shown))
+    # the live bar: redrawn in place, ending at n/n with the reward, the pace and the ETA
+    assert "\r" in raw.replace("\r\n", "")
+    bar = [x for x in shown if x.startswith(f"step {n}/{n}")]
+    assert bar and re.search(r"reward [0-9.e-]+ \| [0-9.]+ s/step \| ETA 0:00:00", bar[-1]), shown
+    assert not any(re.match(rf"^step +\d+/{n} \|", x) for x in shown)  # no per-step lines on a terminal
+    # the summary at the end, then where the files are
+    assert any(x.startswith(f"rayward run '{NAME}': steps 1-{n} in ") for x in shown), shown
+    assert any(x.strip().startswith("reward ") for x in shown) and f"rayward plot {run_dir}" in shown[-1]
+    # every line is rayward's: its messages, the bar, the summary table
+    for line in shown:
+        assert (line.startswith(("rayward", "step ", " ", "in ", "see the samples", "plot the run"))
+                or set(line) <= set("─ ")), line
+    # what was not shown is in the run's actors.log, with the actor that wrote it
+    log = (run_dir / "actors.log").read_text()
+    assert re.search(r"^\(Generator pid=\d+ stderr\) .*Loading safetensors checkpoint shards", log, re.M), log[-3000:]
+    assert "Triton" in log or "NUMA" in log, log[-3000:]
+    assert re.search(r"^\(Learner.* pid=\d+.*\) .*Writing model shards", log, re.M), log[-3000:]

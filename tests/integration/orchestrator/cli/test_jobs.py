@@ -38,7 +38,7 @@ RAYWARD = [shutil.which("rayward") or str(Path(sys.executable).parent / "rayward
 TOKEN_FILE = Path("~/.ray/auth_token").expanduser()
 # What a user's shell would not have: the pytest session's own Ray connection settings.
 CLIENT_ENV_DROP = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS",
-                   "RAY_API_SERVER_ADDRESS", "RAYWARD_TEST_RECORD")
+                   "RAY_API_SERVER_ADDRESS")
 
 
 def _free(port: int) -> bool:

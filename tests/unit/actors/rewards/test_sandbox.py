@@ -9,6 +9,7 @@ rlimits, so the fallback path is exercised on a machine that has namespaces.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -39,6 +40,9 @@ from actors.rewards.sandbox import (
 
 # Small limits keep the corpus fast on 2 cores.
 TIMEOUT_S = 2.0
+# The attacks that must be killed (they never end by themselves) wait out this shorter limit: containment does not
+# depend on its length, and honest programs keep TIMEOUT_S for a loaded machine's start-up.
+KILLED_TIMEOUT_S = 1.0
 # How long killed processes may take to finish exiting after a run: the check returns as soon as none is left,
 # so the bound only ends a failing test (a loaded 2-core box needs seconds to reap a fork bomb).
 LEFTOVER_WAIT_S = 30.0
@@ -293,7 +297,10 @@ def test_hostile_program_is_contained(mode: str, attack: Attack, decoys: Decoys,
                               outside=decoys.outside, open_dir=decoys.open_dir, port=decoys.port,
                               neighbour_pid=decoys.neighbour.pid)
     before, existing = decoys.fingerprint(), our_children()
-    result = run_sandboxed(code, limits=MODES[mode])
+    limits = MODES[mode]
+    if attack.killed:
+        limits = dataclasses.replace(limits, timeout_s=KILLED_TIMEOUT_S)
+    result = run_sandboxed(code, limits=limits)
     assert_contained(result, decoys, before, caplog.text, existing)
     if attack.killed:
         assert result.timed_out or result.output_limited
