@@ -71,6 +71,8 @@ class Trajectory:
     env_reward: float | None = None  # the environment's get_reward() at the end (None: it has none, or failed)
     env_state: bytes | None = None  # the environment pickled at the end, for reward functions that declare
     # `environments` (None unless one does)
+    template_match: bool | None = None  # the ids trained on agree with the chat template's rendering of the
+    # conversation at every special-token boundary (chat.template_check); None: not checked
 
     @property
     def mask(self) -> list[int]:

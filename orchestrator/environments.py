@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.envs.spec import EnvSpec, EnvSpecError, load_environment, reward_classes, tool_schemas
+from actors.generation.chat import extension_note
 from actors.rewards.worker import RewardSpec
 from orchestrator.config import ConfigError, RewardConfig, RunConfig
 
@@ -40,6 +41,7 @@ class AgentSetup:
     env_rewards: list[RewardConfig]  # get_reward()s that `rewards` does not name: weight 1, after the named ones
     env_reward_specs: list[RewardSpec]  # the same, as reward-worker specs
     keep_state: bool  # a reward function declares `environments`: sessions close with keep_state
+    template_note: str | None = None  # the chat template is not prefix-preserving: what that means (start-up note)
 
     @property
     def routed(self) -> bool:
@@ -90,6 +92,7 @@ def prepare_agent(
     return AgentSetup(
         spec=spec, schemas=schemas, env_classes=env_classes, env_rewards=implicit,
         env_reward_specs=[env_reward_spec(r) for r in implicit], keep_state=any(s.takes_environments for s in specs),
+        template_note=extension_note(tokenizer),
     )
 
 

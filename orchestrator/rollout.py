@@ -102,7 +102,7 @@ class Agentic:
 def agent_metrics(rollouts: Rollouts) -> dict[str, float]:
     """A batch's conversations, per sample means: turns, tool calls and failures, seconds on the environment,
     tokens by role (model: sampled; tool: tool results and template scaffold), tool results cut to the budget;
-    stop-reason fractions. {} for a one-turn batch."""
+    the share whose ids disagree with the chat template's rendering; stop-reason fractions. {} for a one-turn batch."""
     ts = rollouts.trajectories
     if not ts:
         return {}
@@ -120,6 +120,8 @@ def agent_metrics(rollouts: Rollouts) -> dict[str, float]:
         "multiturn/tokens/model": mean(model_tokens),
         "multiturn/tokens/tool": mean(role_tokens),
         "multiturn/env_reward_missing_frac": mean([t.env_reward is None for t in ts]),
+        # ids trained on that disagree with the chat template's rendering at a special-token boundary
+        "multiturn/template_mismatch_frac": mean([t.template_match is False for t in ts]),
     }
     stops = Counter(t.stop_reason for t in ts)
     m.update({f"multiturn/stop_reason/{r}": stops[r] / n for r in STOP_REASONS})

@@ -105,6 +105,8 @@ def train(
     display = open_display(cfg.logging.progress, cfg.grpo.max_steps) if show_progress else _Silent(cfg.grpo.max_steps)
     say = display.message  # the one channel: the evaluator and the phases reach it as run.display
     say(f"rayward run {name!r}: logs and checkpoints in {run_dir}")
+    if prepared.agent is not None and prepared.agent.template_note is not None:
+        say(f"rayward: note: {prepared.agent.template_note}")
     mode = RESUME_MODES[resume]
     found = checkpoints.find(run_dir, mode, cfg.grpo.max_steps, say)  # nothing to resume: fails here, cheaply
     if cfg.cluster.max_failures and cfg.grpo.save_steps is None:

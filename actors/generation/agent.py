@@ -416,8 +416,18 @@ class AgentLoop:
             env_reward=closed.reward if closed is not None else None,
             env_state=closed.state if closed is not None else None,
         )
+        trajectory.template_match = self._template_match(t)
         text = self.tokenizer.decode(t.completion, skip_special_tokens=True)
         return Sample(t.completion, t.logprobs, text, trajectory.stop_reason, t.versions, trajectory)
+
+    def _template_match(self, t: _Trajectory) -> bool:
+        """Whether the ids trained on (never re-rendered) agree with the template's rendering of the conversation
+        at its special-token boundaries: the run's multiturn/template_mismatch_frac. A conversation the template
+        cannot render at all counts as a mismatch."""
+        try:
+            return chat.template_check(self.tokenizer, t.prompt, t.messages, t.tools, t.prompt_ids + t.completion).match
+        except Exception:  # noqa: BLE001 - the template's own error: it cannot reproduce what was trained on
+            return False
 
     def _abandon(self) -> None:
         """What is still running when the call ends early (its consumer stopped, or an error): turns aborted,

@@ -158,6 +158,9 @@ def test_step_metrics_say_what_the_conversations_did(tools_run):
         == pytest.approx(1.0)
     assert all(h["multiturn/tool_calls"] > 0 for h in history)  # the warmed-up model calls its tools
     assert all(h["completions/mean_length"] == h["multiturn/tokens/model"] for h in history)
+    # token in, token out, against the real template: every trained conversation's special-token boundaries are
+    # the template's own
+    assert all(h["multiturn/template_mismatch_frac"] == 0 for h in history)
 
 
 def test_the_completions_log_holds_the_conversations(tools_run):

@@ -66,6 +66,7 @@ def has_data(base: str, expr: str, start: float, end: float) -> bool:
 def curriculum_config(path: Path) -> Path:
     cfg = yaml.safe_load((ROOT / "configs" / "letter-curriculum.yaml").read_text())
     cfg["grpo"]["beta"] = 0.04
+    cfg["grpo"]["max_steps"] = 20  # past the schedule's switch at step 10; every panel has data well before
     cfg["rewards"].append({"name": "flaky", "function": "tests.fixtures.bad_rewards:raises_on_odd_lengths",
                            "weight": 0.0, "on_error": "fallback"})
     # a small held-out eval, so the dashboard's eval panel has data too

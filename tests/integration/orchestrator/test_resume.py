@@ -1,7 +1,7 @@
 """A run stopped by SIGTERM (what `ray job stop` sends) leaves a checkpoint and says so in one line (exit 143,
 no traceback), on the real CLI with its own embedded Ray. (Where the loop stops, what the checkpoint holds and
 what --resume restores: tests/unit/orchestrator/test_loop.py, on fakes; a real resume: test_lora.py and
-tests/integration/actors/learner/test_fsdp_learner.py.)"""
+tests/integration/cluster/test_multinode_learner.py.)"""
 
 import json
 import os

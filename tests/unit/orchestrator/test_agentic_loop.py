@@ -48,6 +48,7 @@ def test_agentic_step_metrics(tmp_path, loop):
     assert row["multiturn/tokens/model"] == 4 and row["multiturn/tokens/tool"] == 2
     assert row["multiturn/env_s"] == pytest.approx(0.1) and row["multiturn/env_s_max"] == pytest.approx(0.1)
     assert row["completions/mean_length"] == 4  # model tokens: tool results are not the completion's length
+    assert row["multiturn/template_mismatch_frac"] == pytest.approx(1 / run.cfg.generation.num_generations)
     assert {r: row[f"multiturn/stop_reason/{r}"] for r in STOP_REASONS} == {
         "stop": 1.0, "max_turns": 0.0, "length": 0.0, "timeout": 0.0, "env_error": 0.0}
     assert row["env_pool/workers"] == 2 and row["env_pool/sessions_lost"] == 0

@@ -157,6 +157,21 @@ def test_a_template_that_cannot_render_tool_calls_is_named(tokenizer, template, 
 
 def test_a_tool_calling_template_passes(tokenizer):
     assert tool_template_problem(tokenizer) is None
+    assert prepare(cfg(environment_factory=BOXES), tokenizer).template_note is None
+
+
+def test_a_template_that_rewrites_the_last_turn_passes_with_a_note(tokenizer):
+    """It renders tool calls, but the last assistant turn differently (as some reasoning templates drop earlier
+    thinking): rollouts still train on the sampled ids, and the run says they drift from the template."""
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' and loop.last %}LAST"
+        "{% endif %}{{ m['content'] }}{% for c in m.get('tool_calls', []) %}<tool_call>{{ c['function']['name'] }}"
+        "{{ c['function']['arguments'] | tojson }}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    setup = prepare(cfg(environment_factory=BOXES), tok)
+    assert "not prefix-preserving" in setup.template_note and "multiturn/template_mismatch_frac" in setup.template_note
 
 
 # --- the dataset's environment column ----------------------------------------------------------------------------

@@ -120,6 +120,7 @@ def test_a_tool_round_then_an_answer_token_in_token_out(rig, envs, tool_tokenize
     assert t.prompt_ids + sample.completion_ids == prompts[1] + r.ids(DONE)
     assert chat.template_check(tool_tokenizer, t.prompt, t.messages, SCHEMAS,
                                t.prompt_ids + sample.completion_ids).match
+    assert t.template_match is True  # the loop's own check, the run's multiturn/template_mismatch_frac
     # Per token: sampling logprobs and versions where the model sampled, NaN and -1 elsewhere.
     for lp, version, turn in zip(sample.logprobs, sample.versions, t.turn_ids, strict=True):
         assert (lp == TOKEN_LOGPROB and version == 0) if turn >= 0 else (math.isnan(lp) and version == -1)
