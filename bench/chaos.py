@@ -1,6 +1,6 @@
 """Chaos run: the long pipelined demo under repeated faults, injected from outside as a machine would.
 
-    python bench/chaos.py                    # 2,000 steps: the issue's run (long: tens of minutes on 2 cores)
+    python bench/chaos.py                    # 2,000 steps: the issue's run
     python bench/chaos.py --steps 200        # the same schedule scaled to 200 steps
     python bench/chaos.py --steps 200 --two-node   # on cluster/local_cluster.sh, also killing the second node
 
@@ -10,8 +10,9 @@ by N / 2,000. The run is `rayward run configs/pipelined.yaml` (its own embedded 
 victims are found among the driver's own process tree (`ray::<Class>` titles), so other work on the machine is
 never touched. Prints each fault with the time to recover (until the next step is logged; for the learner, the
 recovery's own record) and the steps lost, then checks: exit 0, every step trained with a full batch, no step's
-samples trained twice (the final lineage of steps has each prompt draw once), and the run tree's memory (RSS of
-the driver and every process under it) at the end against step 100's (half the run's, when shorter). The
+samples trained twice (the final lineage of steps has each prompt draw once), and the run tree's memory (USS of
+the driver and every process under it, and of the local cluster's nodes) near the end against step 100's (half
+the run's, when shorter), each sampled with one live process of every actor class and no fault pending. The
 generators' restart budget (cluster.generator_max_restarts) is set to the schedule's generator deaths.
 """
 
