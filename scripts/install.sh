@@ -11,14 +11,12 @@ VENV=${RAYWARD_VENV:-.venv}
 TARGET=${RAYWARD_TARGET:-cpu}
 PY=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-# --no-compile: pip would byte-compile every file of torch, vLLM and transformers; Python compiles the modules a
-# run imports on first import instead (a fraction of them).
-"$VENV/bin/python" -m pip install -q --no-compile --upgrade pip
+"$VENV/bin/python" -m pip install -q --upgrade pip
 if [ "$TARGET" = cpu ]; then
   # torch's CPU wheels live on the PyTorch index; pip.conf find-links (as on CI) work too.
-  "$VENV/bin/python" -m pip install -q --no-compile "torch==2.13.0+cpu" ${RAYWARD_TORCH_INDEX:+--extra-index-url "$RAYWARD_TORCH_INDEX"}
+  "$VENV/bin/python" -m pip install -q "torch==2.13.0+cpu" ${RAYWARD_TORCH_INDEX:+--extra-index-url "$RAYWARD_TORCH_INDEX"}
 fi
-"$VENV/bin/python" -m pip install -q --no-compile -e ".[$TARGET,test]"
+"$VENV/bin/python" -m pip install -q -e ".[$TARGET,test]"
 if [ "$TARGET" = cpu ]; then
   "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
