@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.models import SHAPES, build_model  # noqa: E402 - after the path insert
+from bench.child import report, run_child  # noqa: E402 - after the path insert
+from bench.models import SHAPES, build_model  # noqa: E402
 
 SIZE = "100m"  # Qwen2-shaped, tied embeddings, ~100M parameters (the shape; bench/weight_sync.py's too)
 HIDDEN, LAYERS, INTERMEDIATE, HEADS, KV_HEADS, VOCAB = SHAPES[SIZE]
@@ -118,11 +118,7 @@ def measure_time(model: str, kind: str, rounds: int, **shape: int) -> dict:
 
 
 def _sub(args: list[str], env: dict[str, str]) -> dict:
-    p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env)
-    line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        sys.exit(f"{args} failed (rc {p.returncode}):\n{p.stderr[-3000:]}")
-    return json.loads(line.removeprefix("RESULT "))
+    return run_child(__file__, args, env)
 
 
 def main() -> None:
@@ -141,10 +137,10 @@ def main() -> None:
     model = str(build_model(SIZE))
     if a.memory:
         kind, gc = a.memory.split(":")
-        print("RESULT " + json.dumps(measure_memory(model, kind, gc == "1", **shape)), flush=True)
+        report(measure_memory(model, kind, gc == "1", **shape))
         return
     if a.time:
-        print("RESULT " + json.dumps(measure_time(model, a.time, a.rounds, **shape)), flush=True)
+        report(measure_time(model, a.time, a.rounds, **shape))
         return
     print(f"model: random Qwen2 hidden {HIDDEN}, {LAYERS} layers, intermediate {INTERMEDIATE}, {HEADS} heads / "
           f"{KV_HEADS} kv, vocab {VOCAB}, tied, float32; batch {a.completions} x ({a.prompt_length} prompt + {a.length} "

@@ -31,7 +31,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.models import SHAPES, build_model  # noqa: E402 - after the path insert
+from bench.child import report, run_child  # noqa: E402 - after the path insert
+from bench.models import SHAPES, build_model  # noqa: E402
 
 SIZE = "100m"  # Qwen2-shaped, tied embeddings, ~100M parameters (bench/learner_memory.py's)
 VOCAB = SHAPES[SIZE][5]
@@ -150,11 +150,7 @@ def measure_time(model: str, workload: str, a: argparse.Namespace) -> dict:
 
 
 def _sub(args: list[str], env: dict[str, str]) -> dict:
-    p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env)
-    line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
-    if line is None:
-        sys.exit(f"{args} failed (rc {p.returncode}):\n{p.stderr[-3000:]}")
-    return json.loads(line.removeprefix("RESULT "))
+    return run_child(__file__, args, env)
 
 
 def _describe(workload: str, a: argparse.Namespace) -> str:
@@ -186,10 +182,10 @@ def main() -> None:
     model = str(build_model(SIZE))
     if a.memory:
         workload, layout = a.memory.split(":", 1)
-        print("RESULT " + json.dumps(measure_memory(model, workload, layout, a)), flush=True)
+        report(measure_memory(model, workload, layout, a))
         return
     if a.time:
-        print("RESULT " + json.dumps(measure_time(model, a.time, a)), flush=True)
+        report(measure_time(model, a.time, a))
         return
     h, layers, inter, heads, kv, vocab = SHAPES[SIZE]
     print(f"model: random Qwen2 hidden {h}, {layers} layers, intermediate {inter}, {heads} heads / {kv} kv, vocab "

@@ -42,6 +42,7 @@ HOLD_DRAIN, HOLD_KILL = 2, 6
 NODE_RESOURCES = '{"work_node": 1, "reward_node": 8}'
 DRAIN_DEADLINE_S = 120  # the notice's deadline: the learner moves well before it
 WAIT_S = 300.0  # any wait below: reached only when what is awaited never happens
+POLL_S = 0.25  # between checks of the run's files and the cluster's state
 
 
 def _rows(path: Path) -> list[dict]:
@@ -71,7 +72,7 @@ def moved(tmp_path_factory):
             if got:
                 return got
             assert proc.poll() is None, f"the run ended while waiting for {what}:\n{tail(log)}"
-            time.sleep(1)
+            time.sleep(POLL_S)
         raise AssertionError(f"timed out waiting for {what}:\n{tail(log)}")
 
     def faults(kind: str) -> list[dict]:

@@ -8,7 +8,6 @@ once it has seen what it waits for, so the order of events is fixed whatever the
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -17,6 +16,7 @@ from actors.envs.pool import EnvPool
 from actors.envs.spec import EnvSpec
 from actors.types import EnvRequest, ToolCall
 from tests.fixtures.cluster import client_env, rayward_exe
+from tests.fixtures.waiting import wait_for_stats
 
 WAIT_S = 180.0  # any wait below on a loaded machine; reached only when what is awaited never happens
 BOXES = EnvSpec(environments={None: "orchestrator.tasks.boxes:BoxEnv"})
@@ -31,13 +31,7 @@ def make_pool(ray, name, spec, n=2, namespace=None, **kw):
 
 
 def wait_for(ray, pool, pred, what, timeout=WAIT_S):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        stats = ray.get(pool.stats.remote())
-        if pred(stats):
-            return stats
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}: {stats}")
+    return wait_for_stats(ray, pool, pred, what, timeout)
 
 
 def kill_pool(ray, pool):

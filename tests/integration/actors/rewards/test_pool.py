@@ -16,6 +16,7 @@ from actors.rewards.pool import RewardPool
 from actors.rewards.worker import RewardSpec
 from actors.types import RewardBatch, TrainerState
 from orchestrator.config import RewardAutoscaleConfig
+from tests.fixtures.waiting import wait_for_stats
 
 # Long enough for any wait below on a loaded machine; reached only when what is awaited never happens.
 WAIT_S = 180.0
@@ -47,13 +48,7 @@ def make_pool(ray, name, specs, n=2, worker_cpus=0.25, autoscale=None):
 
 
 def wait_for(ray, pool, pred, what, timeout=WAIT_S):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        stats = ray.get(pool.stats.remote())
-        if pred(stats):
-            return stats
-        time.sleep(0.2)
-    pytest.fail(f"timed out waiting for {what}: {stats}")
+    return wait_for_stats(ray, pool, pred, what, timeout)
 
 
 def batch(n, g=4, gate=""):
