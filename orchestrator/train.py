@@ -104,16 +104,24 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     display = open_display(cfg.logging.progress, cfg.grpo.max_steps) if show_progress else _Silent(cfg.grpo.max_steps)
     say = display.message  # the one channel: the evaluator and the phases reach it as run.display
-    say(f"rayward run {name!r}: logs and checkpoints in {run_dir}")
-    if prepared.agent is not None and prepared.agent.template_note is not None:
-        say(f"rayward: note: {prepared.agent.template_note}")
-    mode = RESUME_MODES[resume]
-    found = checkpoints.find(run_dir, mode, cfg.grpo.max_steps, say)  # nothing to resume: fails here, cheaply
-    if cfg.cluster.max_failures and cfg.grpo.save_steps is None:
-        say(f"rayward: cluster.max_failures is {cfg.cluster.max_failures} but grpo.save_steps is unset: a lost "
-            "learner starts the run over from the initial model (set grpo.save_steps to lose at most that many steps)")
-    owns_ray = not ray.is_initialized()
+    # Before the first line: a SIGTERM sent once a user (or a test) sees the run start is RunStopped, never the
+    # default kill.
     signals = _Signals(name)
+    try:
+        say(f"rayward run {name!r}: logs and checkpoints in {run_dir}")
+        if prepared.agent is not None and prepared.agent.template_note is not None:
+            say(f"rayward: note: {prepared.agent.template_note}")
+        mode = RESUME_MODES[resume]
+        found = checkpoints.find(run_dir, mode, cfg.grpo.max_steps, say)  # nothing to resume: fails here, cheaply
+        if cfg.cluster.max_failures and cfg.grpo.save_steps is None:
+            say(f"rayward: cluster.max_failures is {cfg.cluster.max_failures} but grpo.save_steps is unset: a lost "
+                "learner starts the run over from the initial model (set grpo.save_steps to lose at most that many "
+                "steps)")
+    except BaseException:
+        signals.restore()
+        display.close()
+        raise
+    owns_ray = not ray.is_initialized()
     run, output, history, t0, watchdog = None, None, [], time.time(), None
     try:
         if owns_ray:
