@@ -29,8 +29,8 @@ from actors.net import free_port, node_ip
 ALIGN_BYTES = 64
 # Tensors of at least this size go on the wire as they are (no copy: the learner's own parameter, or the gathered
 # full tensor); smaller ones (norms, biases, small projections) are packed into one buffer per bucket, so a bucket
-# costs one op for its small tensors. Measured on the 100M model (gloo, CPU): packing everything cost 0.2-0.4 s of
-# copies on the sender, about a third of a sync; per-op overhead of a direct broadcast is well under a ms.
+# costs one op for its small tensors. Packing the large ones too would copy most of the model on the sender for
+# nothing, while a direct broadcast's per-op cost is small (bench/README.md, weight sync).
 DIRECT_MIN_BYTES = 1 << 20
 DIRECT = -1  # TensorMeta.offset of a tensor sent on its own
 
