@@ -193,37 +193,43 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _is_eval(row: dict[str, Any]) -> bool:
+    return "eval/reward" in row
+
+
 def summary_rows(history: list[dict[str, Any]], window: int = SUMMARY_WINDOW) -> list[tuple[str, float | None, float | None]]:
     """(metric, mean over the first `window` steps, mean over the last `window`) for the end-of-run table:
-    reward, each reward function, eval reward, KL and entropy, completion length, step and phase times."""
-    first, last = history[:window], history[-window:]
-    keys = ["reward"]
-    keys += sorted({k for r in history for k in r if k.startswith("rewards/") and k.endswith("/mean")})
-    keys += [k for k in ("eval/reward", "kl", "entropy", "completions/mean_length", "time/step") if any(k in r for r in history)]
-    keys += sorted({k for r in history for k in r if k.startswith("time/") and k not in ("time/step",)})
-    out = []
-    for k in keys:
-        a, b = _mean(first, k), _mean(last, k)
-        if a is not None or b is not None:
-            out.append((k, a, b))
-    return out
+    reward, each reward function, eval reward, KL and entropy, completion length, step and phase times. `history`
+    holds step rows and eval rows (logged in between); the eval reward's columns are the first and the last eval."""
+    steps = [r for r in history if not _is_eval(r)]
+    evals = [r for r in history if _is_eval(r)]
+    first, last = steps[:window], steps[-window:]
+    rewards = ["reward", *sorted({k for r in steps for k in r if k.startswith("rewards/") and k.endswith("/mean")})]
+    rest = [k for k in ("kl", "entropy", "completions/mean_length", "time/step") if any(k in r for r in steps)]
+    rest += sorted({k for r in steps for k in r if k.startswith("time/") and k not in ("time/step",)})
+    out = [(k, _mean(first, k), _mean(last, k)) for k in rewards]
+    if evals:
+        out.append(("eval/reward (first, last eval)", evals[0]["eval/reward"], evals[-1]["eval/reward"]))
+    out += [(k, _mean(first, k), _mean(last, k)) for k in rest]
+    return [row for row in out if row[1] is not None or row[2] is not None]
 
 
 def summary_table(
     history: list[dict[str, Any]], *, name: str, elapsed_s: float, window: int = SUMMARY_WINDOW,
 ) -> Any:
-    """The table printed when a run ends: the main metrics over its first and its last steps."""
+    """The table printed when a run ends: the main metrics over its first and its last steps (the eval reward:
+    its first and its last eval)."""
     from rich import box
     from rich.table import Table
 
-    steps = [r["step"] for r in history]
+    steps = [r["step"] for r in history if not _is_eval(r)]
     span = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
     table = Table(
         title=f"rayward run {name!r}: {span} in {format_duration(elapsed_s)}", box=box.SIMPLE_HEAD, title_justify="left",
     )
     table.add_column("metric")
-    table.add_column(f"first {min(window, len(history))} steps", justify="right")
-    table.add_column(f"last {min(window, len(history))} steps", justify="right")
+    table.add_column(f"first {min(window, len(steps))} steps", justify="right")
+    table.add_column(f"last {min(window, len(steps))} steps", justify="right")
     for key, a, b in summary_rows(history, window):
         table.add_row(key, "-" if a is None else f"{a:.4g}", "-" if b is None else f"{b:.4g}")
     return table

@@ -1,7 +1,9 @@
 """End to end, as a user runs it: `rayward run configs/demo.yaml` on a terminal (a pseudo-terminal, as a shell
 gives it), its own embedded Ray, real vLLM generator, reward pool and learner. The demo task learns; the terminal
 shows a live progress bar and rayward's own lines only (vLLM's, Triton's, NUMA's and the weight loaders' lines are
-in the run's actors.log instead); metrics and checkpoints are on disk."""
+in the run's actors.log instead); metrics and checkpoints are on disk. The same run carries the issue's demo eval
+(every 10 steps and at the start, all 256 toy prompts x 4): its reward rises, its lines show, its rows and samples
+are on disk."""
 
 import json
 import re
@@ -28,6 +30,13 @@ OBSERVERS = [
     "rewards.2={name: always, function: 'tests.fixtures.trl_style_rewards:always_one', "
     f"schedule: {{type: piecewise, steps: [[0, 0.0], [{SWITCH_STEP}, 1.0]]}}}}",
 ]
+# The issue's demo eval: every 10 steps and at the start, 4 completions per held-out prompt (all 256 toy rows),
+# scored by the letter reward alone (the observers above are not evaluated). letter_fraction is a fraction: a
+# completion at least half of the requested letter counts as a pass.
+DEMO_EVAL = [
+    'eval={data: {path: toy}, every_n_steps: 10, at_start: true, num_generations: 4, pass_threshold: 0.5, '
+    'rewards: [{name: letter, function: letter_fraction}]}',
+]
 # Lines the actors write that the terminal must not show (each seen in the demo's output before issue 18).
 NOISE = ("Triton", "NUMA", "FutureWarning", "safetensors", "Loading weights", "Writing model shards", "vLLM", "vllm",
          "pid=", "Traceback")
@@ -37,6 +46,7 @@ NOISE = ("Triton", "NUMA", "FutureWarning", "safetensors", "Loading weights", "W
 class Demo:
     cfg: Any
     history: list[dict]  # the step rows of metrics.jsonl
+    evals: list[dict]  # its eval rows
     run_dir: Path
     rc: int
     raw: str  # everything the terminal got
@@ -50,13 +60,14 @@ def demo(tmp_path_factory) -> Demo:
     switched on at step SWITCH_STEP: moves the weighted total, never the advantages)."""
     logdir = tmp_path_factory.mktemp("runs")
     record = logdir / "steps.jsonl"
-    overrides = [f"logging.dir={logdir}", *OBSERVERS]
+    overrides = [f"logging.dir={logdir}", *OBSERVERS, *DEMO_EVAL]
     rc, raw = run_on_a_terminal([sys.executable, "-m", "orchestrator", "run", "configs/demo.yaml", *overrides,
                                  "--name", NAME], timeout_s=540, env={"RAYWARD_TEST_RECORD": str(record)})
     cfg = load_config(ROOT / "configs" / "demo.yaml", overrides)
     run_dir = logdir / NAME
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()] if rc == 0 else []
-    return Demo(cfg, rows, run_dir, rc, raw, record)
+    steps, evals = [r for r in rows if "eval/reward" not in r], [r for r in rows if "eval/reward" in r]
+    return Demo(cfg, steps, evals, run_dir, rc, raw, record)
 
 
 def test_demo_reward_rises(demo: Demo):
@@ -105,6 +116,35 @@ def test_schedule_switches_the_weighted_total_at_its_step(demo: Demo):
         assert h["rewards/record/none_frac"] == 1.0
 
 
+def test_demo_eval_reward_rises(demo: Demo):
+    evals = demo.evals
+    curve = [round(h["eval/reward"], 3) for h in evals]
+    print(f"demo eval reward by step 0, 10, 20, 30, 40: {curve}")
+    assert [h["step"] for h in evals] == [0, 10, 20, 30, 40], curve
+    # The random policy scores ~0.03 (as the training batches do); the trained one several times more.
+    first, late = evals[0]["eval/reward"], (evals[-2]["eval/reward"] + evals[-1]["eval/reward"]) / 2
+    assert late > first + 0.1 and late > 3 * first, curve
+    for h in evals:
+        assert h["eval/prompts"] == 256 and 0 <= h["eval/pass@1"] <= h["eval/pass@4"] <= 1
+        assert h["eval/rewards/letter/mean"] == pytest.approx(h["eval/reward"])  # one reward, weight 1
+        assert "eval/rewards/always/mean" not in h and "eval/rewards/record/mean" not in h
+    assert evals[-1]["eval/pass@4"] > evals[0]["eval/pass@4"]
+
+
+def test_eval_on_the_terminal_and_on_disk(demo: Demo):
+    n, evals = demo.cfg.grpo.max_steps, demo.evals
+    lines = [x for x in screen_lines(demo.raw) if x.startswith("eval ")]
+    assert len(lines) == len(evals), lines
+    assert lines[0].startswith(f"eval    0/{n} | reward ") and "pass@4" in lines[0], lines
+    for key in ("eval/reward", "eval/rewards/letter/mean", "eval/pass@1", "eval/pass@4", "eval/mean_length",
+                "eval/policy_version", "eval/seconds"):
+        assert key in evals[-1], key
+    samples = (demo.run_dir / "eval_completions.jsonl").read_text().splitlines()
+    assert len(samples) == sum(h["eval/prompts"] * 4 for h in evals)
+    first = json.loads(samples[0])
+    assert {"step", "prompt", "completion", "total", "passed", "rewards/letter"} <= set(first)
+
+
 def test_metrics_and_checkpoints_on_disk(demo: Demo):
     cfg, rows, run_dir = demo.cfg, demo.history, demo.run_dir
     assert [r["step"] for r in rows] == list(range(1, cfg.grpo.max_steps + 1))
@@ -135,7 +175,7 @@ def test_the_terminal_shows_a_live_bar_and_only_rayward_lines(demo: Demo):
     assert any(x.strip().startswith("reward ") for x in shown) and f"rayward plot {run_dir}" in shown[-1]
     # every line is rayward's: its messages, the bar, the summary table
     for line in shown:
-        assert (line.startswith(("rayward", "step ", " ", "in ", "see the samples", "plot the run"))
+        assert (line.startswith(("rayward", "step ", "eval ", " ", "in ", "see the samples", "plot the run"))
                 or set(line) <= set("─ ")), line
     # what was not shown is in the run's actors.log, with the actor that wrote it
     log = (run_dir / "actors.log").read_text()

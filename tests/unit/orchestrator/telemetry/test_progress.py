@@ -84,3 +84,19 @@ def test_summary_table_first_and_last_steps_and_the_run_files(tmp_path):
     assert text.splitlines()[-3:] == [f"in {tmp_path}: metrics.jsonl, actors.log, checkpoint-12",
                                       f"see the samples: rayward samples {tmp_path}",
                                       f"plot the run:    rayward plot {tmp_path}"]
+
+
+def test_summary_with_evals_between_the_steps_counts_steps_only():
+    """Eval rows (one at step 0, then every 4 steps) sit between the step rows in the history: the span and the
+    first/last windows are the steps'; the eval reward's columns are the first and the last eval."""
+    rows = history(12)
+    for at in (12, 8, 4, 0):
+        rows.insert(at, {"step": at, "eval/reward": 0.1 * (at + 1)})
+    out = io.StringIO()
+    StepLines(12, stream=out).summary(summary_table(rows, name="demo", elapsed_s=75), [])
+    text = out.getvalue()
+    assert "rayward run 'demo': steps 1-12 in 0:01:15" in text
+    reward = next(line for line in text.splitlines() if line.strip().startswith("reward "))
+    assert reward.split()[1:] == ["0.3", "1"]  # still the mean of steps 1-5 and of steps 8-12
+    evals = next(line for line in text.splitlines() if line.strip().startswith("eval/reward"))
+    assert evals.split()[-2:] == ["0.1", "1.3"]
