@@ -40,3 +40,46 @@ def build_model(size: str, cache: Path = DEFAULT_CACHE) -> Path:
         if "token" in f.name or f.name.endswith(".jinja"):
             shutil.copy(f, out / f.name)
     return out
+
+
+# The variable-length model (build_varlen_model): the token embeddings' scale against the random layers' output
+# (per-dimension std ~0.3 each, ~1.5 summed over 24 sublayers of the 100m shape), large enough that the final
+# hidden state points along the current token's embedding; and the share of a trigger token's embedding that lies
+# along the EOS direction (1.0: as long as the random part), which gives EOS a logit of ~19 after a trigger token
+# against ~N(0, 1) after any other (the other logits ~N(0, 0.55): near-uniform sampling over the vocabulary).
+VARLEN_EMBED_STD = 5.0
+VARLEN_TRIGGER_SHARE = 1.0
+
+
+def build_varlen_model(size: str, mean_length: int, cache: Path = DEFAULT_CACHE) -> Path:
+    """A random Qwen2-shaped model whose sampled completions have variable lengths: EOS follows one of
+    `vocab / mean_length` trigger tokens (ids above the tokenizer's, never in a prompt), so at temperature 1 a
+    completion ends after a geometric number of tokens with mean ~`mean_length` (most short, a few at
+    max_completion_length), from vLLM and from transformers' `generate` alike. The weights are a random model's
+    of the size asked for (same FLOPs per token), with untied, scaled-up embeddings (VARLEN_EMBED_STD)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = cache / f"qwen2-varlen-{size}-m{mean_length}"
+    if (out / "config.json").exists():
+        return out
+    src = build_model(size, cache)
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    model.config.tie_word_embeddings = False
+    vocab, hidden = model.config.vocab_size, model.config.hidden_size
+    g = torch.Generator().manual_seed(1)
+    embed = torch.randn(vocab, hidden, generator=g) * VARLEN_EMBED_STD
+    direction = torch.randn(hidden, generator=g)
+    direction /= direction.norm()
+    first = 1024  # above the tiny tokenizer's ids (512): prompts never hold a trigger
+    triggers = first + torch.randperm(vocab - first, generator=g)[: max(1, vocab // mean_length)]
+    embed[triggers] += direction * VARLEN_EMBED_STD * hidden**0.5 * VARLEN_TRIGGER_SHARE
+    head = model.get_output_embeddings().weight.detach().clone()  # the random model's, std 0.02
+    head[model.config.eos_token_id] = direction
+    model.model.embed_tokens.weight = torch.nn.Parameter(embed)
+    model.lm_head.weight = torch.nn.Parameter(head)
+    model.save_pretrained(out)
+    for f in src.iterdir():
+        if "token" in f.name or f.name.endswith(".jinja"):
+            (out / f.name).write_bytes(f.read_bytes())
+    return out

@@ -3,6 +3,8 @@ rayward pipelined (CPU).
 
     python bench/trl_vs_rayward.py                       # tiny workload, all four, 8 steps each (2 warm-up excluded)
     python bench/trl_vs_rayward.py --workload 100m --steps 6 --warmup 1    # a 100M-parameter random Qwen2
+    python bench/trl_vs_rayward.py --workload varlen --which trl-threaded,sync,pipelined --steps 6 --warmup 1 \
+        --variant padded:pipelined:grpo.padding_free=false    # variable lengths: packed against TRL and padded
     python bench/trl_vs_rayward.py --which sync,pipelined --steps 16 \
         --variant pipe-s2:pipelined:loop.max_staleness=2   # + runs with other knobs
 
@@ -11,7 +13,12 @@ Every system gets the same work per optimizer step, from --workload:
         micro-batches of 32 (configs/demo.yaml);
   100m: a random Qwen2-shaped 100M-parameter model (bench/models.py), 2 prompts x 8 = 16 completions of 32 tokens,
         one micro-batch of 16;
-both on the toy letter prompts at temperature 1.0, two reward functions (`bench/bench_rewards.py`: a cheap one
+  varlen: the same shape with variable completion lengths (bench/models.py build_varlen_model: EOS follows one of a
+        set of trigger tokens, so lengths are geometric with mean ~64, capped at 512), 16 completions, one
+        micro-batch of 16, learning rate 1e-6 (the lengths stay put over the run); rayward packs its micro-batches
+        (grpo.padding_free, its default on CPU) where TRL pads them: add
+        `--variant padded:pipelined:grpo.padding_free=false` for rayward padded;
+all on the toy letter prompts at temperature 1.0, two reward functions (`bench/bench_rewards.py`: a cheap one
 and a 50 ms-per-completion "sandbox" call; `trl-threaded` runs the sandbox call on a --threads thread pool, as a
 TRL user who knows the reward is I/O bound would), loss dapo, beta 0, lr 3e-3, one optimizer step per generation
 batch. TRL generates with transformers `generate` (use_vllm=False); rayward with its vLLM-CPU
@@ -54,25 +61,35 @@ class Workload:
     generation_batch_size: int  # completions per step
     micro_batch: int  # rayward grpo.per_device_train_batch_size; TRL per_device_train_batch_size
     max_completion_length: int
+    mean_length: int | None = None  # a variable-length model (bench/models.py build_varlen_model) of this mean
+    learning_rate: float = LEARNING_RATE
 
     def model_path(self) -> str:
-        from bench.models import build_model
+        from bench.models import build_model, build_varlen_model
         from orchestrator.tiny import ensure_tiny_model
 
-        return str(ensure_tiny_model() if self.model == "tiny" else build_model(self.model))
+        if self.model == "tiny":
+            return str(ensure_tiny_model())
+        if self.mean_length is not None:
+            return str(build_varlen_model(self.model, self.mean_length))
+        return str(build_model(self.model))
 
     def rayward_overrides(self) -> list[str]:
         return [f"model.name_or_path={self.model_path()}", f"generation.generation_batch_size={self.generation_batch_size}",
                 f"grpo.per_device_train_batch_size={self.micro_batch}",
-                f"generation.max_completion_length={self.max_completion_length}"]
+                f"generation.max_completion_length={self.max_completion_length}",
+                f"grpo.learning_rate={self.learning_rate}"]
 
 
 WORKLOADS = {
     "tiny": Workload("tiny", 64, 32, 16),
     "100m": Workload("100m", 16, 16, 32),
+    # Variable lengths (issue 26): geometric with mean ~64 tokens up to 512; a small learning rate, as real RL runs
+    # use, so the lengths the EOS row sets stay put over the run.
+    "varlen": Workload("100m", 16, 16, 512, mean_length=64, learning_rate=1e-6),
 }
 # Goals (issue: rayward on one machine against a well-written TRL script): {workload: {vs system: ratio}}
-GOALS = {"tiny": {"trl": 4.0, "trl-threaded": 1.5}, "100m": {"trl-threaded": 1.4}}
+GOALS = {"tiny": {"trl": 4.0, "trl-threaded": 1.5}, "100m": {"trl-threaded": 1.4}, "varlen": {}}
 
 
 def _median(xs: list[float]) -> float | None:
@@ -125,7 +142,7 @@ def run_trl(steps: int, workdir: Path, w: Workload, threads: int) -> dict[str, A
         num_generations=NUM_GENERATIONS,
         max_completion_length=w.max_completion_length,
         temperature=TEMPERATURE,
-        learning_rate=LEARNING_RATE,
+        learning_rate=w.learning_rate,
         lr_scheduler_type="constant",
         loss_type="dapo",
         beta=0.0,
@@ -242,7 +259,7 @@ def run_rayward(
         NUM_GENERATIONS, w.generation_batch_size, w.max_completion_length, TEMPERATURE
     ), g
     assert (o.learning_rate, o.loss_type, o.beta, o.per_device_train_batch_size, o.num_iterations) == (
-        LEARNING_RATE, "dapo", 0.0, w.micro_batch, 1
+        w.learning_rate, "dapo", 0.0, w.micro_batch, 1
     ), o
     assert [r.name for r in cfg.rewards] == ["letter", "sandbox"]
     t0 = time.perf_counter()
