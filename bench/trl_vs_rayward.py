@@ -63,6 +63,7 @@ class Workload:
     max_completion_length: int
     mean_length: int | None = None  # a variable-length model (bench/models.py build_varlen_model) of this mean
     learning_rate: float = LEARNING_RATE
+    max_model_len: int | None = None  # rayward generation.max_model_len, where the default cannot hold a completion
 
     def model_path(self) -> str:
         from bench.models import build_model, build_varlen_model
@@ -78,7 +79,8 @@ class Workload:
         return [f"model.name_or_path={self.model_path()}", f"generation.generation_batch_size={self.generation_batch_size}",
                 f"grpo.per_device_train_batch_size={self.micro_batch}",
                 f"generation.max_completion_length={self.max_completion_length}",
-                f"grpo.learning_rate={self.learning_rate}"]
+                f"grpo.learning_rate={self.learning_rate}",
+                *([f"generation.max_model_len={self.max_model_len}"] if self.max_model_len else [])]
 
 
 WORKLOADS = {
@@ -86,7 +88,7 @@ WORKLOADS = {
     "100m": Workload("100m", 16, 16, 32),
     # Variable lengths (issue 26): geometric with mean ~64 tokens up to 512; a small learning rate, as real RL runs
     # use, so the lengths the EOS row sets stay put over the run.
-    "varlen": Workload("100m", 16, 16, 512, mean_length=64, learning_rate=1e-6),
+    "varlen": Workload("100m", 16, 16, 512, mean_length=64, learning_rate=1e-6, max_model_len=1024),
 }
 # Goals (issue: rayward on one machine against a well-written TRL script): {workload: {vs system: ratio}}
 GOALS = {"tiny": {"trl": 4.0, "trl-threaded": 1.5}, "100m": {"trl-threaded": 1.4}, "varlen": {}}
@@ -420,9 +422,11 @@ def report(results: dict[str, dict[str, Any]], warmup: int, reward_workers: int,
     for label, v in s.items():
         if v["kind"] != "pipelined":
             continue
-        # the reference phases: the sync run with the same environment (a variant that changes the generator's
-        # process layout is compared with a sync run that has the same change), else the plain sync run
-        ref = next((lab for lab, x in s.items() if x["kind"] == "sync" and x["env"] == v["env"]), None)
+        # the reference phases: the sync run with the same knobs (a padded pipelined run against the padded sync
+        # run), else the same environment (a variant that changes the generator's process layout is compared with
+        # a sync run that has the same change), else the plain sync run
+        ref = next((lab for lab, x in s.items() if x["kind"] == "sync" and x["extra"] == v["extra"]), None)
+        ref = ref or next((lab for lab, x in s.items() if x["kind"] == "sync" and x["env"] == v["env"]), None)
         ref = ref or next((lab for lab, x in s.items() if x["kind"] == "sync"), None)
         print()
         p = v["median"]["time/step"]
