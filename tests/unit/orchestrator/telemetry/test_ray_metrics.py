@@ -60,3 +60,29 @@ def test_eval_metrics_map_onto_eval_gauges_without_moving_the_step():
         ("rayward_eval_policy_version", (("run", "r1"),)): 10,
     }
     assert {n for n, _ in got} <= set(GAUGES)
+
+
+def test_learner_and_multiturn_metrics_map_onto_their_gauges():
+    """The learner's packing metrics and an agentic step's multiturn/* metrics (orchestrator/rollout.py) reach
+    Prometheus: the conversation shape, tool health and stop reasons a platform team watches."""
+    m = {"learner/tokens_per_s": 190.0, "learner/padding_frac": 0.0, "learner/micro_batches": 2,
+         "multiturn/turns": 2.8, "multiturn/tool_calls": 1.9, "multiturn/tool_failures": 0.1, "multiturn/env_s": 0.3,
+         "multiturn/tokens/model": 44.0, "multiturn/tokens/tool": 39.0, "multiturn/template_mismatch_frac": 0.0,
+         "multiturn/stop_reason/eos": 0.9, "multiturn/stop_reason/max_turns": 0.1}
+    got = {(n, tuple(sorted(t.items()))): v for n, v, t in map_step_metrics("r1", 3, m, with_step=False)}
+    run = (("run", "r1"),)
+    assert got == {
+        ("rayward_learner_tokens_per_s", run): 190.0,
+        ("rayward_learner_padding_frac", run): 0.0,
+        ("rayward_learner_micro_batches", run): 2,
+        ("rayward_multiturn_turns", run): 2.8,
+        ("rayward_multiturn_tool_calls", run): 1.9,
+        ("rayward_multiturn_tool_failures", run): 0.1,
+        ("rayward_multiturn_env_s", run): 0.3,
+        ("rayward_multiturn_tokens", (("kind", "model"), *run)): 44.0,
+        ("rayward_multiturn_tokens", (("kind", "tool"), *run)): 39.0,
+        ("rayward_multiturn_template_mismatch_frac", run): 0.0,
+        ("rayward_multiturn_stop_reason", (("reason", "eos"), *run)): 0.9,
+        ("rayward_multiturn_stop_reason", (("reason", "max_turns"), *run)): 0.1,
+    }
+    assert {n for n, _ in got} <= set(GAUGES)
