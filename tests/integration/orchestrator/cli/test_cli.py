@@ -1,6 +1,6 @@
 """`rayward run` as a user runs it: a subprocess with its own embedded Ray cluster and real vLLM. Every bad
 input ends in a short message and a non-zero exit, never a Python traceback; a failed run keeps its last
-checkpoint. (SIGTERM: tests/integration/orchestrator/test_resume.py; the terminal of a good run:
+checkpoint. (SIGTERM: tests/integration/orchestrator/test_resume.py and tests/integration/faults/test_exact_resume.py; the terminal of a good run:
 test_e2e.py.)"""
 
 from __future__ import annotations
