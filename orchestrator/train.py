@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,18 +32,45 @@ class _Signals:
     runs, it asks the loop to stop at the next step boundary: the step in progress is trained and logged, then a
     checkpoint is written. (Ray SIGKILLs after RAY_JOB_STOP_WAIT_TIME_S, 3 s by default: raise it on the head
     above one step plus a checkpoint.) Only the main thread can install handlers; elsewhere nothing changes.
-    ray.init installs its own handler (sys.exit(15)): `install` again after it."""
+    ray.init would install its own (sys.exit(15)): `kept_through_ray_init` keeps this one."""
 
     def __init__(self, name: str):
         self.name, self.looping, self.requested = name, False, False
         self.run: Run | None = None
         main = threading.current_thread() is threading.main_thread()
         self.previous = signal.getsignal(signal.SIGTERM) if main else None
+        self.previous_unraisable = sys.unraisablehook if main else None
+        if main:
+            sys.unraisablehook = self._unraisable
         self.install()
+
+    def _unraisable(self, unraisable: Any) -> None:
+        """Where Python drops an exception (a finalizer, a fork hook) it prints a traceback; the dropped RunStopped
+        is already recorded (`requested`, then `check`), so it prints nothing. Anything else as before."""
+        if not isinstance(unraisable.exc_value, RunStopped) and self.previous_unraisable is not None:
+            self.previous_unraisable(unraisable)
 
     def install(self) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self._on_term)
+
+    @contextlib.contextmanager
+    def kept_through_ray_init(self) -> Iterator[None]:
+        """ray.init's first act is to install its own SIGTERM handler (sys.exit(15)). A SystemExit raised where
+        Python ignores exceptions (a finalizer, logging's at-fork hook while Ray spawns its processes) is printed
+        and dropped, and the run then trained on to exit 0. So ours stays installed through ray.init: it records
+        the request before it raises, and `check` after the start-up stage stops a run whose exception was lost."""
+        import ray._private.utils as ray_utils  # where ray.init installs its handler from (Ray 2.x)
+
+        install = getattr(ray_utils, "set_sigterm_handler", None)
+        if self.previous is None or install is None:
+            yield
+            return
+        ray_utils.set_sigterm_handler = lambda handler: None
+        try:
+            yield
+        finally:
+            ray_utils.set_sigterm_handler = install
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.requested = True
@@ -59,6 +88,9 @@ class _Signals:
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
             self.previous = None
+        if self.previous_unraisable is not None:
+            sys.unraisablehook = self.previous_unraisable
+            self.previous_unraisable = None
 
 
 class _Silent(Display):
@@ -127,8 +159,10 @@ def train(
         if owns_ray:
             output = ActorOutput(run_dir / ACTOR_LOG, echo=None if show_actor_output else _echo)
             output.capture_ray_logger()
-            info = init_ray(cfg.cluster, name)
-            signals.install()
+            with signals.kept_through_ray_init():
+                info = init_ray(cfg.cluster, name)
+            signals.install()  # ours again, should a Ray version have installed its own elsewhere
+            signals.check()
             if info.get("dashboard_url"):
                 say(f"rayward run {name!r}: Ray dashboard http://{info['dashboard_url']}")
             if output.attach(keep_ray_printing=show_actor_output) and not show_actor_output:
@@ -167,7 +201,7 @@ def train(
         display.close()
     except (RunStopped, KeyboardInterrupt, ConfigError):
         raise
-    except SystemExit as err:  # SIGTERM inside ray.init, through Ray's handler
+    except SystemExit as err:  # SIGTERM through Ray's handler (a Ray version whose init installs it elsewhere)
         if err.code == signal.SIGTERM:
             raise RunStopped(name, None, None) from None
         raise

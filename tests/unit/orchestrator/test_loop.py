@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 
 import pytest
 
 from actors.learner.checkpoint import STATE_FILE
 from orchestrator import checkpoints
+from orchestrator.errors import RunStopped
 from orchestrator.loop import run_pipelined, run_sync
 from orchestrator.train import _Signals
 from tests.fixtures.accounting import sync_accounting
@@ -268,3 +270,28 @@ def test_evals_run_on_schedule_with_the_weights_they_name_and_keep_the_best(tmp_
 def test_an_eval_at_the_start_only_when_asked(tmp_path):
     run = fake_run(tmp_path / "r", [*EVAL[1:], 'eval={"data": {"path": "toy"}, "num_generations": 2, "max_samples": 4}'])
     assert [h["step"] for h in evals(run_sync(run))] == [5]  # no every_n_steps: the last step only
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")  # and no traceback of the dropped one
+def test_a_sigterm_while_ray_starts_is_never_lost():
+    """ray.init installs a SIGTERM handler that raises SystemExit; a signal that lands where Python drops
+    exceptions (here a finalizer, as logging's at-fork hook is while Ray spawns its processes) lost the stop, and
+    the run trained on to exit 0. Through ray.init rayward's handler stays: it records the request, and the check
+    after the start-up stage stops the run."""
+    import ray._private.utils as ray_utils
+
+    class SignalledInAFinalizer:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside __del__: its exception is dropped
+
+    signals = _Signals("r")
+    try:
+        with signals.kept_through_ray_init():
+            ray_utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))  # what ray.init does first
+            SignalledInAFinalizer()
+        assert signals.requested
+        with pytest.raises(RunStopped):
+            signals.check()
+    finally:
+        signals.restore()
+    assert ray_utils.set_sigterm_handler.__name__ == "set_sigterm_handler"  # Ray's own again
