@@ -49,6 +49,8 @@ def build_model(size: str, cache: Path = DEFAULT_CACHE) -> Path:
 # against ~N(0, 1) after any other (the other logits ~N(0, 0.55): near-uniform sampling over the vocabulary).
 VARLEN_EMBED_STD = 5.0
 VARLEN_TRIGGER_SHARE = 1.0
+# Trigger tokens are drawn from ids at or above this: above the tiny tokenizer's 512, so a prompt never holds one.
+VARLEN_FIRST_TRIGGER = 1024
 
 
 def build_varlen_model(size: str, mean_length: int, cache: Path = DEFAULT_CACHE) -> Path:
@@ -71,7 +73,7 @@ def build_varlen_model(size: str, mean_length: int, cache: Path = DEFAULT_CACHE)
     embed = torch.randn(vocab, hidden, generator=g) * VARLEN_EMBED_STD
     direction = torch.randn(hidden, generator=g)
     direction /= direction.norm()
-    first = 1024  # above the tiny tokenizer's ids (512): prompts never hold a trigger
+    first = VARLEN_FIRST_TRIGGER
     triggers = first + torch.randperm(vocab - first, generator=g)[: max(1, vocab // mean_length)]
     embed[triggers] += direction * VARLEN_EMBED_STD * hidden**0.5 * VARLEN_TRIGGER_SHARE
     head = model.get_output_embeddings().weight.detach().clone()  # the random model's, std 0.02
