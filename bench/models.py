@@ -18,8 +18,6 @@ SHAPES = {
 def build_model(size: str, cache: Path = DEFAULT_CACHE) -> Path:
     """A random Qwen2-shaped model with the tiny model's tokenizer (vocab ids above its 512 are never sampled
     from the tokenizer, but the weights are the size asked for)."""
-    import shutil
-
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -35,11 +33,17 @@ def build_model(size: str, cache: Path = DEFAULT_CACHE) -> Path:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg)
     model.save_pretrained(out)
-    tiny = ensure_tiny_model()
-    for f in tiny.iterdir():
+    copy_tokenizer(ensure_tiny_model(), out)
+    return out
+
+
+def copy_tokenizer(src: Path, out: Path) -> None:
+    """The tokenizer files (and chat template) of the model at `src`, into the model directory `out`."""
+    import shutil
+
+    for f in src.iterdir():
         if "token" in f.name or f.name.endswith(".jinja"):
             shutil.copy(f, out / f.name)
-    return out
 
 
 # The variable-length model (build_varlen_model): the token embeddings' scale against the random layers' output
@@ -81,7 +85,5 @@ def build_varlen_model(size: str, mean_length: int, cache: Path = DEFAULT_CACHE)
     model.model.embed_tokens.weight = torch.nn.Parameter(embed)
     model.lm_head.weight = torch.nn.Parameter(head)
     model.save_pretrained(out)
-    for f in src.iterdir():
-        if "token" in f.name or f.name.endswith(".jinja"):
-            (out / f.name).write_bytes(f.read_bytes())
+    copy_tokenizer(src, out)
     return out
