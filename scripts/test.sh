@@ -5,4 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RAYWARD_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || bash scripts/install.sh
-exec "$VENV/bin/python" -m pytest -q -ra --timeout=900 --durations=15 "$@"
+# Two pytest workers (pytest-xdist), one test file at a time each (--dist loadfile: a module's shared run stays on
+# one worker): a sync run keeps one core busy while the other waits on Ray start-ups, engine loads and
+# deliberate hang deadlines, so a second file fills those gaps. RAYWARD_TEST_WORKERS=0 runs in this process.
+exec "$VENV/bin/python" -m pytest -q -ra --timeout=900 --durations=15 \
+  -n "${RAYWARD_TEST_WORKERS:-2}" --dist loadfile "$@"

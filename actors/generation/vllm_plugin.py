@@ -40,4 +40,5 @@ def register() -> None:
         return original(self, timeout_ms)
 
     wait._rayward_capped = True  # type: ignore[attr-defined]
+    wait._rayward_original = original  # type: ignore[attr-defined]  # vLLM's own, for a test to start clean
     SpinCondition.wait = wait  # type: ignore[method-assign]

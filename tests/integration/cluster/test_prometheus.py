@@ -36,6 +36,8 @@ pytestmark = [
 DASHBOARD = ROOT / "cluster" / "grafana-dashboard.json"
 # How long after the run the queries may take to see its data (Ray's export + Prometheus' scrape + rule lag).
 SETTLE_S = 60
+# How long Prometheus may take to start serving (TSDB set-up on a loaded 2-core machine).
+READY_S = 60
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -61,6 +63,41 @@ def api(base: str, path: str, **params: str) -> dict:
 def has_data(base: str, expr: str, start: float, end: float) -> bool:
     data = api(base, "query_range", query=expr, start=f"{start:.0f}", end=f"{end:.0f}", step="2")
     return any(series["values"] for series in data["result"])
+
+
+def wait_ready(base: str, prom: subprocess.Popen, log: Path) -> None:
+    """Until Prometheus serves: a run started before would lose its first scrapes, and a counter needs two
+    scrapes inside the dashboard's rate() window to show at all."""
+    deadline = time.time() + READY_S
+    while True:
+        assert prom.poll() is None, log.read_text()
+        try:
+            with urllib.request.urlopen(f"{base}/-/ready", timeout=5) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.time() < deadline, f"Prometheus not ready after {READY_S} s:\n{log.read_text()[-2000:]}"
+        time.sleep(0.5)
+
+
+def scrapes(base: str, start: float, end: float) -> str:
+    """How often Prometheus reached Ray's nodes while the run lived, for a failure message: a rate() panel needs
+    two scrapes of its series."""
+    window = f"{end - start:.0f}s"
+
+    def value(expr: str) -> float | None:
+        result = api(base, "query", query=expr, time=f"{end:.0f}")["result"]
+        return float(result[0]["value"][1]) if result else None
+
+    lines = []
+    for series in api(base, "series", **{"match[]": 'up{job="ray"}', "start": f"{start:.0f}", "end": f"{end:.0f}"}):
+        sel = f'up{{job="ray",instance="{series["instance"]}"}}'
+        first = value(f"min_over_time(timestamp({sel})[{window}:1s])")
+        lines.append(f"  {series['instance']}: {value(f'count_over_time({sel}[{window}])')} scrapes, "
+                     f"{value(f'sum_over_time({sel}[{window}])')} up, the first "
+                     + (f"{first - start:.0f} s after the run started" if first is not None else "never"))
+    return "\n".join(lines) or "  no Ray target scraped"
 
 
 def curriculum_config(path: Path) -> Path:
@@ -91,6 +128,7 @@ def test_every_dashboard_query_has_data_for_a_run(tmp_path):
                             stderr=subprocess.STDOUT)
     name = "prom-curriculum"
     try:
+        wait_ready(prom_url, prom, tmp_path / "prometheus.log")
         run_env = {**os.environ, "RAY_ADDRESS": "", "RAY_TMPDIR": str(tmp), "RAY_metrics_report_interval_ms": "2000"}
         t0 = time.time()
         r = subprocess.run(
@@ -98,6 +136,7 @@ def test_every_dashboard_query_has_data_for_a_run(tmp_path):
              f"logging.dir={tmp_path / 'runs'}"],
             cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=720,
         )
+        t1 = time.time()
         assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
         assert prom.poll() is None, (tmp_path / "prometheus.log").read_text()
         queries = [(title, expr.replace("$run", name)) for title, expr in dashboard_queries()]
@@ -108,7 +147,10 @@ def test_every_dashboard_query_has_data_for_a_run(tmp_path):
             if not missing or time.time() > deadline:
                 break
             time.sleep(3)
-        assert not missing, "dashboard queries without data:\n" + "\n".join(f"  {t}: {q}" for t, q in missing)
+        assert not missing, (
+            "dashboard queries without data:\n" + "\n".join(f"  {t}: {q}" for t, q in missing)
+            + f"\nthe run lasted {t1 - t0:.0f} s; Ray's targets:\n" + scrapes(prom_url, t0, t1)
+        )
         # the dashboard's $run variable: label_values(ray_rayward_global_step, run)
         assert name in api(prom_url, "label/run/values", **{"match[]": "ray_rayward_global_step"})
     finally:

@@ -27,9 +27,12 @@ def test_plugin_is_registered_with_vllm() -> None:
 
 @pytest.fixture
 def restore_wait():
-    original = shm_broadcast.SpinCondition.wait
+    """vLLM's own `wait` during the test, whatever this process loaded before (an in-process engine of an earlier
+    test may have registered the plugin with the env set); the process's state after."""
+    before = shm_broadcast.SpinCondition.wait
+    shm_broadcast.SpinCondition.wait = getattr(before, "_rayward_original", before)
     yield
-    shm_broadcast.SpinCondition.wait = original
+    shm_broadcast.SpinCondition.wait = before
 
 
 def _reader() -> shm_broadcast.SpinCondition:
