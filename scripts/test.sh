@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RAYWARD_VENV:-.venv}
 [ -x "$VENV/bin/python" ] || bash scripts/install.sh
+# The environment's tools first on PATH, as if activated: the cluster tests start nodes with its `ray` CLI
+# (cluster/local_cluster.sh), which a fresh shell that never activated it would not find.
+PATH="$(cd "$VENV" && pwd)/bin:$PATH"
+export PATH
 # Two pytest workers (pytest-xdist), one test file at a time each (--dist loadfile: a module's shared run stays on
 # one worker): a sync run keeps one core busy while the other waits on Ray start-ups, engine loads and
 # deliberate hang deadlines, so a second file fills those gaps. RAYWARD_TEST_WORKERS=0 runs in this process.
