@@ -16,6 +16,10 @@
 #                       RAY_PROMETHEUS_HOST). Use 0.0.0.0:9090 only behind a firewall: there is no auth.
 #   PROMETHEUS_DATA     data directory, config included (default ./prometheus-data)
 #   SCRAPE_INTERVAL     default 10s (Ray's nodes export every 10 s)
+#   SD_REFRESH          how often the service-discovery file is re-read (default: SCRAPE_INTERVAL). Ray keeps
+#                       that file as a symlink to the session's copy and updates the copy, which a file watch on
+#                       the symlink's directory never sees: only this re-read finds a node that joined (or the
+#                       head's own metrics port, listed a few seconds after Ray starts).
 #   PROMETHEUS          the binary (default: `prometheus` on PATH; Debian/Ubuntu: apt-get install prometheus)
 set -euo pipefail
 
@@ -23,6 +27,7 @@ RAY_TEMP_DIR=${RAY_TEMP_DIR:-/tmp/ray}
 PROMETHEUS_ADDRESS=${PROMETHEUS_ADDRESS:-127.0.0.1:9090}
 PROMETHEUS_DATA=${PROMETHEUS_DATA:-prometheus-data}
 SCRAPE_INTERVAL=${SCRAPE_INTERVAL:-10s}
+SD_REFRESH=${SD_REFRESH:-$SCRAPE_INTERVAL}
 PROMETHEUS=${PROMETHEUS:-prometheus}
 
 config() {
@@ -34,7 +39,7 @@ scrape_configs:
   - job_name: ray
     file_sd_configs:
       - files: ['${RAY_TEMP_DIR}/prom_metrics_service_discovery.json']
-        refresh_interval: 10s
+        refresh_interval: ${SD_REFRESH}
 EOF
 }
 

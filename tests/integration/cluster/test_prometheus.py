@@ -4,7 +4,9 @@ and every PromQL query of cluster/grafana-dashboard.json returns data for that r
 Skipped where no `prometheus` binary is installed (Debian/Ubuntu: apt-get install prometheus; scripts/install.sh
 does it where it can). The run is a subprocess with its own embedded Ray cluster in its own temp dir
 (RAY_TMPDIR), so the service-discovery file Prometheus reads is this run's alone; Ray exports every 2 s here
-(RAY_metrics_report_interval_ms) and Prometheus scrapes every 2 s. The config exercises every panel: gates
+(RAY_metrics_report_interval_ms) and Prometheus scrapes, and re-reads the discovery file, every 2 s (a counter's
+rate() needs two scrapes of the node while the ~30 s run lives: with the script's old 10 s re-read the node was
+found late and a short run could be scraped once). The config exercises every panel: gates
 (letter gates brevity), KL (beta > 0), and reward errors (a weight-0 reward with on_error: fallback that raises
 on half the samples: the events counter has no series before its first error).
 """
