@@ -441,8 +441,8 @@ class WorkerPool:
                 self._log(
                     f"worker {s.id} has waited {now - s.spawned_at:.0f} s to start (resources "
                     f"{self.worker_options.get('resources') or {}}, num_cpus {self.worker_options.get('num_cpus')}): "
-                    f"no node can place it yet; an autoscaling cluster starts one, otherwise it waits. "
-                    f"Work goes on on the {self.size()} live workers"
+                    f"either no node can place it yet (an autoscaling cluster starts one, otherwise it waits) or "
+                    f"its start-up is slow (imports, a runtime env). Work goes on on the {self.size()} live workers"
                 )
 
     # --- waiting for capacity -----------------------------------------------------------------------------

@@ -221,3 +221,30 @@ def test_the_pool_is_an_async_actor_and_its_worker_a_threaded_one():
     from ray._private.async_compat import has_async_methods
 
     assert has_async_methods(EnvPool) and not has_async_methods(EnvWorker)
+
+
+def test_a_worker_not_started_after_a_minute_is_one_line_naming_both_causes(monkeypatch):
+    """A worker whose start-up never finishes (no node for it, or a slow one: the pool cannot tell which) is told
+    once, with its resources, while work goes on on the live ones."""
+    monkeypatch.setattr(base_module, "STARTING_WARN_S", 0.0)
+
+    class Stuck(FakeHandle):
+        def invoke(self, name, args, kwargs):
+            if name == "pid":
+                envs.RELEASE.wait()  # the start-up that does not finish (until the fixture releases it)
+            return super().invoke(name, args, kwargs)
+
+    async def t(pool):
+        lines = []
+        pool._log = lines.append
+        pool._new_worker = lambda i, name: Stuck(pool.spec, i)  # the next worker's start-up hangs
+        await pool.scale(3)
+        lines.clear()  # the scaling's own line
+        pool._warn_starting()
+        pool._warn_starting()  # once per worker
+        assert len(lines) == 1 and "worker 2 has waited" in lines[0], lines
+        assert "no node can place it" in lines[0] and "start-up is slow" in lines[0]
+        assert "on the 2 live workers" in lines[0] and pool.size() == 2
+        envs.RELEASE.set()
+
+    run(t)()
