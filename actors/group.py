@@ -27,6 +27,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
+from actors import ray_compat
 from actors.net import free_port, node_ip
 from actors.types import EnvPoolStats, RewardBatch, Scores, TrainBatch, TrainerState, TrainResult
 
@@ -53,9 +54,7 @@ WAIT_MESSAGE_S = 30.0
 def actor_info(handle: ActorHandle) -> dict[str, Any]:
     """The GCS's record of an actor: State (ALIVE, RESTARTING, PENDING_CREATION, DEAD...), NumRestarts, Pid,
     Address.NodeID ({} if the GCS does not know it)."""
-    from ray._private.state import state
-
-    return state.actor_table(handle._actor_id.hex()) or {}
+    return ray_compat.actor_table(handle)
 
 
 def death_reason(err: RayActorError) -> str:
@@ -398,7 +397,7 @@ class LearnerGroup:
     def lost(self, err: BaseException | None, timeout_s: float) -> Loss | None:
         """Whether the learner is gone, and why: `err` (the error that ended the loop) or a ping says a rank died,
         or a rank does not answer a ping within timeout_s (it is hung: killed here). None: every rank answers."""
-        ids = {h._actor_id.hex(): n for h, n in zip(self.ranks, self.names, strict=True)}
+        ids = {ray_compat.actor_id(h): n for h, n in zip(self.ranks, self.names, strict=True)}
         seen: set[int] = set()
         while err is not None and id(err) not in seen:  # the chain of causes, Ray's task errors unwrapped
             seen.add(id(err))

@@ -60,17 +60,13 @@ class _Signals:
         Python ignores exceptions (a finalizer, logging's at-fork hook while Ray spawns its processes) is printed
         and dropped, and the run then trained on to exit 0. So ours stays installed through ray.init: it records
         the request before it raises, and `check` after the start-up stage stops a run whose exception was lost."""
-        import ray._private.utils as ray_utils  # where ray.init installs its handler from (Ray 2.x)
+        from actors.ray_compat import ray_init_keeps_sigterm
 
-        install = getattr(ray_utils, "set_sigterm_handler", None)
-        if self.previous is None or install is None:
+        if self.previous is None:
             yield
             return
-        ray_utils.set_sigterm_handler = lambda handler: None
-        try:
+        with ray_init_keeps_sigterm():
             yield
-        finally:
-            ray_utils.set_sigterm_handler = install
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.requested = True

@@ -29,6 +29,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 
+from actors import ray_compat
 from actors.group import HEALTH_GROUP, Pending, actor_info
 from orchestrator.run import Run
 
@@ -95,19 +96,17 @@ class Watchdog:
     # --- preemption notices -----------------------------------------------------------------------------------
 
     def check_drains(self) -> None:
-        from ray._private.state import state
-
         progress = self.run.progress
-        draining = state.get_draining_nodes()  # {node id: deadline in ms since the epoch, 0 = none}
+        draining = ray_compat.draining_nodes()  # {node id: deadline in ms since the epoch, 0 = none}
         if not draining or progress.move_learner is not None:
             return
         learner = self.run.learner
         for name, handle in zip(learner.names, learner.ranks, strict=True):
             node = actor_info(handle).get("Address", {}).get("NodeID")
             # A rank already noticed is on its way out: the group that replaces it has new ranks.
-            if node not in draining or handle._actor_id.hex() in self._noticed:
+            if node not in draining or ray_compat.actor_id(handle) in self._noticed:
                 continue
-            self._noticed.update(h._actor_id.hex() for h in learner.ranks)
+            self._noticed.update(ray_compat.actor_id(h) for h in learner.ranks)
             left = draining[node] / 1000 - time.time() if draining[node] else None
             when = f"deadline in {left:.0f} s" if left is not None else "no deadline given"
             self.run.faults.record(
@@ -132,7 +131,7 @@ class Watchdog:
 
     def check_hangs(self) -> None:
         timeout, now = self.run.cfg.cluster.hang_timeout_s, time.monotonic()
-        members = {m.handle._actor_id.hex(): m for m in self._members()}
+        members = {ray_compat.actor_id(m.handle): m for m in self._members()}
         for gone in set(self._pings) - set(members):  # a replaced learner's ranks
             del self._pings[gone]
         for aid, m in members.items():

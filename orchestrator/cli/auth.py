@@ -58,9 +58,9 @@ def _refresh_ray_config() -> None:
     import sys
 
     if "ray" in sys.modules:
-        from ray._raylet import Config
+        from actors.ray_compat import refresh_config
 
-        Config.initialize("")
+        refresh_config()
 
 
 def explain_auth_failure(err: BaseException, address: str) -> str | None:

@@ -132,7 +132,7 @@ def forwarded_env(environ: dict[str, str] | None = None, extra: list[str] | None
 def large_files(root: Path, excludes: list[str], max_bytes: int) -> list[str]:
     """Files under root that Ray would upload (after excludes, .gitignore, .rayignore) larger than max_bytes,
     as paths relative to root."""
-    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
+    from actors.ray_compat import walk_upload
 
     root = root.resolve()
     found: list[str] = []
@@ -143,7 +143,7 @@ def large_files(root: Path, excludes: list[str], max_bytes: int) -> list[str]:
 
     quiet = logging.getLogger("rayward.jobs.scan")
     quiet.setLevel(logging.WARNING)
-    _dir_travel(root, [_get_excludes(root, excludes)], handler, include_gitignore=True, logger=quiet)
+    walk_upload(root, excludes, handler, quiet)
     return sorted(found)
 
 

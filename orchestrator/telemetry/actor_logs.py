@@ -8,7 +8,7 @@ lines that start with `rayward` (an actor's own messages, e.g. the code sandbox'
 indented continuation lines, each message once however many workers print it. With `--verbose` Ray's own
 printing stays as well. The driver's `ray` logger (Ray's warnings in this process) goes to the same file.
 
-Ray has no public switch for this: the hook is its log dispatcher (`ray._private.ray_logging`, Ray 2.60). If a
+Ray has no public switch for this: the hook is its log dispatcher (actors/ray_compat.py `log_dispatcher`). If a
 Ray version lacks it, actors' output is printed as before and a line says so.
 """
 
@@ -22,13 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from actors import ray_compat
+
 HANDLER_NAME = "rayward_actor_output"
 # Before Ray shuts down: the actors' last lines (a final checkpoint's, a crash's) are still on their way from the
 # nodes' log monitors (each polls its node's files every 0.1 s when idle, then publishes through the GCS); wait
 # until none came for DRAIN_QUIET_S, at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 1.0
 DRAIN_MAX_S = 3.0
-RAY_PRINT_HANDLER = "ray_print_logs"  # Ray's own printer (ray._private.worker.connect)
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # A line that is rayward's: "rayward: ..." or "rayward <command>: ..." at the start of the line.
 RAYWARD_LINE_RE = re.compile(r"^rayward\b")
@@ -65,12 +66,7 @@ def as_shown(line: str) -> str:
 
 def autoscaler_events(lines: list[str]) -> list[str]:
     """The autoscaler's events only, as Ray prints them (its status report comes every few seconds)."""
-    try:
-        from ray._private.worker import filter_autoscaler_events
-
-        return list(filter_autoscaler_events(lines))
-    except Exception:  # noqa: BLE001 - no such helper, or no GCS to ask which autoscaler runs: V1's marker
-        return [ln.split(":event_summary:", 1)[1] for ln in lines if ":event_summary:" in ln]
+    return ray_compat.autoscaler_events(lines)
 
 
 def source_of(data: dict[str, Any]) -> str:
@@ -126,12 +122,11 @@ class ActorOutput:
 
     def attach(self, *, keep_ray_printing: bool) -> bool:
         """Hook into Ray's log dispatcher (after ray.init); False if this Ray has no such hook."""
-        try:
-            from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-        except ImportError:
+        dispatcher = ray_compat.log_dispatcher()
+        if dispatcher is None:
             return False
         if not keep_ray_printing:
-            dispatcher.remove_handler(RAY_PRINT_HANDLER)
+            dispatcher.remove_handler(ray_compat.RAY_PRINT_HANDLER)
         dispatcher.add_handler(HANDLER_NAME, self)
         self._attached = True
         return True
@@ -147,9 +142,7 @@ class ActorOutput:
     def close(self) -> None:
         """Unhook (after ray.shutdown, which stops the forwarding thread), restore the `ray` logger, close."""
         if self._attached:
-            from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-
-            dispatcher.remove_handler(HANDLER_NAME)
+            ray_compat.log_dispatcher().remove_handler(HANDLER_NAME)
             self._attached = False
         if self._ray_logger_state is not None:
             ray_logger = logging.getLogger("ray")

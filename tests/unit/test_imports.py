@@ -148,3 +148,30 @@ def test_readme_layout_table_names_every_module():
         if p.name not in ("__init__.py", "__main__.py") and str(p.relative_to(ROOT)) not in named
     ]
     assert not missing, f"README layout table lacks: {missing}"
+
+
+# Ray's private modules, and a handle's private id: reached only through actors/ray_compat.py, which names the
+# Ray version it was checked on.
+RAY_PRIVATE = ("ray._private", "ray._raylet")
+
+
+def private_ray_uses(path: Path) -> list[str]:
+    """`ray._private...`/`ray._raylet` imports and `._actor_id` reads in a file, as `line: text`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Attribute) and node.attr == "_actor_id":
+            names = ["._actor_id"]
+        found += [f"{node.lineno}: {n}" for n in names if n == "._actor_id" or n.startswith(RAY_PRIVATE)]
+    return found
+
+
+def test_private_ray_apis_only_through_ray_compat():
+    assert private_ray_uses(ROOT / "actors" / "ray_compat.py"), "the probe finds nothing: it cannot fail"
+    bad = {str(p.relative_to(ROOT)): uses for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+           if p.name != "ray_compat.py" and (uses := private_ray_uses(p))}
+    assert not bad, f"Ray's private APIs outside actors/ray_compat.py: {bad}"
