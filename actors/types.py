@@ -21,6 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+# The dataset column that picks a row's environment when environment_factory maps names to classes (TRL's name);
+# TRL's reset(**row) does not receive it.
+ENVIRONMENT_COLUMN = "environment"
+
 
 @dataclass
 class Sample:

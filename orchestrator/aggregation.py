@@ -7,7 +7,7 @@ returned None, "no opinion"). This module turns it into what GRPO's advantage co
     weights [K]    weight_k * schedule_k(step)
 
 and the advantage math itself (TRL's sum_then_normalize / normalize_then_sum) lives in `grpo.py`.
-`to_train_batch` is the whole path, raw -> gated -> weighted total -> advantages, in one call.
+`advantage_batch` is the whole path, raw -> gated -> weighted total -> advantages, in one call.
 
 Gate semantics, per sample i, for a reward B with `gate: {reward: A, threshold: t, fill: f}`:
     if gated[i, A] < t  then gated[i, B] = f   (else B keeps its raw value, None included)
@@ -174,17 +174,26 @@ def reward_metrics(
     return m
 
 
-def to_train_batch(
+@dataclass(frozen=True)
+class AdvantageBatch:
+    """`advantage_batch`'s result."""
+
+    batch: TrainBatch  # the learner's input: token ids, sampling logprobs, advantages [N]
+    metrics: dict[str, float]  # the step's reward metrics (TRL's names) and gates' closed fractions
+    table: dict[str, list[Any]]  # per sample [N], the completions log's columns: each reward raw and gated, total,
+    # advantage
+
+
+def advantage_batch(
     aggregator: RewardAggregator,
     rollouts: Rollouts,
     scores: Scores,
     *,
     scale_rewards: ScaleRewards,
     aggregation: Aggregation,
-) -> tuple[TrainBatch, dict[str, float], dict[str, list[Any]]]:
-    """raw -> gates and scheduled weights (at the step the batch was scored under) -> GRPO advantages.
-    Returns the learner's batch, the step's reward metrics, and per-sample columns for the completions log
-    (each reward raw and gated, total, advantage)."""
+) -> AdvantageBatch:
+    """raw -> gates and scheduled weights (at the step the batch was scored under) -> GRPO advantages: the
+    learner's batch, the step's reward metrics, and per-sample columns for the completions log."""
     raw = raw_matrix(scores)  # [N, K]
     agg = aggregator(raw, scores.global_step)
     adv = compute_advantages(agg.gated, agg.weights, rollouts.group_size, scale_rewards, aggregation)
@@ -199,4 +208,4 @@ def to_train_batch(
     for k, name in enumerate(aggregator.names):
         table[f"rewards/{name}"] = nan_to_none(raw[:, k].tolist())
         table[f"gated/{name}"] = nan_to_none(agg.gated[:, k].tolist())
-    return batch, metrics, table
+    return AdvantageBatch(batch, metrics, table)

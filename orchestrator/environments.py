@@ -24,10 +24,8 @@ from typing import Any
 from actors.envs.spec import EnvSpec, EnvSpecError, load_environment, reward_classes, tool_schemas
 from actors.generation.chat import extension_note
 from actors.rewards.worker import RewardSpec
+from actors.types import ENVIRONMENT_COLUMN
 from orchestrator.config import ConfigError, RewardConfig, RunConfig
-
-# The dataset column that picks each row's environment when environment_factory is a mapping (TRL's name).
-ENVIRONMENT_COLUMN = "environment"
 
 
 @dataclass(frozen=True)

@@ -137,12 +137,11 @@ def to_train_batch(run: Run, selection: Selection) -> StepBatch:
     aggregation.py), with the step's metrics."""
     g = run.cfg.grpo
     rollouts, scores = selection.rollouts, selection.scores
-    batch, metrics, table = aggregation.to_train_batch(
+    adv = aggregation.advantage_batch(
         run.aggregator, rollouts, scores, scale_rewards=g.scale_rewards, aggregation=g.multi_objective_aggregation
     )
-    metrics.update(step_metrics(rollouts, scores))
-    metrics.update(selection.metrics)
-    return StepBatch(rollouts, scores, batch, metrics, table)
+    metrics = {**adv.metrics, **step_metrics(rollouts, scores), **selection.metrics}
+    return StepBatch(rollouts, scores, adv.batch, metrics, adv.table)
 
 
 def step_metrics(rollouts: Rollouts, scores: Scores) -> dict[str, float]:

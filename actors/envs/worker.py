@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.envs.spec import EnvSpec, is_async_callable, load_environment, load_tool, tool_method_names
-from actors.types import EnvClosed, EnvOpened, EnvRequest, ToolCall, ToolResult
+from actors.types import ENVIRONMENT_COLUMN, EnvClosed, EnvOpened, EnvRequest, ToolCall, ToolResult
 
 # Threads for sync work (constructors + resets, sync tools, sync get_reward): every session of a full worker
 # (actors/envs/pool.py SESSIONS_PER_WORKER, 32) can run two sync calls of one turn at once; a call beyond that
@@ -63,8 +63,6 @@ ENV_CALL_THREADS = 64
 # How long past an async call's own bound its caller waits: asyncio.wait_for cancels it at the bound, unless a
 # coroutine blocks the event loop (a sync sleep inside `async def`), which only the caller's wait can cut.
 ASYNC_SLACK_S = 1.0
-# The dataset column that picks the environment when environment_factory is a mapping (TRL's name).
-ROUTING_COLUMN = "environment"
 
 COUNTERS = (
     "sessions_opened",  # sessions that reset and are (or were) open
@@ -212,7 +210,7 @@ class EnvWorker:
         cls = self.classes[req.env]
         row = dict(req.row)
         if self.spec.routed:
-            row.pop(ROUTING_COLUMN, None)
+            row.pop(ENVIRONMENT_COLUMN, None)
         if self._reset_takes_seed[req.env] and "seed" not in row:
             row["seed"] = req.seed
         with self._seed_lock:

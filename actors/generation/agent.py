@@ -49,14 +49,21 @@ from typing import Any
 from actors.envs.client import Environments
 from actors.generation import chat
 from actors.generation.engine import EngineLoop, Request, token_versions
-from actors.types import EnvClosed, EnvOpened, EnvRequest, Sample, StopReason, ToolResult, Trajectory
+from actors.types import (
+    ENVIRONMENT_COLUMN,
+    EnvClosed,
+    EnvOpened,
+    EnvRequest,
+    Sample,
+    StopReason,
+    ToolResult,
+    Trajectory,
+)
 
 # After a trajectory ends, how long its session's close (get_reward, the pickled state) may take past the
 # trajectory's deadline. The environment pool bounds its own calls (a hung worker is replaced and its futures
 # fail); this only keeps a pool that never answers from holding the rollout forever.
 CLOSE_GRACE_S = 60.0
-# The dataset column that picks an environment per row (TRL's name, with a dict environment_factory).
-ENVIRONMENT_COLUMN = "environment"
 # A row without its prompt column when an environment supplies the prompt in reset() (as TRL defaults it).
 EMPTY_PROMPT = ({"role": "user", "content": ""},)
 
