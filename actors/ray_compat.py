@@ -94,3 +94,39 @@ def refresh_config() -> None:
     from ray._raylet import Config
 
     Config.initialize("")
+
+
+def shutdown_without_grace() -> None:
+    """ray.shutdown() for an embedded cluster whose processes were started with SIGTERM blocked (so that a
+    signal for the whole job reaches the driver alone: orchestrator/signals.py). Ray's graceful stop sends each
+    process SIGTERM and waits a second for it before SIGKILL; here it goes straight to SIGKILL (the driver has
+    already disconnected; the workers die with their raylet: kernel fate-sharing). `ray._private.worker.
+    _global_node.kill_all_processes`'s allow_graceful; without that node: a plain ray.shutdown()."""
+    import ray
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    if node is not None and hasattr(node, "kill_all_processes"):
+        graceful = node.kill_all_processes
+
+        def kill_all_processes(*args: Any, **kwargs: Any) -> Any:
+            return graceful(*args, **{**kwargs, "allow_graceful": False})
+
+        node.kill_all_processes = kill_all_processes
+    ray.shutdown()
+
+
+def route_error_messages(handler: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+    """Send the errors Ray publishes to the driver (a worker died or was killed, an actor's OOM, ...: printed by
+    `ray._private.worker.listen_error_messages` through the module's `print_to_stdstream`, beside the log
+    dispatcher) to `handler` instead of the terminal; the same {"lines", "pid", "is_err"} records. Returns what
+    puts Ray's printer back."""
+    from ray._private import worker
+
+    printer = worker.print_to_stdstream
+    worker.print_to_stdstream = lambda data, ignore_prefix=False: handler(data)
+
+    def restore() -> None:
+        worker.print_to_stdstream = printer
+
+    return restore

@@ -93,8 +93,19 @@ def check_reachable(address: str) -> None:
         raise UnreachableError(f"cannot reach a Ray cluster at {address} ({err})") from None
 
 
+def ray_address(cfg: ClusterConfig) -> tuple[str | None, str]:
+    """Which Ray cluster a run uses, and why: cluster.address, else $RAY_ADDRESS (set inside a Ray job, or by the
+    user), else None: an embedded cluster of its own, whatever other Ray cluster this machine runs (ray.init
+    without an address would join one it finds here)."""
+    if cfg.address is not None:
+        return cfg.address, "cluster.address"
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+    return None, "embedded"
+
+
 def init_ray(cfg: ClusterConfig, run_name: str) -> dict[str, Any]:
-    """Join `cfg.address` or start an embedded local cluster; returns ray.init's context info."""
+    """Join the cluster `ray_address` names, or start an embedded local one; returns ray.init's context info."""
     for k, v in ACTOR_ENV.items():
         os.environ.setdefault(k, v)
     import ray
@@ -108,9 +119,10 @@ def init_ray(cfg: ClusterConfig, run_name: str) -> dict[str, Any]:
         log_to_driver=True,
         configure_logging=False,
     )
-    if cfg.address is None:
-        kwargs.update(num_cpus=cfg.local_num_cpus or os.cpu_count() or 2, include_dashboard=True)
+    address, _ = ray_address(cfg)
+    if address is None:
+        kwargs.update(address="local", num_cpus=cfg.local_num_cpus or os.cpu_count() or 2, include_dashboard=True)
     else:
-        kwargs["address"] = cfg.address
+        kwargs["address"] = address
     ctx = ray.init(**kwargs)
     return {"dashboard_url": getattr(ctx, "dashboard_url", None), "address": getattr(ctx, "address_info", {})}

@@ -546,7 +546,9 @@ class EnvAutoscaleConfig(_Section):
 
 class ClusterConfig(_Section):
     address: str | None = None
-    """Ray cluster to join (`auto`, `host:6379`). null starts an embedded local cluster (laptop, CI)."""
+    """Ray cluster to join (`auto`, `host:6379`). null: the cluster $RAY_ADDRESS names (as inside a Ray job; the
+    run's first line says so), else an embedded local cluster of the run's own (laptop, CI), whatever other Ray
+    cluster runs on the machine."""
     local_num_cpus: int | None = Field(None, ge=1)
     """CPUs of the embedded local cluster (default: this machine's count). Logical: actors ask for fractions."""
     num_generators: int = Field(1, ge=1)

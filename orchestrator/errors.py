@@ -39,15 +39,20 @@ class RunFailed(RuntimeError):
         self.name, self.run_dir, self.step, self.checkpoint = name, run_dir, step, checkpoint
 
 
-class RunStopped(Exception):
-    """SIGTERM (`rayward stop`, `ray job stop`, `kill`) ended a run: at a step boundary with a checkpoint
-    written, or while it was still starting (`step` None, nothing trained)."""
+# How a stop's signal is named to the user (orchestrator/signals.py HANDLED's names).
+SIGNAL_WORDS = {"SIGTERM": "SIGTERM", "SIGINT": "Ctrl-C"}
 
-    def __init__(self, name: str, step: int | None, checkpoint: Path | None):
+
+class RunStopped(Exception):
+    """A signal ended a run (orchestrator/signals.py): SIGTERM (`rayward stop`, `ray job stop`, `kill`, `timeout`,
+    a scheduler) or Ctrl-C (SIGINT), at a step boundary with a checkpoint written, or while it was still starting
+    (`step` None, nothing trained). `signal`: the signal's name; the CLI exits with 128 + its number."""
+
+    def __init__(self, name: str, step: int | None, checkpoint: Path | None, signal: str = "SIGTERM"):
         where = f"at step {step}" if step is not None else "before training started"
         saved = f"; checkpoint {shown_path(str(checkpoint))} (continue with --name {name} --resume)" if checkpoint else ""
-        super().__init__(f"stopped {where} (SIGTERM){saved}")
-        self.name, self.step, self.checkpoint = name, step, checkpoint
+        super().__init__(f"stopped {where} ({SIGNAL_WORDS.get(signal, signal)}){saved}")
+        self.name, self.step, self.checkpoint, self.signal = name, step, checkpoint, signal
 
 
 def root_cause(err: BaseException) -> BaseException:

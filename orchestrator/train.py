@@ -1,92 +1,36 @@
 """Python entry points: `train(cfg)` does what `rayward run` does, and `evaluate(cfg, checkpoint)` what
-`rayward eval` does, inside or outside an existing Ray session."""
+`rayward eval` does, inside or outside an existing Ray session.
+
+    train(cfg)   check (before Ray)  ->  start Ray  ->  build the groups, resume, parity  ->  the supervised loop
+                 ->  tear down  ->  summary
+
+Each stage is one function below; how a signal stops a run at any of them is orchestrator/signals.py.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors import ray_compat
 from orchestrator import checkpoints
-from orchestrator.build import prepare
-from orchestrator.cluster import check_learner_placement, init_ray, new_run_name
+from orchestrator.build import Prepared, prepare
+from orchestrator.cluster import check_learner_placement, init_ray, new_run_name, ray_address
 from orchestrator.config import ConfigError, DataSource, EvalConfig, RunConfig
 from orchestrator.data import DataError
 from orchestrator.errors import RunFailed, RunStopped
 from orchestrator.run import Run
+from orchestrator.signals import Signals
 from orchestrator.telemetry.actor_logs import ActorOutput
 from orchestrator.telemetry.progress import Display, open_display, summary_footer, summary_table
 
 # Every line the run's actors wrote, in the run directory (the terminal shows only rayward's own).
 ACTOR_LOG = "actors.log"
-
-
-class _Signals:
-    """SIGTERM (`rayward stop`, `ray job stop`) while the run starts ends it at once (RunStopped); once the loop
-    runs, it asks the loop to stop at the next step boundary: the step in progress is trained and logged, then a
-    checkpoint is written. (Ray SIGKILLs after RAY_JOB_STOP_WAIT_TIME_S, 3 s by default: raise it on the head
-    above one step plus a checkpoint.) Only the main thread can install handlers; elsewhere nothing changes.
-    ray.init would install its own (sys.exit(15)): `kept_through_ray_init` keeps this one."""
-
-    def __init__(self, name: str):
-        self.name, self.looping, self.requested = name, False, False
-        self.run: Run | None = None
-        main = threading.current_thread() is threading.main_thread()
-        self.previous = signal.getsignal(signal.SIGTERM) if main else None
-        self.previous_unraisable = sys.unraisablehook if main else None
-        if main:
-            sys.unraisablehook = self._unraisable
-        self.install()
-
-    def _unraisable(self, unraisable: Any) -> None:
-        """Where Python drops an exception (a finalizer, a fork hook) it prints a traceback; the dropped RunStopped
-        is already recorded (`requested`, then `check`), so it prints nothing. Anything else as before."""
-        if not isinstance(unraisable.exc_value, RunStopped) and self.previous_unraisable is not None:
-            self.previous_unraisable(unraisable)
-
-    def install(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self._on_term)
-
-    @contextlib.contextmanager
-    def kept_through_ray_init(self) -> Iterator[None]:
-        """ray.init's first act is to install its own SIGTERM handler (sys.exit(15)). A SystemExit raised where
-        Python ignores exceptions (a finalizer, logging's at-fork hook while Ray spawns its processes) is printed
-        and dropped, and the run then trained on to exit 0. So ours stays installed through ray.init: it records
-        the request before it raises, and `check` after the start-up stage stops a run whose exception was lost."""
-        from actors.ray_compat import ray_init_keeps_sigterm
-
-        if self.previous is None:
-            yield
-            return
-        with ray_init_keeps_sigterm():
-            yield
-
-    def _on_term(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        if self.run is not None and self.looping:
-            self.run.progress.stop_requested = True
-        else:  # raised wherever the start is (C code may turn it into a SystemError: train() checks `requested`)
-            raise RunStopped(self.name, None, None)
-
-    def check(self) -> None:
-        """Between start-up stages: a SIGTERM whose exception something swallowed still stops the run."""
-        if self.requested:
-            raise RunStopped(self.name, None, None)
-
-    def restore(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-            self.previous = None
-        if self.previous_unraisable is not None:
-            sys.unraisablehook = self.previous_unraisable
-            self.previous_unraisable = None
 
 
 class _Silent(Display):
@@ -114,117 +58,192 @@ def train(
     there is none; resume="auto" (`--resume auto`, what a retried driver runs) continues from it if there is one,
     else starts afresh. A resume with nothing left to train fails before anything starts (ConfigError).
     A lost learner is brought back up to cluster.max_failures times (orchestrator/supervisor.py).
-    Raises RunFailed (the error that ended it as __cause__) or RunStopped (SIGTERM)."""
-    import ray
-
-    from actors.weights.parity import logprob_parity
-    from orchestrator.build import build_run, rebuild_learner, shutdown_run
-    from orchestrator.loop import run_pipelined, run_sync
-    from orchestrator.supervisor import Supervisor
-    from orchestrator.watchdog import Watchdog
-
+    Raises RunFailed (the error that ended it as __cause__) or RunStopped (SIGTERM, Ctrl-C: after a checkpoint
+    once the loop runs)."""
     name = name or cfg.name or new_run_name()
     try:
         prepared = prepare(cfg, name)  # reward imports, model/tokenizer, dataset: before Ray starts
     except DataError as err:
         raise ConfigError(str(err)) from None
-    run_dir = prepared.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    prepared.run_dir.mkdir(parents=True, exist_ok=True)
     display = open_display(cfg.logging.progress, cfg.grpo.max_steps) if show_progress else _Silent(cfg.grpo.max_steps)
-    say = display.message  # the one channel: the evaluator and the phases reach it as run.display
-    # Before the first line: a SIGTERM sent once a user (or a test) sees the run start is RunStopped, never the
-    # default kill.
-    signals = _Signals(name)
+    # Before the first line: a signal sent once a user (or a test) sees the run start stops it, never kills it.
+    signals = Signals(name, display.message)
+    t0 = time.time()
     try:
-        say(f"rayward run {name!r}: logs and checkpoints in {run_dir}")
-        if prepared.agent is not None and prepared.agent.template_note is not None:
-            say(f"rayward: note: {prepared.agent.template_note}")
         mode = RESUME_MODES[resume]
-        found = checkpoints.find(run_dir, mode, cfg.grpo.max_steps, say)  # nothing to resume: fails here, cheaply
-        if cfg.cluster.max_failures and cfg.grpo.save_steps is None:
-            say(f"rayward: cluster.max_failures is {cfg.cluster.max_failures} but grpo.save_steps is unset: a lost "
-                "learner starts the run over from the initial model (set grpo.save_steps to lose at most that many "
-                "steps)")
-    except BaseException:
-        signals.restore()
-        display.close()
-        raise
-    owns_ray = not ray.is_initialized()
-    run, output, history, t0, watchdog = None, None, [], time.time(), None
-    try:
-        if owns_ray:
-            output = ActorOutput(run_dir / ACTOR_LOG, echo=None if show_actor_output else _echo)
-            output.capture_ray_logger()
-            with signals.kept_through_ray_init():
-                info = init_ray(cfg.cluster, name)
-            signals.install()  # ours again, should a Ray version have installed its own elsewhere
-            signals.check()
-            if info.get("dashboard_url"):
-                say(f"rayward run {name!r}: Ray dashboard http://{info['dashboard_url']}")
-            if output.attach(keep_ray_printing=show_actor_output) and not show_actor_output:
-                say(f"rayward run {name!r}: the actors' output is in {run_dir / ACTOR_LOG} (--verbose shows it here)")
-            elif not show_actor_output:
-                say("rayward: this Ray version cannot separate the actors' output; it is shown here")
-        check_learner_placement(cfg.cluster, ray.nodes())  # needs the cluster: the first thing once Ray is up
-        signals.check()
-        run = signals.run = build_run(prepared, display=display)
-        signals.check()
-        threads = [f"learner {run.learner.cpu_threads()}"]
-        threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.call("cpu_threads"))]
-        say(f"rayward: compute: {'; '.join(threads)}")
-        start = run.prompts.state()  # where a lost learner starts over when there is no checkpoint
-        ckpt = checkpoints.resume(run, found)
-        if ckpt is not None:
-            say(f"rayward: resumed from {ckpt} at step {run.progress.global_step}")
-        elif found and mode == checkpoints.RESUME_REQUIRED:
-            raise ConfigError(f"--resume: none of the checkpoints in {run_dir} could be loaded")
-        if cfg.logging.check_logprob_parity:
-            stats = run.weights.push(run.progress.global_step)
-            gap = logprob_parity(run.learner, run.generators, cfg.generation.temperature)
-            say(
-                f"rayward: weight sync {stats.bytes / 1e6:.0f} MB in {stats.seconds:.2f}s; generator-learner "
-                f"logprob parity after sync: max abs diff {gap:.2e}"
-            )
-        loop = run_pipelined if cfg.loop.mode == "pipelined" else run_sync  # chosen once, at build time
-        watchdog = Watchdog(run)
-        supervisor = Supervisor(run, loop, rebuild=lambda: rebuild_learner(run, prepared), start=start,
-                                hung=watchdog.hung_learner)
-        signals.check()
-        signals.looping = True
-        display.start(run.progress.global_step)
-        watchdog.start()
-        history = supervisor()  # on SIGTERM the loop stops at a step boundary and checkpoints (phases.finish)
-        display.close()
-    except (RunStopped, KeyboardInterrupt, ConfigError):
-        raise
-    except SystemExit as err:  # SIGTERM through Ray's handler (a Ray version whose init installs it elsewhere)
-        if err.code == signal.SIGTERM:
-            raise RunStopped(name, None, None) from None
-        raise
-    except Exception as err:
-        if signals.requested and not signals.looping:  # what the interrupted start-up made of the SIGTERM
-            raise RunStopped(name, None, None) from None
-        step = run.progress.global_step + 1 if run is not None and signals.looping else None
-        raise RunFailed(name, run_dir, step, checkpoints.latest(run_dir)) from err
+        found = _announce(prepared, mode, display.message)
+        session = _Session(prepared, signals, display, show_actor_output)
+        history = session.run_supervised(found, mode)
     finally:
-        if watchdog is not None:
-            watchdog.stop()
         display.close()
         signals.restore()
-        if run is not None:
-            shutdown_run(run)
-        if output is not None:
-            output.drain()
-        if owns_ray:
-            ray.shutdown()
-        if output is not None:
-            output.close()
+    run = session.run
     if show_progress and history:
         display.summary(summary_table(history, name=name, elapsed_s=time.time() - t0),
-                        summary_footer(run_dir, checkpoints.latest(run_dir)))
+                        summary_footer(prepared.run_dir, checkpoints.latest(prepared.run_dir)))
     if run.progress.stop_requested:
-        raise RunStopped(name, run.progress.global_step, checkpoints.latest(run_dir))
+        raise signals.stopped(run.progress.global_step, checkpoints.latest(prepared.run_dir))
     return history
+
+
+def _announce(p: Prepared, mode: str | None, say: Any) -> list[Path]:
+    """The run's first lines (where its files go, which Ray it joins, notes on its setup) and the checkpoints
+    `--resume` may load (nothing to resume: fails here, cheaply)."""
+    cfg = p.cfg
+    address, source = ray_address(cfg.cluster)
+    joins = f"; joining the Ray cluster at {address} ({source})" if source == "RAY_ADDRESS" else ""
+    say(f"rayward run {p.name!r}: logs and checkpoints in {p.run_dir}{joins}")
+    if p.agent is not None and p.agent.template_note is not None:
+        say(f"rayward: note: {p.agent.template_note}")
+    found = checkpoints.find(p.run_dir, mode, cfg.grpo.max_steps, say)
+    # Only a budget the user asked for: by default a run without checkpoints recovers from the initial model,
+    # as documented (docs/faults.md), and says nothing about it.
+    if "max_failures" in cfg.cluster.model_fields_set and cfg.cluster.max_failures and cfg.grpo.save_steps is None:
+        say(f"rayward: cluster.max_failures is {cfg.cluster.max_failures} but grpo.save_steps is unset: a lost "
+            "learner starts the run over from the initial model (set grpo.save_steps to lose at most that many "
+            "steps)")
+    return found
+
+
+@dataclass
+class _Session:
+    """One run's time on Ray: start (or join) it, build the run, resume, supervise the loop, tear down."""
+
+    p: Prepared
+    signals: Signals
+    display: Display
+    show_actor_output: bool
+    run: Run | None = None
+    owns_ray: bool = False
+    embedded: bool = False  # the run started its own Ray cluster
+    output: ActorOutput | None = None
+    watchdog: Any = None
+
+    def run_supervised(self, found: list[Path], mode: str | None) -> list[dict[str, Any]]:
+        """Everything on Ray, errors turned into RunFailed/RunStopped, torn down whatever happens."""
+        import ray
+
+        signals, name = self.signals, self.p.name
+        self.owns_ray = not ray.is_initialized()
+        try:
+            if self.owns_ray:
+                self._start_ray()
+            check_learner_placement(self.p.cfg.cluster, ray.nodes())  # the first thing once Ray is up
+            signals.check()
+            return self._build_and_supervise(found, mode)
+        except (RunStopped, KeyboardInterrupt, ConfigError):
+            raise
+        except SystemExit as err:  # SIGTERM through Ray's handler (a Ray version whose init installs it elsewhere)
+            if err.code == signal.SIGTERM:
+                raise RunStopped(name, None, None) from None
+            raise
+        except Exception as err:
+            looping = signals.on_stop is not None
+            if signals.received is not None and not looping:  # what the interrupted start-up made of the signal
+                raise signals.interrupted() from None
+            run = self.run
+            step = run.progress.global_step + 1 if run is not None and looping else None
+            raise RunFailed(name, self.p.run_dir, step, checkpoints.latest(self.p.run_dir)) from err
+        finally:
+            self._teardown()
+
+    def _start_ray(self) -> None:
+        """An embedded cluster (or a join): the actors' output to actors.log, the dashboard's line."""
+        cfg, name, say = self.p.cfg, self.p.name, self.display.message
+        self.output = ActorOutput(self.p.run_dir / ACTOR_LOG, echo=None if self.show_actor_output else _echo)
+        self.output.capture_ray_logger()
+        self.embedded = ray_address(cfg.cluster)[0] is None
+        with self.signals.starting_ray():
+            info = init_ray(cfg.cluster, name)
+        self.signals.install()  # ours again, should a Ray version have installed its own elsewhere
+        self.signals.check()
+        if info.get("dashboard_url"):
+            say(f"rayward run {name!r}: Ray dashboard http://{info['dashboard_url']}{_sign_in()}")
+        if self.output.attach(keep_ray_printing=self.show_actor_output) and not self.show_actor_output:
+            say(f"rayward run {name!r}: the actors' output is in {self.p.run_dir / ACTOR_LOG} (--verbose shows it "
+                "here)")
+        elif not self.show_actor_output:
+            say("rayward: this Ray version cannot separate the actors' output; it is shown here")
+
+    def _build_and_supervise(self, found: list[Path], mode: str | None) -> list[dict[str, Any]]:
+        from orchestrator.build import build_run, rebuild_learner
+        from orchestrator.loop import run_pipelined, run_sync
+        from orchestrator.supervisor import Supervisor
+        from orchestrator.watchdog import Watchdog
+
+        p, signals = self.p, self.signals
+        run = self.run = build_run(p, display=self.display)
+        signals.check()
+        start = run.prompts.state()  # where a lost learner starts over when there is no checkpoint
+        _resume(run, found, mode)
+        loop = run_pipelined if p.cfg.loop.mode == "pipelined" else run_sync  # chosen once, at build time
+        self.watchdog = Watchdog(run)
+        supervisor = Supervisor(run, loop, rebuild=lambda: rebuild_learner(run, p), start=start,
+                                hung=self.watchdog.hung_learner)
+        signals.check()
+        signals.looping(lambda: setattr(run.progress, "stop_requested", True))
+        self.display.start(run.progress.global_step)
+        self.watchdog.start()
+        history = supervisor()  # on a signal the loop stops at a step boundary and checkpoints (phases.finish)
+        self.display.close()
+        return history
+
+    def _teardown(self) -> None:
+        import ray
+
+        from orchestrator.build import shutdown_run
+
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        self.display.close()
+        self.signals.restore()  # from here a signal acts as it would without rayward: the run is over
+        if self.run is not None:
+            shutdown_run(self.run)
+        if self.output is not None:
+            self.output.drain()
+        if self.owns_ray and self.embedded:
+            ray_compat.shutdown_without_grace()  # its processes ignore SIGTERM (orchestrator/signals.py)
+        elif self.owns_ray:
+            ray.shutdown()
+        if self.output is not None:
+            self.output.close()
+
+
+def _resume(run: Run, found: list[Path], mode: str | None) -> None:
+    """The compute line, the checkpoint to continue from (if any), and the generator-learner parity check."""
+    from actors.weights.parity import logprob_parity
+
+    cfg, say = run.cfg, run.display.message
+    threads = [f"learner {run.learner.cpu_threads()}"]
+    threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.call("cpu_threads"))]
+    say(f"rayward: compute: {'; '.join(threads)}")
+    ckpt = checkpoints.resume(run, found)
+    if ckpt is not None:
+        say(f"rayward: resumed from {ckpt} at step {run.progress.global_step}")
+    elif found and mode == checkpoints.RESUME_REQUIRED:
+        raise ConfigError(f"--resume: none of the checkpoints in {run.run_dir} could be loaded")
+    if cfg.logging.check_logprob_parity:
+        stats = run.weights.push(run.progress.global_step)
+        gap = logprob_parity(run.learner, run.generators, cfg.generation.temperature)
+        say(
+            f"rayward: weight sync {stats.bytes / 1e6:.0f} MB in {stats.seconds:.2f}s; generator-learner "
+            f"logprob parity after sync: max abs diff {gap:.2e}"
+        )
+
+
+def _sign_in() -> str:
+    """How a browser gets past the dashboard's sign-in page under Ray's token auth (on by default): the token,
+    from `ray get-auth-token` (never printed: the terminal may be a shared job log)."""
+    import os
+
+    from orchestrator.cli.auth import find_token
+
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return ""
+    token, where = find_token()
+    held = f"; it is in {where}" if token is not None else ""
+    return f" (sign in with the cluster's token: `ray get-auth-token`{held})"
 
 
 def _echo(message: str) -> None:

@@ -3,7 +3,8 @@ a (remote) Ray cluster through the Jobs API: submit | status | logs | stop | lis
 
 What goes wrong ends in a short message and a non-zero exit, never a traceback (unless --debug): 2 for a bad
 config or input, 1 for a run that failed (orchestrator/errors.py says what and where), 3 for an unreachable
-cluster, 130 for Ctrl-C, 143 (128 + SIGTERM) for a run stopped by SIGTERM after its checkpoint."""
+cluster, 130 for Ctrl-C, 143 (128 + SIGTERM) for a run stopped by SIGTERM. A run in its loop stops at the next
+step boundary with a checkpoint on either; a second Ctrl-C quits at once (orchestrator/signals.py)."""
 
 from __future__ import annotations
 
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if isinstance(err, RunStopped):
             print(f"rayward: {err}", file=sys.stderr)
-            return EXIT_STOPPED
+            return EXIT_INTERRUPTED if err.signal == "SIGINT" else EXIT_STOPPED
         if isinstance(err, RunFailed):
             print(explain(err, debug=debug), file=sys.stderr)
             return EXIT_FAILED

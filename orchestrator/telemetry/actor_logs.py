@@ -90,6 +90,7 @@ class ActorOutput:
         self._seen: set[str] = set()
         self._ray_logger_state: tuple[list[logging.Handler], bool] | None = None
         self._attached = False
+        self._unroute_errors: Callable[[], None] | None = None
         self._last_line_at = time.monotonic()
 
     def __call__(self, data: dict[str, Any]) -> None:
@@ -127,7 +128,9 @@ class ActorOutput:
             return False
         if not keep_ray_printing:
             dispatcher.remove_handler(ray_compat.RAY_PRINT_HANDLER)
-        dispatcher.add_handler(HANDLER_NAME, self)
+            # Ray's own words on what rayward handles (a worker died: the learner is rebuilt, a generator
+            # restarts) go to the file with the rest; rayward says what happened in its own line.
+            self._unroute_errors = ray_compat.route_error_messages(self)
         self._attached = True
         return True
 
@@ -144,6 +147,9 @@ class ActorOutput:
         if self._attached:
             ray_compat.log_dispatcher().remove_handler(HANDLER_NAME)
             self._attached = False
+        if self._unroute_errors is not None:
+            self._unroute_errors()
+            self._unroute_errors = None
         if self._ray_logger_state is not None:
             ray_logger = logging.getLogger("ray")
             ray_logger.handlers, ray_logger.propagate = self._ray_logger_state

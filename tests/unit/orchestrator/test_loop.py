@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -18,9 +19,10 @@ from actors.learner.checkpoint import STATE_FILE
 from orchestrator import checkpoints
 from orchestrator.errors import RunStopped
 from orchestrator.loop import run_pipelined, run_sync
-from orchestrator.train import _Signals
+from orchestrator.signals import Signals
 from tests.fixtures.accounting import sync_accounting
 from tests.fixtures.fakes import ByteTokenizer, fake_run, messages, rows
+from tests.fixtures.waiting import wait_until
 
 LOOPS = {"sync": run_sync, "pipelined": run_pipelined}
 
@@ -163,8 +165,8 @@ def test_sigterm_stops_at_the_step_boundary_with_a_checkpoint_and_resume_continu
     """SIGTERM (the real handler) during step 2: step 2 is trained, logged and checkpointed, step 3 never starts;
     a resumed run continues from that checkpoint: the learner's step, the generators' weights, the data order."""
     run = fake_run(tmp_path / "r", [f"loop.mode={loop}", "grpo.max_steps=4"])
-    signals = _Signals("r")
-    signals.run, signals.looping = run, True
+    signals = Signals("r", lambda text: None)
+    signals.looping(lambda: setattr(run.progress, "stop_requested", True))
     run.learner.hook = lambda step: os.kill(os.getpid(), signal.SIGTERM) if step == 2 else None
     try:
         history = LOOPS[loop](run)
@@ -204,8 +206,8 @@ def test_a_stopped_and_resumed_run_trains_what_the_uninterrupted_one_does(tmp_pa
     full = LOOPS[loop](whole)
 
     stopped = fake_run(tmp_path / "r", flags, prompt_rows=prompts)
-    signals = _Signals("r")
-    signals.run, signals.looping = stopped, True
+    signals = Signals("r", lambda text: None)
+    signals.looping(lambda: setattr(stopped.progress, "stop_requested", True))
     stopped.learner.hook = lambda step: os.kill(os.getpid(), signal.SIGTERM) if step == 3 else None
     try:
         LOOPS[loop](stopped)
@@ -276,22 +278,67 @@ def test_an_eval_at_the_start_only_when_asked(tmp_path):
 def test_a_sigterm_while_ray_starts_is_never_lost():
     """ray.init installs a SIGTERM handler that raises SystemExit; a signal that lands where Python drops
     exceptions (here a finalizer, as logging's at-fork hook is while Ray spawns its processes) lost the stop, and
-    the run trained on to exit 0. Through ray.init rayward's handler stays: it records the request, and the check
-    after the start-up stage stops the run."""
+    the run trained on to exit 0. Through ray.init rayward's handler stays (and the signal is blocked in the
+    thread that starts Ray's processes): the request is recorded, and the start stops."""
     import ray._private.utils as ray_utils
 
     class SignalledInAFinalizer:
         def __del__(self):
-            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside __del__: its exception is dropped
+            os.kill(os.getpid(), signal.SIGTERM)  # handled here (its exception dropped), or when the block ends
 
-    signals = _Signals("r")
+    signals = Signals("r", lambda text: None)
     try:
-        with signals.kept_through_ray_init():
-            ray_utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))  # what ray.init does first
-            SignalledInAFinalizer()
-        assert signals.requested
         with pytest.raises(RunStopped):
+            with signals.starting_ray():
+                ray_utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))  # what ray.init does first
+                SignalledInAFinalizer()
             signals.check()
+        assert signals.received == "SIGTERM"
     finally:
         signals.restore()
     assert ray_utils.set_sigterm_handler.__name__ == "set_sigterm_handler"  # Ray's own again
+
+
+def test_processes_started_while_ray_starts_ignore_the_signals_meant_for_the_driver():
+    """`timeout`, a terminal's Ctrl-C and SLURM signal every process of the job: an embedded cluster's processes
+    (the learner among them) must not die of it before the driver checkpoints. They inherit the signal mask of
+    the thread that starts them: SIGTERM and SIGINT blocked while Ray starts, and the driver's own mask is back
+    afterwards."""
+    import subprocess
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    signals = Signals("r", lambda text: None)
+    try:
+        with signals.starting_ray():
+            child = subprocess.run(["grep", "^SigBlk", "/proc/self/status"], capture_output=True, text=True)
+    finally:
+        signals.restore()
+    blocked = int(child.stdout.split()[1], 16)
+    assert blocked & (1 << (signal.SIGTERM - 1)) and blocked & (1 << (signal.SIGINT - 1)), child.stdout
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_the_first_ctrl_c_stops_at_the_step_boundary_with_a_checkpoint_and_the_second_quits(tmp_path, loop):
+    """Ctrl-C (SIGINT, the real handler) during step 2: step 2 is trained, logged and checkpointed, as for
+    SIGTERM, and the stop says Ctrl-C (the CLI exits 130); a second Ctrl-C quits at once, with no checkpoint."""
+    run = fake_run(tmp_path / "r", [f"loop.mode={loop}", "grpo.max_steps=4"])
+    said = []
+    signals = Signals("r", said.append)
+    signals.looping(lambda: setattr(run.progress, "stop_requested", True))
+    run.learner.hook = lambda step: os.kill(os.getpid(), signal.SIGINT) if step == 2 else None
+    try:
+        history = LOOPS[loop](run)
+        assert [h["step"] for h in history] == [1, 2] and run.learner.saved == ["checkpoint-2"]
+        stopped = signals.stopped(2, run.run_dir / "checkpoint-2")
+        assert stopped.signal == "SIGINT" and "(Ctrl-C)" in str(stopped)
+        wait_until(lambda: said, "the stop's message")
+        assert said == ["rayward: Ctrl-C: stopping at the end of this step, with a checkpoint (Ctrl-C again quits "
+                        "at once, without one)"]
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs at the next bytecode: well inside this
+    finally:
+        signals.restore()
+
+

@@ -52,3 +52,43 @@ def test_the_ray_logger_goes_to_the_file_and_comes_back(tmp_path):
     out.close()
     assert (list(ray_logger.handlers), ray_logger.propagate) == before
     assert "WARNING ray.some_module: object store is using /tmp" in (tmp_path / "actors.log").read_text()
+
+
+RAYLET_PARAGRAPH = (
+    "A worker died or was killed while executing a task by an unexpected system error. To troubleshoot the "
+    "problem, check the logs for the dead worker. RayTask ID: ffff Worker ID: 1a2b Node ID: 3c4d Worker IP "
+    "address: 10.0.0.1 Worker port: 10002 Worker PID: 4242 Worker exit type: SYSTEM_ERROR Worker exit detail: "
+    "Worker unexpectedly exits with a connection error code 2. End of file. There are some potential root "
+    "causes. (1) The process is killed by SIGKILL by OOM killer due to high memory usage. (2) ray stop --force "
+    "is called. (3) The worker is crashed unexpectedly due to SIGSEGV or other unexpected errors. Consider "
+    "--enable-resource-isolation."
+)
+
+
+def test_the_errors_ray_publishes_to_the_driver_go_to_the_file_not_the_terminal(tmp_path, capsys):
+    """A learner or generator killed mid-run: Ray's raylet publishes a paragraph to the driver, which its error
+    thread (listen_error_messages) prints beside the log dispatcher. rayward says in its own line what it does
+    about it; Ray's paragraph goes to actors.log. --verbose (keep_ray_printing) leaves Ray's printing alone."""
+    from ray._private import worker
+
+    printer = worker.print_to_stdstream
+    shown: list[str] = []
+    out = ActorOutput(tmp_path / "actors.log", echo=shown.append)
+    assert out.attach(keep_ray_printing=False)
+    try:
+        # what listen_error_messages does with each error it receives
+        worker.print_to_stdstream({"lines": [RAYLET_PARAGRAPH], "pid": "raylet", "is_err": False},
+                                  ignore_prefix=False)
+    finally:
+        out.close()
+    assert worker.print_to_stdstream is printer
+    captured = capsys.readouterr()
+    assert "A worker died" not in captured.out + captured.err and shown == []
+    assert (tmp_path / "actors.log").read_text() == f"(raylet) {RAYLET_PARAGRAPH}\n"
+
+    verbose = ActorOutput(tmp_path / "verbose.log", echo=shown.append)
+    verbose.attach(keep_ray_printing=True)
+    try:
+        assert worker.print_to_stdstream is printer
+    finally:
+        verbose.close()
