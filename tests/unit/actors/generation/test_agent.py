@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from actors.generation import chat
-from actors.generation.agent import AgentLoop, AgentSettings, turn_seed
+from actors.generation.agent import AgentLoop, AgentSettings, TurnSettings, turn_seed
 from actors.types import Sample
 from tests.fixtures.engines import TOKEN_LOGPROB, by_turn, scripted_loop, turn_params
 from tests.fixtures.envs import WAIT_S, LocalEnvironments, ToolTestEnv, tool_schemas
@@ -35,6 +35,10 @@ def call(name: str, **arguments: Any) -> str:
 
 def settings(**kw: Any) -> AgentSettings:
     return AgentSettings(**{"tools": {None: SCHEMAS}, "max_tool_tokens": 1000, "trajectory_timeout_s": WAIT_S, **kw})
+
+
+def turns(**kw: Any) -> TurnSettings:
+    return TurnSettings(**{"n": 1, "max_tokens": 200, "max_model_len": MODEL_LEN, "params": turn_params, **kw})
 
 
 def row(text: str = "Echo hi.", **columns: Any) -> dict[str, Any]:
@@ -59,8 +63,8 @@ class Rig:
         self.loop, self.engine = scripted_loop(by_turn(tokenizer, replies))
 
     def agent_loop(self, agent: AgentSettings | None = None, **kw: Any) -> AgentLoop:
-        kw = {"n": 1, "max_tokens": 200, "max_model_len": MODEL_LEN, "params": turn_params, **kw}
-        return AgentLoop(self.loop, self.envs, self.tokenizer, agent or settings(), **kw)
+        """kw: TurnSettings' fields, over one trajectory per row within the test's budgets."""
+        return AgentLoop(self.loop, self.envs, self.tokenizer, agent or settings(), turns(**kw))
 
     def rollout(self, rows: list[dict[str, Any]], agent: AgentSettings | None = None, seeds: list[int] | None = None,
                 **kw: Any) -> list[list[Sample]]:
