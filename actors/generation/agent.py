@@ -602,8 +602,6 @@ class AgentLoop:
         self._close_session(t)
 
     def _close_session(self, t: _Trajectory) -> None:
-        if not t.record.started:  # never opened: the record holds the prompt as the model would have seen it
-            t.record.start(list(t.row_messages))
         if t.session is None:
             self._finish(t)
             return
@@ -634,6 +632,8 @@ class AgentLoop:
         t.enter(Phase.DONE)
 
     def _sample(self, t: _Trajectory) -> Sample:
+        if not t.record.started:  # never opened: the record holds the prompt as the model would have seen it
+            t.record.start(list(t.row_messages))
         return t.record.to_sample(t.stop or "env_error", env=t.env, closed=t.closed)
 
     # --- the call's end -----------------------------------------------------------------------------------

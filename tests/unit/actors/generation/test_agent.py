@@ -620,6 +620,8 @@ def test_a_trajectory_whose_open_never_answers_ends_at_its_grace_keeping_timeout
     t = sample.trajectory
     assert (t.stop_reason, t.turns, sample.completion_ids, t.env_reward) == ("timeout", 0, [], None)
     assert envs.closed == [] and r.engine.added == []
+    # Never opened: its prompt as the model would have seen it (the learner takes the group's prompt from it).
+    assert t.prompt == row()["prompt"] and t.prompt_ids == chat.render_prompt(r.tokenizer, t.prompt, SCHEMAS)
 
 
 # --- the pieces a second driver reuses ----------------------------------------------------------------------
