@@ -7,7 +7,8 @@ future's done-callback posts a typed event to the loop, and the loop moves the t
     OPENING   its group's G environment sessions open (one `Environments.open`, the row's group seed: every
               session of a group starts from the same state).
               Opened: render the first prompt (reset's text appended to the last message, the environment's
-              tool schemas) and submit the first turn -> SAMPLING; reset raised -> CLOSING
+              tool schemas) and submit the first turn -> SAMPLING; reset raised, the pool could not open
+              it, or no room for a turn -> CLOSING
     SAMPLING  one engine request: the trajectory's ids so far, max_tokens = what is left of the model-token
               budget and of the context; it joins the engine's running batch at its next step, beside the
               turns of every other trajectory (continuous batching).
@@ -15,7 +16,7 @@ future's done-callback posts a typed event to the loop, and the loop moves the t
               its error appended as the tool message, the next turn -> SAMPLING; a stop reason -> CLOSING
     CALLING   the turn's tool calls run in the session (`Environments.call`).
               Called: their results, as the chat template renders them, appended, the next turn -> SAMPLING;
-              the session lost, or no room for the results -> CLOSING
+              the session lost, or no room for the results or for another turn -> CLOSING
     CLOSING   stopped for a stop reason: its turn in flight aborted, its session closing
               (`Environments.close`: get_reward, the environment's state if asked for); stopped while it
               opened, it waits for its session to close it.
@@ -332,7 +333,7 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
 }
 
 
-@dataclass
+@dataclass(eq=False)
 class _Trajectory:
     """A trajectory of the environment-class driver: who it is, its phase and what it waits on, its record."""
 
