@@ -1,19 +1,33 @@
 """The agent loop: multi-turn, tool-calling rollouts, each trajectory at its own pace, token in / token out.
 
 One `AgentLoop` serves one rollout call (the generator's `rollout` / `rollout_stream`): G trajectories per
-dataset row, each a little state machine driven by the futures it waits on:
+dataset row, each a small state machine. A trajectory is in one `Phase` at a time and waits on one future; the
+future's done-callback posts a typed event to the loop, and the loop moves the trajectory on:
 
-    open      the row's G environment sessions (one `Environments.open`, the row's group seed: every session
-              of a group starts from the same state), then render the first prompt (reset's text appended to
-              the last message, the environment's tool schemas)
-    turn      one engine request: the trajectory's ids so far, max_tokens = what is left of the model-token
+    OPENING   its group's G environment sessions open (one `Environments.open`, the row's group seed: every
+              session of a group starts from the same state).
+              Opened: render the first prompt (reset's text appended to the last message, the environment's
+              tool schemas) and submit the first turn -> SAMPLING; reset raised, the pool could not open
+              it, or no room for a turn -> CLOSING
+    SAMPLING  one engine request: the trajectory's ids so far, max_tokens = what is left of the model-token
               budget and of the context; it joins the engine's running batch at its next step, beside the
-              turns of every other trajectory (continuous batching)
-    call      the turn's tool calls, parsed from the sampled ids, run in the session (`Environments.call`);
-              their results, as the chat template renders them, are appended and the next turn submitted
-    close     the session ends (`Environments.close`: get_reward, the environment's state if asked for)
+              turns of every other trajectory (continuous batching).
+              Sampled: the turn's ids appended, its tool calls parsed; calls -> CALLING; an unreadable call:
+              its error appended as the tool message, the next turn -> SAMPLING; a stop reason -> CLOSING
+    CALLING   the turn's tool calls run in the session (`Environments.call`).
+              Called: their results, as the chat template renders them, appended, the next turn -> SAMPLING;
+              the session lost, or no room for the results or for another turn -> CLOSING
+    CLOSING   stopped for a stop reason: its turn in flight aborted, its session closing
+              (`Environments.close`: get_reward, the environment's state if asked for); stopped while it
+              opened, it waits for its session to close it.
+              Closed -> DONE
+    DONE      nothing of it runs; its group is yielded once all of its trajectories are DONE
 
-until a stop reason (actors/types.py StopReason):
+`TRANSITIONS` lists the moves each phase allows; DONE has none. Each trajectory's deadline
+(trajectory_timeout_s from its group's open) moves it to CLOSING (`timeout`) from any phase before it; in
+CLOSING it has CLOSE_GRACE_S more. An event of a future the trajectory no longer waits on (its deadline
+passed, its turn was aborted, the call ended) is stale and ignored. A trajectory runs until a stop reason
+(actors/types.py StopReason):
 
     stop       the model answered without a tool call
     max_turns  it called tools again after max_tool_calling_iterations rounds of tools (not run)
@@ -21,7 +35,8 @@ until a stop reason (actors/types.py StopReason):
                (max_model_len) or the tool-result token budget (max_tool_tokens) ran out
     timeout    the trajectory's deadline (trajectory_timeout_s from its group's open) passed while it waited
                (on the environment or on the engine: an unfinished turn is aborted and not kept)
-    env_error  the environment failed: reset raised, the session was lost (its worker died or hung)
+    env_error  the environment failed: reset raised, the session was lost (its worker died or hung); a
+               session lost after the deadline keeps `timeout`, the first cause (`AgentLoop._session_lost`)
 
 A tool that raises, times out or does not exist, and a call the model wrote but that cannot be read, are tool
 messages the model reads next (counted as failures), not stop reasons. Nothing of the user's runs here: tools
@@ -32,6 +47,11 @@ The next turn's ids are the previous prompt ids + the sampled ids + the tool res
 (actors/generation/chat.py); earlier turns are never re-rendered. Per completion token the sample keeps the
 sampling logprob (NaN where the model did not sample it), the policy version that sampled it (-1 there) and
 the model turn (-1 there: Trajectory.turn_ids, the learner's mask).
+
+What any driver of a trajectory needs is apart from this one (the environment-class driver, `AgentLoop`), so
+another driver (one where an external agent program sends the messages) reuses it: `TurnSettings` (the
+call's budgets and sampling), `TrajectoryRecord` (the sample being built: `start`, `append_turn`,
+`append_scaffold`, `to_sample` with its template check), `turn_budget` / `scaffold_budget` and `submit_turn`.
 """
 
 from __future__ import annotations
@@ -44,6 +64,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from actors.envs.client import Environments
@@ -56,6 +77,7 @@ from actors.types import (
     EnvRequest,
     Sample,
     StopReason,
+    ToolCall,
     ToolResult,
     Trajectory,
 )
@@ -134,60 +156,247 @@ def turn_seed(seed: int, sample: int, turn: int) -> int:
     return int.from_bytes(digest, "big") >> 1  # vLLM takes a non-negative int64
 
 
+# --- what every driver of a trajectory needs ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """What one rollout call fixes about its trajectories' turns (AgentSettings: what the run fixes)."""
+
+    n: int  # trajectories per row: a GRPO group
+    max_tokens: int  # the model-token budget of each trajectory, over all its turns
+    max_model_len: int  # the context: a trajectory's prompt and completion together
+    params: TurnParams  # the sampling params of one turn, from (max_tokens, seed)
+    min_version: int | None = None  # `EngineLoop.submit`'s, for every turn
+    pin: bool = False  # no weight load changes the version from the engine's reaching min_version to the
+    # call's end, between turns too (`EngineLoop.pinned`: an eval)
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.max_tokens < 1:
+            raise ValueError(f"TurnSettings: n ({self.n}) and max_tokens ({self.max_tokens}) must be >= 1")
+
+
 @dataclass
-class _Trajectory:
-    group: int
-    sample: int  # index within its group
-    seed: int  # the group's seed
-    env: str | None
-    tools: list[dict[str, Any]]
-    row_messages: list[dict[str, Any]]
-    deadline: float
-    session: int | None = None
+class TrajectoryCounts:
+    """What a trajectory counts besides its ids (Trajectory's counters, the run's multiturn/ metrics)."""
+
+    turns: int = 0  # model turns sampled
+    model_tokens: int = 0  # tokens the model sampled: the model-token budget counts these
+    tool_tokens: int = 0  # tool-result and scaffold tokens: the tool-token budget counts these
+    tool_calls: int = 0  # calls the model wrote (well-formed or not)
+    tool_failures: int = 0  # calls that raised, timed out, named an unknown tool or could not be read
+    truncated: int = 0  # tool results cut to fit the tool-token budget
+    env_s: float = 0.0  # seconds waiting on the environment: open, tools, close
+
+
+@dataclass(frozen=True)
+class SampledTurn:
+    """One finished engine turn: the ids the model sampled, their sampling logprobs and policy versions."""
+
+    ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str | None  # vLLM's: "length" when max_tokens cut it
+
+    @classmethod
+    def of(cls, request: Request) -> SampledTurn:
+        """The turn of a finished request (n=1; raises CancelledError for an aborted one)."""
+        completion = request.result().outputs[0]
+        ids = list(completion.token_ids)
+        logprobs = [step[tok].logprob for tok, step in zip(ids, completion.logprobs, strict=True)]
+        return cls(ids, logprobs, token_versions(completion), completion.finish_reason)
+
+
+@dataclass
+class TrajectoryRecord:
+    """One trajectory's sample as it is built, token in / token out: the first prompt rendered once (`start`),
+    then model turns (`append_turn`) and scaffold between them (`append_scaffold`: tool results, or any
+    messages the template renders after a turn) appended as ids, never re-rendered; `to_sample` at the end."""
+
+    tokenizer: Any
+    tools: list[dict[str, Any]]  # the JSON schemas of the tools the model sees
     prompt: list[dict[str, Any]] = field(default_factory=list)
     prompt_ids: list[int] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)  # prompt + completion so far: the next turn's prompt
     completion: list[int] = field(default_factory=list)
+    # Per completion token, each [len(completion)]: the sampling logprob, the policy version that sampled it
+    # and the model turn; NaN, -1 and -1 where the model did not sample it.
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     turn_ids: list[int] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    calling: list[str] = field(default_factory=list)  # the tools of the calls in flight, in order
-    turns: int = 0
-    model_tokens: int = 0
-    tool_tokens: int = 0
-    tool_calls: int = 0
-    tool_failures: int = 0
-    truncated: int = 0
-    env_s: float = 0.0
-    waiting: Future | None = None  # the future it waits on now (events of any other are stale)
-    opening: bool = True  # waiting on its group's open
-    since: float = 0.0  # when it started waiting on `waiting`
-    closing: bool = False
-    stop: StopReason | None = None
-    closed: EnvClosed | None = None
-    finished: bool = False
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the completion as chat messages
+    counts: TrajectoryCounts = field(default_factory=TrajectoryCounts)
 
-    def append(self, ids: list[int], logprobs: list[float], versions: list[int], turn: int) -> None:
+    @property
+    def started(self) -> bool:
+        return bool(self.prompt_ids)
+
+    def start(self, prompt: list[dict[str, Any]]) -> None:
+        """Render the first prompt (the chat template, the tools' schemas): the first turn's ids."""
+        self.prompt = prompt
+        self.prompt_ids = chat.render_prompt(self.tokenizer, prompt, self.tools)
+        self.ids = list(self.prompt_ids)
+
+    def append_turn(self, sampled: SampledTurn) -> chat.Turn:
+        """Append one model turn (sampled after `ids`); returns it as the model wrote it: message, calls."""
+        turn = chat.parse_turn(self.tokenizer, sampled.ids, self.ids, self.tools)
+        self._append(sampled.ids, sampled.logprobs, sampled.versions, self.counts.turns)
+        self.messages.append(turn.message)
+        self.counts.turns += 1
+        self.counts.model_tokens += len(sampled.ids)
+        return turn
+
+    def append_scaffold(self, ids: list[int], messages: list[dict[str, Any]]) -> None:
+        """Append what the model did not sample (out of the loss): messages and their rendered suffix ids."""
+        self._append(ids, [math.nan] * len(ids), [-1] * len(ids), -1)
+        self.messages += messages
+        self.counts.tool_tokens += len(ids)
+
+    def to_sample(
+        self, stop: StopReason, *, env: str | None = None, closed: EnvClosed | None = None
+    ) -> Sample:
+        """The finished sample. env: the environment's name; closed: what its session's close returned."""
+        c = self.counts
+        trajectory = Trajectory(
+            prompt_ids=self.prompt_ids, prompt=self.prompt, messages=self.messages, turn_ids=self.turn_ids,
+            stop_reason=stop, env=env, tool_calls=c.tool_calls, tool_failures=c.tool_failures,
+            tool_tokens=c.tool_tokens, truncated_tool_results=c.truncated, env_s=c.env_s,
+            env_reward=closed.reward if closed is not None else None,
+            env_state=closed.state if closed is not None else None,
+            template_match=self.template_match(),
+        )
+        text = self.tokenizer.decode(self.completion, skip_special_tokens=True)
+        return Sample(self.completion, self.logprobs, text, stop, self.versions, trajectory)
+
+    def template_match(self) -> bool:
+        """Whether the ids trained on (never re-rendered) agree with the template's rendering of the conversation
+        at its special-token boundaries: the run's multiturn/template_mismatch_frac. A conversation the template
+        cannot render at all counts as a mismatch."""
+        try:
+            ids = self.prompt_ids + self.completion
+            return chat.template_check(self.tokenizer, self.prompt, self.messages, self.tools, ids).match
+        except Exception:  # noqa: BLE001 - the template's own error: it cannot reproduce what was trained on
+            return False
+
+    def _append(self, ids: list[int], logprobs: list[float], versions: list[int], turn: int) -> None:
         self.completion += ids
         self.logprobs += logprobs
         self.versions += versions
         self.turn_ids += [turn] * len(ids)
         self.ids += ids
 
-    def append_scaffold(self, ids: list[int]) -> None:
-        self.append(ids, [math.nan] * len(ids), [-1] * len(ids), -1)
+
+def turn_budget(turns: TurnSettings, record: TrajectoryRecord) -> int:
+    """max_tokens of the record's next turn: what is left of the model-token budget and of the context (<= 0:
+    no room for a turn, the trajectory ends `length`)."""
+    return min(turns.max_tokens - record.counts.model_tokens, turns.max_model_len - len(record.ids))
+
+
+def scaffold_budget(max_tool_tokens: int, max_model_len: int, record: TrajectoryRecord) -> int:
+    """How many ids the record's next scaffold may take: what is left of the tool-token budget and of the
+    context, leaving room for one more model token (<= 0: none, the trajectory ends `length`)."""
+    return min(max_tool_tokens - record.counts.tool_tokens, max_model_len - len(record.ids) - 1)
+
+
+def submit_turn(
+    engine: EngineLoop, turns: TurnSettings, record: TrajectoryRecord, seed: int
+) -> Request | None:
+    """Submit the record's next turn (its ids, max_tokens = `turn_budget`, the turn's sampling seed); None
+    when there is no room for one (the trajectory ends `length`)."""
+    budget = turn_budget(turns, record)
+    if budget <= 0:
+        return None
+    return engine.submit(record.ids, turns.params(budget, seed), min_version=turns.min_version)
+
+
+# --- the environment-class driver: the state machine -------------------------------------------------------
+
+
+class Phase(Enum):
+    """Where a trajectory is (see the module docstring): what it waits on."""
+
+    OPENING = "opening"  # its group's open
+    SAMPLING = "sampling"  # its turn in the engine
+    CALLING = "calling"  # its turn's tool calls in its session
+    CLOSING = "closing"  # stopped: its session's close (stopped while opening: its open, to close it then)
+    DONE = "done"  # nothing: its sample is ready
+
+
+# The phases each phase may move to. Every phase but DONE may also move to DONE when the call ends early (its
+# consumer stopped, or an error): nothing of the trajectory is waited for then. DONE is never left.
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.OPENING: frozenset({Phase.SAMPLING, Phase.CLOSING, Phase.DONE}),
+    Phase.SAMPLING: frozenset({Phase.SAMPLING, Phase.CALLING, Phase.CLOSING, Phase.DONE}),
+    Phase.CALLING: frozenset({Phase.SAMPLING, Phase.CLOSING, Phase.DONE}),
+    Phase.CLOSING: frozenset({Phase.DONE}),
+    Phase.DONE: frozenset(),
+}
+
+
+@dataclass(eq=False)
+class _Trajectory:
+    """A trajectory of the environment-class driver: who it is, its phase and what it waits on, its record."""
+
+    group: int
+    sample: int  # index within its group
+    seed: int  # the group's seed
+    env: str | None
+    row_messages: list[dict[str, Any]]
+    deadline: float
+    record: TrajectoryRecord
+    phase: Phase = Phase.OPENING
+    waiting: _Event | None = None  # the event it waits for (any other is stale)
+    since: float = 0.0  # when it started waiting
+    session: int | None = None
+    calling: list[str] = field(default_factory=list)  # the tools of the calls in flight, in order
+    stop: StopReason | None = None  # set when it enters CLOSING
+    closed: EnvClosed | None = None  # what its session's close returned
+
+    @property
+    def counts(self) -> TrajectoryCounts:
+        return self.record.counts
+
+    def enter(self, phase: Phase) -> None:
+        if phase not in TRANSITIONS[self.phase]:
+            raise RuntimeError(f"agent loop: a trajectory cannot move from {self.phase.name} to {phase.name}")
+        self.phase = phase
+
+
+# The events: each carries the future it is the outcome of; a trajectory waits for one event at a time.
+
+
+@dataclass(eq=False)
+class _Opened:
+    group: int  # all of the group's trajectories wait for it
+    future: Future  # Environments.open: list[EnvOpened], one per trajectory
+
+
+@dataclass(eq=False)
+class _Sampled:
+    trajectory: _Trajectory
+    future: Request
+
+
+@dataclass(eq=False)
+class _Called:
+    trajectory: _Trajectory
+    future: Future  # Environments.call: list[ToolResult], one per call
+
+
+@dataclass(eq=False)
+class _Closed:
+    trajectory: _Trajectory
+    future: Future  # Environments.close: [EnvClosed]
+
+
+_Event = _Opened | _Sampled | _Called | _Closed
 
 
 class AgentLoop:
     """One rollout call: G trajectories per row, over the engine loop and the environments (see the module
     docstring). `run` yields the groups as they finish; a consumer that stops early leaves nothing running
-    (turns aborted, sessions closed without waiting).
-
-    params: the sampling params of one turn, from (max_tokens, seed). max_tokens: the model-token budget of each
-    trajectory. min_version: `EngineLoop.submit`'s, for every turn. pin: no weight load changes the version from
-    the engine's reaching min_version to the call's end, between turns too (`EngineLoop.pinned`: an eval).
-    clock: monotonic seconds (deadlines)."""
+    (turns aborted, sessions closed without waiting). turns: the call's budgets and sampling. clock: monotonic
+    seconds (deadlines)."""
 
     def __init__(
         self,
@@ -195,21 +404,13 @@ class AgentLoop:
         envs: Environments,
         tokenizer: Any,
         agent: AgentSettings,
+        turns: TurnSettings,
         *,
-        n: int,
-        max_tokens: int,
-        max_model_len: int,
-        params: TurnParams,
-        min_version: int | None = None,
-        pin: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if n < 1 or max_tokens < 1:
-            raise ValueError(f"AgentLoop: n ({n}) and max_tokens ({max_tokens}) must be >= 1")
-        self.engine, self.envs, self.tokenizer, self.agent = engine, envs, tokenizer, agent
-        self.n, self.max_tokens, self.max_model_len, self.params = n, max_tokens, max_model_len, params
-        self.min_version, self.pin, self.clock = min_version, pin, clock
-        self._events: queue.SimpleQueue[tuple[str, Any, Future]] = queue.SimpleQueue()
+        self.engine, self.envs, self.tokenizer, self.agent, self.turns = engine, envs, tokenizer, agent, turns
+        self.clock = clock
+        self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
         self._groups: dict[int, list[_Trajectory]] = {}
 
     def run(self, rows: list[Mapping[str, Any]], seeds: list[int]) -> Iterator[list[tuple[int, list[Sample]]]]:
@@ -219,13 +420,14 @@ class AgentLoop:
         for row in rows:  # every row's mistake named before any environment opens
             self.agent.environment(row)
             self.agent.messages(row)
-        with self.engine.pinned(self.min_version) if self.pin else nullcontext():
+        with self.engine.pinned(self.turns.min_version) if self.turns.pin else nullcontext():
             try:
                 for g, (row, seed) in enumerate(zip(rows, seeds, strict=True)):
                     self._open(g, row, seed)
                 while self._groups:
                     self._wait_and_handle()
-                    done = [g for g, group in self._groups.items() if all(t.finished for t in group)]
+                    done = [g for g, group in self._groups.items()
+                            if all(t.phase is Phase.DONE for t in group)]
                     if done:
                         yield [(g, [self._sample(t) for t in self._groups.pop(g)]) for g in done]
             finally:
@@ -236,220 +438,221 @@ class AgentLoop:
     def _wait_and_handle(self) -> None:
         """Handle the next event (waiting at most until the nearest deadline) and any queued behind it, then end
         what is past its deadline."""
-        deadline = min((self._deadline(t) for group in self._groups.values() for t in group if not t.finished),
-                       default=self.clock())
+        live = [t for group in self._groups.values() for t in group if t.phase is not Phase.DONE]
+        deadline = min((self._deadline(t) for t in live), default=self.clock())
         try:
             event = self._events.get(timeout=max(deadline - self.clock(), 0.0))
             while True:
-                self._handle(*event)
+                self._handle(event)
                 event = self._events.get_nowait()
         except queue.Empty:
             pass
         now = self.clock()
-        for group in self._groups.values():
-            for t in group:
-                if not t.finished and now >= self._deadline(t):
-                    self._expire(t)
+        for t in live:
+            if t.phase is not Phase.DONE and now >= self._deadline(t):
+                self._expire(t)
 
-    def _handle(self, kind: str, target: Any, future: Future) -> None:
-        if kind == "opened":
-            self._opened(target, future)
+    def _handle(self, event: _Event) -> None:
+        if isinstance(event, _Opened):
+            self._opened(event)
             return
-        t: _Trajectory = target
-        if future is not t.waiting:  # stale: it stopped waiting on this (a deadline, an abort)
+        t = event.trajectory
+        if event is not t.waiting:  # stale: it stopped waiting on this (a deadline, an abort)
             return
         t.waiting = None
-        if kind == "turn":
-            self._turn_done(t, future)
-        elif kind == "called":
-            t.env_s += self.clock() - t.since
-            try:
-                results: list[ToolResult] = future.result()
-            except Exception:  # noqa: BLE001 - the session is gone (EnvSessionLost) or the pool failed
-                self._end(t, "env_error")
-                return
-            self._tools_done(t, results)
-        else:  # closed
-            t.env_s += self.clock() - t.since
-            try:
-                (t.closed,) = future.result()
-            except Exception:  # noqa: BLE001 - the session is gone: its reward with it
-                t.stop = "env_error" if t.stop != "timeout" else t.stop
-            t.finished = True
+        if isinstance(event, _Sampled):
+            self._sampled(t, event.future)
+        elif isinstance(event, _Called):
+            self._called(t, event.future)
+        else:
+            self._closed(t, event.future)
 
-    def _wait(self, t: _Trajectory, kind: str, future: Future) -> None:
-        t.waiting, t.since = future, self.clock()
-        future.add_done_callback(lambda f: self._events.put((kind, t, f)))
+    def _wait(self, t: _Trajectory, event: _Event) -> None:
+        t.waiting, t.since = event, self.clock()
+        event.future.add_done_callback(lambda _: self._events.put(event))
+
+    def _waited_on_env(self, t: _Trajectory) -> None:
+        t.counts.env_s += self.clock() - t.since
 
     def _deadline(self, t: _Trajectory) -> float:
-        return t.deadline + CLOSE_GRACE_S if t.closing else t.deadline
+        return t.deadline + CLOSE_GRACE_S if t.phase is Phase.CLOSING else t.deadline
 
     def _expire(self, t: _Trajectory) -> None:
-        if t.closing:  # the pool never answered the open or the close: no session to close, no reward
-            t.env_s += self.clock() - t.since
-            t.waiting, t.finished = None, True
-            t.stop = "env_error" if t.stop != "timeout" else t.stop
-            return
-        self._end(t, "timeout")
+        if t.phase is Phase.CLOSING:  # the pool never answered the open or the close: no session to close
+            self._waited_on_env(t)
+            t.waiting = None
+            self._session_lost(t)
+        elif t.phase is Phase.OPENING:  # it still waits for its session, to close it
+            t.stop = "timeout"
+            t.enter(Phase.CLOSING)
+        else:
+            self._end(t, "timeout")
 
-    # --- open -> first turn -------------------------------------------------------------------------------
+    # --- OPENING ------------------------------------------------------------------------------------------
 
     def _open(self, g: int, row: Mapping[str, Any], seed: int) -> None:
         agent, env = self.agent, self.agent.environment(row)
         deadline = self.clock() + agent.trajectory_timeout_s
         messages = agent.messages(row)
-        group = [_Trajectory(g, j, seed, env, list(agent.tools[env]), messages, deadline) for j in range(self.n)]
+        group = [_Trajectory(g, j, seed, env, messages, deadline,
+                             TrajectoryRecord(self.tokenizer, list(agent.tools[env])))
+                 for j in range(self.turns.n)]
         self._groups[g] = group
         request = EnvRequest(env, agent.reset_row(row), seed)
-        future = self.envs.open([request] * self.n)
+        event = _Opened(g, self.envs.open([request] * self.turns.n))
         for t in group:
-            t.waiting, t.since = future, self.clock()
-        future.add_done_callback(lambda f: self._events.put(("opened", g, f)))
+            t.waiting, t.since = event, self.clock()
+        event.future.add_done_callback(lambda _: self._events.put(event))
 
-    def _opened(self, g: int, future: Future) -> None:
+    def _opened(self, event: _Opened) -> None:
         try:
-            opened: list[EnvOpened] | None = future.result()
+            opened: list[EnvOpened] | None = event.future.result()
         except Exception:  # noqa: BLE001 - the pool could not open them
             opened = None
-        for j, t in enumerate(self._groups.get(g, [])):
-            if t.waiting is not future:  # given up on (run's end)
+        for j, t in enumerate(self._groups.get(event.group, [])):
+            if t.waiting is not event:  # given up on (its deadline and grace, the run's end)
                 continue
-            t.waiting, t.opening = None, False
-            t.env_s += self.clock() - t.since
+            t.waiting = None
+            self._waited_on_env(t)
             session = opened[j] if opened is not None else None
             t.session = session.session if session is not None else None
-            if t.stop is not None:  # its deadline passed while it opened: close what it got
-                self._end(t, t.stop)
+            if t.phase is Phase.CLOSING:  # its deadline passed while it opened: close what it got
+                self._close_session(t)
             elif session is None or session.error is not None:
                 self._end(t, "env_error")
             else:
-                self._first_turn(t, session)
+                t.record.start(chat.prompt_messages(t.row_messages, session.observation))
+                self._submit_turn(t)
 
-    def _first_turn(self, t: _Trajectory, session: EnvOpened) -> None:
-        t.prompt = chat.prompt_messages(t.row_messages, session.observation)
-        t.prompt_ids = chat.render_prompt(self.tokenizer, t.prompt, t.tools)
-        t.ids = list(t.prompt_ids)
-        self._submit_turn(t)
-
-    # --- turns --------------------------------------------------------------------------------------------
+    # --- SAMPLING -----------------------------------------------------------------------------------------
 
     def _submit_turn(self, t: _Trajectory) -> None:
-        budget = min(self.max_tokens - t.model_tokens, self.max_model_len - len(t.ids))
-        if budget <= 0:
+        seed = turn_seed(t.seed, t.sample, t.counts.turns)
+        request = submit_turn(self.engine, self.turns, t.record, seed)
+        if request is None:
             self._end(t, "length")
             return
-        params = self.params(budget, turn_seed(t.seed, t.sample, t.turns))
-        request = self.engine.submit(t.ids, params, min_version=self.min_version)
-        self._wait(t, "turn", request)
+        t.enter(Phase.SAMPLING)
+        self._wait(t, _Sampled(t, request))
 
-    def _turn_done(self, t: _Trajectory, request: Request) -> None:
+    def _sampled(self, t: _Trajectory, request: Request) -> None:
         try:
-            out = request.result()
+            sampled = SampledTurn.of(request)
         except CancelledError:  # aborted by this loop; its end is already decided
             return  # (an engine that failed raises EngineError here: out of `run`, which abandons the rest)
-        completion = out.outputs[0]
-        ids = list(completion.token_ids)
-        logprobs = [step[tok].logprob for tok, step in zip(ids, completion.logprobs, strict=True)]
-        turn = chat.parse_turn(self.tokenizer, ids, t.ids, t.tools)  # t.ids: the prompt it was sampled after
-        t.append(ids, logprobs, token_versions(completion), t.turns)
-        t.turns += 1
-        t.model_tokens += len(ids)
-        t.messages.append(turn.message)
-        if completion.finish_reason == "length":
+        turn = t.record.append_turn(sampled)
+        if sampled.finish_reason == "length":
             self._end(t, "length")
             return
         if not turn.calls and turn.malformed is None:
             self._end(t, "stop")
             return
-        t.tool_calls += len(turn.calls) or 1
+        t.counts.tool_calls += len(turn.calls) or 1
         limit = self.agent.max_tool_calling_iterations
-        if limit is not None and t.turns > limit:
+        if limit is not None and t.counts.turns > limit:
             self._end(t, "max_turns")
             return
         if turn.malformed is not None:
-            t.tool_failures += 1
+            t.counts.tool_failures += 1
             self._append_results(t, [chat.malformed_result(turn.malformed)])
             return
-        t.calling = [c.name for c in turn.calls]
-        self._wait(t, "called", self.envs.call(t.session, turn.calls))
+        self._call(t, turn.calls)
 
-    def _tools_done(self, t: _Trajectory, results: list[ToolResult]) -> None:
-        t.tool_failures += sum(r.status != "ok" for r in results)
+    # --- CALLING ------------------------------------------------------------------------------------------
+
+    def _call(self, t: _Trajectory, calls: list[ToolCall]) -> None:
+        t.calling = [c.name for c in calls]
+        t.enter(Phase.CALLING)
+        self._wait(t, _Called(t, self.envs.call(t.session, calls)))
+
+    def _called(self, t: _Trajectory, future: Future) -> None:
+        self._waited_on_env(t)
+        try:
+            results: list[ToolResult] = future.result()
+        except Exception:  # noqa: BLE001 - the session is gone (EnvSessionLost) or the pool failed
+            self._session_lost(t)
+            return
+        t.counts.tool_failures += sum(r.status != "ok" for r in results)
         self._append_results(t, [{"role": "tool", "name": name, "content": r.content}
                                  for name, r in zip(t.calling, results, strict=True)])
 
     def _append_results(self, t: _Trajectory, messages: list[dict[str, Any]]) -> None:
         """The tool messages' suffix ids appended (contents cut to the tool-token budget and to the context,
         leaving room for one more token), then the next turn; nothing fits: `length`."""
-        budget = min(self.agent.max_tool_tokens - t.tool_tokens, self.max_model_len - len(t.ids) - 1)
+        budget = scaffold_budget(self.agent.max_tool_tokens, self.turns.max_model_len, t.record)
         fitted = chat.fit_tool_results(self.tokenizer, messages, budget) if budget > 0 else None
         if fitted is None:
-            t.truncated += len(messages)
+            t.counts.truncated += len(messages)
             self._end(t, "length")
             return
-        t.truncated += fitted.truncated
-        t.messages += fitted.messages
-        t.append_scaffold(fitted.suffix_ids)
-        t.tool_tokens += len(fitted.suffix_ids)
+        t.counts.truncated += fitted.truncated
+        t.record.append_scaffold(fitted.suffix_ids, fitted.messages)
         self._submit_turn(t)
 
-    # --- the end ------------------------------------------------------------------------------------------
+    # --- CLOSING ------------------------------------------------------------------------------------------
 
     def _end(self, t: _Trajectory, reason: StopReason) -> None:
-        """Stop the trajectory for `reason`: abort its turn in flight, close its session (waited for, up to
-        CLOSE_GRACE_S past its deadline), or finish it at once if it has none. Still opening: it waits for its
-        session (as long as for a close), to close it."""
+        """Stop the trajectory for `reason` (its session open, or failed to open): abort its turn in flight,
+        close its session (waited for, up to CLOSE_GRACE_S past its deadline), or finish it at once if it has
+        none."""
         t.stop = reason
-        t.closing = True
-        if t.opening:
-            return
-        if isinstance(t.waiting, Request):
-            t.waiting.cancel()
+        if isinstance(t.waiting, _Sampled):
+            t.waiting.future.cancel()
         t.waiting = None
-        if not t.prompt_ids:  # never opened: the record still holds the prompt as the model would have seen it
-            t.prompt = list(t.row_messages)
-            t.prompt_ids = chat.render_prompt(self.tokenizer, t.prompt, t.tools)
+        t.enter(Phase.CLOSING)
+        self._close_session(t)
+
+    def _close_session(self, t: _Trajectory) -> None:
         if t.session is None:
-            t.finished = True
+            self._finish(t)
             return
-        self._wait(t, "closed", self.envs.close([t.session], keep_state=self.agent.keep_env_state))
+        self._wait(t, _Closed(t, self.envs.close([t.session], keep_state=self.agent.keep_env_state)))
+
+    def _closed(self, t: _Trajectory, future: Future) -> None:
+        self._waited_on_env(t)
+        try:
+            (t.closed,) = future.result()
+        except Exception:  # noqa: BLE001 - the session is gone: its reward with it
+            self._session_lost(t)
+            return
+        self._finish(t)
+
+    def _session_lost(self, t: _Trajectory) -> None:
+        """Its session is gone (its worker died or hung, the pool failed or never answered): `env_error`,
+        unless its deadline had stopped it before (`timeout`: the first cause). Lost while it called tools,
+        it still closes its session (the pool reports it lost); lost at its close, it is done, without a
+        reward."""
+        if t.phase is not Phase.CLOSING:
+            self._end(t, "env_error")
+            return
+        t.stop = "timeout" if t.stop == "timeout" else "env_error"
+        self._finish(t)
+
+    def _finish(self, t: _Trajectory) -> None:
+        t.waiting = None
+        t.enter(Phase.DONE)
 
     def _sample(self, t: _Trajectory) -> Sample:
-        closed = t.closed
-        trajectory = Trajectory(
-            prompt_ids=t.prompt_ids, prompt=t.prompt, messages=t.messages, turn_ids=t.turn_ids,
-            stop_reason=t.stop or "env_error", env=t.env, tool_calls=t.tool_calls, tool_failures=t.tool_failures,
-            tool_tokens=t.tool_tokens, truncated_tool_results=t.truncated, env_s=t.env_s,
-            env_reward=closed.reward if closed is not None else None,
-            env_state=closed.state if closed is not None else None,
-        )
-        trajectory.template_match = self._template_match(t)
-        text = self.tokenizer.decode(t.completion, skip_special_tokens=True)
-        return Sample(t.completion, t.logprobs, text, trajectory.stop_reason, t.versions, trajectory)
+        if not t.record.started:  # never opened: the record holds the prompt as the model would have seen it
+            t.record.start(list(t.row_messages))
+        return t.record.to_sample(t.stop or "env_error", env=t.env, closed=t.closed)
 
-    def _template_match(self, t: _Trajectory) -> bool:
-        """Whether the ids trained on (never re-rendered) agree with the template's rendering of the conversation
-        at its special-token boundaries: the run's multiturn/template_mismatch_frac. A conversation the template
-        cannot render at all counts as a mismatch."""
-        try:
-            return chat.template_check(self.tokenizer, t.prompt, t.messages, t.tools, t.prompt_ids + t.completion).match
-        except Exception:  # noqa: BLE001 - the template's own error: it cannot reproduce what was trained on
-            return False
+    # --- the call's end -----------------------------------------------------------------------------------
 
     def _abandon(self) -> None:
         """What is still running when the call ends early (its consumer stopped, or an error): turns aborted,
         sessions closed without waiting (still opening: once open)."""
         for group in self._groups.values():
             for j, t in enumerate(group):
-                if t.finished:
+                if t.phase is Phase.DONE:
                     continue
-                if isinstance(t.waiting, Request):
-                    t.waiting.cancel()
-                elif t.opening and t.waiting is not None:
-                    t.waiting.add_done_callback(lambda f, j=j: self._close_opened(f, j))
-                if t.session is not None and not t.closing:
+                if isinstance(t.waiting, _Sampled):
+                    t.waiting.future.cancel()
+                elif isinstance(t.waiting, _Opened):
+                    t.waiting.future.add_done_callback(lambda f, j=j: self._close_opened(f, j))
+                if t.session is not None and t.phase is not Phase.CLOSING:
                     self.envs.close([t.session], keep_state=False)
-                t.waiting, t.finished = None, True
+                self._finish(t)
         self._groups.clear()
 
     def _close_opened(self, future: Future, j: int) -> None:

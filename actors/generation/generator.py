@@ -25,7 +25,7 @@ from typing import Any
 
 from actors.cpus import Share, describe, omp_bind, omp_waits, pick_cores
 from actors.envs.client import Environments
-from actors.generation.agent import AgentLoop, AgentSettings
+from actors.generation.agent import AgentLoop, AgentSettings, TurnSettings
 from actors.generation.engine import EngineLoop, Request, Stream, token_versions
 from actors.generation.vllm_plugin import SPIN_ENV
 from actors.types import FinishedGroups, Sample
@@ -243,10 +243,11 @@ class Generator:
         def params(max_tokens: int, seed: int) -> Any:
             return self._sampling_params(**{**turn, "max_tokens": max_tokens, "seed": seed})
 
-        return AgentLoop(
-            self.loop, self.environments, self.tokenizer, self.agent, n=sampling["n"], max_tokens=sampling["max_tokens"],
-            max_model_len=self.max_model_len, params=params, min_version=min_version, pin=pin,
+        turns = TurnSettings(
+            n=sampling["n"], max_tokens=sampling["max_tokens"], max_model_len=self.max_model_len, params=params,
+            min_version=min_version, pin=pin,
         )
+        return AgentLoop(self.loop, self.environments, self.tokenizer, self.agent, turns)
 
     @staticmethod
     def _sampling_params(

@@ -13,13 +13,30 @@ import json
 import math
 import pickle
 import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
 
+from actors.envs.client import EnvSessionLost
 from actors.generation import chat
-from actors.generation.agent import AgentLoop, AgentSettings, turn_seed
-from actors.types import Sample
+from actors.generation.agent import (
+    CLOSE_GRACE_S,
+    AgentLoop,
+    AgentSettings,
+    Phase,
+    SampledTurn,
+    TrajectoryRecord,
+    TurnSettings,
+    _Trajectory,
+    scaffold_budget,
+    submit_turn,
+    turn_budget,
+    turn_seed,
+)
+from actors.types import EnvClosed, EnvOpened, EnvRequest, Sample, ToolCall, ToolResult
 from tests.fixtures.engines import TOKEN_LOGPROB, by_turn, scripted_loop, turn_params
 from tests.fixtures.envs import WAIT_S, LocalEnvironments, ToolTestEnv, tool_schemas
 from tests.fixtures.waiting import wait_until
@@ -35,6 +52,10 @@ def call(name: str, **arguments: Any) -> str:
 
 def settings(**kw: Any) -> AgentSettings:
     return AgentSettings(**{"tools": {None: SCHEMAS}, "max_tool_tokens": 1000, "trajectory_timeout_s": WAIT_S, **kw})
+
+
+def turns(**kw: Any) -> TurnSettings:
+    return TurnSettings(**{"n": 1, "max_tokens": 200, "max_model_len": MODEL_LEN, "params": turn_params, **kw})
 
 
 def row(text: str = "Echo hi.", **columns: Any) -> dict[str, Any]:
@@ -58,9 +79,10 @@ class Rig:
         self.tokenizer, self.envs = tokenizer, envs
         self.loop, self.engine = scripted_loop(by_turn(tokenizer, replies))
 
-    def agent_loop(self, agent: AgentSettings | None = None, **kw: Any) -> AgentLoop:
-        kw = {"n": 1, "max_tokens": 200, "max_model_len": MODEL_LEN, "params": turn_params, **kw}
-        return AgentLoop(self.loop, self.envs, self.tokenizer, agent or settings(), **kw)
+    def agent_loop(self, agent: AgentSettings | None = None, clock: Callable[[], float] = time.monotonic,
+                   **kw: Any) -> AgentLoop:
+        """kw: TurnSettings' fields, over one trajectory per row within the test's budgets."""
+        return AgentLoop(self.loop, self.envs, self.tokenizer, agent or settings(), turns(**kw), clock=clock)
 
     def rollout(self, rows: list[dict[str, Any]], agent: AgentSettings | None = None, seeds: list[int] | None = None,
                 **kw: Any) -> list[list[Sample]]:
@@ -376,6 +398,10 @@ def test_bad_settings_and_prompts_are_named() -> None:
     with pytest.raises(ValueError, match="need chat prompts: column 'prompt' holds str"):
         settings().messages({"prompt": "plain text"})
     assert settings().messages({}) == [{"role": "user", "content": ""}]
+    with pytest.raises(ValueError, match=r"TurnSettings: n \(0\) and max_tokens \(200\) must be >= 1"):
+        turns(n=0)
+    with pytest.raises(ValueError, match=r"max_tokens \(0\)"):
+        turns(max_tokens=0)
 
 
 def test_an_engine_error_ends_the_call_with_it_and_closes_every_session(rig, envs) -> None:
@@ -405,3 +431,250 @@ def test_a_pinned_rollout_holds_a_weight_load_back_between_its_turns(rig, envs) 
     (sample,) = result["out"][0]
     assert sample.trajectory.turns == 2 and {v for v in sample.versions if v >= 0} == {0}
     assert r.loop.version == 9  # the load ran once the rollout ended
+
+
+# --- the state machine's transitions, on environments the test answers and a clock it moves ------------------
+
+
+class Clock:
+    """The loop's clock: a deadline passes when the test moves it there, not with time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def answered(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def failed(err: Exception) -> Future:
+    future: Future = Future()
+    future.set_exception(err)
+    return future
+
+
+class AnsweredEnvironments:
+    """Environments whose answers the test writes: open, call and close run `on_open`/`on_call`/`on_close` (on
+    the loop's thread) and return their futures. By default every session opens (ids 0, 1, ...), every tool
+    answers "ok" and every close rewards 1."""
+
+    def __init__(self) -> None:
+        self.closed: list[int] = []
+        self.calls: list[list[ToolCall]] = []
+        self.on_open: Callable[[list[EnvRequest]], Future] = lambda requests: answered(
+            [EnvOpened(i, None) for i in range(len(requests))])
+        self.on_call: Callable[[list[ToolCall]], Future] = lambda calls: answered(
+            [ToolResult("ok", "ok") for _ in calls])
+        self.on_close: Callable[[list[int]], Future] = lambda sessions: answered(
+            [EnvClosed(1.0, None) for _ in sessions])
+
+    def open(self, requests: list[EnvRequest]) -> Future:
+        return self.on_open(requests)
+
+    def call(self, session: int, calls: list[ToolCall]) -> Future:
+        self.calls.append(calls)
+        return self.on_call(calls)
+
+    def close(self, sessions: list[int], *, keep_state: bool) -> Future:
+        self.closed += sessions
+        return self.on_close(sessions)
+
+
+DEADLINE = WAIT_S  # settings()' trajectory_timeout_s, from the clock's 0
+
+
+@pytest.fixture
+def answering(tool_tokenizer):
+    """(rig, its environments, the loop's clock): rig.rollout runs on them."""
+    envs, clock = AnsweredEnvironments(), Clock()
+    r = Rig(tool_tokenizer, envs, [call("echo", text="hi"), DONE])
+    r.agent_loop = lambda agent=None, **kw: Rig.agent_loop(r, agent, clock=clock, **kw)
+    yield r, envs, clock
+    r.loop.close(WAIT_S)
+
+
+def test_a_trajectory_in_done_or_closing_cannot_go_back() -> None:
+    t = _Trajectory(0, 0, 0, None, [], DEADLINE, TrajectoryRecord(None, []))
+    t.enter(Phase.SAMPLING)
+    t.enter(Phase.CALLING)
+    t.enter(Phase.CLOSING)
+    for phase in (Phase.OPENING, Phase.SAMPLING, Phase.CALLING, Phase.CLOSING):
+        with pytest.raises(RuntimeError, match=f"from CLOSING to {phase.name}"):
+            t.enter(phase)
+    t.enter(Phase.DONE)
+    for phase in Phase:
+        with pytest.raises(RuntimeError, match=f"from DONE to {phase.name}"):
+            t.enter(phase)
+    assert t.phase is Phase.DONE
+
+
+def test_a_tool_result_that_comes_after_the_deadline_is_stale_and_ignored(answering) -> None:
+    r, envs, clock = answering
+    late: Future = Future()
+
+    def call_past_the_deadline(calls: list[ToolCall]) -> Future:
+        clock.now = DEADLINE
+        return late
+
+    def close_then_answer_the_call(sessions: list[int]) -> Future:
+        late.set_result([ToolResult("late", "error")])  # its event is queued before the close's
+        return answered([EnvClosed(0.5, None)])
+
+    envs.on_call, envs.on_close = call_past_the_deadline, close_then_answer_the_call
+    (sample,) = r.rollout([row()])[0]
+    t = sample.trajectory
+    assert (t.stop_reason, t.turns, t.tool_calls, t.tool_failures, t.tool_tokens) == ("timeout", 1, 1, 0, 0)
+    assert [m["role"] for m in t.messages] == ["assistant"] and sample.completion_ids == r.ids(call("echo", text="hi"))
+    assert len(r.engine.added) == 1 and envs.closed == [0] and t.env_reward == 0.5
+
+
+def _lost_while_calling(envs: AnsweredEnvironments, clock: Clock) -> None:
+    envs.on_call = lambda calls: failed(EnvSessionLost("its worker died"))
+    # the pool closes a lost session with its error, and no reward
+    envs.on_close = lambda sessions: answered([EnvClosed(None, None, error="EnvSessionLost: its worker died")])
+
+
+def _lost_at_close(envs: AnsweredEnvironments, clock: Clock) -> None:
+    envs.on_close = lambda sessions: failed(EnvSessionLost("its worker died"))
+
+
+def _never_closed(envs: AnsweredEnvironments, clock: Clock) -> None:
+    def close(sessions: list[int]) -> Future:
+        clock.now = DEADLINE + CLOSE_GRACE_S
+        return Future()
+
+    envs.on_close = close
+
+
+def _past_the_deadline_in_a_tool(envs: AnsweredEnvironments, clock: Clock) -> None:
+    def call_past_the_deadline(calls: list[ToolCall]) -> Future:
+        clock.now = DEADLINE
+        return Future()
+
+    envs.on_call = call_past_the_deadline
+
+
+ANSWERED = ["assistant", "tool", "assistant"]  # the tool answered, then the model: it stopped
+IN_ITS_TOOL = ["assistant"]  # no tool result: lost, or not back by the deadline
+
+
+@pytest.mark.parametrize(("lose", "stop", "roles"), [
+    pytest.param([_lost_while_calling], "env_error", IN_ITS_TOOL, id="lost while calling"),
+    pytest.param([_lost_at_close], "env_error", ANSWERED, id="lost at close"),
+    pytest.param([_never_closed], "env_error", ANSWERED, id="close never answered"),
+    pytest.param([_past_the_deadline_in_a_tool, _lost_at_close], "timeout", IN_ITS_TOOL,
+                 id="timeout, then lost at close"),
+    pytest.param([_past_the_deadline_in_a_tool, _never_closed], "timeout", IN_ITS_TOOL,
+                 id="timeout, close never answered"),
+])
+def test_a_lost_session_ends_in_env_error_unless_the_deadline_stopped_it_first(answering, lose, stop, roles) -> None:
+    r, envs, clock = answering
+    for how in lose:
+        how(envs, clock)
+    (sample,) = r.rollout([row()])[0]
+    t = sample.trajectory
+    assert (t.stop_reason, sample.finish_reason, t.env_reward) == (stop, stop, None)
+    assert [m["role"] for m in t.messages] == roles and t.turns == roles.count("assistant")
+    assert envs.closed == [0] and len(envs.calls) == 1
+
+
+def test_a_trajectory_stopped_while_it_opened_closes_the_session_it_then_gets(answering) -> None:
+    r, envs, clock = answering
+    opening: Future = Future()
+
+    def open_past_the_deadline(requests: list[EnvRequest]) -> Future:
+        clock.now = DEADLINE  # its close grace not yet spent
+        return opening
+
+    envs.on_open = open_past_the_deadline
+    loop = r.agent_loop()
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(pieces=list(loop.run([row()], [0]))))
+    thread.start()
+    wait_until(lambda: 0 in loop._groups and loop._groups[0][0].phase is Phase.CLOSING,
+               "its deadline passed while it opened")
+    assert envs.closed == []
+    opening.set_result([EnvOpened(7, " Obs.")])
+    thread.join(WAIT_S)
+    ((_, (sample,)),) = result["pieces"][0]
+    t = sample.trajectory
+    assert (t.stop_reason, t.turns, sample.completion_ids, t.env_reward) == ("timeout", 0, [], 1.0)
+    assert envs.closed == [7] and r.engine.added == []
+    assert t.prompt == row()["prompt"]  # the row's: reset's text never reached the model
+
+
+def test_a_trajectory_whose_open_never_answers_ends_at_its_grace_keeping_timeout(answering) -> None:
+    r, envs, clock = answering
+
+    def open_never_answered(requests: list[EnvRequest]) -> Future:
+        clock.now = DEADLINE + CLOSE_GRACE_S
+        return Future()
+
+    envs.on_open = open_never_answered
+    (sample,) = r.rollout([row()])[0]
+    t = sample.trajectory
+    assert (t.stop_reason, t.turns, sample.completion_ids, t.env_reward) == ("timeout", 0, [], None)
+    assert envs.closed == [] and r.engine.added == []
+    # Never opened: its prompt as the model would have seen it (the learner takes the group's prompt from it).
+    assert t.prompt == row()["prompt"] and t.prompt_ids == chat.render_prompt(r.tokenizer, t.prompt, SCHEMAS)
+
+
+# --- the pieces a second driver reuses ----------------------------------------------------------------------
+
+
+def test_a_record_built_turn_by_turn_is_the_sample_token_in_token_out(tool_tokenizer) -> None:
+    tok = tool_tokenizer
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    record = TrajectoryRecord(tok, SCHEMAS)
+    assert not record.started
+    record.start(row()["prompt"])
+    assert record.started and record.ids == record.prompt_ids == chat.render_prompt(tok, row()["prompt"], SCHEMAS)
+    first, answer = ids(call("echo", text="hi")), ids(DONE)
+    turn = record.append_turn(SampledTurn(first, [-0.5] * len(first), [3] * len(first), "stop"))
+    assert turn.calls == [ToolCall("echo", {"text": "hi"})] and turn.malformed is None
+    tool = {"role": "tool", "name": "echo", "content": "hi"}
+    suffix = chat.tool_suffix_ids(tok, [tool])
+    record.append_scaffold(suffix, [tool])
+    record.append_turn(SampledTurn(answer, [-0.25] * len(answer), [4] * len(answer), "stop"))
+    assert record.ids == record.prompt_ids + first + suffix + answer
+    assert (record.counts.turns, record.counts.model_tokens, record.counts.tool_tokens) == (
+        2, len(first) + len(answer), len(suffix))
+    sample = record.to_sample("stop", env="box", closed=EnvClosed(0.75, b"state"))
+    t = sample.trajectory
+    assert sample.completion_ids == first + suffix + answer and sample.finish_reason == t.stop_reason == "stop"
+    assert t.turn_ids == [0] * len(first) + [-1] * len(suffix) + [1] * len(answer)
+    assert sample.versions == [3] * len(first) + [-1] * len(suffix) + [4] * len(answer)
+    assert sample.logprobs[: len(first)] == [-0.5] * len(first) and all(math.isnan(lp) for lp in
+                                                                          sample.logprobs[len(first):-len(answer)])
+    assert t.messages == [turn.message, tool, {"role": "assistant", "content": "Done."}]
+    assert (t.env, t.env_reward, t.env_state, t.tool_tokens, t.template_match) == ("box", 0.75, b"state",
+                                                                                     len(suffix), True)
+    # A record whose ids disagree with its conversation is a template mismatch.
+    record.messages[1] = {"role": "user", "content": "hi"}
+    assert record.to_sample("stop").trajectory.template_match is False
+
+
+def test_the_budgets_of_a_turn_and_of_a_scaffold_and_submit_turn(rig) -> None:
+    r = rig([DONE])
+    record = TrajectoryRecord(r.tokenizer, SCHEMAS)
+    record.start(row()["prompt"])
+    prompt = len(record.ids)
+    record.append_turn(SampledTurn([5] * 10, [0.0] * 10, [0] * 10, "length"))
+    assert turn_budget(turns(max_tokens=15, max_model_len=MODEL_LEN), record) == 5  # the model-token budget
+    assert turn_budget(turns(max_model_len=prompt + 13), record) == 3  # the context
+    assert scaffold_budget(20, MODEL_LEN, record) == 20
+    assert scaffold_budget(20, prompt + 13, record) == 2  # room for one more model token
+    record.append_scaffold([6] * 8, [])
+    assert scaffold_budget(20, MODEL_LEN, record) == 12
+    assert submit_turn(r.loop, turns(max_tokens=10), record, seed=1) is None
+    request = submit_turn(r.loop, turns(max_tokens=12, min_version=0), record, seed=1)
+    sampled = SampledTurn.of(request)
+    assert sampled.ids == r.ids(DONE)[:2] and sampled.finish_reason == "length"
+    assert sampled.logprobs == [TOKEN_LOGPROB] * 2 and sampled.versions == [0, 0]
+    ((_, prompt_ids, params, _),) = r.engine.added
+    assert prompt_ids == record.ids and (params.max_tokens, params.seed) == (2, 1)
