@@ -1,0 +1,63 @@
+"""The run's first lines (orchestrator/train.py `_announce`) and which cluster it uses (cluster.ray_address):
+what a newcomer sees before anything starts."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from orchestrator import train as train_mod
+from orchestrator.cluster import ray_address
+from orchestrator.config import load_config
+from tests.conftest import ROOT
+
+DEMO = ROOT / "configs" / "demo.yaml"
+
+
+def announce(tmp_path, overrides=(), monkeypatch=None) -> list[str]:
+    cfg = load_config(DEMO, list(overrides))
+    said: list[str] = []
+    p = SimpleNamespace(cfg=cfg, name="r", run_dir=tmp_path / "r", agent=None)
+    train_mod._announce(p, None, said.append)
+    return said
+
+
+def test_the_demo_starts_without_a_warning_about_defaults_it_did_not_choose(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert announce(tmp_path) == [f"rayward run 'r': logs and checkpoints in {tmp_path / 'r'}"]
+
+
+def test_a_recovery_budget_asked_for_without_checkpoints_is_noted(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    said = announce(tmp_path, ["cluster.max_failures=2"])
+    assert said[1].startswith("rayward: cluster.max_failures is 2 but grpo.save_steps is unset"), said
+    assert len(announce(tmp_path, ["cluster.max_failures=2", "grpo.save_steps=5"])) == 1
+
+
+def test_ray_address_joins_only_what_is_asked_and_the_first_line_says_so(tmp_path, monkeypatch):
+    cfg = load_config(DEMO)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert ray_address(cfg.cluster) == (None, "embedded")
+    monkeypatch.setenv("RAY_ADDRESS", "")
+    assert ray_address(cfg.cluster) == (None, "embedded")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert ray_address(cfg.cluster) == ("10.0.0.5:6379", "RAY_ADDRESS")
+    assert announce(tmp_path)[0].endswith("; joining the Ray cluster at 10.0.0.5:6379 (RAY_ADDRESS)")
+    joined = load_config(DEMO, ["cluster.address=auto"])
+    assert ray_address(joined.cluster) == ("auto", "cluster.address")
+
+
+@pytest.mark.parametrize("mode, token, expected", [
+    ("disabled", None, ""),
+    (None, "RAY_AUTH_TOKEN", " (sign in with the cluster's token: `ray get-auth-token`; it is in RAY_AUTH_TOKEN)"),
+])
+def test_the_dashboard_line_says_how_to_sign_in(monkeypatch, mode, token, expected):
+    for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(k, raising=False)
+    if mode is not None:
+        monkeypatch.setenv("RAY_AUTH_MODE", mode)
+    if token is not None:
+        monkeypatch.setenv(token, "secret-token-value")
+    line = train_mod._sign_in()
+    assert line == expected and "secret-token-value" not in line
