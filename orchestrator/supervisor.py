@@ -1,6 +1,6 @@
 """The supervisor: the training loop inside a recovery loop, so that a run outlives the loss of its learner.
 
-    history = Supervisor(run, loop, rebuild, start, watchdog)()
+    history = Supervisor(run, loop, rebuild, start, hung)()
 
 The loop (orchestrator/loop.py) knows nothing of it. When the loop ends with an error, the supervisor asks the
 learner group whether it is gone (`LearnerGroup.lost`: the error names a dead rank, or a rank is dead or does
