@@ -8,7 +8,7 @@ A pool is one named async actor (`<run>/<role>-pool`) owning workers `<run>/<rol
   workers), retrying a worker that failed to start, killing and replacing a dead or hung one (`_drop`), and
   retiring surplus workers once they are drained (`_drained`);
 * **sizing**: `scale(n)` pins the count (autoscaling paused), `set_bounds(min, max)` resumes it, and the
-  autoscaling policy (actors/rewards/autoscale.py: pure) is sampled by a periodic task and at every batch
+  autoscaling policy (actors/autoscale.py: pure) is sampled by a periodic task and at every batch
   arrival; every change of the target is printed with its reason and kept in `decision_log()`;
 * **load accounting**: the integrals of live and busy workers over time (the policy's input and the
   `worker_s` metric); a subclass says when a worker is busy (`_is_busy`) and calls `_load_changed` after it
@@ -32,7 +32,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from actors.rewards.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
+from actors.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
 from actors.types import PoolStats
 
 # Gauges are refreshed at most this often: setting them costs serial pool time, and on every acquire/release

@@ -40,11 +40,11 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util import metrics as ray_metrics
 
+from actors.autoscale import AutoscaleSettings
 from actors.envs.client import EnvSessionLost
 from actors.envs.spec import EnvSpec
 from actors.envs.worker import EnvWorker
 from actors.pool import LATENCY_BOUNDS, TAGS, WAIT_BOUNDS, PoolKind, PoolMetrics, Slot, WorkerPool
-from actors.rewards.autoscale import AutoscaleSettings
 from actors.types import EnvClosed, EnvOpened, EnvPoolStats, EnvRequest, PoolStats, ToolCall, ToolResult
 
 # Sessions one worker holds. A session costs its environment's memory and nothing while the model writes, so

@@ -10,7 +10,7 @@ Retiring a worker (scale down) waits for its in-flight chunks before killing it.
 A new worker counts as capacity only once it is alive: on an autoscaling Ray cluster a worker that asks for
 resources no node has yet (`cluster.reward_worker.resources`) waits for the cluster autoscaler to start a node,
 and meanwhile scoring goes on on the live workers. With `autoscale` settings the pool sizes itself
-(actors/rewards/autoscale.py: a pure policy, sampled by a periodic task here and at every batch arrival);
+(actors/autoscale.py: a pure policy, sampled by a periodic task here and at every batch arrival);
 `scale(n)` pins the count (autoscaling paused), `set_bounds(min, max)` resumes it. Every change of the
 target is printed with its reason (the driver shows the pool's output) and kept in `decision_log()`. That
 machinery (membership, replacement, scaling, metrics, stats) is the pool base's, shared with the environment
@@ -32,8 +32,8 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util import metrics as ray_metrics
 
+from actors.autoscale import AutoscaleSettings
 from actors.pool import LATENCY_BOUNDS, TAGS, WAIT_BOUNDS, PoolKind, PoolMetrics, Slot, WorkerPool
-from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.worker import RewardSpec, RewardWorker
 from actors.types import RewardBatch, Scores, TrainerState
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from actors.rewards.autoscale import AutoscaleSettings
+from actors.autoscale import AutoscaleSettings
 from actors.rewards.pool import RewardPool
 from actors.rewards.worker import RewardSpec
 from actors.types import RewardBatch, TrainerState
@@ -217,7 +217,7 @@ def test_rayward_scale_pins_the_count_and_min_max_resume_autoscaling(ray_cluster
 
 # Short windows and delays. The policy's behaviour over whole runs (how far and how fast the pool grows for a
 # slower reward, worker-seconds against a fixed pool, no flapping) is proven on simulated runs in
-# tests/unit/actors/rewards/test_autoscale.py.
+# tests/unit/actors/test_autoscale.py.
 AUTOSCALE = settings(1, 3, target_utilization=0.5, look_back_s=1.0, upscale_delay_s=0.0, downscale_delay_s=0.5)
 
 
