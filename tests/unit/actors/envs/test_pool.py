@@ -262,7 +262,7 @@ def test_load_is_calls_in_flight_or_a_full_worker(monkeypatch):
         assert pool._busy == 0
         slot = pool.slots[pool.session_workers()[out[0].session]]
         call = asyncio.ensure_future(pool.call(out[0].session, [ToolCall("hold", {})]))
-        await until(lambda: slot.inflight == 1)
+        await until(lambda: slot.calls == 1)
         assert pool._busy == 1
         envs.RELEASE.set()
         await call
