@@ -8,12 +8,16 @@ A pool is one named async actor (`<run>/<role>-pool`) owning workers `<run>/<rol
   workers), retrying a worker that failed to start, killing and replacing a dead or hung one (`_drop`), and
   retiring surplus workers once they are drained (`_drained`);
 * **sizing**: `scale(n)` pins the count (autoscaling paused), `set_bounds(min, max)` resumes it, and the
-  autoscaling policy (actors/rewards/autoscale.py: pure) is sampled by a periodic task and at every batch
+  autoscaling policy (actors/autoscale.py: pure) is sampled by a periodic task and at every batch
   arrival; every change of the target is printed with its reason and kept in `decision_log()`;
 * **load accounting**: the integrals of live and busy workers over time (the policy's input and the
-  `worker_s` metric); a subclass says when a worker is busy (`_is_busy`) and calls `_load_changed` after it
-  changed a worker's load;
-* **metrics and stats**: Ray gauges, histograms and counters tagged with the run and the role, and `stats()`.
+  `worker_s` metric); a subclass says when a worker is busy (`_is_busy`) and changes a worker's load inside
+  `with self._load(slot):`, which keeps the busy count right;
+* **metrics and stats**: Ray gauges, histograms and counters (`pool_metrics`: the same set for every pool, named
+  `rayward_<prefix>_...` and described in the pool's own units of work), tagged with the run and the role, and
+  `stats()`.
+
+The base is generic in its slot type (a subclass's Slot with fields of its own) and its stats record.
 
 What a unit of work is (a chunk of completions, an environment session) and how it is routed is the
 subclass's: it calls `_cond("free")` waiters through `_notify` when capacity appears.
@@ -25,14 +29,16 @@ import asyncio
 import math
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import ray
 from ray.exceptions import RayActorError
+from ray.util import metrics as ray_metrics
 
-from actors.rewards.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
+from actors.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
 from actors.types import PoolStats
 
 # Gauges are refreshed at most this often: setting them costs serial pool time, and on every acquire/release
@@ -59,19 +65,38 @@ class Slot:
     id: int
     handle: Any
     spawned_at: float
-    inflight: int = 0  # worker calls in flight
+    calls: int = 0  # worker calls in flight
     retiring: bool = False
     alive: bool = False  # constructor done: counted as capacity, given work
     warned: bool = False  # the "still waiting for a node" line was printed
 
 
+S = TypeVar("S", bound=Slot)  # a pool's slot type
+St = TypeVar("St", bound=PoolStats)  # a pool's stats record
+
+
+@dataclass(frozen=True)
+class PoolUnits:
+    """A pool's unit of work, as its metrics name and describe it."""
+
+    unit: str  # "chunk": rayward_<prefix>_inflight_chunks, rayward_<prefix>_chunk_latency_s
+    workers: str  # "reward workers"
+    queued: str  # what the queue gauge counts: "chunks waiting for a worker"
+    inflight: str  # what the in-flight gauge counts: "chunks being scored"
+    latency: str  # what the latency histogram measures: "seconds to score one chunk"
+    events: str  # the events counted, by kind: "timeouts, errors, retries"
+    wait: str  # what the queue-wait histogram measures
+
+
 @dataclass(frozen=True)
 class PoolKind:
-    """How a pool names itself in logs and in what `scale` prints."""
+    """How a pool names itself in logs, in what `scale` prints and in its metrics."""
 
     noun: str  # "reward pool", in log lines
     pin_flag: str  # the `rayward scale` option that pins the pool: "--reward-workers"
     bounds_flag: str  # the one that sets its autoscaling bounds: "--min/--max"
+    metrics: str  # its Ray metrics' names: rayward_<metrics>_... ("reward")
+    units: PoolUnits  # what its metrics count
 
 
 # Every pool metric carries the run and the pool's role.
@@ -81,12 +106,56 @@ LATENCY_BOUNDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
 WAIT_BOUNDS = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300]
 
 
+# PoolMetrics field -> (Ray metric class, name after `rayward_<prefix>_`; {unit}: the pool's unit of work).
+# These are the names users' dashboards read (cluster/grafana-dashboard.json, docs/agents.md): keep them.
+METRICS = {
+    "alive": ("Gauge", "workers_alive"),
+    "queue": ("Gauge", "queue_depth"),
+    "inflight": ("Gauge", "inflight_{unit}s"),
+    "latency": ("Histogram", "{unit}_latency_s"),
+    "events": ("Counter", "events_total"),
+    "target": ("Gauge", "workers_target"),
+    "starting": ("Gauge", "workers_starting"),
+    "utilization": ("Gauge", "utilization"),
+    "wait": ("Histogram", "queue_wait_s"),
+    "decisions": ("Counter", "scale_decisions_total"),
+}
+# The histograms' boundaries, and the counters' tag beyond TAGS.
+BOUNDARIES = {"latency": LATENCY_BOUNDS, "wait": WAIT_BOUNDS}
+COUNTER_TAG = {"events": "kind", "decisions": "direction"}
+
+
+def pool_metric_names(prefix: str, unit: str) -> dict[str, tuple[str, str]]:
+    """PoolMetrics field -> (Ray metric class, its name), for a pool whose metrics are `rayward_<prefix>_...`
+    and whose unit of work is `unit`. Prometheus shows each with `ray_` in front (and a histogram as its
+    `_bucket`, `_sum` and `_count` series)."""
+    return {f: (cls, f"rayward_{prefix}_{name.format(unit=unit)}") for f, (cls, name) in METRICS.items()}
+
+
+def pool_metrics(prefix: str, units: PoolUnits) -> PoolMetrics:
+    """A pool's Ray metrics (see PoolMetrics), named by `prefix` and described in its `units` of work."""
+    help_text = {
+        "alive": f"live {units.workers}", "queue": units.queued, "inflight": units.inflight,
+        "latency": units.latency, "events": units.events,
+        "target": f"{units.workers} alive or starting (the pool's target)",
+        "starting": f"{units.workers} waiting for a node or starting up",
+        "utilization": f"busy fraction of the live {units.workers} over the autoscaler's window",
+        "wait": units.wait, "decisions": f"changes of the target number of {units.workers}",
+    }
+    made = {}
+    for f, (cls, name) in pool_metric_names(prefix, units.unit).items():
+        tags = (*TAGS, COUNTER_TAG[f]) if f in COUNTER_TAG else TAGS
+        extra = {"boundaries": BOUNDARIES[f]} if f in BOUNDARIES else {}
+        made[f] = getattr(ray_metrics, cls)(name, help_text[f], tag_keys=tags, **extra)
+    return PoolMetrics(**made)
+
+
 @dataclass
 class PoolMetrics:
     """A pool's Ray metrics, exported live between steps and tagged with the run and the pool's role: gauges
     (workers alive, starting and targeted, queue, work in flight, utilisation), histograms (latency per unit
-    of work, queue wait) and counters (events such as timeouts, errors and retries; scaling decisions). Each
-    pool declares its own (their names stay greppable in its file); `tag(run, role)` sets the default tags."""
+    of work, queue wait) and counters (events such as timeouts, errors and retries; scaling decisions). Every
+    pool has the same set (pool_metrics); `tag(run, role)` sets the default tags."""
 
     alive: Any  # Gauge: live workers
     queue: Any  # Gauge: units of work waiting for a worker
@@ -131,12 +200,13 @@ class PoolMetrics:
         self.decisions.inc(1, tags={**self.tags, "direction": direction})
 
 
-class WorkerPool:
-    """The shared machinery (see the module docstring). A subclass sets `KIND`, implements `_new_worker` and
-    `_new_metrics`;
-    it may override `_is_busy`, `_load`, `_drained`, `_outstanding`, `_inflight_units` and `_stats_fields`."""
+class WorkerPool(Generic[S, St]):
+    """The shared machinery (see the module docstring). A subclass sets `KIND` and `STATS` (its stats record),
+    implements `_new_worker` and `_new_slot`; it may override `_is_busy`, `_holding`, `_drained`, `_outstanding`,
+    `_inflight_units` and `_stats_fields`."""
 
     KIND: PoolKind
+    STATS: type[St]
 
     def __init__(
         self,
@@ -155,7 +225,7 @@ class WorkerPool:
         self.run_name = run_name
         self.role = role
         self.worker_options = worker_options
-        self.slots: dict[int, Slot] = {}
+        self.slots: dict[int, S] = {}
         self._next_id = 0
         self._conds: dict[str, asyncio.Condition] | None = None  # made on first use, in the actor's event loop
         self.queued = 0  # units of work waiting for a worker
@@ -174,7 +244,7 @@ class WorkerPool:
         self.pinned = False  # `rayward scale --<kind>-workers N` pauses autoscaling
         self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
         self._tasks: set[asyncio.Task] = set()  # strong references: asyncio keeps only weak ones
-        self.metrics = self._new_metrics().tag(run_name, role)
+        self.metrics = pool_metrics(self.KIND.metrics, self.KIND.units).tag(run_name, role)
         for _ in range(autoscale.clamp(num_workers) if autoscale else num_workers):
             self._spawn()
         self._background(self._tick_loop())
@@ -186,35 +256,33 @@ class WorkerPool:
         `pid()` answers once the constructor has run."""
         raise NotImplementedError
 
-    def _new_metrics(self) -> PoolMetrics:
-        """The pool's Ray metrics (names of its own: rayward_<kind>_...)."""
+    def _new_slot(self, i: int, handle: Any) -> S:
+        """The slot of a worker just spawned (Slot's fields: `i`, `handle`, spawned now)."""
         raise NotImplementedError
 
-    def _is_busy(self, slot: Slot) -> bool:
+    def _is_busy(self, slot: S) -> bool:
         """Whether a live worker counts as busy in the load integral the autoscaler reads."""
-        return slot.inflight > 0
+        return slot.calls > 0
 
-    def _load(self, slot: Slot) -> int:
-        """How loaded a worker is: the least loaded is retired first."""
-        return slot.inflight
+    def _holding(self, slot: S) -> int:
+        """How much work a worker holds: the one holding least is retired first."""
+        return slot.calls
 
-    def _drained(self, slot: Slot) -> bool:
+    def _drained(self, slot: S) -> bool:
         """Whether a retiring worker may be killed now."""
-        return slot.inflight == 0
+        return slot.calls == 0
 
     def _outstanding(self) -> int:
         """Units of work waiting or in flight: the policy caps the workers it asks for at their peak."""
         return self.queued + self._inflight_units()
 
     def _inflight_units(self) -> int:
-        return sum(s.inflight for s in self.slots.values())
+        """Units of work in flight (the in-flight gauge): worker calls, unless a call carries several units."""
+        return sum(s.calls for s in self.slots.values())
 
     def _stats_fields(self) -> dict[str, Any]:
-        """Fields of the subclass's stats record beyond PoolStats' own."""
+        """Fields of the subclass's stats record beyond PoolStats' own and its counters."""
         return {}
-
-    def _stats_type(self) -> type[PoolStats]:
-        return PoolStats
 
     # --- membership -------------------------------------------------------------------------------------
 
@@ -233,14 +301,20 @@ class WorkerPool:
         self.worker_s += self._alive * dt
         self.busy_s += self._busy * dt
 
-    def _load_changed(self, slot: Slot, was_busy: bool) -> None:
-        """Keep the busy-worker count right after `slot`'s load changed (was_busy: _is_busy before it)."""
-        now = self._is_busy(slot)
-        if slot.alive and now != was_busy:
-            self._account()
-            self._busy += 1 if now else -1
+    @contextmanager
+    def _load(self, slot: S) -> Iterator[S]:
+        """Change `slot`'s load (its calls, what it holds) inside the block: the busy-worker count the autoscaler
+        integrates follows, however the block ends."""
+        was_busy = self._is_busy(slot)
+        try:
+            yield slot
+        finally:
+            now = self._is_busy(slot)
+            if slot.alive and now != was_busy:
+                self._account()
+                self._busy += 1 if now else -1
 
-    def _spawn(self) -> Slot:
+    def _spawn(self) -> S:
         i = self._next_id
         self._next_id += 1
         handle = self._new_worker(i, f"{self.run_name}/{self.role}-{i}")
@@ -249,10 +323,7 @@ class WorkerPool:
         self._publish(force=True)
         return slot
 
-    def _new_slot(self, i: int, handle: Any) -> Slot:
-        return Slot(i, handle, time.monotonic())
-
-    async def _await_alive(self, slot: Slot) -> None:
+    async def _await_alive(self, slot: S) -> None:
         """Count a new worker as capacity once its constructor has run: until then it may be waiting for a node
         (the cluster autoscaler starts one for its resources) and is given no work."""
         try:
@@ -282,11 +353,11 @@ class WorkerPool:
         self._publish(force=True)
         await self._notify()
 
-    def worker_name(self, slot: Slot) -> str:
+    def worker_name(self, slot: S) -> str:
         """The worker's actor name, as messages give it."""
         return f"{self.run_name}/{self.role}-{slot.id}"
 
-    def _drop(self, slot: Slot, *, replace: bool, why: str | None = None) -> None:
+    def _drop(self, slot: S, *, replace: bool, why: str | None = None) -> None:
         """Kill a worker (and start a replacement when `replace`). why: what it did (it died, it did not answer
         in time), said in one line naming it."""
         if self.slots.pop(slot.id, None) is None:
@@ -319,7 +390,7 @@ class WorkerPool:
         active = [s for s in self.slots.values() if not s.retiring]
         for _ in range(num_workers - len(active)):
             self._spawn()
-        surplus = sorted(active, key=lambda s: (s.alive, self._load(s), -s.id))[: max(len(active) - num_workers, 0)]
+        surplus = sorted(active, key=lambda s: (s.alive, self._holding(s), -s.id))[: max(len(active) - num_workers, 0)]
         for slot in surplus:
             slot.retiring = True
             self._background(self._retire(slot))
@@ -335,7 +406,7 @@ class WorkerPool:
         self._set_target(d.after)
         self._publish(force=True)
 
-    async def scale(self, num_workers: int) -> PoolStats:
+    async def scale(self, num_workers: int) -> St:
         """Pin the pool at `num_workers` (autoscaling, if on, pauses until set_bounds); shrinking retires the
         surplus once they are drained."""
         if num_workers < 1:
@@ -353,7 +424,7 @@ class WorkerPool:
         return self.stats()
 
     async def set_bounds(self, min_workers: int | None = None, max_workers: int | None = None, *,
-                         fresh: AutoscaleSettings | None = None) -> PoolStats:
+                         fresh: AutoscaleSettings | None = None) -> St:
         """Autoscale between new bounds (either may be kept as it is); resumes autoscaling if it was pinned. A
         pool with autoscaling off turns it on with `fresh` (`rayward scale --min/--max` sends the config's
         defaults with both bounds). A target outside the bounds moves into them at once."""
@@ -382,7 +453,7 @@ class WorkerPool:
         return {"target": self.target(), "pinned": self.pinned,
                 "autoscale": asdict(self.policy.settings) if self.policy else None}
 
-    async def restore_scaling(self, state: dict[str, Any]) -> PoolStats:
+    async def restore_scaling(self, state: dict[str, Any]) -> St:
         """`scaling_state` back: the same bounds, or the same pinned count."""
         if state["autoscale"] is not None:
             a = state["autoscale"]
@@ -391,11 +462,11 @@ class WorkerPool:
             await self.scale(state["target"])
         return self.stats()
 
-    async def _retire(self, slot: Slot) -> None:
+    async def _retire(self, slot: S) -> None:
         await self._wait_drained(slot)
         self._drop(slot, replace=False)
 
-    async def _wait_drained(self, slot: Slot) -> None:
+    async def _wait_drained(self, slot: S) -> None:
         drained = self._cond("drained")
         async with drained:
             await drained.wait_for(lambda: self._drained(slot))
@@ -467,7 +538,7 @@ class WorkerPool:
         async with drained:
             drained.notify_all()
 
-    def _live(self) -> list[Slot]:
+    def _live(self) -> list[S]:
         """Live workers taking new work."""
         return [s for s in self.slots.values() if s.alive and not s.retiring]
 
@@ -493,8 +564,8 @@ class WorkerPool:
     def _publish_extra(self) -> None:
         """Gauges of the subclass's own, set with the others."""
 
-    def stats(self) -> PoolStats:
-        """The pool's state now (see PoolStats)."""
+    def stats(self) -> St:
+        """The pool's state now (its STATS record)."""
         self._account()
         load = self.policy.load if self.policy else None
         if self.policy is None:
@@ -503,12 +574,12 @@ class WorkerPool:
             st = self.policy.settings
             mode = f"pinned (bounds {st.min_workers}..{st.max_workers})" if self.pinned else (
                 f"{st.min_workers}..{st.max_workers}")
-        return self._stats_type()(
+        return self.STATS(
             workers=self.size(),
             target_workers=self.target(),
             starting=self.target() - self.size(),
             retiring=sum(s.retiring for s in self.slots.values()),
-            inflight=sum(s.inflight for s in self.slots.values()),
+            calls_inflight=sum(s.calls for s in self.slots.values()),
             queue_depth=self.queued,
             worker_s=self.worker_s,
             utilization=load.utilization if load is not None else math.nan,
@@ -526,4 +597,7 @@ class WorkerPool:
         return {i: s.handle for i, s in self.slots.items() if not s.retiring}
 
 
-__all__ = ["LATENCY_BOUNDS", "PoolKind", "PoolMetrics", "Slot", "TAGS", "WAIT_BOUNDS", "WorkerPool"]
+__all__ = [
+    "LATENCY_BOUNDS", "METRICS", "PoolKind", "PoolMetrics", "PoolUnits", "Slot", "TAGS", "WAIT_BOUNDS", "WorkerPool",
+    "pool_metric_names", "pool_metrics",
+]

@@ -8,7 +8,7 @@
     TrainBatch          driver -> learner          token ids, sampling logprobs, advantages
     TrainResult         learner -> driver          the new global_step and the step's metrics
     TrainerState        learner -> reward pool -> reward workers   (TRL's trainer_state fields)
-    PoolStats           reward pool -> driver (with every Scores, and to `rayward scale`); EnvPoolStats likewise
+    PoolStats           a pool -> driver: RewardPoolStats (with every Scores), EnvPoolStats; either to `rayward scale`
 
 They live in `actors/` because both sides import them and `actors/` never imports the driver
 (`orchestrator/`). Plain dataclasses: Ray pickles them as they are, and the pure driver code builds and
@@ -19,7 +19,7 @@ K reward functions.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 # The dataset column that picks a row's environment when environment_factory maps names to classes (TRL's name);
 # TRL's reset(**row) does not receive it.
@@ -279,7 +279,7 @@ class Scores:
     workers: list[int]  # reward workers that scored some of it
     busy_s: float = 0.0  # the pool's wall time on it
     queue_wait_s: float = 0.0  # mean seconds its chunks waited for a worker (in the pool or behind another chunk)
-    pool: PoolStats | None = None  # the pool's state after it (workers, retries, ...)
+    pool: RewardPoolStats | None = None  # the pool's state after it (workers, retries, ...)
 
     def __len__(self) -> int:
         return len(self.scores[0]) if self.scores else 0
@@ -378,35 +378,29 @@ class TrainResult:
 
 @dataclass
 class PoolStats:
-    """A reward pool's state (`RewardPool.stats`): with every Scores, on `rayward scale`, in the step's metrics."""
+    """A worker pool's state (`stats()` of the reward pool and of the environment pool, what `rayward scale`
+    returns): the fields both pools keep. Each pool's record adds its own and names the ones copied into every
+    step's metrics (STEP_METRICS, as <PREFIX>/<name>)."""
 
-    workers: int  # live workers taking chunks
+    workers: int  # live workers taking work
     target_workers: int  # alive or starting, not retiring: the size the pool is heading to
     starting: int  # waiting for a node or importing
     retiring: int
-    inflight: int  # worker calls in flight
-    queue_depth: int  # chunks waiting for a worker
-    global_step: int  # the trainer_state the pool holds
+    calls_inflight: int  # worker calls in flight (a call may carry several units of work)
+    queue_depth: int  # units of work waiting for a worker (chunks; session opens)
     worker_s: float  # live worker-seconds so far
     utilization: float  # busy fraction over the autoscaler's window (NaN before one, or with autoscaling off)
     decisions: int  # scaling decisions so far
     autoscale: str  # "off", "min..max", or "pinned (bounds min..max)"
-    chunks: int = 0
-    retries: int = 0
+    retries: int = 0  # work sent again after its worker died or hung
     replaced: int = 0
-    timeouts: int = 0
-    errors: int = 0
+    timeouts: int = 0  # the reward pool: reward calls cut at their timeout; the environment pool: hung worker calls
     start_failures: int = 0
     scale_ups: int = 0
     scale_downs: int = 0
 
-    # Copied into every step's metrics as reward_pool/<name>.
-    STEP_METRICS = (
-        "workers", "target_workers", "starting", "retries", "replaced", "queue_depth", "decisions", "worker_s",
-        "utilization",
-    )
-
-    PREFIX = "reward_pool"
+    STEP_METRICS: ClassVar[tuple[str, ...]]
+    PREFIX: ClassVar[str]
 
     def step_metrics(self) -> dict[str, float]:
         """<PREFIX>/<name> for each of STEP_METRICS (counts stay ints, as the metrics log always had them)."""
@@ -414,9 +408,26 @@ class PoolStats:
 
 
 @dataclass
+class RewardPoolStats(PoolStats):
+    """The reward pool's state (`RewardPool.stats`), with every Scores: PoolStats' fields (queue_depth: chunks
+    waiting for a worker) and the scoring's."""
+
+    global_step: int = 0  # the trainer_state the pool holds
+    chunks: int = 0  # chunks scored
+    errors: int = 0  # reward calls that raised or returned garbage under on_error=fallback
+
+    # Copied into every step's metrics as reward_pool/<name>.
+    STEP_METRICS = (
+        "workers", "target_workers", "starting", "retries", "replaced", "queue_depth", "decisions", "worker_s",
+        "utilization",
+    )
+    PREFIX = "reward_pool"
+
+
+@dataclass
 class EnvPoolStats(PoolStats):
     """The environment pool's state (`EnvPool.stats`): PoolStats' fields (queue_depth: session opens waiting for
-    room; inflight: worker calls in flight; retries: opens re-sent after their worker died) and the sessions'."""
+    room; retries: opens re-sent after their worker died) and the sessions'."""
 
     sessions: int = 0  # open now
     sessions_opened: int = 0

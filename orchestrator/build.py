@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from actors import cpus
+from actors.autoscale import AutoscaleSettings
 from actors.cpus import Share
 from actors.envs.spec import EnvSpec
 from actors.group import (
@@ -27,7 +28,6 @@ from actors.group import (
 )
 from actors.learner.loss import ImportanceSampling, LossConfig
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
-from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.builtin import BUILTIN_REWARDS, builtin_target
 from actors.rewards.worker import RewardFunctionError, RewardSpec, declares_environments, load_reward_function
 from actors.types import TrainerState

@@ -38,14 +38,14 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util import metrics as ray_metrics
+from ray.util import metrics as ray_metrics  # the sessions gauge, the environment pool's own
 
+from actors.autoscale import AutoscaleSettings
 from actors.envs.client import EnvSessionLost
 from actors.envs.spec import EnvSpec
 from actors.envs.worker import EnvWorker
-from actors.pool import LATENCY_BOUNDS, TAGS, WAIT_BOUNDS, PoolKind, PoolMetrics, Slot, WorkerPool
-from actors.rewards.autoscale import AutoscaleSettings
-from actors.types import EnvClosed, EnvOpened, EnvPoolStats, EnvRequest, PoolStats, ToolCall, ToolResult
+from actors.pool import TAGS, PoolKind, PoolUnits, Slot, WorkerPool
+from actors.types import EnvClosed, EnvOpened, EnvPoolStats, EnvRequest, ToolCall, ToolResult
 
 # Sessions one worker holds. A session costs its environment's memory and nothing while the model writes, so
 # the bound is about what one worker's death takes with it: at most this many trajectories, one default batch
@@ -59,45 +59,17 @@ WORKER_CONCURRENCY = 2 * SESSIONS_PER_WORKER
 # Sessions go to live workers only, so it need not cover imports at start-up (the reward pool's grace does).
 CALL_GRACE_S = 30.0
 
-ENV_POOL = PoolKind(noun="environment pool", pin_flag="--env-workers", bounds_flag="--pool env --min/--max")
-
-
-def env_pool_metrics() -> PoolMetrics:
-    """The environment pool's Ray metrics (tagged with the run and the pool's role by the pool); the open-sessions
-    gauge is the pool's own (rayward_env_sessions)."""
-    return PoolMetrics(
-        alive=ray_metrics.Gauge("rayward_env_workers_alive", "live environment workers", tag_keys=TAGS),
-        queue=ray_metrics.Gauge("rayward_env_queue_depth", "session opens waiting for room on a worker", tag_keys=TAGS),
-        inflight=ray_metrics.Gauge(
-            "rayward_env_inflight_calls", "environment worker calls in flight (opens, tool turns, closes)", tag_keys=TAGS
-        ),
-        latency=ray_metrics.Histogram(
-            "rayward_env_call_latency_s", "seconds of one environment worker call (an open, a tool turn, a close)",
-            boundaries=LATENCY_BOUNDS, tag_keys=TAGS,
-        ),
-        events=ray_metrics.Counter(
-            "rayward_env_events_total", "tool errors and timeouts, unknown tools, failed resets and rewards, lost "
-            "sessions, hung workers, re-sent opens", tag_keys=(*TAGS, "kind"),
-        ),
-        target=ray_metrics.Gauge(
-            "rayward_env_workers_target", "environment workers alive or starting (the pool's target)", tag_keys=TAGS
-        ),
-        starting=ray_metrics.Gauge(
-            "rayward_env_workers_starting", "environment workers waiting for a node or starting up", tag_keys=TAGS
-        ),
-        utilization=ray_metrics.Gauge(
-            "rayward_env_utilization", "busy fraction of the live environment workers over the autoscaler's window",
-            tag_keys=TAGS,
-        ),
-        wait=ray_metrics.Histogram(
-            "rayward_env_queue_wait_s", "seconds an open waited for room on the workers", boundaries=WAIT_BOUNDS,
-            tag_keys=TAGS,
-        ),
-        decisions=ray_metrics.Counter(
-            "rayward_env_scale_decisions_total", "changes of the environment pool's target size",
-            tag_keys=(*TAGS, "direction"),
-        ),
-    )
+ENV_POOL = PoolKind(
+    noun="environment pool", pin_flag="--env-workers", bounds_flag="--pool env --min/--max", metrics="env",
+    units=PoolUnits(
+        unit="call", workers="environment workers", queued="session opens waiting for room on a worker",
+        inflight="environment worker calls in flight (opens, tool turns, closes)",
+        latency="seconds of one environment worker call (an open, a tool turn, a close)",
+        events="tool errors and timeouts, unknown tools, failed resets and rewards, lost sessions, hung workers, "
+               "re-sent opens",
+        wait="seconds an open waited for room on the workers",
+    ),
+)
 COUNTERS = ("retries", "timeouts", "sessions_opened", "sessions_closed", "sessions_lost", "tool_calls", "tool_errors",
             "tool_timeouts", "unknown_tools", "reset_errors", "reward_errors")
 # ToolResult.status -> the counter it adds to.
@@ -114,8 +86,9 @@ class _WorkerLost(Exception):
     """The worker died or hung during a call (it has been killed and replaced)."""
 
 
-class EnvPool(WorkerPool):
+class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
     KIND = ENV_POOL
+    STATS = EnvPoolStats
 
     def __init__(
         self,
@@ -158,41 +131,31 @@ class EnvPool(WorkerPool):
             .remote(self.spec, index=index, sys_path=self.sys_path)
         )
 
-    def _new_metrics(self) -> PoolMetrics:
-        return env_pool_metrics()
-
-    def _new_slot(self, i: int, handle: Any) -> Slot:
+    def _new_slot(self, i: int, handle: Any) -> _EnvSlot:
         return _EnvSlot(i, handle, time.monotonic())
 
-    def _is_busy(self, slot: Slot) -> bool:
-        assert isinstance(slot, _EnvSlot)
-        return slot.inflight > 0 or len(slot.sessions) >= SESSIONS_PER_WORKER
+    def _is_busy(self, slot: _EnvSlot) -> bool:
+        return slot.calls > 0 or len(slot.sessions) >= SESSIONS_PER_WORKER
 
-    def _load(self, slot: Slot) -> int:
-        assert isinstance(slot, _EnvSlot)
+    def _holding(self, slot: _EnvSlot) -> int:
         return len(slot.sessions)
 
-    def _drained(self, slot: Slot) -> bool:
-        assert isinstance(slot, _EnvSlot)
-        return not slot.sessions and slot.inflight == 0
+    def _drained(self, slot: _EnvSlot) -> bool:
+        return not slot.sessions and slot.calls == 0
 
     def _outstanding(self) -> int:
         return self.queued + len(self._where)
 
     def _stats_fields(self) -> dict[str, Any]:
-        return {"global_step": 0, "sessions": len(self._where)}
-
-    def _stats_type(self) -> type[PoolStats]:
-        return EnvPoolStats
+        return {"sessions": len(self._where)}
 
     def _publish_extra(self) -> None:
         self._sessions_gauge.set(len(self._where))
 
-    async def _retire(self, slot: Slot) -> None:
+    async def _retire(self, slot: _EnvSlot) -> None:
         try:
             await asyncio.wait_for(self._wait_drained(slot), self.drain_timeout_s)
         except asyncio.TimeoutError:
-            assert isinstance(slot, _EnvSlot)
             self._lose(slot, f"retired with {len(slot.sessions)} sessions still open after {self.drain_timeout_s:g} s")
             return
         self._drop(slot, replace=False)
@@ -242,23 +205,19 @@ class EnvPool(WorkerPool):
             await cond.wait_for(lambda: self._room_for(n))
             placed = []
             for _ in range(n):
-                slot = min(self._live_env(), key=lambda s: (len(s.sessions), s.inflight))
+                slot = min(self._live(), key=lambda s: (len(s.sessions), s.calls))
                 sid, self._next_session = self._next_session, self._next_session + 1
-                was = self._is_busy(slot)
-                slot.sessions.add(sid)
-                slot.opening.add(sid)
-                self._load_changed(slot, was)
+                with self._load(slot):
+                    slot.sessions.add(sid)
+                    slot.opening.add(sid)
                 self._where[sid] = slot
                 placed.append((sid, slot))
         self.queued -= n
         self._publish()
         return placed
 
-    def _live_env(self) -> list[_EnvSlot]:
-        return [s for s in self._live() if isinstance(s, _EnvSlot)]
-
     def _room_for(self, n: int) -> bool:
-        live = self._live_env()
+        live = self._live()
         free = sum(max(SESSIONS_PER_WORKER - len(s.sessions), 0) for s in live)
         return bool(live) and free >= min(n, SESSIONS_PER_WORKER * len(live))
 
@@ -345,9 +304,8 @@ class EnvPool(WorkerPool):
     async def _run(self, slot: _EnvSlot, method: str, bound_s: float, *args: Any) -> Any:
         """One worker call, counted in the worker's load; _WorkerLost when it died or took longer than its
         bound plus grace (the worker is then killed and replaced: everything it held is lost)."""
-        was = self._is_busy(slot)
-        slot.inflight += 1
-        self._load_changed(slot, was)
+        with self._load(slot):
+            slot.calls += 1
         self._publish()
         t0 = time.monotonic()
         try:
@@ -361,17 +319,15 @@ class EnvPool(WorkerPool):
             self._lose(slot, why)
             raise _WorkerLost(f"its environment worker {slot.id} {why}") from None
         finally:
-            was = self._is_busy(slot)
-            slot.inflight -= 1
-            self._load_changed(slot, was)
+            with self._load(slot):
+                slot.calls -= 1
             self.metrics.latency.observe(time.monotonic() - t0)
             self._publish()
             await self._notify(1)
 
     def _unplace(self, slot: _EnvSlot, sids: list[int]) -> None:
-        was = self._is_busy(slot)
-        slot.sessions.difference_update(sids)
-        self._load_changed(slot, was)
+        with self._load(slot):
+            slot.sessions.difference_update(sids)
         for sid in sids:
             self._where.pop(sid, None)
 

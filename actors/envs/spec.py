@@ -91,13 +91,6 @@ def tool_method_names(cls: type) -> list[str]:
     ]
 
 
-def is_async_callable(fn: Any) -> bool:
-    """An `async def` function or method, or an object whose __call__ is one."""
-    return inspect.iscoroutinefunction(fn) or (
-        not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
-    )
-
-
 class _Unbound:
     """What a method is bound to for its schema: the user's class is never instantiated before a worker starts."""
 
@@ -171,6 +164,6 @@ def reward_classes(spec: EnvSpec) -> dict[str, list[str | None]]:
 
 
 __all__ = [
-    "EnvSpec", "EnvSpecError", "import_object", "is_async_callable", "load_environment", "load_tool",
+    "EnvSpec", "EnvSpecError", "import_object", "load_environment", "load_tool",
     "reward_classes", "schema_target", "tool_method_names", "tool_schema", "tool_schemas",
 ]

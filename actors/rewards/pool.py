@@ -10,7 +10,7 @@ Retiring a worker (scale down) waits for its in-flight chunks before killing it.
 A new worker counts as capacity only once it is alive: on an autoscaling Ray cluster a worker that asks for
 resources no node has yet (`cluster.reward_worker.resources`) waits for the cluster autoscaler to start a node,
 and meanwhile scoring goes on on the live workers. With `autoscale` settings the pool sizes itself
-(actors/rewards/autoscale.py: a pure policy, sampled by a periodic task here and at every batch arrival);
+(actors/autoscale.py: a pure policy, sampled by a periodic task here and at every batch arrival);
 `scale(n)` pins the count (autoscaling paused), `set_bounds(min, max)` resumes it. Every change of the
 target is printed with its reason (the driver shows the pool's output) and kept in `decision_log()`. That
 machinery (membership, replacement, scaling, metrics, stats) is the pool base's, shared with the environment
@@ -30,12 +30,11 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
-from ray.util import metrics as ray_metrics
 
-from actors.pool import LATENCY_BOUNDS, TAGS, WAIT_BOUNDS, PoolKind, PoolMetrics, Slot, WorkerPool
-from actors.rewards.autoscale import AutoscaleSettings
+from actors.autoscale import AutoscaleSettings
+from actors.pool import PoolKind, PoolUnits, Slot, WorkerPool
 from actors.rewards.worker import RewardSpec, RewardWorker
-from actors.types import RewardBatch, Scores, TrainerState
+from actors.types import RewardBatch, RewardPoolStats, Scores, TrainerState
 
 # Chunks a worker holds at once: 2 hides the dispatch round-trip without hoarding work a new worker could take.
 CHUNKS_PER_WORKER = 2
@@ -46,40 +45,14 @@ CALLS_PER_SLOT = 2
 # (covers a worker still importing at start-up, or one stuck in C code holding the GIL).
 CHUNK_GRACE_S = 120.0
 
-REWARD_POOL = PoolKind(noun="reward pool", pin_flag="--reward-workers", bounds_flag="--min/--max")
-
-
-def reward_pool_metrics() -> PoolMetrics:
-    """The reward pool's Ray metrics (tagged with the run and the pool's role by the pool)."""
-    return PoolMetrics(
-        alive=ray_metrics.Gauge("rayward_reward_workers_alive", "live reward workers", tag_keys=TAGS),
-        queue=ray_metrics.Gauge("rayward_reward_queue_depth", "chunks waiting for a worker", tag_keys=TAGS),
-        inflight=ray_metrics.Gauge("rayward_reward_inflight_chunks", "chunks being scored", tag_keys=TAGS),
-        latency=ray_metrics.Histogram(
-            "rayward_reward_chunk_latency_s", "seconds to score one chunk", boundaries=LATENCY_BOUNDS, tag_keys=TAGS
-        ),
-        events=ray_metrics.Counter(
-            "rayward_reward_events_total", "timeouts, errors, retries", tag_keys=(*TAGS, "kind")
-        ),
-        target=ray_metrics.Gauge(
-            "rayward_reward_workers_target", "reward workers alive or starting (the pool's target)", tag_keys=TAGS
-        ),
-        starting=ray_metrics.Gauge(
-            "rayward_reward_workers_starting", "reward workers waiting for a node or starting up", tag_keys=TAGS
-        ),
-        utilization=ray_metrics.Gauge(
-            "rayward_reward_utilization", "busy fraction of the live reward workers over the autoscaler's window",
-            tag_keys=TAGS,
-        ),
-        wait=ray_metrics.Histogram(
-            "rayward_reward_queue_wait_s", "seconds a chunk waited for a worker (mean of one worker call's chunks)",
-            boundaries=WAIT_BOUNDS, tag_keys=TAGS,
-        ),
-        decisions=ray_metrics.Counter(
-            "rayward_reward_scale_decisions_total", "changes of the reward pool's target size",
-            tag_keys=(*TAGS, "direction"),
-        ),
-    )
+REWARD_POOL = PoolKind(
+    noun="reward pool", pin_flag="--reward-workers", bounds_flag="--min/--max", metrics="reward",
+    units=PoolUnits(
+        unit="chunk", workers="reward workers", queued="chunks waiting for a worker", inflight="chunks being scored",
+        latency="seconds to score one chunk", events="timeouts, errors, retries",
+        wait="seconds a chunk waited for a worker (mean of one worker call's chunks)",
+    ),
+)
 
 
 @dataclass
@@ -101,8 +74,9 @@ class _Batch:
         self.waits = [0.0] * len(self.chunks)
 
 
-class RewardPool(WorkerPool):
+class RewardPool(WorkerPool[Slot, RewardPoolStats]):
     KIND = REWARD_POOL
+    STATS = RewardPoolStats
 
     def __init__(
         self,
@@ -141,8 +115,8 @@ class RewardPool(WorkerPool):
             .remote(self.specs, index=index, trainer_state=self.state, sys_path=self.sys_path)
         )
 
-    def _new_metrics(self) -> PoolMetrics:
-        return reward_pool_metrics()
+    def _new_slot(self, i: int, handle: Any) -> Slot:
+        return Slot(i, handle, time.monotonic())
 
     def _inflight_units(self) -> int:
         return self.inflight_chunks
@@ -153,7 +127,7 @@ class RewardPool(WorkerPool):
     # --- scoring ----------------------------------------------------------------------------------------
 
     def _has_room(self) -> bool:
-        return any(s.inflight < CHUNKS_PER_WORKER for s in self._live())
+        return any(s.calls < CHUNKS_PER_WORKER for s in self._live())
 
     async def _acquire(self, wanted: Callable[[], bool]) -> Slot | None:
         """The least-loaded live worker with room for a call, or None once `wanted()` turns false (the batch
@@ -163,17 +137,15 @@ class RewardPool(WorkerPool):
             await cond.wait_for(lambda: not wanted() or self._has_room())
             if not wanted():
                 return None
-            slot = min(self._live(), key=lambda s: s.inflight)
-            was = self._is_busy(slot)
-            slot.inflight += 1
-            self._load_changed(slot, was)
+            slot = min(self._live(), key=lambda s: s.calls)
+            with self._load(slot):
+                slot.calls += 1
         self._publish()
         return slot
 
     async def _release(self, slot: Slot) -> None:
-        was = self._is_busy(slot)
-        slot.inflight -= 1
-        self._load_changed(slot, was)
+        with self._load(slot):
+            slot.calls -= 1
         self._publish()
         await self._notify(1)
 

@@ -7,7 +7,8 @@ keeps TRL 1.16's signature:
        trainer_state=TrainerState, log_extra=fn, log_metric=fn, **kwargs) -> list[float | None]
 
 sync or `async def`. Unlike TRL, every call has a time bound and an error policy, and by default each
-completion is scored by its own call so a slow or failing sample cannot take its neighbours with it.
+completion is scored by its own call so a slow or failing sample cannot take its neighbours with it. The calls
+run where actors/user_code.py runs the user's code: sync ones in a thread pool, async ones on one event loop.
 
 Agentic runs (actors/envs): a function that declares an `environments` parameter also receives its samples'
 environment instances (TRL's `environments=`), unpickled from RewardBatch.environments here; and an
@@ -17,24 +18,20 @@ values the environments computed at close and the batch carries (RewardBatch.env
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 import os
-import sys
-import sysconfig
 import threading
 import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass, field
 from typing import Any
 
 from actors import user_code
 from actors.types import RewardBatch, Scores, TrainerState
+from actors.user_code import Outcome, Pending, Raised, TimedOut, UserCalls
 
 # Threads for sync reward calls of one chunk: enough that every per-sample call of a chunk starts at once
 # (so its timeout is measured from its own start), small enough to stay cheap when idle.
@@ -147,11 +144,6 @@ class _EnvReward:
         return out
 
 
-def is_async_callable(fn: Any) -> bool:
-    """An `async def` function, or an object whose __call__ is one (as TRL's is_async_callable)."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
-
-
 class _RewardModel:
     """A sequence-classification reward model scored on prompt + completion, as TRL does (logits[:, 0])."""
 
@@ -227,17 +219,13 @@ class RewardWorker:
         trainer_state: TrainerState | None = None,
         sys_path: list[str] | None = None,
     ):
-        # The user's run directory, so `my_rewards:fn` imports as with python -m.
-        for p in reversed(sys_path or []):
-            if p not in sys.path:
-                sys.path.insert(0, p)
+        user_code.add_to_sys_path(sys_path)  # the user's run directory: `my_rewards:fn` imports as with python -m
         self.index = index
         self.specs = list(specs)
         self.functions = [
             _EnvReward(s.name) if s.env_reward else _RewardModel(s.model) if s.model else load_reward_function(s)
             for s in self.specs
         ]
-        self.is_async = [is_async_callable(f) for f in self.functions]
         # What each function gets beyond TRL's arguments: environment instances, or environment rewards.
         self.extras = [
             ("env_rewards",) if s.env_reward else ("environments",) if declares_environments(f) else ()
@@ -245,11 +233,7 @@ class RewardWorker:
         ]
         self.state = trainer_state or TrainerState()
         self.state.to_transformers()  # import transformers now (seconds), while the engines start, not at step 1
-        # One persistent event loop, as TRL keeps one: async reward code may hold loop-bound clients.
-        self._loop = asyncio.new_event_loop()
-        threading.Thread(target=self._loop.run_forever, daemon=True, name="reward-loop").start()
-        self._executor = _call_executor()
-        self._stuck = 0  # sync calls still running past their timeout (their threads cannot be killed)
+        self.calls = UserCalls("reward-call", SYNC_CALL_THREADS)
 
     def __repr__(self) -> str:
         # Ray captures an actor's repr once (the dashboard's Repr column): only what never changes.
@@ -271,16 +255,8 @@ class RewardWorker:
         ctx = _Chunk(chunk, self.state.to_transformers())
         self._check_env_inputs(ctx)
         ks = range(len(self.specs))
-        # Async rewards run on the worker's event loop; sync ones go straight to the thread pool from this
-        # thread (no asyncio task per call: that was half the worker's CPU per sample).
-        async_ks = [k for k in ks if self.is_async[k]]
-        pending = (
-            asyncio.run_coroutine_threadsafe(_score_async(self, async_ks, ctx), self._loop) if async_ks else None
-        )
-        submitted = {k: self._submit(k, ctx) for k in ks if not self.is_async[k]}
-        per_reward = {k: self._collect(k, calls, ctx) for k, calls in submitted.items()}
-        if pending is not None:
-            per_reward.update(pending.result())
+        started = [self._start(k, ctx) for k in ks]  # every call of every reward at once
+        per_reward = [self._collect(k, calls, ctx) for k, calls in zip(ks, started, strict=True)]
         names = [s.name for s in self.specs]
         return Scores(
             names=names,
@@ -311,45 +287,37 @@ class RewardWorker:
         """Score several chunks one after another in one call (the pool batches chunks to save Ray calls)."""
         return [self.score(c, state) for c in chunks]
 
-    def _submit(self, k: int, ctx: _Chunk) -> list[tuple[int, int, float, Future]]:
-        """Start every call of sync reward k on the chunk: (lo, hi, start time, future) per call."""
-        if self._stuck >= SYNC_CALL_THREADS // 2:  # hung sync calls hold threads forever: start a fresh pool
-            self._executor, self._stuck = _call_executor(), 0
-        fn = self.functions[k]
-        calls = []
-        for lo, hi in ctx.spans(self.specs[k]):
-            kwargs = ctx.kwargs(lo, hi, self.extras[k])
-            calls.append((lo, hi, time.monotonic(), self._executor.submit(_timed_call, fn, kwargs)))
-        return calls
+    def _start(self, k: int, ctx: _Chunk) -> list[tuple[int, int, Pending]]:
+        """Start every call of reward k on the chunk: (lo, hi, the call) per span of samples."""
+        fn, spec, extras = self.functions[k], self.specs[k], self.extras[k]
+        return [(lo, hi, self.calls.start(fn, ctx.kwargs(lo, hi, extras), spec.timeout_s))
+                for lo, hi in ctx.spans(spec)]
 
-    def _collect(self, k: int, calls: list[tuple[int, int, float, Future]], ctx: _Chunk) -> RewardResult:
+    def _collect(self, k: int, calls: list[tuple[int, int, Pending]], ctx: _Chunk) -> RewardResult:
         """Wait for each call up to its own deadline (its start + the reward's timeout)."""
-        spec = self.specs[k]
         scores: list[float] = []
         timeouts = errors = 0
-        t0, t_end = calls[0][2] if calls else time.monotonic(), 0.0
-        for lo, hi, start, fut in calls:
-            try:
-                out, done = fut.result(timeout=max(start + spec.timeout_s - time.monotonic(), 0.0))
-                vals, status = _validate(spec.name, out, hi - lo, ctx.offset + lo), "ok"
-            except FutureTimeoutError:
-                self._stuck += 1
-                vals, status, done = _fallback(spec, hi - lo), "timeout", start + spec.timeout_s
-            except Exception as err:  # noqa: BLE001 - the reward's on_error policy decides
-                vals, status, done = _on_error(spec, self.functions[k], err, ctx, lo, hi), "error", time.monotonic()
+        t0, t_end = calls[0][2].started if calls else time.monotonic(), 0.0
+        for lo, hi, pending in calls:
+            outcome = self.calls.outcome(pending)
+            vals, status = self._values(k, outcome, ctx, lo, hi)
             scores.extend(vals)
             timeouts += status == "timeout"
             errors += status == "error"
-            t_end = max(t_end, done)
+            t_end = max(t_end, outcome.ended)
         return RewardResult(scores, timeouts, errors, max(t_end - t0, 0.0))
 
-
-def _call_executor() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(SYNC_CALL_THREADS, thread_name_prefix="reward-call")
-
-
-def _timed_call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[Any, float]:
-    return fn(**kwargs), time.monotonic()
+    def _values(self, k: int, outcome: Outcome, ctx: _Chunk, lo: int, hi: int) -> tuple[list[float], str]:
+        """One call's scores and status ("ok", "timeout", "error"); RewardFunctionError under on_error: raise."""
+        spec, fn = self.specs[k], self.functions[k]
+        if isinstance(outcome, TimedOut):
+            return _fallback(spec, hi - lo), "timeout"
+        if isinstance(outcome, Raised):
+            return _on_error(spec, fn, outcome.error, ctx, lo, hi), "error"
+        try:
+            return _validate(spec.name, outcome.value, hi - lo, ctx.offset + lo), "ok"
+        except RewardFunctionError as err:  # a bad return value, under the same on_error policy
+            return _on_error(spec, fn, err, ctx, lo, hi), "error"
 
 
 def _fallback(spec: RewardSpec, n: int) -> list[float]:
@@ -375,7 +343,7 @@ def _explained(spec: RewardSpec, fn: Any, err: Exception, ctx: _Chunk, lo: int, 
         error = f"{type(err).__name__}: {err}"
         out = RewardFunctionError(
             f"reward {spec.name!r} raised on {where}: {error}", reward=spec.name, sample=offset, error=error,
-            frames=_reward_frames(err.__traceback__), traceback="".join(traceback.format_exception(err)),
+            frames=_reward_frames(err), traceback="".join(traceback.format_exception(err)),
         )
     i = (out.sample if out.sample is not None else offset) - ctx.offset
     if 0 <= i < ctx.n:
@@ -399,25 +367,13 @@ def _defined_at(fn: Any) -> str | None:
     return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
 
 
-_STDLIB = sysconfig.get_paths()["stdlib"]
 _THIS_FILE = os.path.abspath(__file__)
 
 
-def _is_library(filename: str) -> bool:
-    """Python's own files and installed packages: not the user's reward code."""
-    return (
-        filename.startswith(("<frozen", _STDLIB)) or f"{os.sep}site-packages{os.sep}" in filename
-        or f"{os.sep}dist-packages{os.sep}" in filename
-    )
-
-
-def _reward_frames(tb: Any) -> list[tuple[str, int, str, str]]:
-    """The frames below the reward call (this file's _timed_call / _call_async) that are the user's code, not
-    the standard library's or an installed package's; the innermost one if there are none (a library reward)."""
-    frames = traceback.extract_tb(tb)
-    call_site = max((i for i, f in enumerate(frames) if os.path.abspath(f.filename) == _THIS_FILE), default=-1)
-    below = frames[call_site + 1 :]
-    own = [f for f in below if not _is_library(f.filename)] or below[-1:]
+def _reward_frames(err: Exception) -> list[tuple[str, int, str, str]]:
+    """The reward's own frames (user_code.user_frames), without this file's (an environment's reward is called
+    through _EnvReward here): (file, line, function, source), innermost last."""
+    own = [f for f in user_code.user_frames(err) if os.path.abspath(f.filename) != _THIS_FILE]
     return [(f.filename, f.lineno or 0, f.name, (f.line or "").strip()) for f in own[-MAX_USER_FRAMES:]]
 
 
@@ -486,34 +442,3 @@ class _Chunk:
             kw["env_classes"] = None if c.env_classes is None else c.env_classes[lo:hi]
         return kw
 
-
-async def _score_async(worker: RewardWorker, ks: list[int], ctx: _Chunk) -> dict[int, RewardResult]:
-    """The async rewards of one chunk, every call at once on the worker's loop. Module-level on purpose: an
-    `async def` method would make Ray run RewardWorker as an async actor, whose sync `score` then blocks its
-    event loop (one chunk at a time)."""
-    results = await asyncio.gather(*(_score_async_reward(worker, k, ctx) for k in ks))
-    return dict(zip(ks, results, strict=True))
-
-
-async def _score_async_reward(worker: RewardWorker, k: int, ctx: _Chunk) -> RewardResult:
-    spec, fn = worker.specs[k], worker.functions[k]
-    t0 = time.monotonic()
-    outs = await asyncio.gather(*(_call_async(spec, fn, ctx, lo, hi, worker.extras[k]) for lo, hi in ctx.spans(spec)))
-    scores: list[float] = []
-    for vals, _ in outs:
-        scores.extend(vals)
-    timeouts = sum(status == "timeout" for _, status in outs)
-    errors = sum(status == "error" for _, status in outs)
-    return RewardResult(scores, timeouts, errors, time.monotonic() - t0)
-
-
-async def _call_async(
-    spec: RewardSpec, fn: Any, ctx: _Chunk, lo: int, hi: int, extras: tuple[str, ...]
-) -> tuple[list[float], str]:
-    try:
-        out = await asyncio.wait_for(fn(**ctx.kwargs(lo, hi, extras)), timeout=spec.timeout_s)
-        return _validate(spec.name, out, hi - lo, ctx.offset + lo), "ok"
-    except asyncio.TimeoutError:
-        return _fallback(spec, hi - lo), "timeout"
-    except Exception as err:  # noqa: BLE001 - the reward's on_error policy decides
-        return _on_error(spec, fn, err, ctx, lo, hi), "error"

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.rewards.autoscale import AutoscaleSettings
+from actors.autoscale import AutoscaleSettings
 from actors.types import PoolStats
 from orchestrator.cli.auth import AuthError, explain_auth_failure, find_token, prepare_client_auth
 from orchestrator.config import (

@@ -11,6 +11,8 @@ import jsonschema
 import pytest
 import yaml
 
+from actors.pool import pool_metric_names
+from actors.rewards.pool import REWARD_POOL
 from orchestrator.telemetry.ray_metrics import GAUGES, METRIC_NAME_RE, REWARD_POOL_METRICS
 from tests.conftest import ROOT
 
@@ -156,12 +158,12 @@ def test_kuberay_check_can_fail():
 def exported_prometheus_names() -> set[str]:
     """Every series name rayward's metrics produce on Ray's endpoint (ray_ prefix; histogram suffixes)."""
     names = {f"ray_{n}" for n in GAUGES}
-    pool_src = (ROOT / "actors" / "rewards" / "pool.py").read_text()
-    pool = set(re.findall(r'ray_metrics\.(?:Gauge|Counter|Histogram)\(\s*"(rayward_\w+)"', pool_src))
-    assert pool == set(REWARD_POOL_METRICS), "orchestrator.telemetry.ray_metrics.REWARD_POOL_METRICS is out of date"
-    for n in pool:
+    pool = pool_metric_names(REWARD_POOL.metrics, REWARD_POOL.units.unit).values()  # what the reward pool declares
+    assert {n for _, n in pool} == set(REWARD_POOL_METRICS), (
+        "orchestrator.telemetry.ray_metrics.REWARD_POOL_METRICS is out of date")
+    for cls, n in pool:
         names.add(f"ray_{n}")
-        if re.search(rf'Histogram\(\s*"{n}"', pool_src):
+        if cls == "Histogram":
             names |= {f"ray_{n}_bucket", f"ray_{n}_sum", f"ray_{n}_count"}
     return names
 

@@ -97,7 +97,7 @@ def test_sigkilled_worker_loses_exactly_its_sessions_and_is_replaced(ray_cluster
     kept = [s for s in sessions if where[s] != victim_worker]
     gate = tmp_path / "never"
     in_flight = envs.call(doomed[0], [ToolCall("hold", {"gate": str(gate)})])  # mid-trajectory: a call running
-    wait_for(ray, pool, lambda s: s.inflight == 1, "the held call in flight")
+    wait_for(ray, pool, lambda s: s.calls_inflight == 1, "the held call in flight")
     os.kill(worker_pids(ray, pool)[victim_worker], signal.SIGKILL)
     with pytest.raises(EnvSessionLost, match=f"environment worker {victim_worker} died"):
         in_flight.result(timeout=WAIT_S)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from actors.rewards.autoscale import AutoscaleSettings
+from actors.autoscale import AutoscaleSettings
 from actors.rewards.pool import RewardPool
 from actors.rewards.worker import RewardSpec
 from actors.types import RewardBatch, TrainerState
@@ -87,7 +87,7 @@ def test_scale_up_and_down_mid_batch_scores_every_sample_once(ray_cluster, tmp_p
     wait_for(ray, pool, lambda s: s.workers == 2, "2 live workers")
     gate_a, gate_b = tmp_path / "a", tmp_path / "b"
     ref_a = pool.score.remote(batch(48, gate=gate_a), 1)  # 12 chunks: 2 calls held per worker, the rest queued
-    wait_for(ray, pool, lambda s: s.inflight == 4 and s.queue_depth > 0, "batch A holding both workers")
+    wait_for(ray, pool, lambda s: s.calls_inflight == 4 and s.queue_depth > 0, "batch A holding both workers")
     stats = ray.get(pool.scale.remote(6))  # mid-batch A
     assert stats.target_workers == 6 and stats.workers == 2  # new workers count once alive
     wait_for(ray, pool, lambda s: s.workers == 6 and s.queue_depth == 0, "6 live workers holding all of A")
@@ -97,7 +97,7 @@ def test_scale_up_and_down_mid_batch_scores_every_sample_once(ray_cluster, tmp_p
     assert max(out_a.workers) >= 2  # the first two held their calls: only added workers can have taken the rest
 
     ref_b = pool.score.remote(batch(48, gate=gate_b), 1)  # 12 one-chunk calls: 2 held by each of the 6 workers
-    wait_for(ray, pool, lambda s: s.inflight == 12, "batch B held by all 6 workers")
+    wait_for(ray, pool, lambda s: s.calls_inflight == 12, "batch B held by all 6 workers")
     stats = ray.get(pool.scale.remote(3))  # mid-batch B
     assert stats.target_workers == 3 and stats.retiring == 3
     gate_b.touch()
@@ -117,7 +117,7 @@ def test_sigkilled_worker_is_replaced_and_its_chunks_rerun(ray_cluster, tmp_path
     victim = ray.get(ray.get(pool.worker_handles.remote())[0].pid.remote())
     gate = tmp_path / "go"
     ref = pool.score.remote(batch(48, gate=gate), 1)
-    wait_for(ray, pool, lambda s: s.inflight == 4, "both workers holding chunks")
+    wait_for(ray, pool, lambda s: s.calls_inflight == 4, "both workers holding chunks")
     os.kill(victim, signal.SIGKILL)  # worker 0 dies holding two calls
     wait_for(ray, pool, lambda s: s.replaced == 1, "the dead worker replaced")
     gate.touch()
@@ -217,7 +217,7 @@ def test_rayward_scale_pins_the_count_and_min_max_resume_autoscaling(ray_cluster
 
 # Short windows and delays. The policy's behaviour over whole runs (how far and how fast the pool grows for a
 # slower reward, worker-seconds against a fixed pool, no flapping) is proven on simulated runs in
-# tests/unit/actors/rewards/test_autoscale.py.
+# tests/unit/actors/test_autoscale.py.
 AUTOSCALE = settings(1, 3, target_utilization=0.5, look_back_s=1.0, upscale_delay_s=0.0, downscale_delay_s=0.5)
 
 

@@ -94,6 +94,7 @@ def test_sessions_spread_least_loaded_and_results_keep_request_order():
         closed = await pool.close([o.session for o in out])
         assert [c.reward for c in closed] == [0.0, 1.0, 2.0, 4.0, 4.0]
         assert pool.stats().sessions == 0 and pool.stats().sessions_closed == 5
+        assert pool.stats().sessions_opened == 5
 
     run(t)()
 
@@ -184,6 +185,61 @@ def test_tool_outcomes_are_counted():
     run(t)()
 
 
+def with_pool(spec, test):
+    """Run `test(pool)` on a one-worker pool of `spec`."""
+
+    async def main():
+        pool = FakePool(spec, run_name="t", num_workers=1, worker_options={})
+        await until(lambda: pool.size() == 1)
+        return await test(pool)
+
+    return asyncio.run(main())
+
+
+def test_every_tool_outcome_a_worker_reports_is_counted():
+    """The worker reports what went wrong in its results; the pool's stats count it (bad arguments and a tool's
+    own TimeoutError are tool errors, a hung sync tool a timeout)."""
+    spec = EnvSpec(tools=("tests.fixtures.envs:held",), environments={None: "tests.fixtures.envs:CounterEnv"},
+                   tool_timeout_s=0.3)
+
+    async def t(pool):
+        (o,) = await pool.open(requests(1))
+        bad = [ToolCall("add", {"m": 1}), ToolCall("add", {}), ToolCall("add", {"n": 1, "x": 2}), ToolCall("add", "1")]
+        await pool.call(o.session, [ToolCall("ad", {"n": 1}), *bad])
+        await pool.call(o.session, [ToolCall("boom", {}), ToolCall("own_timeout", {}), ToolCall("held", {})])
+        s = pool.stats()
+        assert (s.tool_calls, s.unknown_tools, s.tool_errors, s.tool_timeouts) == (8, 1, 6, 1)
+
+    with_pool(spec, t)
+
+
+def test_a_reset_past_its_bound_is_a_reset_error():
+    spec = EnvSpec(environments={None: "tests.fixtures.envs:HeldResetEnv"}, tool_timeout_s=0.3)
+
+    async def t(pool):
+        (o,) = await pool.open(requests(1))
+        assert o.error.startswith("TimeoutError: HeldResetEnv() and reset() took more than 0.3 s")
+        assert (pool.stats().reset_errors, pool.stats().sessions, pool.stats().sessions_opened) == (1, 0, 0)
+
+    with_pool(spec, t)
+
+
+@pytest.mark.parametrize(("env", "keep_state", "errors"), [
+    ("CounterEnv", True, 0), ("FailingRewardEnv", False, 1), ("StringRewardEnv", False, 1),
+    ("HeldRewardEnv", False, 1), ("UnpicklableEnv", True, 1),
+])
+def test_a_failed_get_reward_or_pickle_is_a_reward_error(env, keep_state, errors):
+    spec = EnvSpec(environments={None: f"tests.fixtures.envs:{env}"}, reward_timeout_s=0.3)
+
+    async def t(pool):
+        (o,) = await pool.open(requests(1))
+        (closed,) = await pool.close([o.session], keep_state=keep_state)
+        assert (closed.error is not None) == bool(errors)
+        assert (pool.stats().reward_errors, pool.stats().sessions_closed) == (errors, 1)
+
+    with_pool(spec, t)
+
+
 def test_a_retiring_worker_past_its_drain_deadline_loses_what_is_still_open():
     async def t(pool):
         out = await pool.open(requests(2))
@@ -206,7 +262,7 @@ def test_load_is_calls_in_flight_or_a_full_worker(monkeypatch):
         assert pool._busy == 0
         slot = pool.slots[pool.session_workers()[out[0].session]]
         call = asyncio.ensure_future(pool.call(out[0].session, [ToolCall("hold", {})]))
-        await until(lambda: slot.inflight == 1)
+        await until(lambda: slot.calls == 1)
         assert pool._busy == 1
         envs.RELEASE.set()
         await call

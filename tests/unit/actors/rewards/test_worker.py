@@ -147,6 +147,22 @@ def test_timeout_gives_fallback_to_the_slow_sample_only(fn):
     assert out.scores == [[1.0, -2.0, 1.0, -2.0]] and out.timeouts == {"s": 2}
 
 
+def raises_its_own_timeout(completions, **kw):
+    raise TimeoutError("the judge timed out")
+
+
+async def async_raises_its_own_timeout(completions, **kw):
+    raise TimeoutError("the judge timed out")
+
+
+@pytest.mark.parametrize("fn", ["raises_its_own_timeout", "async_raises_its_own_timeout"])
+def test_a_timeout_error_the_reward_raises_is_its_error_not_a_timeout(fn):
+    out = worker(RewardSpec("j", f"{__name__}:{fn}", on_error="fallback", fallback=-1.0)).score(chunk(["a", "b"]))
+    assert out.scores == [[-1.0, -1.0]] and out.errors == {"j": 2} and out.timeouts == {"j": 0}
+    with pytest.raises(RewardFunctionError, match="raised on sample 0: TimeoutError: the judge timed out"):
+        worker(RewardSpec("j", f"{__name__}:{fn}")).score(chunk(["a"]))
+
+
 def test_load_errors_name_the_reward(tmp_path):
     with pytest.raises(RewardFunctionError, match=r"reward 'r': function 'no_such_module:\w+': cannot import 'no_such_module'"):
         load_reward_function(RewardSpec("r", "no_such_module:f"))

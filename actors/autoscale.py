@@ -1,4 +1,5 @@
-"""The reward pool's autoscaling policy: samples of the pool's load in, a target number of workers out (pure).
+"""A worker pool's autoscaling policy (the reward pool's and the environment pool's, through actors/pool.py):
+samples of the pool's load in, a target number of workers out (pure).
 
 Modelled on Ray Serve's autoscaler (`target_ongoing_requests`, `upscale_delay_s`, `downscale_delay_s`,
 `look_back_period_s`), with the load measured the way a batch-driven pool sees it:

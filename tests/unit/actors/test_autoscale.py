@@ -1,5 +1,5 @@
 """The reward pool's autoscaling policy (pure): windows of whole batch cycles, delays, caps and bounds, and
-simulated synchronous runs whose reward slows down eightfold and recovers (tests/unit/actors/rewards/pool_sim.py).
+simulated synchronous runs whose reward slows down eightfold and recovers (tests.unit.actors.pool_sim.py).
 What only a real pool shows (its counters drive the policy, real workers start and retire, nothing is scored
 twice) is in tests/integration/actors/rewards/test_pool.py."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from actors.rewards.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
+from actors.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
 from orchestrator.config import RewardAutoscaleConfig
-from tests.unit.actors.rewards.pool_sim import simulate
+from tests.unit.actors.pool_sim import simulate
 
 TICK = 0.25
 
@@ -165,7 +165,7 @@ def test_growth_is_capped_by_the_chunks_there_are_and_by_max_workers():
     assert "bounded to 1..3" in pool.decisions[-1].reason
 
 
-# --- simulated synchronous runs (tests/unit/actors/rewards/pool_sim.py) -------------------------------------
+# --- simulated synchronous runs (tests.unit.actors.pool_sim.py) -------------------------------------
 
 
 def check_slowdown_run(lat: list[float], rise: int, drop: int, st: AutoscaleSettings, **sim) -> None:
