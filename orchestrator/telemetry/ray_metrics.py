@@ -116,7 +116,7 @@ PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"^eval/pass@(\d+)$"), "rayward_eval_pass_at", "k"),
 ]
 
-# Metrics the reward pool actor exports itself (actors/rewards/pool.py), live between steps: workers alive,
+# Metrics the reward pool actor exports itself (declared in actors/pool.py `pool_metrics`), live between steps: workers alive,
 # starting and targeted, queue depth and wait, chunk latency, utilisation, events and scaling decisions.
 REWARD_POOL_METRICS = (
     "rayward_reward_workers_alive",
