@@ -77,6 +77,8 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
             pass  # an unknown template: named below
         if getattr(tokenizer, "response_template", None) is None:
             raise ChatTemplateError(_no_response_template(tokenizer))
+    if isinstance(tokenizer.chat_template, str) and tokenizer.chat_template in _training_templates():
+        return tokenizer  # prepared already (TRL's checks render with an engine tokenizer's own copies: see _render)
     if not is_chat_template_prefix_preserving(tokenizer):
         try:
             tokenizer.chat_template = get_training_chat_template(tokenizer) or tokenizer.chat_template
@@ -137,6 +139,14 @@ def _trl_templates() -> dict[str, str]:
         f.read_text(encoding="utf-8"): f.name.removesuffix(".jinja").removesuffix(_TRAINING_SUFFIX)
         for f in sorted(files.iterdir(), key=lambda f: f.name) if f.name.endswith(".jinja")
     }
+
+
+@functools.cache
+def _training_templates() -> frozenset[str]:
+    from importlib import resources
+
+    files = resources.files("trl").joinpath("chat_templates")
+    return frozenset(f.read_text(encoding="utf-8") for f in files.iterdir() if f.name.endswith(f"{_TRAINING_SUFFIX}.jinja"))
 
 
 @functools.cache
@@ -364,8 +374,12 @@ def _render(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, add_generation_prompt: bool
 ) -> list[int]:
     # tools or None: an empty list makes some templates (Llama 3) write their tool boilerplate (as TRL passes it).
+    # The template is passed as TRL passes its own: vLLM's engine tokenizer renders on copies of itself made
+    # when the engine loaded it, which would not see a template prepare_tokenizer installed since.
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     return list(tokenizer.apply_chat_template(
         messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False,
+        chat_template=template,
     ))
 
 

@@ -73,6 +73,24 @@ def test_a_template_that_is_not_prefix_preserving_gets_trls_training_template(to
     assert tok.chat_template == training
 
 
+def test_the_engines_tokenizer_renders_with_the_template_installed_after_vllm_copied_it(tool_tokenizer):
+    """vLLM's engine tokenizer renders on copies of itself made when it was loaded (its thread pool): chat.py passes
+    the prepared template to every render, as TRL passes its training template."""
+    hf = pytest.importorskip("vllm.tokenizers.hf")
+    tok = copy.deepcopy(tool_tokenizer)
+    tok.response_template, tok.chat_template = None, trl_template("qwen3")
+    plain = chat.prepare_tokenizer(copy.deepcopy(tok))
+    engine = chat.prepare_tokenizer(hf.maybe_make_thread_pool(tok, copies=2))
+    assert engine.chat_template == plain.chat_template and engine.response_template == plain.response_template
+    messages = [*chat._dummy_call("f"), {"role": "tool", "name": "f", "content": "r"}]
+    assert engine.apply_chat_template(messages, tokenize=False) != plain.apply_chat_template(messages, tokenize=False)
+    assert chat._render(engine, messages, [], add_generation_prompt=True) == \
+        chat._render(plain, messages, [], add_generation_prompt=True)
+    assert chat.tool_suffix_ids(engine, messages[-1:]) == chat.tool_suffix_ids(plain, messages[-1:])
+    assert chat.extension_note(engine) is None
+    assert chat.prepare_tokenizer(engine).chat_template == plain.chat_template  # idempotent there too
+
+
 def test_a_template_trl_cannot_run_a_tool_loop_with_is_refused_naming_what_is_missing(tool_tokenizer):
     tok = copy.deepcopy(tool_tokenizer)
     tok.response_template, tok.chat_template = None, trl_template("deepseekv3")  # renders calls; TRL cannot read them
