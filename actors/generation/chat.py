@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,7 +152,8 @@ def _training_templates() -> frozenset[str]:
 
 @functools.cache
 def _families_with_response_templates() -> list[str]:
-    """The TRL templates `add_response_schema` has a response template for (it matches the template's text)."""
+    """The TRL templates `add_response_schema` has a response template for (it matches the template's text), a
+    family's revisions (`gemma4_v2`, ...) under its name."""
     from types import SimpleNamespace
 
     from trl.chat_template_utils import add_response_schema
@@ -164,7 +166,7 @@ def _families_with_response_templates() -> list[str]:
         except ValueError:
             continue
         if holder.response_template is not None:
-            known.add(family)
+            known.add(re.sub(r"_v\d+$", "", family))
     return sorted(known)
 
 
@@ -420,8 +422,6 @@ def _normalized(tokenizer: Any, parsed: dict[str, Any]) -> tuple[dict[str, Any],
 
 def _opens_call(tokenizer: Any, text: str) -> bool:
     """Whether `text` opens a tool call as the response template writes one."""
-    import re
-
     spec = tokenizer.response_template.get("fields", {}).get("tool_calls", {})
     if "open" in spec:
         return spec["open"] in text
