@@ -56,7 +56,8 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
        `response_schema` alone is not read by transformers 5's `parse_response`.
     3. A template that is not prefix-preserving (TRL's `is_chat_template_prefix_preserving`) is replaced by the
        training template TRL has for its family (`get_training_chat_template`): TRL passes it as `chat_template=`
-       to every render of its tool loop; here it is the tokenizer's template, which every render reads.
+       to every render of its tool loop; here it becomes the tokenizer's template, which chat.py passes to
+       every render alike (`_render`).
 
     Raises ChatTemplateError for 1 and 2, where TRL's trainer raises too. A template that is not
     prefix-preserving and that TRL has no training template for is kept (TRL's trainer refuses it): rollouts
