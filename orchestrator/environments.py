@@ -6,7 +6,11 @@ loaded, and fails with one line naming the field or function at fault:
 * a tool or environment method without the type hints or docstring its schema needs (transformers'
   get_json_schema, what TRL uses), or two tools with one name;
 * an environment_factory that cannot be imported, is not a class, or has no `reset`;
-* a chat template that cannot render a tool call (TRL's supports_tool_calling, with what it drops named);
+* a chat template TRL's trainer cannot run a tool loop with: one that cannot render a tool call (TRL's
+  supports_tool_calling, with what it drops named), or one without a response template to read the model's
+  calls with (none in the tokenizer's files, none in TRL's add_response_schema for it). The tokenizer is
+  prepared in place as TRL prepares its own (chat.prepare_tokenizer: the response template, TRL's training
+  template where the model's is not prefix-preserving);
 * environment_factory as a mapping with rows that lack an `environment` column, or name an unknown key;
 * a reward named without a function or model that is no environment class's get_reward(); no reward at all.
 
@@ -22,7 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.envs.spec import EnvSpec, EnvSpecError, load_environment, reward_classes, tool_schemas
-from actors.generation.chat import extension_note
+from actors.generation.chat import (
+    ChatTemplateError,
+    extension_note,
+    prepare_tokenizer,
+    template_family,
+    tool_template_problem,
+)
 from actors.rewards.worker import RewardSpec
 from actors.types import ENVIRONMENT_COLUMN
 from orchestrator.config import ConfigError, RewardConfig, RunConfig
@@ -120,47 +130,17 @@ def _env_rewards(cfg: RunConfig, rewarding: dict[str, list[str | None]]) -> list
 
 # --- the chat template -------------------------------------------------------------------------------------
 
-# TRL's supports_tool_calling sentinels (trl/chat_template_utils.py): each part of a tool exchange must survive.
-_NAME, _ARG_KEY, _ARG_VALUE, _CONTENT = "tool_name_a8f3e2b1", "tool_arg_key_b9d4f5c2", "tool_arg_val_d6e7a9f3", \
-    "tool_content_c4f9a8e2"
-_PARTS = (
-    (_NAME, "the tool call's name (the assistant message's tool_calls)"),
-    (_ARG_KEY, "the tool call's argument names"),
-    (_ARG_VALUE, "the tool call's argument values"),
-    (_CONTENT, "the tool result (a message of role 'tool')"),
-)
-
-
-def tool_template_problem(tokenizer: Any) -> str | None:
-    """Why the tokenizer's chat template cannot render a tool-calling conversation (TRL's criterion:
-    user -> assistant with tool_calls -> tool, every part visible in the text), or None if it can."""
-    from trl.chat_template_utils import supports_tool_calling
-
-    if supports_tool_calling(tokenizer):
-        return None
-    if getattr(tokenizer, "chat_template", None) is None:
-        return "the tokenizer has no chat template"
-    messages = [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": _NAME, "arguments": {_ARG_KEY: _ARG_VALUE}}}]},
-        {"role": "tool", "name": _NAME, "content": _CONTENT},
-    ]
-    try:
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
-    except Exception as err:  # noqa: BLE001 - the template's own error says what it rejects
-        return f"rendering user -> assistant with tool_calls -> tool raises {type(err).__name__}: {err}"
-    missing = [what for sentinel, what in _PARTS if sentinel not in rendered]
-    return f"it drops {', '.join(missing)}" if missing else "TRL's supports_tool_calling rejects it"
-
 
 def check_tool_template(cfg: RunConfig, tokenizer: Any) -> None:
-    problem = tool_template_problem(tokenizer)
-    if problem is not None:
-        raise ConfigError(
-            f"model.name_or_path {cfg.model.name_or_path!r}: its chat template cannot render tool calls ({problem}); "
-            "`tools` and `environment_factory` need one that renders user -> assistant with tool_calls -> tool"
-        )
+    """The driver's tokenizer prepared for a tool run as TRL's trainer prepares its own (chat.prepare_tokenizer,
+    in place: the generators prepare theirs alike); a template TRL cannot run a tool loop with is refused, naming
+    the model, the template (which of TRL's, if one) and what is missing."""
+    try:
+        prepare_tokenizer(tokenizer)
+    except ChatTemplateError as err:
+        family = template_family(tokenizer)
+        which = f"TRL's {family} chat template" if family else "a chat template TRL does not ship"
+        raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r} ({which}): its chat template {err}") from None
 
 
 # --- the dataset -------------------------------------------------------------------------------------------

@@ -14,12 +14,17 @@ after it belongs to the suffix). `template_check` renders a whole conversation t
 compares its special-token boundaries with the ids trained on.
 
 Plain functions of a Hugging Face tokenizer (transformers 5: `apply_chat_template`, `parse_response` with the
-tokenizer's `response_template`, which TRL's `add_response_schema` installs for the chat templates it knows).
+tokenizer's `response_template`) that `prepare_tokenizer` has set up for a tool run as TRL's GRPOTrainer sets up
+its processing class: the response template TRL's `add_response_schema` knows for the chat template, TRL's
+training template where the model's own is not prefix-preserving. Both the driver (its checks, before Ray
+starts) and every generator (its engine's tokenizer) prepare theirs, so they render and parse alike.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +35,150 @@ TRUNCATION_MARK = " [truncated]"
 # The name of the tool message that answers a call the model wrote but that could not be read (it has no name;
 # the dummy conversation of `tool_suffix_ids` needs one).
 MALFORMED_CALL_NAME = "invalid_tool_call"
+
+
+# --- the tokenizer for a tool run ---------------------------------------------------------------------------
+
+
+class ChatTemplateError(ValueError):
+    """The chat template cannot run a tool loop. The message says what is missing; it reads after "its chat
+    template " (`orchestrator.environments.check_tool_template` names the model and the template before it)."""
+
+
+def prepare_tokenizer(tokenizer: Any) -> Any:
+    """What TRL's GRPOTrainer does to its processing class for a tool run (`tools` or `environment_factory`), in
+    its order, in place; the tokenizer is returned. Idempotent.
+
+    1. The chat template must render a tool exchange (TRL's `supports_tool_calling`; `tool_template_problem`
+       says what it drops).
+    2. A tokenizer without a `response_template` gets the one TRL's `add_response_schema` has for its chat
+       template (TRL matches the template's exact text). The tool calls are read with it (`parse_turn`); a legacy
+       `response_schema` alone is not read by transformers 5's `parse_response`.
+    3. A template that is not prefix-preserving (TRL's `is_chat_template_prefix_preserving`) is replaced by the
+       training template TRL has for its family (`get_training_chat_template`): TRL passes it as `chat_template=`
+       to every render of its tool loop; here it becomes the tokenizer's template, which chat.py passes to
+       every render alike (`_render`).
+
+    Raises ChatTemplateError for 1 and 2, where TRL's trainer raises too. A template that is not
+    prefix-preserving and that TRL has no training template for is kept (TRL's trainer refuses it): rollouts
+    still train on the sampled ids, and `extension_note` says what that costs."""
+    from trl.chat_template_utils import (
+        add_response_schema,
+        get_training_chat_template,
+        is_chat_template_prefix_preserving,
+    )
+
+    problem = tool_template_problem(tokenizer)
+    if problem is not None:
+        raise ChatTemplateError(f"cannot render tool calls ({problem}); `tools` and `environment_factory` need one "
+                                "that renders user -> assistant with tool_calls -> tool")
+    if getattr(tokenizer, "response_template", None) is None:
+        try:
+            add_response_schema(tokenizer)
+        except ValueError:
+            pass  # an unknown template: named below
+        if getattr(tokenizer, "response_template", None) is None:
+            raise ChatTemplateError(_no_response_template(tokenizer))
+    if isinstance(tokenizer.chat_template, str) and tokenizer.chat_template in _training_templates():
+        return tokenizer  # prepared already (TRL's checks render with an engine tokenizer's own copies: see _render)
+    if not is_chat_template_prefix_preserving(tokenizer):
+        try:
+            tokenizer.chat_template = get_training_chat_template(tokenizer) or tokenizer.chat_template
+        except ValueError:
+            pass  # no training template for it: kept, with extension_note's note
+    return tokenizer
+
+
+def template_family(tokenizer: Any) -> str | None:
+    """The name of the tokenizer's chat template among those TRL ships (`trl/chat_templates/<name>.jinja`; a
+    training template under its family's name), or None."""
+    return _trl_templates().get(tokenizer.chat_template) if isinstance(tokenizer.chat_template, str) else None
+
+
+def tool_template_problem(tokenizer: Any) -> str | None:
+    """Why the tokenizer's chat template cannot render a tool-calling conversation (TRL's criterion,
+    `supports_tool_calling`: user -> assistant with tool_calls -> tool, every part visible in the text), or None
+    if it can."""
+    from trl.chat_template_utils import supports_tool_calling
+
+    if getattr(tokenizer, "chat_template", None) is None:
+        return "the tokenizer has no chat template"
+    if supports_tool_calling(tokenizer):
+        return None
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": _NAME, "arguments": {_ARG_KEY: _ARG_VALUE}}}]},
+        {"role": "tool", "name": _NAME, "content": _CONTENT},
+    ]
+    try:
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    except Exception as err:  # noqa: BLE001 - the template's own error says what it rejects
+        return f"rendering user -> assistant with tool_calls -> tool raises {type(err).__name__}: {err}"
+    missing = [what for sentinel, what in _PARTS if sentinel not in rendered]
+    return f"it drops {', '.join(missing)}" if missing else "TRL's supports_tool_calling rejects it"
+
+
+# TRL's supports_tool_calling sentinels (trl/chat_template_utils.py): each part of a tool exchange must survive.
+_NAME, _ARG_KEY, _ARG_VALUE, _CONTENT = "tool_name_a8f3e2b1", "tool_arg_key_b9d4f5c2", "tool_arg_val_d6e7a9f3", \
+    "tool_content_c4f9a8e2"
+_PARTS = (
+    (_NAME, "the tool call's name (the assistant message's tool_calls)"),
+    (_ARG_KEY, "the tool call's argument names"),
+    (_ARG_VALUE, "the tool call's argument values"),
+    (_CONTENT, "the tool result (a message of role 'tool')"),
+)
+_TRAINING_SUFFIX = "_training"
+
+
+@functools.cache
+def _trl_templates() -> dict[str, str]:
+    """The text of every chat template TRL ships -> its family's name (the file's stem, `_training` dropped)."""
+    from importlib import resources
+
+    files = resources.files("trl").joinpath("chat_templates")
+    return {
+        f.read_text(encoding="utf-8"): f.name.removesuffix(".jinja").removesuffix(_TRAINING_SUFFIX)
+        for f in sorted(files.iterdir(), key=lambda f: f.name) if f.name.endswith(".jinja")
+    }
+
+
+@functools.cache
+def _training_templates() -> frozenset[str]:
+    from importlib import resources
+
+    files = resources.files("trl").joinpath("chat_templates")
+    return frozenset(f.read_text(encoding="utf-8") for f in files.iterdir() if f.name.endswith(f"{_TRAINING_SUFFIX}.jinja"))
+
+
+@functools.cache
+def _families_with_response_templates() -> list[str]:
+    """The TRL templates `add_response_schema` has a response template for (it matches the template's text), a
+    family's revisions (`gemma4_v2`, ...) under its name."""
+    from types import SimpleNamespace
+
+    from trl.chat_template_utils import add_response_schema
+
+    known = set()
+    for text, family in _trl_templates().items():
+        holder = SimpleNamespace(chat_template=text, response_template=None)
+        try:
+            add_response_schema(holder)
+        except ValueError:
+            continue
+        if holder.response_template is not None:
+            known.add(re.sub(r"_v\d+$", "", family))
+    return sorted(known)
+
+
+def _no_response_template(tokenizer: Any) -> str:
+    family = template_family(tokenizer)
+    which = f"TRL's {family} template" if family else "this template"
+    return (f"has no response template to read the model's tool calls with: the tokenizer's files set no "
+            f"`response_template`, and TRL's add_response_schema has none for {which} (it has them for TRL's "
+            f"{', '.join(_families_with_response_templates())} templates, matched by their exact text); add a "
+            f"`response_template` to the tokenizer's files (transformers' chat response parsing), or use a model "
+            f"whose template TRL knows")
 
 
 def prompt_messages(messages: list[dict[str, Any]], observation: str | None) -> list[dict[str, Any]]:
@@ -73,7 +222,8 @@ def extension_note(tokenizer: Any) -> str | None:
     """None if the chat template can be extended turn by turn (TRL's is_chat_template_prefix_preserving: the
     assistant turn renders the same with or without the tool messages after it); otherwise what is wrong, for
     the run's start-up notes. Such a template still trains on exactly the sampled ids (`tool_suffix_ids`), but
-    they drift from the template's own rendering: `template_check` measures it."""
+    they drift from the template's own rendering: `template_check` measures it. After `prepare_tokenizer`, only
+    a template TRL has no training template for is left so."""
     prefix_messages = _dummy_call("dummy")
     prefix = _render(tokenizer, prefix_messages, [], add_generation_prompt=False)
     full = _render(tokenizer, [*prefix_messages, {"role": "tool", "name": "dummy", "content": "dummy"}], [],
@@ -82,8 +232,8 @@ def extension_note(tokenizer: Any) -> str | None:
         return None
     return ("the chat template is not prefix-preserving (an assistant turn renders differently once tool messages "
             "follow it): rollouts append the tool results after the sampled ids, so training ids drift from the "
-            "template's rendering of the conversation (metric multiturn/template_mismatch_frac); TRL's "
-            "get_training_chat_template has a prefix-preserving template for known model families")
+            "template's rendering of the conversation (metric multiturn/template_mismatch_frac); TRL has no "
+            "prefix-preserving training template for it (get_training_chat_template), and its trainer refuses it")
 
 
 @dataclass
@@ -101,8 +251,8 @@ def parse_turn(tokenizer: Any, ids: list[int], prefix: list[int], tools: list[di
     typed by the tools' schemas. prefix: the prompt the turn was sampled after (a template may pre-write part
     of the turn). A turn that cannot be parsed is plain text, and `malformed` if it opens a tool call."""
     if getattr(tokenizer, "response_template", None) is None:
-        raise ValueError("parse_turn: the tokenizer has no response_template (TRL's add_response_schema installs "
-                         "one for the chat templates it knows)")
+        raise ValueError("parse_turn: the tokenizer has no response_template: prepare it for a tool run first "
+                         "(prepare_tokenizer, as TRL's trainer does)")
     try:
         parsed = tokenizer.parse_response(ids, prefix=prefix, tools=tools or None)
         if not isinstance(parsed, dict):
@@ -227,8 +377,12 @@ def _render(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], *, add_generation_prompt: bool
 ) -> list[int]:
     # tools or None: an empty list makes some templates (Llama 3) write their tool boilerplate (as TRL passes it).
+    # The template is passed as TRL passes its own: vLLM's engine tokenizer renders on copies of itself made
+    # when the engine loaded it, which would not see a template prepare_tokenizer installed since.
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     return list(tokenizer.apply_chat_template(
         messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False,
+        chat_template=template,
     ))
 
 
@@ -269,8 +423,6 @@ def _normalized(tokenizer: Any, parsed: dict[str, Any]) -> tuple[dict[str, Any],
 
 def _opens_call(tokenizer: Any, text: str) -> bool:
     """Whether `text` opens a tool call as the response template writes one."""
-    import re
-
     spec = tokenizer.response_template.get("fields", {}).get("tool_calls", {})
     if "open" in spec:
         return spec["open"] in text

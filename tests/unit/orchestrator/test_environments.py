@@ -162,8 +162,12 @@ def test_a_tool_calling_template_passes(tokenizer):
 
 def test_a_template_that_rewrites_the_last_turn_passes_with_a_note(tokenizer):
     """It renders tool calls, but the last assistant turn differently (as some reasoning templates drop earlier
-    thinking): rollouts still train on the sampled ids, and the run says they drift from the template."""
+    thinking): rollouts still train on the sampled ids, and the run says they drift from the template. TRL knows
+    no response template for it: its tokenizer files set one (TRL's Qwen3 one)."""
+    from trl.chat_template_utils import qwen3_template
+
     tok = copy.deepcopy(tokenizer)
+    tok.response_template = qwen3_template
     tok.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' and loop.last %}LAST"
         "{% endif %}{{ m['content'] }}{% for c in m.get('tool_calls', []) %}<tool_call>{{ c['function']['name'] }}"

@@ -4,10 +4,17 @@ tool-result truncation; and the structural check of trained ids against the temp
 
 from __future__ import annotations
 
+import copy
 import json
+from importlib import resources
 
 import pytest
-from trl.chat_template_utils import is_chat_template_prefix_preserving, parse_response
+from trl.chat_template_utils import (
+    get_training_chat_template,
+    is_chat_template_prefix_preserving,
+    parse_response,
+    qwen3_template,
+)
 
 from actors.generation import chat
 from orchestrator.tasks.boxes import boxes_dataset
@@ -29,6 +36,77 @@ def ids(tok, text: str) -> list[int]:
 
 def call_text(name: str, **arguments) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call><|im_end|>"
+
+
+def trl_template(name: str) -> str:
+    return resources.files("trl").joinpath(f"chat_templates/{name}.jinja").read_text(encoding="utf-8")
+
+
+def test_a_stock_template_without_a_response_template_is_prepared_as_trl_prepares_it(tool_tokenizer, schemas):
+    """The issue: TRL's qwen2_5.jinja and no response template in the tokenizer's files. parse_turn cannot read
+    the model's call until the tokenizer is prepared; then it has the one TRL's add_response_schema sets."""
+    tok = copy.deepcopy(tool_tokenizer)
+    tok.response_template = None
+    prompt = chat.render_prompt(tok, [{"role": "user", "content": "Open box 2."}], schemas)
+    sampled = ids(tok, call_text("open_box", box=2))
+    with pytest.raises(ValueError, match="no response_template: prepare it for a tool run first"):
+        chat.parse_turn(tok, sampled, prompt, schemas)
+    template = tok.chat_template
+    assert chat.prepare_tokenizer(tok) is tok
+    assert tok.response_template == qwen3_template and tok.chat_template == template  # prefix-preserving: kept
+    assert [c.name for c in chat.parse_turn(tok, sampled, prompt, schemas).calls] == ["open_box"]
+    assert chat.template_family(tok) == "qwen2_5"
+    chat.prepare_tokenizer(tok)  # idempotent
+    assert tok.response_template == qwen3_template and tok.chat_template == template
+
+
+def test_a_template_that_is_not_prefix_preserving_gets_trls_training_template(tool_tokenizer):
+    tok = copy.deepcopy(tool_tokenizer)
+    tok.response_template, tok.chat_template = None, trl_template("qwen3")
+    assert not is_chat_template_prefix_preserving(tok)
+    training = get_training_chat_template(tok)
+    chat.prepare_tokenizer(tok)
+    assert tok.chat_template == training and tok.response_template == qwen3_template
+    assert is_chat_template_prefix_preserving(tok) and chat.extension_note(tok) is None
+    assert chat.template_family(tok) == "qwen3"  # a training template goes under its family's name
+    chat.prepare_tokenizer(tok)
+    assert tok.chat_template == training
+
+
+def test_the_engines_tokenizer_renders_with_the_template_installed_after_vllm_copied_it(tool_tokenizer):
+    """vLLM's engine tokenizer renders on copies of itself made when it was loaded (its thread pool): chat.py passes
+    the prepared template to every render, as TRL passes its training template."""
+    hf = pytest.importorskip("vllm.tokenizers.hf")
+    tok = copy.deepcopy(tool_tokenizer)
+    tok.response_template, tok.chat_template = None, trl_template("qwen3")
+    plain = chat.prepare_tokenizer(copy.deepcopy(tok))
+    engine = chat.prepare_tokenizer(hf.maybe_make_thread_pool(tok, copies=2))
+    assert engine.chat_template == plain.chat_template and engine.response_template == plain.response_template
+    messages = [*chat._dummy_call("f"), {"role": "tool", "name": "f", "content": "r"}]
+    assert engine.apply_chat_template(messages, tokenize=False) != plain.apply_chat_template(messages, tokenize=False)
+    assert chat._render(engine, messages, [], add_generation_prompt=True) == \
+        chat._render(plain, messages, [], add_generation_prompt=True)
+    assert chat.tool_suffix_ids(engine, messages[-1:]) == chat.tool_suffix_ids(plain, messages[-1:])
+    assert chat.extension_note(engine) is None
+    assert chat.prepare_tokenizer(engine).chat_template == plain.chat_template  # idempotent there too
+
+
+def test_a_template_trl_cannot_run_a_tool_loop_with_is_refused_naming_what_is_missing(tool_tokenizer):
+    tok = copy.deepcopy(tool_tokenizer)
+    tok.response_template, tok.chat_template = None, trl_template("deepseekv3")  # renders calls; TRL cannot read them
+    with pytest.raises(chat.ChatTemplateError, match="has no response template") as err:
+        chat.prepare_tokenizer(tok)
+    assert "TRL's add_response_schema has none for TRL's deepseekv3 template" in str(err.value)
+    assert "qwen2_5, qwen3" in str(err.value) and "deepseekv3," not in str(err.value)
+    tok.chat_template = tool_tokenizer.chat_template + "{#- edited -#}"  # not TRL's text
+    assert chat.template_family(tok) is None
+    with pytest.raises(chat.ChatTemplateError, match="has none for this template"):
+        chat.prepare_tokenizer(tok)
+    tok.response_template = qwen3_template  # the tokenizer's files set one: used as it is
+    assert chat.prepare_tokenizer(tok).response_template == qwen3_template
+    tok.chat_template = trl_template("phi3")  # drops calls and results
+    with pytest.raises(chat.ChatTemplateError, match="cannot render tool calls .it drops the tool call.s name"):
+        chat.prepare_tokenizer(tok)
 
 
 def test_the_first_prompt_appends_resets_text_to_the_last_message_and_renders_the_tools(tool_tokenizer, schemas):
