@@ -25,6 +25,7 @@ from typing import Any
 
 from actors.cpus import Share, describe, omp_bind, omp_waits, pick_cores
 from actors.envs.client import Environments
+from actors.generation import chat
 from actors.generation.agent import AgentLoop, AgentSettings, TurnSettings
 from actors.generation.engine import EngineLoop, Request, Stream, token_versions
 from actors.generation.vllm_plugin import SPIN_ENV
@@ -134,6 +135,8 @@ class Generator:
 
         self.loop = EngineLoop(build, on_thread_start=_omp_threads(len(self._cores)) if self._cores else None)
         self.tokenizer = self.llm.get_tokenizer()
+        if agent is not None:  # set up as TRL's trainer sets up its tokenizer for a tool run (the driver checked it)
+            chat.prepare_tokenizer(self.tokenizer)
         self.tensor_parallel_size = tensor_parallel_size
 
     def cpu_threads(self) -> str:
