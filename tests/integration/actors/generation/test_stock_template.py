@@ -4,8 +4,8 @@ tokenizer_config.json). TRL's trainer installs the response template at init; ra
 generator's engine tokenizer are prepared alike (chat.prepare_tokenizer), and a box rollout on the real vLLM engine
 runs its tool turn: the call parsed, the tool run, the answer after the result, the ids the template's structure.
 
-The generator's tokenizer is prepared here, after the Generator is built, as Generator.__init__ is to do itself
-(idempotent: a no-op once it does).
+The generator prepares its own engine tokenizer (Generator.__init__, for a run with tools): without that the turn
+fails with the issue's `parse_turn: the tokenizer has no response_template`.
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ def test_a_stock_template_without_a_response_template_runs_its_tool_turn(stock_m
     gen = Generator(str(stock_model), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0, environments=envs,
                     agent=agent)
     try:
-        chat.prepare_tokenizer(gen.tokenizer)  # Generator.__init__'s, once wired there
         assert gen.tokenizer.response_template == driver.response_template
         assert gen.tokenizer.chat_template == driver.chat_template
         rows = [{**r, "environment": "box"} for r in boxes_dataset(2, seed=0)]
