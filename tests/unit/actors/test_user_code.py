@@ -1,6 +1,7 @@
 """actors/user_code.py's runner: which callables are async, the typed outcome of a call, the deadline on sync and
 async calls, hung sync calls abandoned and their pool replaced, and sync calls on the main thread (where a tool's
-own signal.alarm works, as in TRL). Every held call waits on an Event the fixture releases."""
+own signal.alarm works, as in TRL, and rayward's deadline is a SIGALRM that leaves the previous handler and timer as
+it found them). Every held call waits on an Event the fixture releases."""
 
 import asyncio
 import functools
