@@ -90,7 +90,8 @@ class Trajectory:
 
 @dataclass
 class EnvRequest:
-    """Open one environment session (generator -> environment pool): a fresh environment instance, reset."""
+    """Open one environment session (generator -> environment pool): an environment instance (a free one of the
+    worker's, or a new one from environment_factory), reset."""
 
     env: str | None  # which environment_factory entry (the row's `environment` column); None: the only one
     row: dict[str, Any]  # the dataset row: reset's keyword arguments, as TRL passes them
@@ -103,6 +104,8 @@ class EnvOpened:
     observation: str | None  # what reset returned: appended to the last user message
     seconds: float = 0.0
     error: str | None = None  # reset raised (the trajectory ends env_error): "ValueError: ..."
+    created: bool = False  # environment_factory() was called for it (False: it took a free instance an earlier
+    # session had used; or the run has tools only; or it failed before either)
 
 
 @dataclass
@@ -439,11 +442,13 @@ class EnvPoolStats(PoolStats):
     unknown_tools: int = 0
     reset_errors: int = 0  # the factory or reset() raised or timed out
     reward_errors: int = 0  # get_reward() raised, timed out or returned a non-number; or pickling failed
+    instances_created: int = 0  # environment_factory() calls: opens that found no free instance on their worker
+    instances_reused: int = 0  # sessions opened on a free instance an earlier session had used (reset again)
 
     # Copied into every step's metrics as env_pool/<name>.
     STEP_METRICS = (
         "workers", "target_workers", "starting", "sessions", "sessions_lost", "replaced", "queue_depth",
-        "decisions", "worker_s", "utilization",
+        "decisions", "worker_s", "utilization", "instances_created", "instances_reused",
     )
     PREFIX = "env_pool"
 

@@ -16,13 +16,23 @@ or `TimedOut` (rayward's deadline passed). Where it runs:
 * **sync, `sync_on="threads"`** (the default): in a thread pool, so one turn's or one chunk's calls run at once.
   A call still running at its deadline is abandoned; Python cannot kill a thread, so it holds its thread until it
   returns. Once half the pool's threads are held so, later calls go to a fresh pool (and a line says so).
-* **sync, `sync_on="main"`**: on the calling thread, which must be the process's main thread. TRL calls sync
-  tools on the trainer's main thread, so a tool that bounds itself with `signal.signal(SIGALRM)` and
-  `signal.alarm` works there and nowhere else ("signal only works in main thread"). Nothing inside the process
-  can cut such a call: its outcome comes when the user's code returns (its own alarm may cut it), and a caller
-  that must bound it does so from outside the process (a pool kills and replaces a worker that does not answer
-  within its call's bound plus grace). A Ray actor runs its sync methods on the process's main thread only when
-  created with max_concurrency=1 and no concurrency groups; with more, they run in Ray's threads.
+* **sync, `sync_on="main"`**: on the calling thread, which must be the process's main thread, one call at a
+  time. TRL calls sync tools on the trainer's main thread, so a tool that bounds itself with
+  `signal.signal(SIGALRM)` and `signal.alarm` works there and nowhere else ("signal only works in main thread").
+  A Ray actor runs its sync methods on the process's main thread only when created with max_concurrency=1 and no
+  concurrency groups; with more, they run in Ray's threads. The deadline is SIGALRM's too (`_on_main`): rayward
+  installs its own handler and arms ITIMER_REAL for the deadline; at the deadline the handler raises a
+  BaseException (so the user's `except Exception:` does not swallow it) into the call, which is `TimedOut`. After
+  every call, whatever it did, the timer is disarmed and the previous handler and timer (the remaining time of a
+  timer that was armed before, pytest-timeout's say) are restored. A call that arms its own alarm (TRL's
+  `grpo_agent.py` pattern: its handler, `signal.alarm(n)`, `signal.alarm(0)` when done) replaces rayward's
+  handler and timer for the rest of that call, so its own semantics hold: its alarm fires at its own time and its
+  exception (its TimeoutError) is `Raised`, as in TRL; rayward's deadline does not apply to that call any more.
+  A signal handler runs only between Python bytecodes: a call blocked in C code (a long SQL statement, a C
+  extension holding the GIL) is cut only when it returns to Python, and one that never does is for the caller
+  to bound from outside the process (a pool kills and replaces a worker that does not answer within its call's
+  bound plus grace). A call that swallows the cut (`except BaseException:`) and returns is `TimedOut` all the
+  same. Where the process already has a SIGALRM handler installed outside Python, calls run unbounded here.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import signal
 import sys
 import sysconfig
 import threading
@@ -48,6 +59,8 @@ from typing import Any, Literal
 # coroutine blocks the loop, which only the caller's wait can cut. Long enough for a loaded loop to run the
 # cancellation, short against any deadline a user sets.
 ASYNC_SLACK_S = 1.0
+# setitimer(ITIMER_REAL, 0) disarms the timer: a deadline of zero or less arms it at this instead (it fires at once).
+SOONEST_TIMER_S = 1e-6
 
 SyncOn = Literal["threads", "main"]
 
@@ -156,7 +169,12 @@ class Pending:
 
 
 class _PastDeadline(Exception):
-    """An async call cancelled at its deadline on the loop."""
+    """A call past its deadline: an async one cancelled on the loop, or a sync one cut on the main thread."""
+
+
+class _DeadlineSignal(BaseException):
+    """Raised into a sync call on the main thread by rayward's SIGALRM handler at the call's deadline. A
+    BaseException, as KeyboardInterrupt is, so that the user's `except Exception:` does not swallow it."""
 
 
 class UserCalls:
@@ -187,7 +205,7 @@ class UserCalls:
             fut = asyncio.run_coroutine_threadsafe(_within(fn, kwargs, deadline_s), self.loop())
             return Pending(fut, started, deadline_s, True, self.fresh_pools)
         if self.sync_on == "main":
-            return Pending(self._run_here(fn, kwargs), started, deadline_s, False, self.fresh_pools)
+            return Pending(self._run_here(fn, kwargs, deadline_s), started, deadline_s, False, self.fresh_pools)
         fut, pool = self._submit(fn, kwargs)
         return Pending(fut, started, deadline_s, False, pool)
 
@@ -222,12 +240,18 @@ class UserCalls:
 
     def await_here(self, awaitable: Any) -> Any:
         """Await `awaitable` on the loop and return its result, blocking this thread (never the loop's) with no
-        deadline of its own: for an awaitable a sync call returned (an `async def reset`), within that call's."""
-        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self.loop()).result()
+        deadline of its own: for an awaitable a sync call returned (an `async def reset`), within that call's (cut
+        there, the awaitable is cancelled)."""
+        fut = asyncio.run_coroutine_threadsafe(_awaited(awaitable), self.loop())
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()
+            raise
 
     # --- sync calls ------------------------------------------------------------------------------------------
 
-    def _run_here(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> futures.Future:
+    def _run_here(self, fn: Callable[..., Any], kwargs: dict[str, Any], deadline_s: float) -> futures.Future:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError(
                 f"{self.name}: sync_on='main' runs sync calls on the calling thread, which must be the process's "
@@ -236,8 +260,8 @@ class UserCalls:
             )
         fut: futures.Future = futures.Future()
         try:
-            fut.set_result(_timed(fn, kwargs))
-        except Exception as err:  # noqa: BLE001 - the user's exception is the call's outcome
+            fut.set_result(_on_main(fn, kwargs, deadline_s))
+        except Exception as err:  # noqa: BLE001 - the user's exception (or _PastDeadline) is the call's outcome
             fut.set_exception(err)
         return fut
 
@@ -276,6 +300,58 @@ class UserCalls:
 def _timed(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[Any, float]:
     """Where rayward calls the user's sync code (user_frames starts below the innermost frame of this file)."""
     return fn(**kwargs), time.monotonic()
+
+
+class _Alarm:
+    """rayward's SIGALRM handler for one call on the main thread: raises _DeadlineSignal while the call runs,
+    and remembers that it did."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.rang = False
+
+    def ring(self, signum: int, frame: Any) -> None:
+        if self.armed:  # a signal that lands after the call returned is ignored
+            self.rang = True
+            raise _DeadlineSignal
+
+
+def _on_main(fn: Callable[..., Any], kwargs: dict[str, Any], deadline_s: float) -> tuple[Any, float]:
+    """`_timed` on the main thread, cut by SIGALRM at `deadline_s` (see the module docstring): its result, the
+    user's exception, or _PastDeadline."""
+    previous = signal.getsignal(signal.SIGALRM)
+    if previous is None:  # a handler installed outside Python: it cannot be put back, so it is left alone
+        return _timed(fn, kwargs)
+    alarm = _Alarm()
+    previous_timer, armed_at = signal.getitimer(signal.ITIMER_REAL), time.monotonic()
+    signal.signal(signal.SIGALRM, alarm.ring)
+    try:
+        try:
+            alarm.armed = True
+            signal.setitimer(signal.ITIMER_REAL, max(deadline_s, SOONEST_TIMER_S))  # it may ring at once
+            out = _timed(fn, kwargs)
+        finally:
+            try:
+                alarm.armed = False
+            finally:  # nested: the cut may land as the call returns, and this must run whatever happens
+                _restore_alarm(previous, previous_timer, armed_at)
+    except (_DeadlineSignal, Exception):
+        if alarm.rang:
+            raise _PastDeadline from None
+        raise
+    if alarm.rang:  # the call swallowed the cut and returned anyway
+        raise _PastDeadline
+    return out
+
+
+def _restore_alarm(handler: Any, timer: tuple[float, float], armed_at: float) -> None:
+    """Disarm the timer, then put back the SIGALRM handler and timer that were there before the call (a timer
+    that was running goes on with what it had left)."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, handler)
+    delay, interval = timer
+    if delay > 0:
+        signal.setitimer(signal.ITIMER_REAL, max(delay - (time.monotonic() - armed_at), SOONEST_TIMER_S), interval)
 
 
 async def _within(fn: Callable[..., Any], kwargs: dict[str, Any], deadline_s: float) -> tuple[Any, float]:
@@ -319,6 +395,6 @@ def user_frames(err: BaseException) -> list[traceback.FrameSummary]:
 
 
 __all__ = [
-    "ASYNC_SLACK_S", "Outcome", "Pending", "Raised", "Returned", "SyncOn", "TimedOut", "UserCalls", "UserCodeError",
-    "add_to_sys_path", "import_object", "is_async_callable", "user_frames",
+    "ASYNC_SLACK_S", "SOONEST_TIMER_S", "Outcome", "Pending", "Raised", "Returned", "SyncOn", "TimedOut", "UserCalls",
+    "UserCodeError", "add_to_sys_path", "import_object", "is_async_callable", "user_frames",
 ]

@@ -727,10 +727,13 @@ class RunConfig(_Section):
     `async def`, each with type hints and a Google-style docstring, the schema the model sees. They run in the
     environment workers, never in the driver or a generator (docs/agents.md)."""
     environment_factory: str | dict[str, str] | None = None
-    """An environment class, `module:Class` (TRL's `environment_factory=`): one instance per trajectory, in an
-    environment worker; `reset(**row)` gets the dataset row's columns and may return text appended to the last user
-    message; its public methods are tools; an optional `get_reward()` is a reward named after the class. Or a
-    mapping name -> `module:Class`: the dataset's `environment` column picks each row's environment and tools."""
+    """TRL's `environment_factory=`: `module:name` of a class, or of any callable taking no argument that returns
+    an environment (a function, a functools.partial; called once before Ray starts to learn its class, as TRL
+    probes it). An instance serves one trajectory at a time in an environment worker and is reused, reset, by the
+    worker's later trajectories (TRL's contract: `__init__` runs once per instance); `reset(**row)` gets the
+    dataset row's columns and may return text appended to the last user message; the public methods of its class
+    are tools; an optional `get_reward()` is a reward named after the class. Or a mapping name -> `module:name`: the
+    dataset's `environment` column picks each row's environment and tools."""
     agent: AgentConfig = AgentConfig()
     """Multi-turn rollouts with tools: time bounds and the tool-result token budget."""
     cluster: ClusterConfig = ClusterConfig()

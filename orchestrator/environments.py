@@ -5,7 +5,8 @@ loaded, and fails with one line naming the field or function at fault:
 
 * a tool or environment method without the type hints or docstring its schema needs (transformers'
   get_json_schema, what TRL uses), or two tools with one name;
-* an environment_factory that cannot be imported, is not a class, or has no `reset`;
+* an environment_factory that cannot be imported or is not callable; a class without `reset`; any other factory
+  (a function, a functools.partial) that raises when called once, or returns something without `reset`;
 * a chat template TRL's trainer cannot run a tool loop with: one that cannot render a tool call (TRL's
   supports_tool_calling, with what it drops named), or one without a response template to read the model's
   calls with (none in the tokenizer's files, none in TRL's add_response_schema for it). The tokenizer is
@@ -15,8 +16,9 @@ loaded, and fails with one line naming the field or function at fault:
 * a reward named without a function or model that is no environment class's get_reward(); no reward at all.
 
 Its AgentSetup carries the tool schemas per environment (rendered into each row's prompt by the generators: the
-environment's methods are read from the class, bound to a placeholder for their signatures, so no user
-environment is created before a worker starts), the workers' EnvSpec, the environment rewards, and whether a
+environment's methods are read from the class, bound to a placeholder for their signatures; a class is not
+instantiated here, a factory that is not a class is called once to learn its class, as TRL probes it:
+actors/envs/spec.py), the workers' EnvSpec, the environment rewards, and whether a
 reward function wants the environments' state at close.
 """
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from actors.envs.spec import EnvSpec, EnvSpecError, load_environment, reward_classes, tool_schemas
+from actors.envs.spec import EnvSpec, EnvSpecError, environment_classes, reward_classes, tool_schemas
 from actors.generation.chat import (
     ChatTemplateError,
     extension_note,
@@ -86,12 +88,7 @@ def prepare_agent(
     if not cfg.tools and cfg.environment_factory is None:
         return None
     spec = env_spec(cfg)
-    try:
-        schemas = tool_schemas(spec)
-        rewarding = reward_classes(spec)
-        env_classes = {n: load_environment(t, "environment_factory").__name__ for n, t in spec.environments.items()}
-    except EnvSpecError as err:
-        raise ConfigError(str(err)) from None
+    schemas, rewarding, env_classes = _read_environments(spec)
     implicit = _env_rewards(cfg, rewarding)
     check_tool_template(cfg, tokenizer)
     check_environment_rows(cfg, rows, "data")
@@ -102,6 +99,18 @@ def prepare_agent(
         env_reward_specs=[env_reward_spec(r) for r in implicit], keep_state=any(s.takes_environments for s in specs),
         template_note=extension_note(tokenizer),
     )
+
+
+def _read_environments(
+    spec: EnvSpec,
+) -> tuple[dict[str | None, list[dict[str, Any]]], dict[str, list[str | None]], dict[str | None, str]]:
+    """The tool schemas, the classes with a get_reward() and each environment's class name, each factory called at
+    most once (actors/envs/spec.py environment_class); ConfigError naming the field or function at fault."""
+    try:
+        classes = environment_classes(spec)
+        return tool_schemas(spec, classes), reward_classes(spec, classes), {n: c.__name__ for n, c in classes.items()}
+    except EnvSpecError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _env_rewards(cfg: RunConfig, rewarding: dict[str, list[str | None]]) -> list[RewardConfig]:

@@ -10,22 +10,30 @@ What is this pool's own:
   SESSIONS_PER_WORKER sessions; an `open` waits until the live workers have room for all of its requests at
   once (so two opens never hold each other's half), or, for more requests than the whole pool holds, until the
   pool is empty (they then share it over capacity): the wait is the pool's queue, which autoscaling reads.
-* **Routing.** Every open, call and close goes through here to the session's worker, so the pool sees the load,
-  the time each worker call takes, and the deaths. A worker that dies, or does not answer a call within the
-  call's own bound (agent.tool_timeout_s, the environment reward's timeout at close) plus `grace_s`, is killed
-  and replaced; its sessions are lost: their calls raise EnvSessionLost, their closes report it in
-  EnvClosed.error, and they are counted. An open whose worker died is re-sent to another worker (nothing of
-  its sessions existed yet; they reset from the same seed), counted under `retries`.
+* **Routing, one call at a time per worker.** Every open, call and close goes through here to the session's
+  worker, so the pool sees the load, the time each worker call takes, and the deaths. A worker runs one call at a
+  time (its user code runs on its main thread, as TRL runs it: actors/envs/worker.py), and the pool keeps each
+  worker's queue itself: it sends a worker its next call once the previous one has answered (a lock per worker,
+  first come first served). So a call's bound starts when the worker starts it, not while it waits behind
+  another session's call, and the wait is the pool's to see (`rayward_env_call_wait_s`). A worker that dies, or
+  does not answer a call within the call's own bound (agent.tool_timeout_s per tool call and per open, the
+  environment reward's timeout per session at close) plus `grace_s`, is killed and replaced; its sessions are
+  lost: their calls (those waiting for it too) raise EnvSessionLost, their closes report it in EnvClosed.error,
+  and they are counted. An open whose worker died is re-sent to another worker (nothing of its sessions existed
+  yet; they reset from the same seed), counted under `retries`.
 * **Retiring** a worker (scaling down) waits until its sessions have closed, at most `drain_timeout_s` (the
   trajectory deadline plus grace: a trajectory past it has ended anyway); sessions still open then are lost.
 
-**Autoscaling load.** A worker counts as busy while it runs a call (an open, a tool turn, a close), or while it
-is full. Open sessions alone are not load: a session waits on the model most of its life and costs memory, not
-time, so a pool sized by sessions would grow with the batch size even when tools are instant. Calls in flight
-are the environments' own work, as chunks are the reward pool's, so the same policy and target utilisation mean
-the same thing: the fraction of the time a worker is running something. A full worker is busy too, so opens
-waiting for room grow the pool. The policy caps its wish at the most sessions open or waiting at once (a worker
-per session is all the parallelism there is) and sees a batch arrival at every `open`.
+**Autoscaling load.** A worker counts as busy while it runs a call (an open, a tool turn, a close) or has calls
+waiting for it, or while it is full: calls queued behind a worker keep it busy all the time they wait, so a
+worker whose sessions' tools keep it running shows as fully used, and the policy grows the pool (new sessions go
+to the least-loaded workers, those already open stay where their instance lives). Open sessions alone are not
+load: a session waits on the model most of its life and costs memory, not time, so a pool sized by sessions
+would grow with the batch size even when tools are instant. Calls in flight are the environments' own work, as
+chunks are the reward pool's, so the same policy and target utilisation mean the same thing: the fraction of the
+time a worker is running something. A full worker is busy too, so opens waiting for room grow the pool. The
+policy caps its wish at the most sessions open or waiting at once (a worker per session is all the parallelism
+there is) and sees a batch arrival at every `open`.
 """
 
 from __future__ import annotations
@@ -38,22 +46,26 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
-from ray.util import metrics as ray_metrics  # the sessions gauge, the environment pool's own
+from ray.util import metrics as ray_metrics  # the sessions gauge and call-wait histogram, the env pool's own
 
 from actors.autoscale import AutoscaleSettings
 from actors.envs.client import EnvSessionLost
 from actors.envs.spec import EnvSpec
 from actors.envs.worker import EnvWorker
-from actors.pool import TAGS, PoolKind, PoolUnits, Slot, WorkerPool
+from actors.pool import TAGS, WAIT_BOUNDS, PoolKind, PoolUnits, Slot, WorkerPool
 from actors.types import EnvClosed, EnvOpened, EnvPoolStats, EnvRequest, ToolCall, ToolResult
 
 # Sessions one worker holds. A session costs its environment's memory and nothing while the model writes, so
 # the bound is about what one worker's death takes with it: at most this many trajectories, one default batch
-# (generation.generation_batch_size 32). Two default workers hold a default pipelined step's two batches.
+# (generation.generation_batch_size 32). Two default workers hold a default pipelined step's two batches. A
+# worker runs their calls one at a time, as TRL runs a whole batch's sync tools on one thread: the sessions of a
+# worker wait on the model most of their lives, so with tools that answer fast they seldom wait for each
+# other; with slow ones the worker is busy, autoscaling sees it (module docstring), and the wait is measured
+# (rayward_env_call_wait_s). A smaller bound would make trajectories wait to start instead, even with fast tools.
 SESSIONS_PER_WORKER = 32
-# Ray calls a worker runs at once: an open, a turn or a close per session at most, with room for the opens and
-# closes of whole groups on top.
-WORKER_CONCURRENCY = 2 * SESSIONS_PER_WORKER
+# Ray runs an actor's sync methods on its main thread (where SIGALRM works, for the user's alarms and rayward's
+# deadline) only with max_concurrency=1 and no concurrency groups; with more, in threads of its own.
+WORKER_CONCURRENCY = 1
 # Beyond a call's own bound, how long the pool waits before it presumes the worker hung (SIGSTOPped, deadlocked,
 # a tool holding the GIL in C code) and replaces it: Ray's dispatch and a loaded node fit in it many times over.
 # Sessions go to live workers only, so it need not cover imports at start-up (the reward pool's grace does).
@@ -63,15 +75,16 @@ ENV_POOL = PoolKind(
     noun="environment pool", pin_flag="--env-workers", bounds_flag="--pool env --min/--max", metrics="env",
     units=PoolUnits(
         unit="call", workers="environment workers", queued="session opens waiting for room on a worker",
-        inflight="environment worker calls in flight (opens, tool turns, closes)",
-        latency="seconds of one environment worker call (an open, a tool turn, a close)",
+        inflight="environment worker calls in flight (opens, tool turns, closes), running or waiting for their "
+                 "worker",
+        latency="seconds of one environment worker call (an open, a tool turn, a close), from when it was sent",
         events="tool errors and timeouts, unknown tools, failed resets and rewards, lost sessions, hung workers, "
                "re-sent opens",
         wait="seconds an open waited for room on the workers",
     ),
 )
 COUNTERS = ("retries", "timeouts", "sessions_opened", "sessions_closed", "sessions_lost", "tool_calls", "tool_errors",
-            "tool_timeouts", "unknown_tools", "reset_errors", "reward_errors")
+            "tool_timeouts", "unknown_tools", "reset_errors", "reward_errors", "instances_created", "instances_reused")
 # ToolResult.status -> the counter it adds to.
 STATUS_COUNTERS = {"error": "tool_errors", "timeout": "tool_timeouts", "unknown_tool": "unknown_tools"}
 
@@ -80,6 +93,8 @@ STATUS_COUNTERS = {"error": "tool_errors", "timeout": "tool_timeouts", "unknown_
 class _EnvSlot(Slot):
     sessions: set[int] = field(default_factory=set)  # placed here: open, or opening
     opening: set[int] = field(default_factory=set)  # of those, the ones whose open is in flight
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)  # held by the call the worker is running
+    gone: str | None = None  # why it was killed ("died", ...): what the calls still waiting for it are told
 
 
 class _WorkerLost(Exception):
@@ -115,6 +130,10 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
         self._next_session = 0
         self._sessions_gauge = ray_metrics.Gauge("rayward_env_sessions", "environment sessions open", tag_keys=TAGS)
         self._sessions_gauge.set_default_tags({"run": run_name, "pool": role})
+        self._call_wait = ray_metrics.Histogram(
+            "rayward_env_call_wait_s", "seconds an environment worker call waited for its worker (running another "
+            "session's call)", boundaries=WAIT_BOUNDS, tag_keys=TAGS)
+        self._call_wait.set_default_tags({"run": run_name, "pool": role})
         super().__init__(run_name=run_name, role=role, num_workers=num_workers, worker_options=worker_options,
                          autoscale=autoscale, counters=COUNTERS)
 
@@ -231,6 +250,10 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
         finally:
             slot.opening.difference_update(sids)
         for o in opened:
+            if o.created:
+                self.counters["instances_created"] += 1
+            elif o.error is None and self.spec.environments:
+                self.counters["instances_reused"] += 1
             if o.error is None:
                 self.counters["sessions_opened"] += 1
             else:  # reset failed: the worker holds nothing for it
@@ -241,11 +264,12 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
         return opened
 
     async def call(self, session: int, calls: list[ToolCall]) -> list[ToolResult]:
-        """One model turn's tool calls in the session's environment (concurrently, each within the tool
-        timeout); results in call order. EnvSessionLost if its worker died or hung (now or before)."""
+        """One model turn's tool calls in the session's environment (sync ones one after another, async ones at
+        once, each within the tool timeout, so the worker call's bound is the tool timeout per call); results in
+        call order. EnvSessionLost if its worker died or hung (now or before)."""
         slot = self._slot_of(session)
         try:
-            results = await self._run(slot, "call", self.spec.tool_timeout_s, session, calls)
+            results = await self._run(slot, "call", self.spec.tool_timeout_s * max(len(calls), 1), session, calls)
         except _WorkerLost as err:
             raise EnvSessionLost(f"session {session}: {err}") from None
         except RayTaskError as err:  # the worker does not hold it (never should): the same for the trajectory
@@ -278,8 +302,9 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
         return [out[sid] for sid in sessions]
 
     async def _close_on(self, slot: _EnvSlot, sids: list[int], keep_state: bool) -> list[EnvClosed]:
+        """Close the sessions on their worker (sync get_rewards one after another: the reward timeout each)."""
         try:
-            closed = await self._run(slot, "close", self.spec.reward_timeout_s, sids, keep_state)
+            closed = await self._run(slot, "close", self.spec.reward_timeout_s * len(sids), sids, keep_state)
         except _WorkerLost as err:
             return [EnvClosed(None, None, error=f"EnvSessionLost: session {sid}: {err}") for sid in sids]
         self._unplace(slot, sids)
@@ -302,11 +327,27 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
         raise EnvSessionLost(f"session {session} is not open (never opened, or already closed)")
 
     async def _run(self, slot: _EnvSlot, method: str, bound_s: float, *args: Any) -> Any:
-        """One worker call, counted in the worker's load; _WorkerLost when it died or took longer than its
-        bound plus grace (the worker is then killed and replaced: everything it held is lost)."""
+        """One worker call, counted in the worker's load from when it is asked for; sent once the worker's
+        previous call has answered, and bounded from then. _WorkerLost when the worker died or took longer than
+        the bound plus grace (it is then killed and replaced: everything it held is lost), or was killed while
+        the call waited for it."""
         with self._load(slot):
             slot.calls += 1
         self._publish()
+        t0 = time.monotonic()
+        try:
+            async with slot.turn:
+                self._call_wait.observe(time.monotonic() - t0)
+                if slot.gone is not None:
+                    raise _WorkerLost(f"its environment worker {slot.id} {slot.gone}")
+                return await self._send(slot, method, bound_s, *args)
+        finally:
+            with self._load(slot):
+                slot.calls -= 1
+            self._publish()
+            await self._notify(1)
+
+    async def _send(self, slot: _EnvSlot, method: str, bound_s: float, *args: Any) -> Any:
         t0 = time.monotonic()
         try:
             return await asyncio.wait_for(getattr(slot.handle, method).remote(*args), bound_s + self.grace_s)
@@ -319,11 +360,7 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
             self._lose(slot, why)
             raise _WorkerLost(f"its environment worker {slot.id} {why}") from None
         finally:
-            with self._load(slot):
-                slot.calls -= 1
             self.metrics.latency.observe(time.monotonic() - t0)
-            self._publish()
-            await self._notify(1)
 
     def _unplace(self, slot: _EnvSlot, sids: list[int]) -> None:
         with self._load(slot):
@@ -336,6 +373,7 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
         ones still opening are left to their open, which sends them elsewhere."""
         if self.slots.get(slot.id) is not slot:
             return  # another call on it already did
+        slot.gone = why
         lost = slot.sessions - slot.opening
         for sid in slot.sessions:
             self._where.pop(sid, None)

@@ -4,21 +4,33 @@ TRL's API, unchanged (`GRPOTrainer(tools=..., environment_factory=...)`):
 
 * a **tool** is a plain function, sync or `async def`, whose type hints and Google-style docstring are the schema
   the model sees (transformers' `get_json_schema`);
-* an **environment** is a class: `reset(**row)` starts an episode from the dataset row's columns and may return
-  text appended to the last user message; every public function on the class (not `reset`, not `get_reward`,
-  not starting with `_`: TRL's `inspect.getmembers(cls, inspect.isfunction)` rule) is a tool; an optional
-  `get_reward()` (sync or async) is a reward named after the class;
-* `environment_factory` may be a mapping name -> class, the dataset's `environment` column choosing per row;
+* an **environment** is what `environment_factory()` returns: any callable taking no argument (a class, a
+  function, a `functools.partial`, ...) that returns an instance with a `reset` method. `reset(**row)` starts an
+  episode from the dataset row's columns and may return text appended to the last user message; every public
+  function on the instance's class (not `reset`, not `get_reward`, not starting with `_`: TRL's
+  `inspect.getmembers(type(instance), inspect.isfunction)` rule) is a tool; an optional `get_reward()` (sync or
+  async) is a reward named after the class;
+* `environment_factory` may be a mapping name -> factory, the dataset's `environment` column choosing per row;
   only that environment's tools (with the standalone ones first) are rendered into the row's prompt.
 
+**The class behind a factory.** TRL calls every factory once at start (its probe) and reads the tools from the
+class of what it returned. rayward reads a class as it is, without creating an instance (its `__init__` may
+need what only the environment workers' nodes have), and calls any other factory once, as TRL does, to learn its
+class (`environment_class`): the driver before Ray starts, to check it and render the tools' schemas (that
+instance is then dropped). A factory that raises or returns something without `reset` is named there. The
+workers call the factory themselves when they need an instance (actors/envs/worker.py) and read the tools from
+`type(instance)`, as TRL does per rollout.
+
 Plain Python, no Ray: the driver reads the same things here before anything starts (orchestrator/environments.py)
-that the workers read when they start (actors/envs/worker.py).
+that the workers read (actors/envs/worker.py).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,8 +49,9 @@ class EnvSpec:
     """What an environment worker needs (plain data: it crosses Ray pickled).
 
     tools: the standalone tools, `module:function` (or `path/to/file.py:function`), TRL's `tools=`.
-    environments: environment_factory name -> `module:Class`; a single factory is `{None: "module:Class"}`, a run
-    with tools only has none (its sessions hold the tools and no environment instance).
+    environments: environment_factory name -> `module:factory` (a class or any callable returning an
+    environment); a single factory is `{None: "module:Class"}`, a run with tools only has none (its sessions hold
+    the tools and no environment instance).
     """
 
     tools: tuple[str, ...] = ()
@@ -67,20 +80,67 @@ def load_tool(target: str, what: str) -> Any:
     return fn
 
 
-def load_environment(target: str, what: str) -> type:
-    """An environment class, checked as TRL checks it (a `reset` method)."""
-    cls = import_object(target, what)
-    if not isinstance(cls, type):
+def factory_field(name: str | None) -> str:
+    """The config field that names environment `name`'s factory, as messages give it."""
+    return "environment_factory" if name is None else f"environment_factory[{name}]"
+
+
+def factory_name(factory: Any) -> str:
+    """How messages name a factory: a class or function by its name, a functools.partial by what it wraps."""
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    return getattr(factory, "__name__", type(factory).__name__)
+
+
+def has_reset(cls: type) -> bool:
+    return callable(getattr(cls, RESET, None))
+
+
+def load_factory(target: str, what: str) -> Callable[[], Any]:
+    """environment_factory's `target`, imported: a callable; a class is checked for `reset` (TRL's check), without
+    creating an instance."""
+    factory = import_object(target, what)
+    if not callable(factory):
         raise EnvSpecError(
-            f"{what} {target!r} is a {type(cls).__name__}, not a class: rayward reads an environment's tools from "
-            "its class, without creating one"
+            f"{what} {target!r} is a {type(factory).__name__}, not callable: environment_factory names a class or a "
+            "function (any callable) that returns an environment"
         )
-    if not callable(getattr(cls, RESET, None)):
+    if isinstance(factory, type) and not has_reset(factory):
         raise EnvSpecError(
-            f"{what} {target!r}: class {cls.__name__} has no `reset` method (TRL calls reset(**row) at the start of "
+            f"{what} {target!r}: class {factory.__name__} has no `reset` method (TRL calls reset(**row) at the start of "
             "every rollout; it may return text appended to the last user message, or None)"
         )
+    return factory
+
+
+def environment_class(target: str, what: str) -> type:
+    """The class of the environments `target`'s factory makes: a class is itself; any other factory is called once
+    (TRL's probe at start) and the class of what it returned is checked for `reset`. EnvSpecError naming `what`
+    when it cannot be imported, raises or returns something without `reset`."""
+    factory = load_factory(target, what)
+    if isinstance(factory, type):
+        return factory
+    try:
+        instance = factory()
+    except Exception as err:  # noqa: BLE001 - the user's factory: its error is theirs to read, with the field named
+        raise EnvSpecError(
+            f"{what} {target!r}: calling it raised {type(err).__name__}: {err} (rayward calls a factory that is not "
+            "a class once before anything starts, as TRL does, to read the environment's tools from the class of "
+            "what it returns)"
+        ) from None
+    cls = type(instance)
+    if not has_reset(cls):
+        raise EnvSpecError(
+            f"{what} {target!r} returned a {cls.__name__}, which has no `reset` method (TRL calls reset(**row) at the "
+            "start of every rollout; it may return text appended to the last user message, or None)"
+        )
     return cls
+
+
+def environment_classes(spec: EnvSpec) -> dict[str | None, type]:
+    """environment_factory name -> the class of its environments (environment_class: each factory called at most
+    once)."""
+    return {name: environment_class(target, factory_field(name)) for name, target in spec.environments.items()}
 
 
 def tool_method_names(cls: type) -> list[str]:
@@ -92,7 +152,7 @@ def tool_method_names(cls: type) -> list[str]:
 
 
 class _Unbound:
-    """What a method is bound to for its schema: the user's class is never instantiated before a worker starts."""
+    """What a method is bound to for its schema: no instance of the user's class is kept for it."""
 
 
 def schema_target(cls: type, name: str) -> Any:
@@ -118,18 +178,21 @@ def tool_schema(fn: Any, what: str) -> dict[str, Any]:
         ) from None
 
 
-def tool_schemas(spec: EnvSpec) -> dict[str | None, list[dict[str, Any]]]:
+def tool_schemas(
+    spec: EnvSpec, classes: dict[str | None, type] | None = None
+) -> dict[str | None, list[dict[str, Any]]]:
     """Per environment name (None: the only environment, or a run with tools only): the schemas of the tools a
-    row of that environment sees, the standalone tools first, then the class's methods (TRL's order).
-    EnvSpecError naming the tool or method that has no schema, or a name two tools share."""
+    row of that environment sees, the standalone tools first, then the class's methods (TRL's order). classes:
+    environment_classes(spec), if the caller has it already (a factory is not called twice). EnvSpecError naming
+    the tool or method that has no schema, or a name two tools share."""
     standalone = [(f"tools[{i}] {t!r}", load_tool(t, f"tools[{i}]")) for i, t in enumerate(spec.tools)]
+    classes = environment_classes(spec) if classes is None else classes
     envs = spec.environments or {None: None}
     out: dict[str | None, list[dict[str, Any]]] = {}
     for name, target in envs.items():
         tools = list(standalone)
         if target is not None:
-            where = f"environment_factory[{name}]" if name is not None else "environment_factory"
-            cls = load_environment(target, where)
+            where, cls = factory_field(name), classes[name]
             tools += [(f"{where} {target!r}: method {cls.__name__}.{m}", schema_target(cls, m))
                       for m in tool_method_names(cls)]
         schemas, seen = [], {}
@@ -145,13 +208,17 @@ def tool_schemas(spec: EnvSpec) -> dict[str | None, list[dict[str, Any]]]:
     return out
 
 
-def reward_classes(spec: EnvSpec) -> dict[str, list[str | None]]:
+def reward_classes(
+    spec: EnvSpec, classes: dict[str | None, type] | None = None
+) -> dict[str, list[str | None]]:
     """The environment classes with a get_reward(), by class name (the reward's name, as TRL names it), each with
-    the environment_factory names that use it (a class under two names is one reward, as in TRL)."""
+    the environment_factory names that use it (a class under two names is one reward, as in TRL). classes: as for
+    tool_schemas."""
     out: dict[str, list[str | None]] = {}
     seen: dict[str, type] = {}
-    for name, target in spec.environments.items():
-        cls = load_environment(target, "environment_factory")
+    classes = environment_classes(spec) if classes is None else classes
+    for name in spec.environments:
+        cls = classes[name]
         if not callable(getattr(cls, GET_REWARD, None)):
             continue
         if seen.setdefault(cls.__name__, cls) is not cls:
@@ -164,6 +231,7 @@ def reward_classes(spec: EnvSpec) -> dict[str, list[str | None]]:
 
 
 __all__ = [
-    "EnvSpec", "EnvSpecError", "import_object", "load_environment", "load_tool",
-    "reward_classes", "schema_target", "tool_method_names", "tool_schema", "tool_schemas",
+    "EnvSpec", "EnvSpecError", "environment_class", "environment_classes", "factory_field", "factory_name",
+    "has_reset", "import_object", "load_factory", "load_tool", "reward_classes", "schema_target", "tool_method_names",
+    "tool_schema", "tool_schemas",
 ]

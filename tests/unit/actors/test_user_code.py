@@ -1,6 +1,7 @@
 """actors/user_code.py's runner: which callables are async, the typed outcome of a call, the deadline on sync and
 async calls, hung sync calls abandoned and their pool replaced, and sync calls on the main thread (where a tool's
-own signal.alarm works, as in TRL). Every held call waits on an Event the fixture releases."""
+own signal.alarm works, as in TRL, and rayward's deadline is a SIGALRM that leaves the previous handler and timer as
+it found them). Every held call waits on an Event the fixture releases."""
 
 import asyncio
 import functools
@@ -12,6 +13,7 @@ import pytest
 
 import actors.user_code as user_code
 from actors.user_code import Raised, Returned, TimedOut, UserCalls, is_async_callable, user_frames
+from tests.fixtures import envs
 from tests.fixtures.waiting import WAIT_S, wait_until
 
 RELEASE = threading.Event()
@@ -224,17 +226,104 @@ def test_main_thread_mode_runs_sync_calls_where_the_users_alarm_works():
     assert isinstance(out, Raised) and "signal only works in main thread" in str(out.error)
 
 
-def test_main_thread_mode_does_not_cut_a_late_call_and_still_runs_async_code_on_the_loop():
+def spins() -> str:
+    """Pure Python without end (no sleep, no I/O): only a signal can cut it."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        pass
+    return "no cut"
+
+
+def swallows_everything() -> str:
+    try:
+        held()
+    except BaseException:  # noqa: BLE001 - a call that swallows even rayward's cut
+        return "swallowed"
+    return "released"
+
+
+def catches_exceptions() -> str:
+    try:
+        held()
+    except Exception:  # noqa: BLE001 - the usual broad catch: rayward's cut is not an Exception
+        return "caught"
+    return "released"
+
+
+def trl_alarmed() -> str:
+    """TRL's grpo_agent.py pattern (its own handler, left installed; its alarm cancelled when done), around a call
+    that does not end before its alarm rings."""
+    with envs.timeout(1):
+        return held()
+
+
+@pytest.fixture
+def previous_alarm():
+    """A SIGALRM handler and a running timer of someone else's (as pytest-timeout's would be): a call on the main
+    thread must leave both as it found them."""
+
+    def theirs(signum: int, frame: object) -> None:
+        raise AssertionError("the previous timer rang during the test")
+
+    old_handler = signal.signal(signal.SIGALRM, theirs)
+    old_timer = signal.setitimer(signal.ITIMER_REAL, 10 * WAIT_S)
+    yield theirs
+    signal.setitimer(signal.ITIMER_REAL, *old_timer)
+    signal.signal(signal.SIGALRM, old_handler)
+
+
+@pytest.mark.parametrize("fn", [held, spins, catches_exceptions, swallows_everything])
+def test_main_thread_mode_cuts_a_call_at_its_deadline_with_sigalrm(fn, previous_alarm):
     main = UserCalls("t", 2, sync_on="main")
-    RELEASE.set()
-    out = main.call(held, {}, 0.0)  # returns past its deadline: nothing inside the process cuts it
-    assert isinstance(out, Returned) and out.value == "released" and main.abandoned == 0
+    out = main.call(fn, {}, 0.05)
+    assert isinstance(out, TimedOut) and out.deadline_s == 0.05 and main.abandoned == 0  # cut, not abandoned
+    assert signal.getsignal(signal.SIGALRM) is previous_alarm  # the previous handler is back
+    remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+    assert 0 < remaining <= 10 * WAIT_S  # and the previous timer goes on
+    assert isinstance(main.call(add, {"a": 1, "b": 1}, 0.05), Returned)  # nothing rings later
+
+
+def test_main_thread_mode_a_deadline_of_zero_cuts_at_once(previous_alarm):
+    main = UserCalls("t", 2, sync_on="main")
+    assert isinstance(main.call(held, {}, 0.0), TimedOut)
+    assert signal.getsignal(signal.SIGALRM) is previous_alarm
+
+
+def test_main_thread_mode_a_call_that_arms_its_own_alarm_keeps_its_semantics(previous_alarm):
+    """Its alarm replaces rayward's for that call: it rings at the call's own time (after rayward's deadline here),
+    its exception is the call's, as in TRL; the handler it left installed is replaced by the previous one."""
+    main = UserCalls("t", 2, sync_on="main")
+    out = main.call(trl_alarmed, {}, 0.5)
+    assert isinstance(out, Raised) and str(out.error) == "Operation timed out after 1 seconds"
+    assert signal.getsignal(signal.SIGALRM) is previous_alarm
+
+
+def test_main_thread_mode_still_runs_async_code_on_the_loop():
+    main = UserCalls("t", 2, sync_on="main")
 
     async def where() -> threading.Thread:
         return threading.current_thread()
 
     out = main.call(where, {}, WAIT_S)
     assert isinstance(out, Returned) and out.value is not threading.main_thread()
+
+
+def test_main_thread_mode_cancels_an_awaitable_cut_while_awaited_here():
+    main = UserCalls("t", 2, sync_on="main")
+    cancelled = threading.Event()
+
+    async def slow() -> None:
+        try:
+            await asyncio.sleep(WAIT_S)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def awaits() -> None:  # a sync call that got an awaitable (an `async def reset`)
+        main.await_here(slow())
+
+    assert isinstance(main.call(awaits, {}, 0.05), TimedOut)
+    wait_until(cancelled.is_set, "the awaited coroutine to be cancelled")
 
 
 def test_main_thread_mode_refuses_another_thread():

@@ -81,7 +81,13 @@ def test_config_rejects(tree, message):
     ({"environment_factory": "tests.fixtures.broken_env_module:Env"},
      "cannot import 'tests.fixtures.broken_env_module' (RuntimeError: this module does not import)"),
     ({"environment_factory": f"{BAD}:NoReset"}, "class NoReset has no `reset` method"),
-    ({"environment_factory": f"{BAD}:make_env"}, "is a function, not a class"),
+    ({"environment_factory": f"{BAD}:failing_factory"},
+     "environment_factory 'tests.fixtures.bad_envs:failing_factory': calling it raised RuntimeError: no sandbox "
+     "available"),
+    ({"environment_factory": {"a": f"{BAD}:make_no_reset"}},
+     "environment_factory[a] 'tests.fixtures.bad_envs:make_no_reset' returned a NoReset, which has no `reset` method"),
+    ({"environment_factory": f"{BAD}:NOT_CALLABLE"},
+     "environment_factory 'tests.fixtures.bad_envs:NOT_CALLABLE' is a str, not callable"),
     ({"environment_factory": f"{BAD}:UndocumentedMethodEnv"},
      "environment_factory 'tests.fixtures.bad_envs:UndocumentedMethodEnv': method UndocumentedMethodEnv.look: no tool "
      "schema (DocstringParsingException"),
@@ -109,6 +115,21 @@ def test_schemas_per_environment_in_trl_order_without_an_instance(tokenizer):
                                  "How much to add."}}, "required": ["n"]}  # no `self`
     assert setup.env_classes == {"count": "CounterEnv", "boxes": "BoxEnv"}
     assert setup.routed and setup.spec.tool_timeout_s == 60.0
+
+
+@pytest.mark.parametrize("factory", [f"{F}:make_sql_env", f"{F}:sql_env_of_five", f"{BAD}:make_env"])
+def test_a_factory_that_is_not_a_class_is_called_once_for_its_class(tokenizer, factory):
+    """A function or a functools.partial, as TRL takes them: called once, its class's methods are the tools."""
+    from tests.fixtures import envs
+
+    before = envs.SqlEnv.connections
+    setup = prepare(cfg(environment_factory=factory), tokenizer)
+    names = [s["function"]["name"] for s in setup.schemas[None]]
+    if factory.endswith("make_env"):
+        assert names == ["echo"] and setup.env_classes == {None: "EchoEnv"}
+    else:
+        assert names == ["opened", "query", "spin"] and setup.env_classes == {None: "SqlEnv"}
+        assert envs.SqlEnv.connections - before == 1 and setup.env_rewards[0].name == "SqlEnv"
 
 
 def test_schemas_are_what_trl_renders_for_bound_methods():

@@ -1,6 +1,6 @@
 """EnvPool on a real local Ray cluster, through PoolEnvironments (what a generator's agent loop holds): the box task
-end to end, a worker SIGKILLed mid-trajectory, a SIGSTOPped worker, retiring workers with open sessions, and
-`rayward scale --env-workers` against a running pool.
+end to end, TRL's SIGALRM-bound tool and instance reuse in a real worker, a worker SIGKILLed mid-trajectory, a
+SIGSTOPped worker, retiring workers with open sessions, and `rayward scale --env-workers` against a running pool.
 
 Nothing here is timed. A call that must be in flight while the test acts waits on a gate file the test creates
 once it has seen what it waits for, so the order of events is fixed whatever the machine's speed."""
@@ -15,6 +15,7 @@ from actors.envs.client import EnvSessionLost, PoolEnvironments
 from actors.envs.pool import EnvPool
 from actors.envs.spec import EnvSpec
 from actors.types import EnvRequest, ToolCall
+from tests.fixtures import envs as fixture_envs
 from tests.fixtures.cluster import client_env, rayward_exe
 from tests.fixtures.waiting import wait_for_stats
 
@@ -85,6 +86,40 @@ def test_box_task_end_to_end(ray_cluster):
     kill_pool(ray, pool)
 
 
+def test_trl_tools_bound_by_their_own_sigalrm_and_reused_instances_in_a_real_worker(ray_cluster):
+    """TRL's grpo_agent.py tool in a real environment worker: its `signal.alarm` works (sync tools run on the
+    worker's main thread, as TRL runs them on the trainer's), and its own alarm cuts a slow query with its own
+    message; a tool hanging in pure Python is cut by rayward's bound and the session goes on. The factory (a
+    functools.partial) is called once per concurrent session, not per trajectory: its __init__'s client is opened
+    twice for six trajectories, and reset starts each afresh."""
+    ray = ray_cluster
+    spec = EnvSpec(environments={None: "tests.fixtures.envs:sql_env_of_five"}, tool_timeout_s=2.0)
+    pool = make_pool(ray, "e-alarm", spec, n=1)
+    wait_for(ray, pool, lambda s: s.workers == 1, "the worker")
+    envs = PoolEnvironments(pool)
+
+    def turn(session, name, **arguments):
+        (r,) = envs.call(session, [ToolCall(name, arguments)]).result(timeout=WAIT_S)
+        return r.content, r.status
+
+    rewards = []
+    for step in range(3):
+        a, b = opened(envs, [EnvRequest(None, {}, seed=step)] * 2)
+        assert turn(a, "query", sql_command="SELECT count(*) FROM numbers") == ("[(5,)]", "ok")
+        assert turn(b, "opened") == ("2 MainThread", "ok")  # two clients in this worker, on every step
+        if step == 0:
+            assert turn(a, "query", sql_command=fixture_envs.ENDLESS_QUERY) == (
+                "{'error': 'Operation timed out after 1 seconds'}", "error")
+            assert turn(b, "spin") == ("{'error': 'Tool spin timed out after 2 s.'}", "timeout")
+            assert turn(b, "query", sql_command="SELECT 7") == ("[(7,)]", "ok")  # the session lives on
+        rewards.append([c.reward for c in envs.close([a, b], keep_state=False).result(timeout=WAIT_S)])
+    assert rewards == [[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]]  # queries per trajectory: reset between them
+    s = ray.get(pool.stats.remote())
+    assert (s.instances_created, s.instances_reused, s.sessions_opened) == (2, 4, 6)
+    assert (s.tool_errors, s.tool_timeouts, s.replaced, s.timeouts, s.sessions_lost) == (1, 1, 0, 0, 0)
+    kill_pool(ray, pool)
+
+
 def test_sigkilled_worker_loses_exactly_its_sessions_and_is_replaced(ray_cluster, tmp_path):
     ray = ray_cluster
     pool = make_pool(ray, "e-kill", COUNTER)
@@ -95,10 +130,11 @@ def test_sigkilled_worker_loses_exactly_its_sessions_and_is_replaced(ray_cluster
     victim_worker = where[sessions[0]]
     doomed = [s for s in sessions if where[s] == victim_worker]
     kept = [s for s in sessions if where[s] != victim_worker]
+    victim_pid = worker_pids(ray, pool)[victim_worker]  # asked first: a worker answers one call at a time
     gate = tmp_path / "never"
     in_flight = envs.call(doomed[0], [ToolCall("hold", {"gate": str(gate)})])  # mid-trajectory: a call running
     wait_for(ray, pool, lambda s: s.calls_inflight == 1, "the held call in flight")
-    os.kill(worker_pids(ray, pool)[victim_worker], signal.SIGKILL)
+    os.kill(victim_pid, signal.SIGKILL)
     with pytest.raises(EnvSessionLost, match=f"environment worker {victim_worker} died"):
         in_flight.result(timeout=WAIT_S)
     stats = wait_for(ray, pool, lambda s: s.replaced == 1 and s.workers == 2, "the dead worker replaced")

@@ -1,9 +1,13 @@
 """EnvPool's own logic in milliseconds: placement, the capacity wait, opens re-sent after a death, lost sessions, the
-drain deadline, what counts as load. Its workers are real EnvWorkers in this process behind handles that obey an
-actor handle's interface (`handle.method.remote(...)` is awaitable; a killed one raises RayActorError); what only
-Ray shows (processes dying, hanging, `rayward scale`) is in tests/integration/actors/envs/test_pool.py."""
+drain deadline, what counts as load, one call at a time per worker. Its workers are real EnvWorkers in this process
+behind handles that obey an actor handle's interface (`handle.method.remote(...)` is awaitable, and a handle runs
+its calls one at a time, as a max_concurrency=1 actor does; a killed one raises RayActorError). They run off the
+main thread, so their sync user code runs in threads (sync_on="threads"); what only Ray shows (the main thread,
+processes dying, hanging, `rayward scale`) is in tests/integration/actors/envs/test_pool.py."""
 
 import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from ray.exceptions import RayActorError
@@ -25,23 +29,34 @@ class _Method:
         self.handle, self.name = handle, name
 
     def remote(self, *args, **kwargs):
-        return asyncio.get_running_loop().run_in_executor(None, self.handle.invoke, self.name, args, kwargs)
+        self.handle.sent.append(self.name)
+        return asyncio.get_running_loop().run_in_executor(self.handle.queue, self.handle.invoke, self.name, args, kwargs)
 
 
 class FakeHandle:
-    """An in-process EnvWorker behind an actor handle's interface."""
+    """An in-process EnvWorker behind an actor handle's interface, running its calls one at a time."""
 
     def __init__(self, spec, index):
-        self.worker = EnvWorker(spec, index=index)
+        self.worker = EnvWorker(spec, index=index, sync_on="threads")
+        self.queue = ThreadPoolExecutor(1)  # a max_concurrency=1 actor's queue
+        self.sent: list[str] = []  # the methods called, in order, as they were sent
+        self.running: str | None = None  # the method running now
         self.dead = False
         self.die_on: str | None = None  # the next call of this method kills the worker first
+        self.hold_on: str | None = None  # calls of this method wait for envs.RELEASE before they run
 
     def invoke(self, name, args, kwargs):
         if self.die_on == name:
             self.dead = True
         if self.dead:
             raise RayActorError()
-        return getattr(self.worker, name)(*args, **kwargs)
+        self.running = name
+        if self.hold_on == name:
+            envs.RELEASE.wait(envs.HOLD_S)
+        try:
+            return getattr(self.worker, name)(*args, **kwargs)
+        finally:
+            self.running = None
 
     def __getattr__(self, name):
         return _Method(self, name)
@@ -304,3 +319,89 @@ def test_a_worker_not_started_after_a_minute_is_one_line_naming_both_causes(monk
         envs.RELEASE.set()
 
     run(t)()
+
+
+# --- one call at a time per worker --------------------------------------------------------------------------------
+
+
+def test_a_worker_gets_one_call_at_a_time_and_a_calls_bound_starts_when_it_is_sent():
+    """A session's call waits in the pool while the worker runs another session's (slow) close: it is not sent, its
+    bound (tool timeout + grace) does not run meanwhile, and it answers once the close has, on the same worker."""
+    spec = EnvSpec(environments={None: "tests.fixtures.envs:CounterEnv"}, tool_timeout_s=0.05, reward_timeout_s=30)
+
+    async def main():
+        pool = FakePool(spec, run_name="t", num_workers=1, worker_options={})
+        await until(lambda: pool.size() == 1)
+        a, b = await pool.open(requests(2))
+        pool.grace_s = 0.05  # from now on: the opens had the default
+        handle = pool.slots[0].handle
+        handle.hold_on = "close"
+        closing = asyncio.ensure_future(pool.close([a.session]))
+        await until(lambda: handle.running == "close")
+        calling = asyncio.ensure_future(pool.call(b.session, [ToolCall("add", {"n": 1})]))
+        await until(lambda: pool.slots[0].calls == 2)
+        assert handle.sent == ["pid", "open", "close"] and pool._busy == 1  # asked for, not sent; the worker busy
+        deadline = time.monotonic() + 4 * (spec.tool_timeout_s + pool.grace_s)
+        await until(lambda: time.monotonic() > deadline)  # well past the call's bound, had it started when asked
+        assert not calling.done()
+        envs.RELEASE.set()
+        assert (await closing)[0].reward == 0.0
+        assert [r.content for r in await calling] == ["2"]
+        assert handle.sent[-2:] == ["close", "call"]
+        s = pool.stats()
+        assert (s.replaced, s.timeouts, s.sessions_lost) == (0, 0, 0)
+
+    asyncio.run(main())
+
+
+def test_calls_waiting_for_a_worker_that_hung_are_told_it_was_lost():
+    spec = EnvSpec(environments={None: "tests.fixtures.envs:CounterEnv"}, tool_timeout_s=0.05)
+
+    async def main():
+        pool = FakePool(spec, run_name="t", num_workers=1, worker_options={})
+        await until(lambda: pool.size() == 1)
+        a, b = await pool.open(requests(2))
+        pool.grace_s = 0.05  # from now on: the opens had the default
+        pool.slots[0].handle.hold_on = "call"  # the worker stops answering
+        first = asyncio.ensure_future(pool.call(a.session, [ToolCall("add", {"n": 1})]))
+        second = asyncio.ensure_future(pool.call(b.session, [ToolCall("add", {"n": 1})]))
+        for f in (first, second):
+            with pytest.raises(EnvSessionLost, match="environment worker 0 did not answer a call within 0.1 s"):
+                await f
+        s = pool.stats()
+        assert (s.timeouts, s.replaced, s.sessions_lost) == (1, 1, 2)
+
+    asyncio.run(main())
+
+
+def test_a_turns_bound_is_the_tool_timeout_per_call_and_a_closes_the_reward_timeout_per_session(monkeypatch):
+    """Its sync tools (and get_rewards) run one after another in the worker."""
+    spec = EnvSpec(environments={None: "tests.fixtures.envs:CounterEnv"}, tool_timeout_s=2.0, reward_timeout_s=3.0)
+    bounds = []
+
+    async def t(pool):
+        real = pool._send
+
+        async def send(slot, method, bound_s, *args):
+            bounds.append((method, bound_s))
+            return await real(slot, method, bound_s, *args)
+
+        monkeypatch.setattr(pool, "_send", send)
+        a, b = await pool.open(requests(2))
+        await pool.call(a.session, [ToolCall("add", {"n": 1})] * 3)
+        await pool.close([a.session, b.session])
+        assert bounds == [("open", 4.0), ("call", 6.0), ("close", 6.0)]
+
+    with_pool(spec, t)
+
+
+def test_instances_created_and_reused_are_counted():
+    async def t(pool):
+        first = await pool.open(requests(3))
+        await pool.close([o.session for o in first])
+        await pool.open(requests(4))
+        s = pool.stats()
+        assert (s.instances_created, s.instances_reused) == (4, 3)  # one worker: 3 made, 3 reused, 1 more made
+        assert s.step_metrics()["env_pool/instances_created"] == 4
+
+    with_pool(SPEC, t)
