@@ -18,6 +18,10 @@ from actors.learner.loss import ImportanceSampling, LossConfig, LossInputs, grpo
 from orchestrator.grpo import compute_advantages
 from tests.fixtures.trl_grpo import EOS, PAD, bare_trainer, cpu_accelerator, trl_score
 
+# Ours and TRL's run the same elementwise formulas on the same [B, T] tensors and sum the same rows in the same order
+# (tensors this small are never split over threads); only the normalisers' last divisions may round differently
+# (TRL's mean over B, then / GA, against a sum / (B x GA)): a few roundings of the result, which RTOL (many
+# float32 eps) covers on any machine. ATOL: for values that are 0 in both.
 RTOL, ATOL = 1e-5, 1e-6
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
 IS_MODES = [None, "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
