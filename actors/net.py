@@ -13,8 +13,12 @@ def free_port() -> int:
 
 
 def node_ip() -> str:
-    """This node's address as Ray knows it (reachable from the other nodes), or loopback outside Ray."""
-    import ray
+    """This node's address as Ray knows it (reachable from the other nodes), or loopback outside Ray (also where Ray
+    is not installed: a learner alone on a GPU host, scripts/gpu_smoke.sh)."""
+    try:
+        import ray
+    except ImportError:
+        return "127.0.0.1"
 
     return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
 

@@ -48,7 +48,7 @@ from actors.learner import checkpoint
 from actors.learner.distributed import init_process_group, shard, tied_names
 from actors.learner.layout import VARLEN_ATTENTION, Packed, Padded, pack, packing_refusal, pad
 from actors.learner.lora import apply_lora, merged_view
-from actors.learner.loss import LossInputs, grpo_loss, vllm_importance_weights
+from actors.learner.loss import LossInputs, loss_fn, vllm_importance_weights
 from actors.learner.micro_batches import MicroBatchPlan, plan_micro_batches
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, ParallelSpec
 from actors.types import TrainBatch, TrainerState, TrainResult
@@ -143,6 +143,7 @@ class Learner:
         alone, None elsewhere. A CPU learner computes on every core this process may use (actors/cpus.py), one torch
         thread per PARAMS_PER_THREAD parameters at most."""
         self.spec, self.loss_config = spec, spec.loss
+        self.loss = loss_fn(spec.loss)  # picked once (actors/learner/loss.py); a bad setting fails before any load
         self.parallel = ParallelSpec(strategy, rank, world_size, init_method)
         self.rank, self.world_size, self.sharded = rank, world_size, self.parallel.sharded
         torch.manual_seed(spec.seed)
@@ -383,7 +384,7 @@ class Learner:
                         grad_accum_steps=plan.grad_accum_steps,
                         num_sequences=len(batch),
                     )
-                result = grpo_loss(dataclasses.replace(frozen[s], logp=logp), self.loss_config)
+                result = self.loss(dataclasses.replace(frozen[s], logp=logp))
                 result.loss.backward()
                 total_loss += result.loss.item()
                 for k, v in result.metrics.items():

@@ -1,9 +1,12 @@
 """The GRPO loss and the vLLM importance-sampling weights, with exactly TRL 1.16 ``GRPOTrainer`` semantics, as pure
 torch functions of typed records.
 
-The learner builds its loss from a `LossConfig` (built once from the run config, in orchestrator/build.py) and calls
-``grpo_loss(LossInputs(...), cfg) -> LossOutputs`` on every micro-batch; ``vllm_importance_weights`` freezes the
-sampler-vs-learner weights at the first pass. No Ray, no vLLM, no other rayward imports.
+The learner builds its loss once, ``loss_fn(cfg)`` of a `LossConfig` (built from the run config in
+orchestrator/build.py), and calls it on every micro-batch: ``LossInputs -> LossOutputs``. The loss is three picks
+made there, each a table keyed by the config: the importance-sampling level (token or sequence: `LOG_WEIGHTS`), the
+surrogate of the loss family (clipped, cispo, sapo: `SURROGATES`) and the normaliser (`NORMALISERS`, one per
+loss_type); the vLLM IS weight and the KL term are the same for every family. ``vllm_importance_weights`` freezes
+the sampler-vs-learner weights at the first pass. No Ray, no vLLM, no other rayward imports.
 ``tests/unit/actors/learner/test_loss.py`` checks both against TRL's own code (not against a copy of its formulas).
 Citations: ``T:`` = trl/trainer/grpo_trainer.py in TRL 1.16.0 (line numbers).
 
@@ -12,7 +15,9 @@ Shapes: B = rows of one micro-batch, T = its longest completion.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,7 +27,6 @@ from torch import Tensor
 ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 ISLevel = Literal["token", "sequence"]
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
-CLIP_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # PPO-style clipped surrogate (T:3112)
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,23 @@ def vllm_importance_weights(
     return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)  # MIS: drop out-of-range tokens/sequences
 
 
+class _Masked:
+    """Reductions over one micro-batch's loss tokens, for the metrics (T:3264-3270 on one rank)."""
+
+    def __init__(self, mask: Tensor):
+        self.mask = mask  # [B, T]
+
+    def mean(self, x: Tensor) -> Tensor:
+        """Token mean of [B, T]; a [B, 1] sequence-level value counts once per sequence."""
+        if x.shape[1] == 1:
+            return x.sum() / max(x.shape[0], 1)
+        return (x * self.mask).sum() / self.mask.sum().clamp(min=1.0)
+
+    def seq_mean(self, x: Tensor) -> Tensor:
+        """[B]: each sequence's token mean; NaN for fully-masked rows, skipped by _nanmin/_nanmax."""
+        return x.squeeze(1) if x.shape[1] == 1 else (x * self.mask).sum(-1) / self.mask.sum(-1)
+
+
 def _nanmin(x: Tensor) -> Tensor:
     return x[~torch.isnan(x)].min() if not torch.isnan(x).all() else x.new_tensor(math.nan)
 
@@ -113,98 +134,199 @@ def _nanmax(x: Tensor) -> Tensor:
     return x[~torch.isnan(x)].max() if not torch.isnan(x).all() else x.new_tensor(math.nan)
 
 
-def grpo_loss(inputs: LossInputs, cfg: LossConfig) -> LossOutputs:
-    """One micro-batch's loss, already divided for gradient accumulation, as TRL's ``_compute_loss``
-    (T:3020-3290) on one process: rayward's learner ranks keep the single-rank normalisers (TRL's num_processes
-    is 1 here).
+def _eps_high(cfg: LossConfig) -> float:
+    return cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high  # the fallback also applies to cispo
 
-    Normalisers are the whole step's, so that the summed loss and gradient do not depend on how the step's
-    sequences are cut into micro-batches: TRL's per-micro-batch mean over B sequences / GA is written as a sum over
-    the micro-batch's sequences / num_sequences (equal when every micro-batch holds B; token-budget micro-batches
-    hold different numbers), dapo and cispo divide by the generation batch's loss tokens. bnpo alone depends on
-    the cut by definition: each micro-batch's token mean, / GA."""
-    logp, mask = inputs.logp, inputs.mask.to(inputs.logp.dtype)
+
+# --------------------------------------------------------------------------------------------- IS level
+# The importance weight's log, from the per-token log-ratio [B, T] and the loss mask: token level (PPO, [B, T]) or
+# sequence level (GSPO: the length-mean of the log-ratio, [B, 1]). T:3083-3093.
+LogWeight = Callable[[Tensor, Tensor], Tensor]
+
+
+def _token_log_weight(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    return log_ratio
+
+
+def _sequence_log_weight(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    return ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+
+
+LOG_WEIGHTS: dict[str, LogWeight] = {"token": _token_log_weight, "sequence": _sequence_log_weight}
+
+
+# --------------------------------------------------------------------------------------------- surrogates
+# One per loss family: the per-token policy loss [B, T] (or [B, 1] at sequence level) from the ratio r = coef_1
+# ([B, T] or [B, 1]), the live log-probs [B, T] and the advantages ([B, 1] or [B, T]), and the family's metrics
+# (no grad), under TRL's names. The vLLM IS weight, the KL term and the normaliser are the same for every family.
+Surrogate = Callable[[Tensor, Tensor, Tensor, LossConfig, _Masked], tuple[Tensor, dict[str, Tensor]]]
+
+
+def clipped_surrogate(
+    coef_1: Tensor, logp: Tensor, adv: Tensor, cfg: LossConfig, masked: _Masked
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped surrogate (grpo, bnpo, dr_grpo, dapo, luspo; T:3112-3120), with the INTELLECT-2 cap `delta`
+    on the unclipped ratio, applied after the clipped one is formed."""
+    eps_low, eps_high = cfg.epsilon, _eps_high(cfg)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    if cfg.delta is not None:
+        coef_1 = torch.clamp(coef_1, max=cfg.delta)
+    per_token = -torch.min(coef_1 * adv, coef_2 * adv)
+    with torch.no_grad():  # the ratio AFTER the delta cap, as TRL does
+        low = (coef_1 < 1 - eps_low) & (adv < 0)
+        high = (coef_1 > 1 + eps_high) & (adv > 0)
+        metrics = {
+            "clip_ratio/low_mean": masked.mean(low.float()),
+            "clip_ratio/high_mean": masked.mean(high.float()),
+            "clip_ratio/region_mean": masked.mean((low | high).float()),
+            "clip_ratio/low_min": _nanmin(masked.seq_mean(low.float())),
+            "clip_ratio/high_max": _nanmax(masked.seq_mean(high.float())),
+        }
+    return per_token, metrics
+
+
+def cispo_surrogate(
+    coef_1: Tensor, logp: Tensor, adv: Tensor, cfg: LossConfig, masked: _Masked
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (T:3109-3111): REINFORCE on the log-probs, weighted by the stop-gradient ratio capped at epsilon_high
+    (an absolute cap, not 1 + epsilon_high)."""
+    eps_high = _eps_high(cfg)
+    per_token = -torch.clamp(coef_1, max=eps_high).detach() * adv * logp
+    with torch.no_grad():
+        metrics = {"cispo_clip_ratio": masked.mean(((coef_1 > eps_high) & (adv > 0)).float())}
+    return per_token, metrics
+
+
+def sapo_surrogate(
+    coef_1: Tensor, logp: Tensor, adv: Tensor, cfg: LossConfig, masked: _Masked
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """SAPO (T:3121-3124): a sigmoid gate on the ratio instead of a hard clip, with its own temperature for
+    positive and negative advantages; no metrics."""
+    tau = torch.where(adv > 0, cfg.sapo_temperature_pos, cfg.sapo_temperature_neg)
+    return -(torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau) * adv, {}
+
+
+SURROGATES: dict[str, Surrogate] = {
+    **dict.fromkeys(("grpo", "bnpo", "dr_grpo", "dapo", "luspo"), clipped_surrogate),
+    "cispo": cispo_surrogate,
+    "sapo": sapo_surrogate,
+}
+
+
+# --------------------------------------------------------------------------------------------- normalisers
+# The micro-batch's loss from its masked per-token loss [B, T] and mask [B, T] (T:3152-3184). Normalisers are the
+# whole step's, so that the summed loss and gradient do not depend on how the step's sequences are cut into
+# micro-batches: TRL's per-micro-batch mean over B sequences / GA is written as a sum over the micro-batch's
+# sequences / num_sequences (equal when every micro-batch holds B; token-budget micro-batches hold different
+# numbers), dapo and cispo divide by the generation batch's loss tokens. bnpo alone depends on the cut by
+# definition: each micro-batch's token mean, / GA.
+Normaliser = Callable[[Tensor, Tensor, LossInputs, LossConfig], Tensor]
+
+
+def _num_sequences(inputs: LossInputs) -> int:
+    """The step's sequences; TRL's B x GA when the micro-batch does not say."""
+    if inputs.num_sequences is not None:
+        return inputs.num_sequences
+    return inputs.logp.size(0) * inputs.grad_accum_steps
+
+
+def _sequence_mean(masked: Tensor, mask: Tensor, inputs: LossInputs, cfg: LossConfig) -> Tensor:
+    """grpo, sapo: the mean over the step's sequences of each sequence's token mean."""
+    return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / _num_sequences(inputs)
+
+
+def _micro_batch_token_mean(masked: Tensor, mask: Tensor, inputs: LossInputs, cfg: LossConfig) -> Tensor:
+    """bnpo: the micro-batch's token mean, / GA."""
+    return masked.sum() / mask.sum().clamp(min=1.0) / inputs.grad_accum_steps
+
+
+def _constant_length(masked: Tensor, mask: Tensor, inputs: LossInputs, cfg: LossConfig) -> Tensor:
+    """dr_grpo: a constant normaliser, the step's sequences x max_completion_length."""
+    return masked.sum() / (_num_sequences(inputs) * cfg.max_completion_length)
+
+
+def _generation_tokens(masked: Tensor, mask: Tensor, inputs: LossInputs, cfg: LossConfig) -> Tensor:
+    """dapo, cispo: the generation batch's loss tokens, rescaled to one accumulation window."""
+    if inputs.num_items_in_batch is None:
+        raise ValueError(f"{cfg.loss_type} needs num_items_in_batch")
     ga = inputs.grad_accum_steps
-    n_seq = inputs.num_sequences if inputs.num_sequences is not None else logp.size(0) * ga
-    eps_low = cfg.epsilon
-    eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high  # the fallback also applies to cispo
     spg = ga if cfg.steps_per_generation is None else cfg.steps_per_generation
+    n_items = torch.as_tensor(inputs.num_items_in_batch, device=masked.device)
+    return masked.sum() / (n_items.clamp(min=1.0) * ga / spg)
+
+
+def _sequence_sum(masked: Tensor, mask: Tensor, inputs: LossInputs, cfg: LossConfig) -> Tensor:
+    """luspo: each sequence's token SUM, averaged over the step's sequences."""
+    return masked.sum(-1).sum() / _num_sequences(inputs)
+
+
+NORMALISERS: dict[str, Normaliser] = {
+    "grpo": _sequence_mean,
+    "sapo": _sequence_mean,
+    "bnpo": _micro_batch_token_mean,
+    "dr_grpo": _constant_length,
+    "dapo": _generation_tokens,
+    "cispo": _generation_tokens,
+    "luspo": _sequence_sum,
+}
+
+
+# --------------------------------------------------------------------------------------------- the loss
+LossFn = Callable[[LossInputs], LossOutputs]
+
+
+def loss_fn(cfg: LossConfig) -> LossFn:
+    """The run's loss, built once: `cfg`'s IS level, surrogate and normaliser, picked and checked here (a bad
+    setting fails at construction, not at the first step). Calling it on a micro-batch is TRL's ``_compute_loss``
+    (T:3020-3290) on one process: rayward's learner ranks keep the single-rank normalisers (TRL's num_processes is
+    1 here)."""
+    if cfg.importance_sampling_level not in LOG_WEIGHTS:
+        raise ValueError(f"unknown importance_sampling_level {cfg.importance_sampling_level!r}")
+    if cfg.loss_type not in SURROGATES:
+        raise ValueError(f"unsupported loss_type {cfg.loss_type!r}")
+    if cfg.loss_type == "dr_grpo" and cfg.max_completion_length is None:
+        raise ValueError("dr_grpo needs max_completion_length")
+    return functools.partial(
+        _loss, cfg=cfg, log_weight=LOG_WEIGHTS[cfg.importance_sampling_level],
+        surrogate=SURROGATES[cfg.loss_type], normalise=NORMALISERS[cfg.loss_type],
+    )
+
+
+def grpo_loss(inputs: LossInputs, cfg: LossConfig) -> LossOutputs:
+    """One micro-batch's loss under `cfg`: ``loss_fn(cfg)(inputs)``, for a caller that does not keep the loss."""
+    return loss_fn(cfg)(inputs)
+
+
+def _loss(
+    inputs: LossInputs, *, cfg: LossConfig, log_weight: LogWeight, surrogate: Surrogate, normalise: Normaliser
+) -> LossOutputs:
+    """One micro-batch's loss, already divided for gradient accumulation, and its metrics."""
+    logp, mask = inputs.logp, inputs.mask.to(inputs.logp.dtype)
     adv = inputs.advantages
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
     old = logp.detach() if inputs.old_logp is None else inputs.old_logp  # TRL skips old logps when on-policy
-
-    log_ratio = logp - old  # [B, T]
-    if cfg.importance_sampling_level == "token":
-        log_w = log_ratio  # [B, T]
-    elif cfg.importance_sampling_level == "sequence":  # GSPO: length-mean of the log-ratio, [B, 1]
-        log_w = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-    else:
-        raise ValueError(f"unknown importance_sampling_level {cfg.importance_sampling_level!r}")
-    coef_1 = torch.exp(log_w)  # r; [B, T] or [B, 1]
-
-    if cfg.beta != 0.0:
-        if inputs.ref_logp is None:
-            raise ValueError("beta != 0 needs ref_logp")
-        # k3 estimator; the bias correction multiplies by the NON-detached ratio, so it changes the gradient
-        kl = torch.exp(inputs.ref_logp - logp) - (inputs.ref_logp - logp) - 1  # [B, T]
-        if cfg.use_bias_correction_kl:
-            kl = kl * coef_1
-
-    if cfg.loss_type == "cispo":  # epsilon_high is an absolute cap on the stop-gradient weight
-        per_token = -torch.clamp(coef_1, max=eps_high).detach() * adv * logp
-    elif cfg.loss_type in CLIP_LOSSES:
-        coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
-        if cfg.delta is not None:  # INTELLECT-2 cap on the unclipped ratio, applied after coef_2 is formed
-            coef_1 = torch.clamp(coef_1, max=cfg.delta)
-        per_token = -torch.min(coef_1 * adv, coef_2 * adv)
-    elif cfg.loss_type == "sapo":
-        tau = torch.where(adv > 0, cfg.sapo_temperature_pos, cfg.sapo_temperature_neg)
-        per_token = -(torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau) * adv
-    else:
-        raise ValueError(f"unsupported loss_type {cfg.loss_type!r}")
-
+    coef_1 = torch.exp(log_weight(logp - old, mask))  # r; [B, T] or [B, 1]
+    # The KL term is formed before the surrogate, in TRL's order: autograd sums the paths into d loss / d logp in
+    # the reverse order of their creation, so another order changes the gradient's last bits.
+    kl = _kl(logp, inputs.ref_logp, coef_1, cfg) if cfg.beta != 0.0 else None
+    masked = _Masked(mask)
+    per_token, family_metrics = surrogate(coef_1, logp, adv, cfg, masked)
     if inputs.is_weights is not None:  # vLLM IS multiplies the policy term only, never the KL term
         per_token = per_token * inputs.is_weights
-    if cfg.beta != 0.0:
-        per_token = per_token + cfg.beta * kl
-
-    masked = per_token * mask  # [B, T] (a [B, 1] sequence-level loss broadcasts over the tokens)
-    if cfg.loss_type in ("grpo", "sapo"):  # mean over the step's sequences of the per-sequence token mean
-        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / n_seq
-    elif cfg.loss_type == "bnpo":  # micro-batch token mean
-        loss = masked.sum() / mask.sum().clamp(min=1.0) / ga
-    elif cfg.loss_type == "dr_grpo":  # constant normaliser: the step's sequences x L_max
-        if cfg.max_completion_length is None:
-            raise ValueError("dr_grpo needs max_completion_length")
-        loss = masked.sum() / (n_seq * cfg.max_completion_length)
-    elif cfg.loss_type in ("dapo", "cispo"):  # generation-batch token count, rescaled to one accumulation window
-        if inputs.num_items_in_batch is None:
-            raise ValueError(f"{cfg.loss_type} needs num_items_in_batch")
-        n_items = torch.as_tensor(inputs.num_items_in_batch, device=logp.device)
-        loss = masked.sum() / (n_items.clamp(min=1.0) * ga / spg)
-    else:  # luspo: per-sequence token SUM, averaged over the step's sequences
-        loss = masked.sum(-1).sum() / n_seq
-
-    def masked_mean(x: Tensor) -> Tensor:  # T:3264-3270 on one rank; [B, 1] counts one per sequence
-        if x.shape[1] == 1:
-            return x.sum() / max(x.shape[0], 1)
-        return (x * mask).sum() / mask.sum().clamp(min=1.0)
-
-    def seq_mean(x: Tensor) -> Tensor:  # [B]; NaN for fully-masked rows, skipped by _nanmin/_nanmax
-        return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
-
     metrics: dict[str, Tensor] = {}
-    with torch.no_grad():
-        if cfg.beta != 0.0:
-            metrics["kl"] = masked_mean(kl)
-        if cfg.loss_type in CLIP_LOSSES:  # uses coef_1 AFTER the delta cap, as TRL does
-            low = (coef_1 < 1 - eps_low) & (adv < 0)
-            high = (coef_1 > 1 + eps_high) & (adv > 0)
-            metrics["clip_ratio/low_mean"] = masked_mean(low.float())
-            metrics["clip_ratio/high_mean"] = masked_mean(high.float())
-            metrics["clip_ratio/region_mean"] = masked_mean((low | high).float())
-            metrics["clip_ratio/low_min"] = _nanmin(seq_mean(low.float()))
-            metrics["clip_ratio/high_max"] = _nanmax(seq_mean(high.float()))
-        elif cfg.loss_type == "cispo":
-            metrics["cispo_clip_ratio"] = masked_mean(((coef_1 > eps_high) & (adv > 0)).float())
-    return LossOutputs(loss, metrics)
+    if kl is not None:
+        per_token = per_token + cfg.beta * kl
+        with torch.no_grad():
+            metrics["kl"] = masked.mean(kl)
+    metrics.update(family_metrics)
+    # [B, T] (a [B, 1] sequence-level loss broadcasts over the tokens)
+    return LossOutputs(normalise(per_token * mask, mask, inputs, cfg), metrics)
+
+
+def _kl(logp: Tensor, ref_logp: Tensor | None, coef_1: Tensor, cfg: LossConfig) -> Tensor:
+    """[B, T] the k3 estimator of KL(policy || reference); the bias correction multiplies by the NON-detached ratio,
+    so it changes the gradient (T:3098-3105)."""
+    if ref_logp is None:
+        raise ValueError("beta != 0 needs ref_logp")
+    kl = torch.exp(ref_logp - logp) - (ref_logp - logp) - 1
+    return kl * coef_1 if cfg.use_bias_correction_kl else kl

@@ -86,12 +86,18 @@ def token_bins(
 
 def balance(loads: list[int], world_size: int) -> list[list[int]]:
     """Bins (by index) for each rank: heaviest first, each to the least-loaded rank (lowest rank on ties) among
-    those holding fewer than ceil(M / W), so every rank's count is within one of the others'."""
-    per_rank = -(-len(loads) // world_size)
+    those that may take one more, so every rank's count is within one of the others': floor(M / W) bins each, and
+    M mod W ranks one more. (A cap of ceil(M / W) alone is not enough: one heavy bin then leaves its rank with one
+    bin while the light ones fill the others, and that rank's padding slots rerun its heavy bin.)"""
+    base, extra = divmod(len(loads), world_size)
     ranks: list[list[int]] = [[] for _ in range(world_size)]
     totals = [0] * world_size
+
+    def may_take(r: int) -> bool:
+        return len(ranks[r]) < base or (len(ranks[r]) == base and sum(len(x) > base for x in ranks) < extra)
+
     for j in sorted(range(len(loads)), key=lambda j: -loads[j]):
-        r = min((r for r in range(world_size) if len(ranks[r]) < per_rank), key=lambda r: (totals[r], r))
+        r = min(filter(may_take, range(world_size)), key=lambda r: (totals[r], r))
         ranks[r].append(j)
         totals[r] += loads[j]
     return ranks

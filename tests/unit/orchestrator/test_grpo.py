@@ -16,6 +16,9 @@ from tests.fixtures.trl_grpo import cpu_accelerator, trl_score
 
 trl_utils = pytest.importorskip("trl.trainer.utils")
 
+# Ours and TRL's compute the same group means, standard deviations and weighted sums of at most a few dozen rewards
+# (tensors this small are never split over threads): a few float32 roundings of each result, which RTOL (many float32
+# eps) covers on any machine. ATOL: for advantages that are 0 in both (zero-std groups, unscorable rows).
 RTOL, ATOL = 1e-5, 1e-6
 
 

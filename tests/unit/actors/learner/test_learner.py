@@ -9,6 +9,7 @@ from safetensors.torch import load as safetensors_load
 from actors.learner.learner import Learner
 from actors.types import TrainResult
 from tests.fixtures.learner import batch, spec
+from tests.fixtures.tolerance import TINY_MODEL, assert_close_at_scale, same_order
 
 
 def make(path, **kw):
@@ -24,7 +25,8 @@ def test_logprobs_match_trl_conventions(tiny_model_path):
     ids = torch.tensor([p + c for p, c in zip(b.prompt_ids, b.completion_ids, strict=True)])
     logits = lr.model(input_ids=ids).logits[:, 2:-1]  # positions predicting the completion tokens
     want = selective_log_softmax(logits, torch.tensor(b.completion_ids), 0.7)
-    torch.testing.assert_close(logp, want, rtol=1e-5, atol=1e-5)
+    # the same maths, the learner's head on the completion positions only: the model's rounding at the log-probs' size
+    assert_close_at_scale(logp, want, TINY_MODEL)
 
 
 def test_update_moves_logprobs_along_advantages(tiny_model_path):
@@ -59,8 +61,11 @@ def test_importance_weights_and_logp_gap_are_reported(tiny_model_path):
         logp, _ = lr._forward_logps(lr.model, lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
     b.sampling_logprobs = (logp - 0.25).tolist()  # the sampler was 0.25 nats less confident on every token
     stats = lr.train_step(b).metrics
-    assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx(0.25, abs=1e-4)
-    assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(torch.exp(torch.tensor(0.25)).item(), rel=1e-4)
+    # the step's first forward recomputes these log-probs (with grad, checkpointed): the model's rounding at their
+    # size, in nats, which exp turns into the same relative error of the ratio
+    tol = TINY_MODEL * logp.abs().max().item()
+    assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx(0.25, abs=tol)
+    assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(torch.exp(torch.tensor(0.25)).item(), rel=tol)
 
 
 def test_export_weights_and_checkpoint_roundtrip(tiny_model_path, tmp_path):
@@ -68,12 +73,12 @@ def test_export_weights_and_checkpoint_roundtrip(tiny_model_path, tmp_path):
     lr.train_step(batch([1.0, -1.0, 1.0, -1.0]))
     state = safetensors_load(lr.export_weights())
     assert "lm_head.weight" not in state or not lr.model.config.tie_word_embeddings  # tied: sent once
-    torch.testing.assert_close(state["model.norm.weight"], lr.model.state_dict()["model.norm.weight"])
+    assert torch.equal(state["model.norm.weight"], lr.model.state_dict()["model.norm.weight"].cpu())  # a copy
     path = lr.save_checkpoint(str(tmp_path / "checkpoint-1"), extra={"note": "x"})
     other = make(tiny_model_path)
     assert other.load_checkpoint(path)["note"] == "x" and other.global_step == 1
     for (k, a), (_, b) in zip(lr.model.state_dict().items(), other.model.state_dict().items(), strict=True):
-        torch.testing.assert_close(a, b, msg=k)
+        assert torch.equal(a, b), k  # saved and loaded: copies
     assert other.optimizer.state_dict()["state"]  # AdamW moments restored
     from transformers import AutoTokenizer  # a model directory on its own: vLLM and `rayward eval` load it
 
@@ -113,10 +118,11 @@ def test_gradient_checkpointing_keeps_loss_and_gradients(tiny_model_path, lora):
         stats = lr.train_step(batch([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])).metrics
         seen.append((stats, {n: p.grad.clone() for n, p in lr.model.named_parameters() if p.grad is not None}))
     (off, g_off), (on, g_on) = seen
-    assert on["loss"] == pytest.approx(off["loss"], rel=1e-6) and on["kl"] == pytest.approx(off["kl"], rel=1e-6)
+    tol = same_order(lr.device)  # the recomputed forward is the same kernels on the same data: equal on a CPU
+    assert on["loss"] == pytest.approx(off["loss"], rel=tol, abs=tol) and on["kl"] == pytest.approx(off["kl"], rel=tol, abs=tol)
     assert g_on.keys() == g_off.keys() and len(g_on) == (28 if lora else 26)
     for k in g_off:
-        torch.testing.assert_close(g_on[k], g_off[k], rtol=1e-6, atol=1e-7, msg=k)
+        assert_close_at_scale(g_on[k], g_off[k], tol, msg=k)
 
 
 def test_gradient_checkpointing_on_a_model_without_it_is_refused(no_checkpointing_model_path):

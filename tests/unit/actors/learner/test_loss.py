@@ -18,6 +18,10 @@ from actors.learner.loss import ImportanceSampling, LossConfig, LossInputs, grpo
 from orchestrator.grpo import compute_advantages
 from tests.fixtures.trl_grpo import EOS, PAD, bare_trainer, cpu_accelerator, trl_score
 
+# Ours and TRL's run the same elementwise formulas on the same [B, T] tensors and sum the same rows in the same order
+# (tensors this small are never split over threads); only the normalisers' last divisions may round differently
+# (TRL's mean over B, then / GA, against a sum / (B x GA)): a few roundings of the result, which RTOL (many
+# float32 eps) covers on any machine. ATOL: for values that are 0 in both.
 RTOL, ATOL = 1e-5, 1e-6
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
 IS_MODES = [None, "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
@@ -321,3 +325,29 @@ def test_off_policy_vllm_end_to_end_matches_trl(accel, loss_type, is_mode):
         loss.backward()
         torch.testing.assert_close(loss, loss_trl, rtol=RTOL, atol=ATOL)
         torch.testing.assert_close(lp.grad, lp_trl.grad, rtol=RTOL, atol=ATOL)
+
+
+# --------------------------------------------------------------------------------------------- the dispatcher
+def test_every_loss_type_has_one_surrogate_and_one_normaliser():
+    from typing import get_args
+
+    from actors.learner.loss import LOG_WEIGHTS, NORMALISERS, SURROGATES, ISLevel, LossType
+
+    assert set(SURROGATES) == set(NORMALISERS) == set(get_args(LossType)) == set(LOSS_TYPES)
+    assert set(LOG_WEIGHTS) == set(get_args(ISLevel))
+
+
+@pytest.mark.parametrize(
+    ("cfg", "names"),
+    [
+        (LossConfig(loss_type="dr_grpo"), "max_completion_length"),
+        (LossConfig(loss_type="ppo"), "'ppo'"),  # type: ignore[arg-type]
+        (LossConfig(importance_sampling_level="group"), "'group'"),  # type: ignore[arg-type]
+    ],
+)
+def test_loss_fn_refuses_a_bad_config_when_built(cfg, names):
+    from actors.learner.loss import loss_fn
+
+    with pytest.raises(ValueError, match=names):
+        loss_fn(cfg)
+

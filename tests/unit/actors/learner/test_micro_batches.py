@@ -130,3 +130,15 @@ def test_bins_go_to_the_least_loaded_rank():
     r0, r1 = (plan_micro_batches(sizes, 8, r, 2, random.Random(0), max_tokens=20) for r in range(2))
     load = [sum(sum(sizes[i]) for s in p.slots for i in r0.micro_batches[s.micro_batch]) for p in (r0, r1)]
     assert load == [32, 33] and len(r0.slots) == len(r1.slots) == 2
+
+
+def test_one_heavy_bin_does_not_leave_its_rank_with_fewer_bins():
+    """Bins of 3, 1, 1, 1, 1, 1, 1 tokens over 3 ranks (hypothesis's failing example, grown): the heavy bin's rank
+    must take two light ones too. Capped at ceil(7 / 3) = 3 bins alone, the light bins filled ranks 1 and 2 and left
+    rank 0 one bin and two padding slots that rerun it (counts 1, 3, 3)."""
+    sizes = [(1, 2)] + [(1, 0)] * 6
+    ranks = budget_plans(sizes, 1, False, 3, 0)
+    counts = [sum(not s.padding for s in p.slots) for p in ranks]
+    assert sorted(counts) == [2, 2, 3] and len(ranks[0].slots) == 3
+    heavy = next(p for p in ranks if any(ranks[0].micro_batches[s.micro_batch] == [0] for s in p.slots))
+    assert sum(not s.padding for s in heavy.slots) == 2  # the heavy bin's rank is one of the lighter-counted
