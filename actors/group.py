@@ -4,8 +4,10 @@ handles and fans calls out. The driver reaches every actor through one of them, 
     group.x(...)          call, wait, return the result
     group.submit_x(...)   call without waiting; returns `Pending` (the typed ObjectRef: `done()`, `result()`)
 
-- `ActorGroup` (the generators): N members of one class. It names methods by string (`call`, `submit`,
-  `call_sharded`, `submit_sharded`, `stream`), owns the shard arithmetic, and waits on its members' streams.
+- `ActorGroup`: N members of one class, the fan-out (the same call on every member, or on each member's shard of
+  a batch, or a streaming call on one member), the shard arithmetic, waiting on its members' streams, restarts.
+  Its fan-out names methods by string, privately: only the typed groups built on it call it.
+- `GeneratorGroup`: the generators, an ActorGroup with the generator's methods named (see there).
 - `LearnerGroup`: the learner, one member to the loop whatever its number of ranks, with named methods (see there).
 - `RewardPoolGroup`, `EnvPoolGroup`: the named reward and environment pool actors, which own their workers.
 
@@ -29,7 +31,16 @@ from ray.exceptions import RayActorError
 
 from actors import ray_compat
 from actors.net import free_port, node_ip
-from actors.types import EnvPoolStats, RewardBatch, Scores, TrainBatch, TrainerState, TrainResult
+from actors.types import (
+    EnvPoolStats,
+    FinishedGroups,
+    RewardBatch,
+    Sample,
+    Scores,
+    TrainBatch,
+    TrainerState,
+    TrainResult,
+)
 
 T = TypeVar("T")
 
@@ -143,7 +154,9 @@ def shards(num_items: int, members: int, parts: int | None = None) -> list[tuple
 
 
 class ActorGroup:
-    """N actors of one role class (the generators): `<run>/<role>-<i>`."""
+    """N actors of one role class: `<run>/<role>-<i>`. Its fan-out (`_call`, `_submit`, `_submit_sharded`,
+    `_stream`) names the members' methods by string: the typed groups built on it (GeneratorGroup) name them once,
+    in their own methods, and nothing outside this file calls a method by its name."""
 
     def __init__(
         self,
@@ -160,7 +173,7 @@ class ActorGroup:
         method_groups: dict[str, str] | None = None,
     ):
         """concurrency_groups: Ray concurrency groups of the actors ({name: max concurrency}; Ray takes them with
-        the class), e.g. HEALTH_GROUP for `submit_ping`; method_groups: the methods whose calls run in one of them
+        the class), e.g. HEALTH_GROUP for `ping`; method_groups: the methods whose calls run in one of them
         ({method: group}), the rest in the default group (e.g. actors/generation/generator.py GENERATOR_GROUPS,
         GENERATOR_METHOD_GROUPS)."""
         self.role = role
@@ -179,13 +192,13 @@ class ActorGroup:
         return len(self.handles)
 
     def __repr__(self) -> str:
-        return f"ActorGroup(role={self.role!r}, size={len(self.handles)})"
+        return f"{type(self).__name__}(role={self.role!r}, size={len(self.handles)})"
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """The same call on every member; results in member order."""
-        return [p.result() for p in self.submit(method, *args, **kwargs)]
+        return [p.result() for p in self._submit(method, *args, **kwargs)]
 
-    def submit(
+    def _submit(
         self, method: str, *args: Any, per_member: list[dict[str, Any]] | None = None, **kwargs: Any
     ) -> list[Pending[Any]]:
         """The call on every member, without waiting; `per_member`: keyword arguments of each member's own."""
@@ -203,7 +216,7 @@ class ActorGroup:
         """How `num_items` items are split over the members (see `shards`)."""
         return shards(num_items, len(self.handles), parts)
 
-    def submit_sharded(
+    def _submit_sharded(
         self, method: str, items: list[Any], *, aligned: dict[str, list[Any]] | None = None, **kwargs: Any
     ) -> list[Pending[list[Any]]]:
         """`method(shard, **kwargs)` on each member's contiguous shard of `items`, without waiting: one Pending per
@@ -214,11 +227,7 @@ class ActorGroup:
             for m, s in self.shards(len(items))
         ]
 
-    def call_sharded(self, method: str, items: list[Any], **kwargs: Any) -> list[Any]:
-        """`submit_sharded`, waited for: the (list) results concatenated back in item order."""
-        return [x for p in self.submit_sharded(method, items, **kwargs) for x in p.result()]
-
-    def stream(self, member: int, method: str, *args: Any, **kwargs: Any) -> Stream[Any]:
+    def _stream(self, member: int, method: str, *args: Any, **kwargs: Any) -> Stream[Any]:
         """A streaming call (a generator method) on one member."""
         call = self._method(self.handles[member], method, num_returns="streaming")
         return Stream(member, self.restarts, call.remote(*args, **kwargs))
@@ -258,10 +267,6 @@ class ActorGroup:
         return any(actor_info(h).get("NumRestarts", 0) > seen
                    for h, seen in zip(self.handles, self._seen_restarts, strict=True))
 
-    def submit_ping(self) -> list[Pending[None]]:
-        """Every member's `ping`, in HEALTH_GROUP (it answers while the member generates)."""
-        return [Pending(h.ping.options(concurrency_group=HEALTH_GROUP).remote()) for h in self.handles]
-
     def kill_member(self, member: int) -> None:
         """Kill one member as a crash would (a hung one): Ray restarts it if it has restarts left."""
         ray.kill(self.handles[member], no_restart=False)
@@ -269,6 +274,91 @@ class ActorGroup:
     def kill(self) -> None:
         for h in self.handles:
             ray.kill(h, no_restart=True)
+
+
+def joined(parts: list[Pending[list[T]]]) -> list[T]:
+    """The results of a sharded call (one Pending per shard, in item order), waited for and joined in item order."""
+    return [x for p in parts for x in p.result()]
+
+
+class GeneratorGroup(ActorGroup):
+    """The run's generators (actors/generation/generator.py Generator), `<run>/generator-<i>`: the generator's
+    methods, named. The sampling calls shard their prompts (or rows) over the members, one call per member, and
+    answer in prompt order; the streams run on one member each (the pipelined loop deals the shards itself).
+
+      one turn per sample:  generate(...) -> list[list[Sample]]    submit_generate(...) -> [Pending] per shard
+                            stream_generate(member, ...) -> Stream[FinishedGroups]
+      agentic, with tools:  rollout(...), submit_rollout(...), stream_rollout(member, ...), the same shapes
+      weights (actors/weights/transfer.py), every member:
+                            submit_load_weights(blob, version), submit_join_weight_group(...),
+                            submit_receive_weights(version) -> [Pending] per member
+      checks:               sequence_logprobs(token_ids, temperature) -> per member, cpu_threads() -> per member
+
+    min_version: the policy version a call's samples must not be older than (its requests wait for that load);
+    pin: no weight load lands until the call is done (an eval of one version)."""
+
+    # --- sampling -----------------------------------------------------------------------------------------------
+
+    def submit_generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: dict[str, Any], *,
+                        min_version: int | None, pin: bool = False) -> list[Pending[list[list[Sample]]]]:
+        """Generator.generate on each member's shard of the prompts (seeds: one per prompt)."""
+        return self._submit_sharded("generate", prompt_ids, aligned={"seeds": seeds}, min_version=min_version,
+                                    pin=pin, **sampling)
+
+    def generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: dict[str, Any], *,
+                 min_version: int | None, pin: bool = False) -> list[list[Sample]]:
+        return joined(self.submit_generate(prompt_ids, seeds, sampling, min_version=min_version, pin=pin))
+
+    def stream_generate(self, member: int, prompt_ids: list[list[int]], seeds: list[int], sampling: dict[str, Any],
+                        *, min_version: int | None) -> Stream[FinishedGroups]:
+        """Generator.generate_stream on one member: its groups as they finish."""
+        return self._stream(member, "generate_stream", prompt_ids, seeds=seeds, min_version=min_version, **sampling)
+
+    def submit_rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: dict[str, Any], *,
+                       min_version: int | None, pin: bool = False) -> list[Pending[list[list[Sample]]]]:
+        """Generator.rollout on each member's shard of the rows (seeds: one per row)."""
+        return self._submit_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling,
+                                    min_version=min_version, pin=pin)
+
+    def rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: dict[str, Any], *,
+                min_version: int | None, pin: bool = False) -> list[list[Sample]]:
+        return joined(self.submit_rollout(rows, seeds, sampling, min_version=min_version, pin=pin))
+
+    def stream_rollout(self, member: int, rows: list[dict[str, Any]], seeds: list[int], sampling: dict[str, Any],
+                       *, min_version: int | None) -> Stream[FinishedGroups]:
+        """Generator.rollout_stream on one member: its rows' groups as they finish."""
+        return self._stream(member, "rollout_stream", rows, seeds, sampling=sampling, min_version=min_version)
+
+    # --- weights (in the generators' "weights" concurrency group: between two engine steps) ----------------------
+
+    def submit_load_weights(self, blob: Any, version: int | None) -> list[Pending[None]]:
+        """Object-store backend: every member loads the safetensors bytes (`blob`: bytes, or the ObjectRef of
+        them, fetched once per node)."""
+        return self._submit("load_weights", blob, version=version)
+
+    def submit_join_weight_group(self, host: str, port: int, *, rank_offsets: list[int], world_size: int,
+                                 generation: int, timeout_s: float, plan: list[list[Any]]) -> list[Pending[list[int]]]:
+        """Collective backend: every member's engine workers join the weight-transfer group, member i's first
+        worker as rank rank_offsets[i]."""
+        return self._submit("join_weight_group", host, port, world_size=world_size, generation=generation,
+                            timeout_s=timeout_s, plan=plan, per_member=[{"rank_offset": r} for r in rank_offsets])
+
+    def submit_receive_weights(self, version: int | None) -> list[Pending[dict[str, float]]]:
+        """Collective backend: every member receives the buckets the learner broadcasts."""
+        return self._submit("receive_weights", version=version)
+
+    # --- checks -------------------------------------------------------------------------------------------------
+
+    def submit_sequence_logprobs(self, token_ids: list[int], temperature: float) -> list[Pending[list[float]]]:
+        """Every member's engine logprobs of token_ids[1:] (the parity check, actors/weights/parity.py)."""
+        return self._submit("sequence_logprobs", token_ids, temperature)
+
+    def sequence_logprobs(self, token_ids: list[int], temperature: float) -> list[list[float]]:
+        return [p.result() for p in self.submit_sequence_logprobs(token_ids, temperature)]
+
+    def cpu_threads(self) -> list[str]:
+        """How each member's engine computes, for the start-up log."""
+        return self._call("cpu_threads")
 
 
 def _rendezvous() -> str:

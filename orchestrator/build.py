@@ -20,8 +20,8 @@ from actors.group import (
     HEALTH_GROUP,
     PLACEMENT_TIMEOUT_S,
     SEND_GROUP,
-    ActorGroup,
     EnvPoolGroup,
+    GeneratorGroup,
     LearnerGroup,
     RewardPoolGroup,
 )
@@ -297,7 +297,7 @@ def learner_concurrency(cfg: RunConfig) -> dict[str, int] | None:
     return {SEND_GROUP: 1} if overlapped_sync(cfg) else None
 
 
-def weight_transfer(cfg: RunConfig, learner: LearnerGroup, generators: ActorGroup) -> WeightTransfer:
+def weight_transfer(cfg: RunConfig, learner: LearnerGroup, generators: GeneratorGroup) -> WeightTransfer:
     """The run's weight-transfer backend (weight_sync.backend); the collective one's group formed."""
     from actors.weights.transfer import CollectiveTransfer, ObjectStoreTransfer, OverlappedCollectiveTransfer
 
@@ -394,14 +394,14 @@ def agent_kwargs(cfg: RunConfig, agent: AgentSetup, env_pool: EnvPoolGroup, prom
 
 
 def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[str, Any] | None = None,
-                     **engine: Any) -> ActorGroup:
+                     **engine: Any) -> GeneratorGroup:
     """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments;
     agent: `agent_kwargs` for a run with tools)."""
     from actors.generation.generator import GENERATOR_GROUPS, GENERATOR_METHOD_GROUPS, Generator
     from orchestrator.cluster import generator_options, namespace
 
     c, gen = cfg.cluster, cfg.generation
-    return ActorGroup(
+    return GeneratorGroup(
         Generator,
         c.num_generators,
         # weight loads beside generation, between engine steps; ping answers while a batch generates
@@ -454,7 +454,7 @@ def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup,
     )
 
 
-def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: ActorGroup, learner: LearnerGroup,
+def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: GeneratorGroup, learner: LearnerGroup,
               logger: MetricsLogger, prompts: PromptSource, run_dir: Path) -> Evaluator:
     """The run's held-out evaluator: none, blocking between steps (sync loop), or overlapped with training
     (pipelined loop); with grpo.save_best, keeping checkpoint-best."""

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.group import ActorGroup, Pending, RewardPoolGroup
+from actors.group import GeneratorGroup, Pending, RewardPoolGroup
 from actors.types import Rollouts, Sample, Scores, TrainerState
 from orchestrator.aggregation import RewardAggregator, raw_matrix, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
@@ -91,7 +91,7 @@ class EvalResult:
         ]
 
 
-def submit_eval(es: EvalSet, generators: ActorGroup, step: int, epoch: float = 0.0,
+def submit_eval(es: EvalSet, generators: GeneratorGroup, step: int, epoch: float = 0.0,
                 min_version: int | None = None) -> PendingEval:
     """Submit the eval's generation (the rows sharded over the generators); returns without waiting. min_version:
     the engines' version of the weights evaluated (a run's: `step`; None: whatever they hold, `rayward eval`)."""
@@ -169,7 +169,7 @@ class _Evaluator:
     """What both evaluators share: the eval set, the schedule, and recording a finished eval."""
 
     def __init__(
-        self, es: EvalSet, schedule: EvalSchedule, *, generators: ActorGroup, logger: MetricsLogger, display: Display,
+        self, es: EvalSet, schedule: EvalSchedule, *, generators: GeneratorGroup, logger: MetricsLogger, display: Display,
         prompts: PromptSource, best: BestCheckpoint | None, log_completions: bool,
     ):
         self.es, self.schedule, self.generators, self.logger, self.display = es, schedule, generators, logger, display

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from actors.group import ActorGroup, Pending, Stream
+from actors.group import GeneratorGroup, Pending, Stream
 from actors.types import FinishedGroups, RewardBatch, Rollouts, Sample, StopReason
 
 # Every stop reason, so each step logs all of their fractions (a reason absent from a step logs 0, and a plot of
@@ -30,16 +30,16 @@ STOP_REASONS: tuple[StopReason, ...] = ("stop", "max_turns", "length", "timeout"
 class Rollout(Protocol):
     """Generation as the phases, the pipelined bookkeeping and the evaluator call it."""
 
-    def generate(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+    def generate(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
                  sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
         """Every row's samples (row order), sharded over the generators, waited for."""
 
-    def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+    def submit(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
                sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
         """The same without waiting, for an eval: seeded (every eval draws alike) and pinned to one version (no
         weight load lands until it is done; min_version None: whatever the engines hold), one Pending per shard."""
 
-    def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
+    def stream(self, generators: GeneratorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
                sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
         """One generator's groups as they finish."""
 
@@ -51,20 +51,19 @@ class OneTurn:
     """One-turn completions of the rows' prompt ids (`prompt_ids`, added by the PromptSource), one seed per row
     (vLLM seeds sample j of a prompt with its seed + j)."""
 
-    def generate(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+    def generate(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
                  sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
-        return generators.call_sharded("generate", [r["prompt_ids"] for r in rows], aligned={"seeds": seeds},
-                                       min_version=min_version, **sampling)
+        return generators.generate([r["prompt_ids"] for r in rows], seeds, sampling, min_version=min_version)
 
-    def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+    def submit(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
                sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
-        return generators.submit_sharded("generate", [r["prompt_ids"] for r in rows], aligned={"seeds": seeds},
-                                         min_version=min_version, pin=True, **sampling)
+        return generators.submit_generate([r["prompt_ids"] for r in rows], seeds, sampling, min_version=min_version,
+                                          pin=True)
 
-    def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
+    def stream(self, generators: GeneratorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
                sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
-        return generators.stream(member, "generate_stream", [r["prompt_ids"] for r in rows], seeds=seeds,
-                                 min_version=min_version, **sampling)
+        return generators.stream_generate(member, [r["prompt_ids"] for r in rows], seeds, sampling,
+                                          min_version=min_version)
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
         return rollouts.reward_batch()
@@ -79,19 +78,17 @@ class Agentic:
     env_classes: dict[str | None, str] = field(default_factory=dict)
     keep_state: bool = False
 
-    def generate(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+    def generate(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
                  sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
-        return generators.call_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling,
-                                       min_version=min_version)
+        return generators.rollout(rows, seeds, sampling, min_version=min_version)
 
-    def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
+    def submit(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
                sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
-        return generators.submit_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling,
-                                         min_version=min_version, pin=True)
+        return generators.submit_rollout(rows, seeds, sampling, min_version=min_version, pin=True)
 
-    def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
+    def stream(self, generators: GeneratorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
                sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
-        return generators.stream(member, "rollout_stream", rows, seeds, sampling=sampling, min_version=min_version)
+        return generators.stream_rollout(member, rows, seeds, sampling, min_version=min_version)
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
         if rollouts.trajectories is None:

@@ -1,7 +1,7 @@
 """The built run, as the loop sees it: the named groups it calls, the choices made when it was built, and one
 record of where it is (`Progress`).
 
-    generators   ActorGroup of actors.generation.generator.Generator    generate, stream, the weights they load
+    generators   GeneratorGroup (cluster.num_generators vLLM engines)   generate, rollout, streams, weight loads
     rollout      OneTurn or Agentic (orchestrator/rollout.py)           which generator calls make samples
     learner      LearnerGroup (cluster.num_learners ranks, one member)  train_step, checkpoints, weight send
     reward_pool  RewardPoolGroup, NAME/reward-pool                      score
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from actors.group import ActorGroup, EnvPoolGroup, LearnerGroup, RewardPoolGroup
+from actors.group import EnvPoolGroup, GeneratorGroup, LearnerGroup, RewardPoolGroup
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator
 from orchestrator.config import RunConfig
@@ -94,7 +94,7 @@ class Run:
     name: str
     run_dir: Path
     prompts: PromptSource
-    generators: ActorGroup
+    generators: GeneratorGroup
     learner: LearnerGroup
     reward_pool: RewardPoolGroup
     weights: WeightTransfer

@@ -170,7 +170,7 @@ def train(
         run = signals.run = build_run(prepared, display=display)
         signals.check()
         threads = [f"learner {run.learner.cpu_threads()}"]
-        threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.call("cpu_threads"))]
+        threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.cpu_threads())]
         say(f"rayward: compute: {'; '.join(threads)}")
         start = run.prompts.state()  # where a lost learner starts over when there is no checkpoint
         ckpt = checkpoints.resume(run, found)

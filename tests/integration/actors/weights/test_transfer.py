@@ -97,7 +97,8 @@ def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_
         temperature = run.cfg.generation.temperature
         perturb(run)
         before = run.learner.sequence_logprobs(PARITY_TOKENS)
-        (busy,) = run.generators.submit("generate", [PARITY_TOKENS] * 256, n=8, max_tokens=16, temperature=1.0)
+        (busy,) = run.generators.submit_generate([PARITY_TOKENS] * 256, list(range(256)),
+                                                 dict(n=8, max_tokens=16, temperature=1.0), min_version=None)
         run.weights.submit_async()  # queued on the engine behind that generation
         g = torch.Generator().manual_seed(0)
         batch = TrainBatch(
@@ -110,7 +111,7 @@ def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_
         trained = run.learner.train_step(batch)  # queued behind start_send_weights, not behind the sync
         busy.result()
         run.weights.drain()
-        (got,) = run.generators.call("sequence_logprobs", PARITY_TOKENS, temperature)
+        (got,) = run.generators.sequence_logprobs(PARITY_TOKENS, temperature)
         assert max(abs(a - b) for a, b in zip(got, before, strict=True)) <= PARITY_TOL, (
             "the engine did not get the weights the sync started with (the train step changed them mid-send)"
         )
