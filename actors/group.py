@@ -36,6 +36,7 @@ from actors.types import (
     FinishedGroups,
     RewardBatch,
     Sample,
+    Sampling,
     Scores,
     TrainBatch,
     TrainerState,
@@ -299,35 +300,35 @@ class GeneratorGroup(ActorGroup):
 
     # --- sampling -----------------------------------------------------------------------------------------------
 
-    def submit_generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: dict[str, Any], *,
+    def submit_generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, *,
                         min_version: int | None, pin: bool = False) -> list[Pending[list[list[Sample]]]]:
         """Generator.generate on each member's shard of the prompts (seeds: one per prompt)."""
-        return self._submit_sharded("generate", prompt_ids, aligned={"seeds": seeds}, min_version=min_version,
-                                    pin=pin, **sampling)
+        return self._submit_sharded("generate", prompt_ids, aligned={"seeds": seeds}, sampling=sampling,
+                                    min_version=min_version, pin=pin)
 
-    def generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: dict[str, Any], *,
+    def generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, *,
                  min_version: int | None, pin: bool = False) -> list[list[Sample]]:
         return joined(self.submit_generate(prompt_ids, seeds, sampling, min_version=min_version, pin=pin))
 
-    def stream_generate(self, member: int, prompt_ids: list[list[int]], seeds: list[int], sampling: dict[str, Any],
+    def stream_generate(self, member: int, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling,
                         *, min_version: int | None) -> Stream[FinishedGroups]:
         """Generator.generate_stream on one member: its groups as they finish."""
-        return self._stream(member, "generate_stream", prompt_ids, seeds=seeds, min_version=min_version, **sampling)
+        return self._stream(member, "generate_stream", prompt_ids, seeds, sampling, min_version=min_version)
 
-    def submit_rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: dict[str, Any], *,
+    def submit_rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
                        min_version: int | None, pin: bool = False) -> list[Pending[list[list[Sample]]]]:
         """Generator.rollout on each member's shard of the rows (seeds: one per row)."""
         return self._submit_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling,
                                     min_version=min_version, pin=pin)
 
-    def rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: dict[str, Any], *,
+    def rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
                 min_version: int | None, pin: bool = False) -> list[list[Sample]]:
         return joined(self.submit_rollout(rows, seeds, sampling, min_version=min_version, pin=pin))
 
-    def stream_rollout(self, member: int, rows: list[dict[str, Any]], seeds: list[int], sampling: dict[str, Any],
+    def stream_rollout(self, member: int, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling,
                        *, min_version: int | None) -> Stream[FinishedGroups]:
         """Generator.rollout_stream on one member: its rows' groups as they finish."""
-        return self._stream(member, "rollout_stream", rows, seeds, sampling=sampling, min_version=min_version)
+        return self._stream(member, "rollout_stream", rows, seeds, sampling, min_version=min_version)
 
     # --- weights (in the generators' "weights" concurrency group: between two engine steps) ----------------------
 

@@ -30,7 +30,7 @@ from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
 from actors.rewards.autoscale import AutoscaleSettings
 from actors.rewards.builtin import BUILTIN_REWARDS, builtin_target
 from actors.rewards.worker import RewardFunctionError, RewardSpec, declares_environments, load_reward_function
-from actors.types import TrainerState
+from actors.types import Sampling, TrainerState
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
@@ -427,11 +427,11 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
     )
 
 
-def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
-    """Generator.generate's sampling arguments for the training batches (generation.*)."""
+def training_sampling(cfg: RunConfig) -> Sampling:
+    """How the training batches are sampled (generation.*)."""
     g = cfg.generation
-    return dict(n=g.num_generations, max_tokens=g.max_completion_length, temperature=g.temperature, top_p=g.top_p,
-                top_k=g.top_k)
+    return Sampling(n=g.num_generations, max_tokens=g.max_completion_length, temperature=g.temperature,
+                    top_p=g.top_p, top_k=g.top_k)
 
 
 def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup,
@@ -440,12 +440,12 @@ def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup,
     with eval's num_generations, and its max_completion_length and temperature where given. rewards: the
     training rewards the pool scores (Prepared.rewards: with environment rewards; default cfg.rewards), used
     unless eval has its own. rollout: the run's (rollout_kind; default one-turn)."""
-    e = cfg.eval
-    sampling = {**sampling_kwargs(cfg), "n": e.num_generations}
-    if e.max_completion_length is not None:
-        sampling["max_tokens"] = e.max_completion_length
-    if e.temperature is not None:
-        sampling["temperature"] = e.temperature
+    e, train = cfg.eval, training_sampling(cfg)
+    sampling = replace(
+        train, n=e.num_generations,
+        max_tokens=e.max_completion_length if e.max_completion_length is not None else train.max_tokens,
+        temperature=e.temperature if e.temperature is not None else train.temperature,
+    )
     return EvalSet(
         rows=rows, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
         aggregator=RewardAggregator(e.rewards if e.rewards is not None else rewards or cfg.rewards),
@@ -491,7 +491,7 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
     run = Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
         reward_pool=reward_pool, weights=weights, evaluate=NoEval(),
-        aggregator=aggregator, select=selector(cfg, aggregator), sampling=sampling_kwargs(cfg),
+        aggregator=aggregator, select=selector(cfg, aggregator), sampling=training_sampling(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
         faults=FaultLog(p.run_dir, logger.display.message), eval_pool=eval_pool, rollout=rollout_kind(p.agent),
         env_pool=env_pool,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.group import GeneratorGroup, Pending, RewardPoolGroup
-from actors.types import Rollouts, Sample, Scores, TrainerState
+from actors.types import Rollouts, Sample, Sampling, Scores, TrainerState
 from orchestrator.aggregation import RewardAggregator, raw_matrix, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
 from orchestrator.data import PromptSource, to_rollouts
@@ -48,7 +48,7 @@ class EvalSet:
 
     rows: list[dict[str, Any]]  # the held-out rows, each with prompt_ids
     prompt_column: str
-    sampling: dict[str, Any]  # vLLM sampling kwargs: n, max_tokens, temperature, top_p, top_k
+    sampling: Sampling  # the training batches' (generation.*), eval.* over them
     seed: int  # row i's completions are drawn with seeds seed + i*n .. seed + i*n + n-1, at every eval
     pool: RewardPoolGroup  # the pool that scores eval completions
     aggregator: RewardAggregator  # weights, gates and schedules of the eval rewards
@@ -59,7 +59,7 @@ class EvalSet:
 
     @property
     def group_size(self) -> int:
-        return self.sampling["n"]
+        return self.sampling.n
 
 
 @dataclass

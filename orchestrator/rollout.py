@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from actors.group import GeneratorGroup, Pending, Stream
-from actors.types import FinishedGroups, RewardBatch, Rollouts, Sample, StopReason
+from actors.types import FinishedGroups, RewardBatch, Rollouts, Sample, Sampling, StopReason
 
 # Every stop reason, so each step logs all of their fractions (a reason absent from a step logs 0, and a plot of
 # it has no gaps).
@@ -31,16 +31,16 @@ class Rollout(Protocol):
     """Generation as the phases, the pipelined bookkeeping and the evaluator call it."""
 
     def generate(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
-                 sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
+                 sampling: Sampling, min_version: int) -> list[list[Sample]]:
         """Every row's samples (row order), sharded over the generators, waited for."""
 
     def submit(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+               sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
         """The same without waiting, for an eval: seeded (every eval draws alike) and pinned to one version (no
         weight load lands until it is done; min_version None: whatever the engines hold), one Pending per shard."""
 
     def stream(self, generators: GeneratorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
+               sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
         """One generator's groups as they finish."""
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
@@ -52,16 +52,16 @@ class OneTurn:
     (vLLM seeds sample j of a prompt with its seed + j)."""
 
     def generate(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
-                 sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
+                 sampling: Sampling, min_version: int) -> list[list[Sample]]:
         return generators.generate([r["prompt_ids"] for r in rows], seeds, sampling, min_version=min_version)
 
     def submit(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+               sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
         return generators.submit_generate([r["prompt_ids"] for r in rows], seeds, sampling, min_version=min_version,
                                           pin=True)
 
     def stream(self, generators: GeneratorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
+               sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
         return generators.stream_generate(member, [r["prompt_ids"] for r in rows], seeds, sampling,
                                           min_version=min_version)
 
@@ -79,15 +79,15 @@ class Agentic:
     keep_state: bool = False
 
     def generate(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
-                 sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
+                 sampling: Sampling, min_version: int) -> list[list[Sample]]:
         return generators.rollout(rows, seeds, sampling, min_version=min_version)
 
     def submit(self, generators: GeneratorGroup, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+               sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
         return generators.submit_rollout(rows, seeds, sampling, min_version=min_version, pin=True)
 
     def stream(self, generators: GeneratorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
+               sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
         return generators.stream_rollout(member, rows, seeds, sampling, min_version=min_version)
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:

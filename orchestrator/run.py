@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from actors.group import EnvPoolGroup, GeneratorGroup, LearnerGroup, RewardPoolGroup
+from actors.types import Sampling
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator
 from orchestrator.config import RunConfig
@@ -101,7 +102,7 @@ class Run:
     evaluate: Evaluator
     aggregator: RewardAggregator
     select: Selector  # group selection between scoring and advantages: keep_all or dynamic sampling (DAPO)
-    sampling: dict[str, Any]  # vLLM sampling arguments for training batches (n, max_tokens, temperature, ...)
+    sampling: Sampling  # how the training batches are sampled (generation.*)
     prompts_per_step: int
     logger: MetricsLogger
     display: Display  # the one way the driver tells the user something: display.message(text)

@@ -60,9 +60,10 @@ def test_every_generator_group_method_calls_a_generator_method_with_arguments_it
     import inspect
 
     from actors.generation.generator import Generator
+    from actors.types import Sampling
 
     group = _Recorded()
-    sampling = {"n": 2, "max_tokens": 4, "temperature": 1.0}
+    sampling = Sampling(n=2, max_tokens=4, temperature=1.0)
     group.generate([[1, 2]], [7], sampling, min_version=0)
     group.submit_generate([[1, 2]], [7], sampling, min_version=None, pin=True)
     group.stream_generate(0, [[1, 2]], [7], sampling, min_version=0)
