@@ -35,7 +35,7 @@ from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
 from orchestrator.config import TINY_MODEL, TINY_TOOLS_MODEL, ConfigError, RewardConfig, RunConfig
-from orchestrator.data import PromptSource, eval_rows, load_rows
+from orchestrator.data import Prompt, PromptSource, eval_prompts, load_rows
 from orchestrator.environments import AgentSetup, env_reward_spec, prepare_agent
 from orchestrator.eval_metrics import Best, EvalSchedule
 from orchestrator.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
@@ -227,7 +227,7 @@ class Prepared:
     specs: list[RewardSpec]
     prompts: PromptSource
     run_dir: Path
-    eval_rows: list[dict[str, Any]] | None = None  # the held-out rows, tokenized (None: no eval block)
+    eval_prompts: list[Prompt] | None = None  # the held-out prompts, tokenized (None: no eval block)
     eval_specs: list[RewardSpec] | None = None  # eval.rewards as specs (None: the training rewards score evals)
     agent: AgentSetup | None = None  # tools and environments (None: a one-turn run)
     rewards: list[RewardConfig] = field(default_factory=list)  # cfg.rewards + the environments' unnamed get_reward()s,
@@ -243,12 +243,12 @@ def load_tokenizer(cfg: RunConfig, model_path: str) -> Any:
         raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r}: cannot load tokenizer ({err})") from None
 
 
-def prepare_eval(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]] | None, list[RewardSpec] | None]:
+def prepare_eval(cfg: RunConfig, tokenizer: Any) -> tuple[list[Prompt] | None, list[RewardSpec] | None]:
     """The eval block's checks: its rewards import, its dataset has the prompt column. (None, None) without one."""
     if cfg.eval is None:
         return None, None
     specs = reward_specs(cfg.eval.rewards, "eval.rewards") if cfg.eval.rewards is not None else None
-    return eval_rows(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, seed=cfg.seed), specs
+    return eval_prompts(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, seed=cfg.seed), specs
 
 
 def prepare(cfg: RunConfig, name: str) -> Prepared:
@@ -264,7 +264,7 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     rows = load_rows(cfg.data, seed=cfg.seed)
     prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed)
     held_out, eval_specs = prepare_eval(cfg, tokenizer)
-    agent = prepare_agent(cfg, tokenizer, rows, specs, held_out)
+    agent = prepare_agent(cfg, tokenizer, rows, specs, None if held_out is None else [p.row for p in held_out])
     if agent is not None and cfg.eval is not None and cfg.eval.data.prompt_column != cfg.data.prompt_column:
         raise ConfigError(f"eval.data.prompt_column {cfg.eval.data.prompt_column!r}: with tools, evals read the "
                           f"training data's prompt column ({cfg.data.prompt_column!r}); rename the column")
@@ -434,7 +434,7 @@ def training_sampling(cfg: RunConfig) -> Sampling:
                     top_p=g.top_p, top_k=g.top_k)
 
 
-def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup,
+def eval_set(cfg: RunConfig, prompts: list[Prompt], pool: RewardPoolGroup,
              rewards: list[RewardConfig] | None = None, rollout: Rollout | None = None) -> EvalSet:
     """What every eval of the run generates and how it is scored (cfg.eval set): the training batches' sampling,
     with eval's num_generations, and its max_completion_length and temperature where given. rewards: the
@@ -447,7 +447,7 @@ def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup,
         temperature=e.temperature if e.temperature is not None else train.temperature,
     )
     return EvalSet(
-        rows=rows, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
+        prompts=prompts, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
         aggregator=RewardAggregator(e.rewards if e.rewards is not None else rewards or cfg.rewards),
         chunk_groups=cfg.cluster.reward_chunk_groups, pass_threshold=e.pass_threshold, max_steps=cfg.grpo.max_steps,
         rollout=rollout or OneTurn(),
@@ -525,8 +525,8 @@ def start_learner(p: Prepared, reward_pool: RewardPoolGroup, say: Callable[[str]
 
 def run_evaluator(run: Run, p: Prepared) -> Evaluator:
     """The run's evaluator, bound to its current learner and generators."""
-    es = (eval_set(p.cfg, p.eval_rows, run.eval_pool or run.reward_pool, p.rewards, run.rollout)
-          if p.eval_rows is not None else None)
+    es = (eval_set(p.cfg, p.eval_prompts, run.eval_pool or run.reward_pool, p.rewards, run.rollout)
+          if p.eval_prompts is not None else None)
     return evaluator(p.cfg, es, generators=run.generators, learner=run.learner, logger=run.logger,
                      prompts=run.prompts, run_dir=run.run_dir)
 

@@ -47,6 +47,7 @@ from actors.group import LearnerGroup, Pending
 from actors.learner.checkpoint import REPLACED_SUFFIX, STATE_FILE, damaged
 from actors.types import TrainerState
 from orchestrator.config import ConfigError
+from orchestrator.data import DataPosition
 from orchestrator.eval_metrics import Best
 from orchestrator.run import Run
 
@@ -105,7 +106,7 @@ def run_state(run: Run) -> dict[str, Any]:
     trainer = TrainerState(global_step=p.global_step, max_steps=run.cfg.grpo.max_steps,
                            epoch=run.prompts.epoch_progress)
     return {
-        "data": p.resume_data if p.resume_data is not None else run.prompts.state(),
+        "data": (p.resume_data if p.resume_data is not None else run.prompts.state()).to_json(),
         "trainer_state": asdict(trainer),
         "eval": run.evaluate.state(),
         "reward_pool": run.reward_pool.scaling(),
@@ -167,7 +168,7 @@ def restore(run: Run, ckpt: Path, *, scaling: bool = True) -> None:
     state = run.learner.load_checkpoint(str(ckpt))
     step = int(state["global_step"])
     if "data" in state:
-        run.prompts.restore(state["data"])
+        run.prompts.restore(DataPosition.from_json(state["data"]))
     trainer = state.get("trainer_state") or {"global_step": step, "max_steps": run.cfg.grpo.max_steps}
     run.reward_pool.set_state(TrainerState(**trainer))
     if scaling and "reward_pool" in state:
@@ -198,7 +199,7 @@ def resume(run: Run, candidates: list[Path], *, scaling: bool = True) -> Path | 
     return None
 
 
-def rewind(run: Run, start: dict[str, Any]) -> Path | None:
+def rewind(run: Run, start: DataPosition) -> Path | None:
     """A rebuilt learner's starting point: the latest usable checkpoint (older ones if it is damaged), or, with
     none, the run's start: the initial weights the new learner holds, `start` (the prompt stream's first
     position), step 0. Returns the checkpoint (None: the start)."""
@@ -224,7 +225,7 @@ class BestCheckpoint:
     """grpo.save_best: `<run dir>/checkpoint-best` is the checkpoint of the best eval so far (a full checkpoint),
     its STATE_FILE recording the metric, value and step."""
 
-    def __init__(self, best: Best, learner: LearnerGroup, run_dir: Path, data_state: Callable[[], dict[str, Any]]):
+    def __init__(self, best: Best, learner: LearnerGroup, run_dir: Path, data_state: Callable[[], DataPosition]):
         self.best, self.learner, self.data_state = best, learner, data_state
         self.path, self.candidate_path = run_dir / BEST, run_dir / BEST_CANDIDATE
 
@@ -244,7 +245,8 @@ class BestCheckpoint:
 
     def capture(self) -> Pending[str]:
         """Pipelined: the learner saves the current weights as the candidate, queued before its next train step."""
-        return self.learner.submit_save_checkpoint(str(self.candidate_path), extra={"data": self.data_state()})
+        return self.learner.submit_save_checkpoint(str(self.candidate_path),
+                                                   extra={"data": self.data_state().to_json()})
 
     def offer(self, step: int, metrics: dict[str, float], candidate: Pending[str] | None) -> bool:
         """Keep the evaluated checkpoint if its metric beats the best so far: the candidate (pipelined), or a
@@ -257,7 +259,7 @@ class BestCheckpoint:
                 shutil.rmtree(self.candidate_path, ignore_errors=True)
             return False
         if candidate is None:
-            self.learner.save_checkpoint(str(self.candidate_path), extra={"data": self.data_state()})
+            self.learner.save_checkpoint(str(self.candidate_path), extra={"data": self.data_state().to_json()})
         state_file = self.candidate_path / STATE_FILE
         state = json.loads(state_file.read_text())
         state["best"] = {"metric": self.best.metric, "value": value, "step": step}

@@ -33,7 +33,7 @@ from actors.group import GeneratorGroup, Pending, RewardPoolGroup
 from actors.types import Rollouts, Sample, Sampling, Scores, TrainerState
 from orchestrator.aggregation import RewardAggregator, raw_matrix, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
-from orchestrator.data import PromptSource, to_rollouts
+from orchestrator.data import Prompt, PromptSource, to_rollouts
 from orchestrator.eval_metrics import EvalSchedule, eval_metrics
 from orchestrator.grpo import nan_to_none
 from orchestrator.rollout import OneTurn, Rollout, agent_metrics, row_seeds
@@ -43,10 +43,10 @@ from orchestrator.telemetry.progress import Display
 
 @dataclass
 class EvalSet:
-    """What an eval runs on, built once per run: the held-out rows (tokenized), how to sample them, and the
+    """What an eval runs on, built once per run: the held-out prompts (tokenized), how to sample them, and the
     reward pool and aggregation that score them."""
 
-    rows: list[dict[str, Any]]  # the held-out rows, each with prompt_ids
+    prompts: list[Prompt]  # the held-out prompts (draw EVAL_DRAW)
     prompt_column: str
     sampling: Sampling  # the training batches' (generation.*), eval.* over them
     seed: int  # row i's completions are drawn with seeds seed + i*n .. seed + i*n + n-1, at every eval
@@ -93,12 +93,12 @@ class EvalResult:
 
 def submit_eval(es: EvalSet, generators: GeneratorGroup, step: int, epoch: float = 0.0,
                 min_version: int | None = None) -> PendingEval:
-    """Submit the eval's generation (the rows sharded over the generators); returns without waiting. min_version:
+    """Submit the eval's generation (the prompts sharded over the generators); returns without waiting. min_version:
     the engines' version of the weights evaluated (a run's: `step`; None: whatever they hold, `rayward eval`)."""
     # Seeds per row, fixed across evals: two evals differ by the policy, not by the dice; vLLM adds j to a
     # prompt's seed for its j-th completion, so rows are n apart and repeated prompts still differ.
-    seeds = row_seeds(es.seed, 0, len(es.rows), es.group_size)
-    return PendingEval(step, epoch, es.rollout.submit(generators, es.rows, seeds, es.sampling, min_version))
+    seeds = row_seeds(es.seed, 0, len(es.prompts), es.group_size)
+    return PendingEval(step, epoch, es.rollout.submit(generators, es.prompts, seeds, es.sampling, min_version))
 
 
 def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
@@ -108,7 +108,8 @@ def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
         if not block and not all(part.done() for part in p.generation):
             return False
         groups = [g for part in p.generation for g in part.result()]
-        rollouts = to_rollouts(es.rows, groups, p.step, prompt_column=es.prompt_column, group_size=es.group_size)
+        rollouts = to_rollouts(es.prompts, groups, p.step, prompt_column=es.prompt_column,
+                               group_size=es.group_size)
         state = TrainerState(global_step=p.step, max_steps=es.max_steps, epoch=p.epoch)
         p.scoring = (rollouts, es.pool.submit_score(es.rollout.reward_batch(rollouts), es.chunk_groups, state=state))
     return p.scoring[1].done()

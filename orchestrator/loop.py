@@ -19,9 +19,9 @@ def run_sync(run: Run) -> list[dict[str, Any]]:
     run.evaluate.start(progress.global_step)
     while not phases.done(run):
         timer = PhaseTimer()
-        rows = run.prompts.next_batch(run.prompts_per_step)
+        prompts = run.prompts.next_batch(run.prompts_per_step)
         with timer("generate"):
-            rollouts = phases.generate(run, rows)
+            rollouts = phases.generate(run, prompts)
         with timer("reward"):
             scores = phases.score(run, rollouts)
         step = phases.to_train_batch(run, run.select(rollouts, scores, phases.refill(run, timer)))

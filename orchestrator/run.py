@@ -25,7 +25,7 @@ from actors.types import Sampling
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator
 from orchestrator.config import RunConfig
-from orchestrator.data import PromptSource
+from orchestrator.data import DataPosition, PromptSource
 from orchestrator.rollout import OneTurn, Rollout
 from orchestrator.selection import Selector
 from orchestrator.telemetry.metrics import MetricsLogger
@@ -47,7 +47,7 @@ class Progress:
     move_learner: str | None = None
     # Pipelined: the prompt stream's position of the next batch to train (PromptSource.untrained_position), which
     # a checkpoint keeps; None: the stream's own position (the sync loop draws each batch when it trains it)
-    resume_data: dict[str, Any] | None = None
+    resume_data: DataPosition | None = None
 
 
 # The run directory's fault log: one JSON object per line.

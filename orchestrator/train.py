@@ -279,7 +279,8 @@ def evaluate(
     except DataError as err:
         raise ConfigError(str(err)) from None
     train_specs = reward_specs(cfg.rewards)
-    agent = prepare_agent(cfg, tokenizer, rows, train_specs, rows)  # tools: checked as a run checks them
+    dataset = [p.row for p in rows]
+    agent = prepare_agent(cfg, tokenizer, dataset, train_specs, dataset)  # tools: checked as a run checks them
     env_specs, env_rewards = (agent.env_reward_specs, agent.env_rewards) if agent is not None else ([], [])
     specs = eval_specs if eval_specs is not None else train_specs + env_specs
     owns_ray = not ray.is_initialized()
