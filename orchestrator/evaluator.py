@@ -160,9 +160,9 @@ class NoEval:
         pass
 
     def state(self) -> dict[str, Any]:
-        return {}
+        return {"best": None}
 
-    def restore(self, state: dict[str, Any] | None) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
         pass
 
 
@@ -179,9 +179,9 @@ class _Evaluator:
     def state(self) -> dict[str, Any]:
         return {"best": self.best_checkpoint.state() if self.best_checkpoint is not None else None}
 
-    def restore(self, state: dict[str, Any] | None) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
         if self.best_checkpoint is not None:
-            self.best_checkpoint.restore(None if state is None else state.get("best"), legacy=state is None)
+            self.best_checkpoint.restore(state["best"])
 
     def _submit(self, step: int) -> PendingEval:
         return submit_eval(self.es, self.generators, step, self.prompts.epoch_progress, min_version=step)

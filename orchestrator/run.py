@@ -81,10 +81,10 @@ class Evaluator(Protocol):
         """At the end of the loop: an eval still on its way is recorded."""
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of it: the best eval so far (grpo.save_best)."""
+        """What a checkpoint keeps of it: {"best": the best eval so far (grpo.save_best), or None}."""
 
-    def restore(self, state: dict[str, Any] | None) -> None:
-        """On resume: `state` from the checkpoint (None: one written before it was kept, or a fresh start)."""
+    def restore(self, state: dict[str, Any]) -> None:
+        """On resume: `state` from the checkpoint (or {"best": None}: the run's start)."""
 
 
 @dataclass

@@ -270,8 +270,6 @@ def evaluate(
         if not (ckpt / "config.json").is_file():
             raise ConfigError(f"--checkpoint {str(checkpoint)!r}: not an HF model directory (no config.json)")
         policy = str(ckpt)
-        if not any((ckpt / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-            engine["tokenizer"] = model_path  # checkpoints written before they carried their tokenizer
         step = checkpoints.saved_step(ckpt) or 0
     tokenizer = load_tokenizer(cfg, model_path)
     try:
