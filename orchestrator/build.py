@@ -1,7 +1,9 @@
-"""Building a run: check everything cheap first, then start the actor groups the loop drives.
+"""Building a run: check everything cheap first (`prepare`), then start the actor groups the loop drives
+(`start_groups`), then assemble the run from them (`assemble_run`; the loop tests assemble theirs from fakes
+of the groups, tests/fixtures/fakes.py, with the same function). `build_run` is the last two.
 
-Every choice (how many generators, where reward workers go, which loss) is made here, when the groups are
-built; the loop only calls phases on them.
+Every choice (how many generators, where reward workers go, which loss, the selector, the evaluator) is made
+here, when the run is built; the loop only calls phases on it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from orchestrator.data import Prompt, PromptSource, eval_prompts, load_rows
 from orchestrator.environments import AgentSetup, env_reward_spec, prepare_agent
 from orchestrator.eval_metrics import Best, EvalSchedule
 from orchestrator.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
+from orchestrator.groups import EnvPoolView, Generators, Learner, RewardScorer
 from orchestrator.rollout import Agentic, OneTurn, Rollout
 from orchestrator.run import Evaluator, FaultLog, Run
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
@@ -434,7 +437,7 @@ def training_sampling(cfg: RunConfig) -> Sampling:
                     top_p=g.top_p, top_k=g.top_k)
 
 
-def eval_set(cfg: RunConfig, prompts: list[Prompt], pool: RewardPoolGroup,
+def eval_set(cfg: RunConfig, prompts: list[Prompt], pool: RewardScorer,
              rewards: list[RewardConfig] | None = None, rollout: Rollout | None = None) -> EvalSet:
     """What every eval of the run generates and how it is scored (cfg.eval set): the training batches' sampling,
     with eval's num_generations, and its max_completion_length and temperature where given. rewards: the
@@ -454,7 +457,7 @@ def eval_set(cfg: RunConfig, prompts: list[Prompt], pool: RewardPoolGroup,
     )
 
 
-def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: GeneratorGroup, learner: LearnerGroup,
+def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Generators, learner: Learner,
               logger: MetricsLogger, prompts: PromptSource, run_dir: Path) -> Evaluator:
     """The run's held-out evaluator: none, blocking between steps (sync loop), or overlapped with training
     (pipelined loop); with grpo.save_best, keeping checkpoint-best."""
@@ -471,9 +474,21 @@ def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: GeneratorGroup,
     )
 
 
-def build_run(p: Prepared, display: Display | None = None) -> Run:
-    """Start the actor groups (Ray must be initialised). `display` shows the steps (default: step lines)."""
-    cfg, gen = p.cfg, p.cfg.generation
+@dataclass
+class Groups:
+    """A run's actor groups: started (`start_groups`), or the loop tests' fakes of them."""
+
+    generators: Generators
+    learner: Learner
+    reward_pool: RewardScorer
+    weights: WeightTransfer  # the learner's weights into the generators
+    eval_pool: RewardScorer | None = None  # eval.rewards' own pool
+    env_pool: EnvPoolView | None = None  # a run with tools
+
+
+def start_groups(p: Prepared) -> Groups:
+    """Start the run's actor groups and form the weight transfer (Ray must be initialised)."""
+    cfg = p.cfg
     reward_pool = start_reward_pool(cfg, p.name, p.specs)
     eval_pool = None
     if p.eval_specs is not None:
@@ -482,22 +497,39 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
     agent = agent_kwargs(cfg, p.agent, env_pool) if p.agent is not None else None
     generators = start_generators(cfg, p.name, p.model_path, agent=agent)
     learner = start_learner(p, reward_pool)
-    weights = weight_transfer(cfg, learner, generators)
-    logger = MetricsLogger(
+    return Groups(generators, learner, reward_pool, weight_transfer(cfg, learner, generators), eval_pool, env_pool)
+
+
+def run_logger(p: Prepared, display: Display | None = None) -> MetricsLogger:
+    """The run's metrics sinks and terminal (`display`: default step lines)."""
+    cfg = p.cfg
+    return MetricsLogger(
         p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,
         max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"), display=display,
     )
+
+
+def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
+    """The run from its groups: the choices made from the config (the sampling, the rollout kind, the selector,
+    the aggregation, the evaluator) bound to them."""
+    cfg, gen = p.cfg, p.cfg.generation
     aggregator = RewardAggregator(p.rewards)
     run = Run(
-        cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
-        reward_pool=reward_pool, weights=weights, evaluate=NoEval(),
+        cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=groups.generators,
+        learner=groups.learner, reward_pool=groups.reward_pool, weights=groups.weights, evaluate=NoEval(),
         aggregator=aggregator, select=selector(cfg, aggregator), sampling=training_sampling(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
-        faults=FaultLog(p.run_dir, logger.display.message), eval_pool=eval_pool, rollout=rollout_kind(p.agent),
-        env_pool=env_pool,
+        faults=FaultLog(p.run_dir, logger.display.message), eval_pool=groups.eval_pool,
+        rollout=rollout_kind(p.agent), env_pool=groups.env_pool,
     )
     run.evaluate = run_evaluator(run, p)
     return run
+
+
+def build_run(p: Prepared, display: Display | None = None) -> Run:
+    """Start the actor groups (Ray must be initialised) and assemble the run. `display` shows the steps (default:
+    step lines)."""
+    return assemble_run(p, start_groups(p), run_logger(p, display))
 
 
 def start_learner(p: Prepared, reward_pool: RewardPoolGroup, say: Callable[[str], None] | None = None) -> LearnerGroup:
@@ -537,8 +569,14 @@ def rebuild_learner(run: Run, p: Prepared) -> None:
     bound to it. The run's state (weights, step, data) is the caller's to restore (checkpoints.rewind)."""
     run.learner.kill()  # what is left of it: live ranks of a broken group, its placement group
     say = lambda text: run.display.message(f"rayward: {text}")  # noqa: E731
-    run.learner = start_learner(p, run.reward_pool, say)
-    run.weights = weight_transfer(p.cfg, run.learner, run.generators)
+    learner = start_learner(p, run.reward_pool, say)
+    replace_learner(run, p, learner, weight_transfer(p.cfg, learner, run.generators))
+
+
+def replace_learner(run: Run, p: Prepared, learner: Learner, weights: WeightTransfer) -> None:
+    """A new learner group in the run (the tests' fakes too), with its weight transfer, and the evaluator bound to
+    it."""
+    run.learner, run.weights = learner, weights
     run.evaluate = run_evaluator(run, p)
 
 

@@ -43,12 +43,13 @@ from typing import Any
 
 from ray.exceptions import RayActorError
 
-from actors.group import LearnerGroup, Pending
+from actors.group import Pending
 from actors.learner.checkpoint import REPLACED_SUFFIX, STATE_FILE, damaged
 from actors.types import TrainerState
 from orchestrator.config import ConfigError
 from orchestrator.data import DataPosition
 from orchestrator.eval_metrics import Best
+from orchestrator.groups import Learner
 from orchestrator.run import Run
 
 BEST = "checkpoint-best"
@@ -241,7 +242,7 @@ class BestCheckpoint:
     """grpo.save_best: `<run dir>/checkpoint-best` is the checkpoint of the best eval so far (a full checkpoint),
     its STATE_FILE recording the metric, value and step."""
 
-    def __init__(self, best: Best, learner: LearnerGroup, run_dir: Path, data_state: Callable[[], DataPosition]):
+    def __init__(self, best: Best, learner: Learner, run_dir: Path, data_state: Callable[[], DataPosition]):
         self.best, self.learner, self.data_state = best, learner, data_state
         self.path, self.candidate_path = run_dir / BEST, run_dir / BEST_CANDIDATE
 

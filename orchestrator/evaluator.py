@@ -29,12 +29,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.group import GeneratorGroup, Pending, RewardPoolGroup
+from actors.group import Pending
 from actors.types import Rollouts, Sample, Sampling, Scores, TrainerState
 from orchestrator.aggregation import RewardAggregator, raw_matrix, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
 from orchestrator.data import Prompt, PromptSource, to_rollouts
 from orchestrator.eval_metrics import EvalSchedule, eval_metrics
+from orchestrator.groups import Generators, RewardScorer
 from orchestrator.grpo import nan_to_none
 from orchestrator.rollout import OneTurn, Rollout, agent_metrics, row_seeds
 from orchestrator.telemetry.metrics import MetricsLogger
@@ -50,7 +51,7 @@ class EvalSet:
     prompt_column: str
     sampling: Sampling  # the training batches' (generation.*), eval.* over them
     seed: int  # row i's completions are drawn with seeds seed + i*n .. seed + i*n + n-1, at every eval
-    pool: RewardPoolGroup  # the pool that scores eval completions
+    pool: RewardScorer  # the pool that scores eval completions
     aggregator: RewardAggregator  # weights, gates and schedules of the eval rewards
     chunk_groups: int
     pass_threshold: float
@@ -91,7 +92,7 @@ class EvalResult:
         ]
 
 
-def submit_eval(es: EvalSet, generators: GeneratorGroup, step: int, epoch: float = 0.0,
+def submit_eval(es: EvalSet, generators: Generators, step: int, epoch: float = 0.0,
                 min_version: int | None = None) -> PendingEval:
     """Submit the eval's generation (the prompts sharded over the generators); returns without waiting. min_version:
     the engines' version of the weights evaluated (a run's: `step`; None: whatever they hold, `rayward eval`)."""
@@ -170,7 +171,7 @@ class _Evaluator:
     """What both evaluators share: the eval set, the schedule, and recording a finished eval."""
 
     def __init__(
-        self, es: EvalSet, schedule: EvalSchedule, *, generators: GeneratorGroup, logger: MetricsLogger, display: Display,
+        self, es: EvalSet, schedule: EvalSchedule, *, generators: Generators, logger: MetricsLogger, display: Display,
         prompts: PromptSource, best: BestCheckpoint | None, log_completions: bool,
     ):
         self.es, self.schedule, self.generators, self.logger, self.display = es, schedule, generators, logger, display

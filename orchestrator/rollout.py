@@ -19,9 +19,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from actors.group import GeneratorGroup, Pending, Stream
+from actors.group import Pending, Stream
 from actors.types import FinishedGroups, RewardBatch, Rollouts, Sample, Sampling, StopReason
 from orchestrator.data import Prompt
+from orchestrator.groups import Generators
 
 # Every stop reason, so each step logs all of their fractions (a reason absent from a step logs 0, and a plot of
 # it has no gaps).
@@ -31,16 +32,16 @@ STOP_REASONS: tuple[StopReason, ...] = ("stop", "max_turns", "length", "timeout"
 class Rollout(Protocol):
     """Generation as the phases, the pipelined bookkeeping and the evaluator call it."""
 
-    def generate(self, generators: GeneratorGroup, prompts: list[Prompt], seeds: list[int],
+    def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
                  sampling: Sampling, min_version: int) -> list[list[Sample]]:
         """Every prompt's samples (prompt order), sharded over the generators, waited for."""
 
-    def submit(self, generators: GeneratorGroup, prompts: list[Prompt], seeds: list[int],
+    def submit(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
                sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
         """The same without waiting, for an eval: seeded (every eval draws alike) and pinned to one version (no
         weight load lands until it is done; min_version None: whatever the engines hold), one Pending per shard."""
 
-    def stream(self, generators: GeneratorGroup, member: int, prompts: list[Prompt], seeds: list[int],
+    def stream(self, generators: Generators, member: int, prompts: list[Prompt], seeds: list[int],
                sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
         """One generator's groups as they finish."""
 
@@ -52,16 +53,16 @@ class OneTurn:
     """One-turn completions of the prompts' token ids, one seed per prompt (vLLM seeds sample j of a prompt with
     its seed + j)."""
 
-    def generate(self, generators: GeneratorGroup, prompts: list[Prompt], seeds: list[int],
+    def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
                  sampling: Sampling, min_version: int) -> list[list[Sample]]:
         return generators.generate([p.prompt_ids for p in prompts], seeds, sampling, min_version=min_version)
 
-    def submit(self, generators: GeneratorGroup, prompts: list[Prompt], seeds: list[int],
+    def submit(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
                sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
         return generators.submit_generate([p.prompt_ids for p in prompts], seeds, sampling, min_version=min_version,
                                           pin=True)
 
-    def stream(self, generators: GeneratorGroup, member: int, prompts: list[Prompt], seeds: list[int],
+    def stream(self, generators: Generators, member: int, prompts: list[Prompt], seeds: list[int],
                sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
         return generators.stream_generate(member, [p.prompt_ids for p in prompts], seeds, sampling,
                                           min_version=min_version)
@@ -79,15 +80,15 @@ class Agentic:
     env_classes: dict[str | None, str] = field(default_factory=dict)
     keep_state: bool = False
 
-    def generate(self, generators: GeneratorGroup, prompts: list[Prompt], seeds: list[int],
+    def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
                  sampling: Sampling, min_version: int) -> list[list[Sample]]:
         return generators.rollout([p.row for p in prompts], seeds, sampling, min_version=min_version)
 
-    def submit(self, generators: GeneratorGroup, prompts: list[Prompt], seeds: list[int],
+    def submit(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
                sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
         return generators.submit_rollout([p.row for p in prompts], seeds, sampling, min_version=min_version, pin=True)
 
-    def stream(self, generators: GeneratorGroup, member: int, prompts: list[Prompt], seeds: list[int],
+    def stream(self, generators: Generators, member: int, prompts: list[Prompt], seeds: list[int],
                sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
         return generators.stream_rollout(member, [p.row for p in prompts], seeds, sampling, min_version=min_version)
 

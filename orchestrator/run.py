@@ -1,11 +1,11 @@
 """The built run, as the loop sees it: the named groups it calls, the choices made when it was built, and one
 record of where it is (`Progress`).
 
-    generators   GeneratorGroup (cluster.num_generators vLLM engines)   generate, rollout, streams, weight loads
+    generators   Generators: GeneratorGroup (cluster.num_generators)   generate, rollout, streams, restarts
     rollout      OneTurn or Agentic (orchestrator/rollout.py)           which generator calls make samples
-    learner      LearnerGroup (cluster.num_learners ranks, one member)  train_step, checkpoints, weight send
-    reward_pool  RewardPoolGroup, NAME/reward-pool                      score
-    env_pool     EnvPoolGroup, NAME/env-pool (tools only)               the generators' environments
+    learner      Learner: LearnerGroup (cluster.num_learners ranks)     train_step, checkpoints, losses
+    reward_pool  RewardScorer: RewardPoolGroup, NAME/reward-pool        score
+    env_pool     EnvPoolView: EnvPoolGroup, NAME/env-pool (tools only)  the generators' environments' stats
     weights      WeightTransfer (collective or object-store backend)   push, submit_async, drain, rejoin
     evaluate     Evaluator (NoEval, BlockingEval or OverlappedEval)     start, after_step, drain, restore
     progress     Progress                                               written by the loop
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from actors.group import EnvPoolGroup, GeneratorGroup, LearnerGroup, RewardPoolGroup
 from actors.types import Sampling
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator
 from orchestrator.config import RunConfig
 from orchestrator.data import DataPosition, PromptSource
+from orchestrator.groups import EnvPoolView, Generators, Learner, RewardScorer
 from orchestrator.rollout import OneTurn, Rollout
 from orchestrator.selection import Selector
 from orchestrator.telemetry.metrics import MetricsLogger
@@ -89,15 +89,17 @@ class Evaluator(Protocol):
 
 @dataclass
 class Run:
-    """The built run (orchestrator/build.py: build_run). The loop calls one phase at a time on it."""
+    """The built run (orchestrator/build.py: assemble_run, from the groups build_run starts or the tests' fakes).
+    The loop calls one phase at a time on it. Its groups are typed by what the driver calls on them
+    (orchestrator/groups.py)."""
 
     cfg: RunConfig
     name: str
     run_dir: Path
     prompts: PromptSource
-    generators: GeneratorGroup
-    learner: LearnerGroup
-    reward_pool: RewardPoolGroup
+    generators: Generators
+    learner: Learner
+    reward_pool: RewardScorer
     weights: WeightTransfer
     evaluate: Evaluator
     aggregator: RewardAggregator
@@ -107,7 +109,7 @@ class Run:
     logger: MetricsLogger
     display: Display  # the one way the driver tells the user something: display.message(text)
     faults: FaultLog  # recoveries, restarts and hang kills: a line on the display and a record in faults.jsonl
-    eval_pool: RewardPoolGroup | None = None  # NAME/eval-reward-pool, when eval.rewards has rewards of its own
+    eval_pool: RewardScorer | None = None  # NAME/eval-reward-pool, when eval.rewards has rewards of its own
     rollout: Rollout = field(default_factory=OneTurn)  # one-turn completions, or agentic rollouts with tools
-    env_pool: EnvPoolGroup | None = None  # NAME/env-pool: the environments of agentic rollouts (None: one-turn)
+    env_pool: EnvPoolView | None = None  # NAME/env-pool: the environments of agentic rollouts (None: one-turn)
     progress: Progress = field(default_factory=Progress)
