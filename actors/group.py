@@ -11,6 +11,10 @@ handles and fans calls out. The driver reaches every actor through one of them, 
 - `LearnerGroup`: the learner, one member to the loop whatever its number of ranks, with named methods (see there).
 - `RewardPoolGroup`, `EnvPoolGroup`: the named reward and environment pool actors, which own their workers.
 
+The generator and learner groups keep their actors' handles to themselves. Their health goes out as `members()`:
+one `Member` per actor (its name, its id, the GCS's record of it, a ping, a kill), all that the driver's hang and
+preemption checks use (orchestrator/watchdog.py).
+
 Every fan-out is one batch of `.remote()` calls, so members work in parallel; names are `<run>/<role>-<i>` so the
 dashboard's actor list reads as the run's parts. A Ray actor runs its calls in submission order within each of
 its concurrency groups: the driver's ordering of generation, weight syncs and evals rests on that (a generator's
@@ -84,6 +88,25 @@ class Loss:
 
     cause: str  # which rank, and what Ray or the hang check says of it
     preempted: bool = False  # Ray says its node was drained for preemption before it died
+
+
+@dataclass(frozen=True)
+class Member:
+    """One actor of a group, as the health checks see it (`members()`, orchestrator/watchdog.py)."""
+
+    name: str  # <run>/<role>-<i>
+    id: str  # its actor id: the same across Ray's restarts of it, another for an actor that replaces it
+    info: Callable[[], dict[str, Any]]  # the GCS's record of it now (`actor_info`)
+    ping: Callable[[], Pending[None]]  # its `ping`, in HEALTH_GROUP: it answers while the actor computes
+    kill: Callable[[], None]  # as a crash would: a generator comes back (Ray restarts it), a learner rank does not
+
+
+def _member(name: str, handle: ActorHandle, restart: bool) -> Member:
+    return Member(
+        name, ray_compat.actor_id(handle), lambda: actor_info(handle),
+        lambda: Pending(handle.ping.options(concurrency_group=HEALTH_GROUP).remote()),
+        lambda: ray.kill(handle, no_restart=not restart),
+    )
 
 
 def _needs(options: dict[str, Any]) -> dict[str, Any]:
@@ -182,18 +205,18 @@ class ActorGroup:
         self._method_groups = dict(method_groups or {})
         self.options = dict(options or {})
         remote_cls = ray.remote(concurrency_groups=concurrency_groups)(cls) if concurrency_groups else ray.remote(cls)
-        self.handles: list[ActorHandle] = []
+        self._handles: list[ActorHandle] = []
         self.names = [f"{run_name}/{role}-{i}" for i in range(num)]
         for i, name in enumerate(self.names):
             kw = {**(kwargs or {}), **((per_actor_kwargs or [{}] * num)[i])}
-            self.handles.append(remote_cls.options(name=name, **self.options).remote(*args, **kw))
+            self._handles.append(remote_cls.options(name=name, **self.options).remote(*args, **kw))
         self._seen_restarts = [0] * num  # each member's Ray restarts as of the last `recover`
 
     def __len__(self) -> int:
-        return len(self.handles)
+        return len(self._handles)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(role={self.role!r}, size={len(self.handles)})"
+        return f"{type(self).__name__}(role={self.role!r}, size={len(self._handles)})"
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """The same call on every member; results in member order."""
@@ -203,9 +226,9 @@ class ActorGroup:
         self, method: str, *args: Any, per_member: list[dict[str, Any]] | None = None, **kwargs: Any
     ) -> list[Pending[Any]]:
         """The call on every member, without waiting; `per_member`: keyword arguments of each member's own."""
-        per = per_member or [{}] * len(self.handles)
+        per = per_member or [{}] * len(self._handles)
         return [Pending(self._method(h, method).remote(*args, **kwargs, **p))
-                for h, p in zip(self.handles, per, strict=True)]
+                for h, p in zip(self._handles, per, strict=True)]
 
     def _method(self, handle: ActorHandle, method: str, **options: Any) -> Any:
         """The handle's method with these call options, in its concurrency group (method_groups) if it has one."""
@@ -215,7 +238,7 @@ class ActorGroup:
 
     def shards(self, num_items: int, parts: int | None = None) -> list[tuple[int, slice]]:
         """How `num_items` items are split over the members (see `shards`)."""
-        return shards(num_items, len(self.handles), parts)
+        return shards(num_items, len(self._handles), parts)
 
     def _submit_sharded(
         self, method: str, items: list[Any], *, aligned: dict[str, list[Any]] | None = None, **kwargs: Any
@@ -223,14 +246,14 @@ class ActorGroup:
         """`method(shard, **kwargs)` on each member's contiguous shard of `items`, without waiting: one Pending per
         shard, in item order. `aligned`: keyword arguments holding one value per item, sharded with the items."""
         return [
-            Pending(self._method(self.handles[m], method).remote(
+            Pending(self._method(self._handles[m], method).remote(
                 items[s], **{k: v[s] for k, v in (aligned or {}).items()}, **kwargs))
             for m, s in self.shards(len(items))
         ]
 
     def _stream(self, member: int, method: str, *args: Any, **kwargs: Any) -> Stream[Any]:
         """A streaming call (a generator method) on one member."""
-        call = self._method(self.handles[member], method, num_returns="streaming")
+        call = self._method(self._handles[member], method, num_returns="streaming")
         return Stream(member, self.restarts, call.remote(*args, **kwargs))
 
     def next_ready(self, streams: list[Stream[Any]], until: Pending[Any] | None = None) -> Stream[Any] | None:
@@ -248,32 +271,37 @@ class ActorGroup:
         said = time.monotonic()
         while True:
             try:
-                wait_started(self.handles, self.names, self.options, max(deadline - time.monotonic(), 1), on_wait)
+                wait_started(self._handles, self.names, self.options, max(deadline - time.monotonic(), 1), on_wait)
                 break
             except RayActorError:  # restarting (ActorUnavailableError), or a call to it cut by its node's death
-                if time.monotonic() > deadline or any(actor_info(h).get("State") == "DEAD" for h in self.handles):
+                if time.monotonic() > deadline or any(actor_info(h).get("State") == "DEAD" for h in self._handles):
                     raise
                 if on_wait is not None and time.monotonic() - said > WAIT_MESSAGE_S:
                     said = time.monotonic()
                     states = ", ".join(f"{n} ({actor_info(h).get('State', '?')})"
-                                       for h, n in zip(self.handles, self.names, strict=True))
+                                       for h, n in zip(self._handles, self.names, strict=True))
                     on_wait(f"waiting for {states} to restart: each needs {_needs(self.options)}")
                 time.sleep(RESTART_POLL_S)
-        self._seen_restarts = [actor_info(h).get("NumRestarts", 0) for h in self.handles]
+        self._seen_restarts = [actor_info(h).get("NumRestarts", 0) for h in self._handles]
         self.restarts += 1
 
     def restarted(self) -> bool:
         """Whether Ray restarted a member since the last `recover` (one that died while idle comes back with a
         fresh engine and no call of the driver's failed: the caller must recover before using it)."""
         return any(actor_info(h).get("NumRestarts", 0) > seen
-                   for h, seen in zip(self.handles, self._seen_restarts, strict=True))
+                   for h, seen in zip(self._handles, self._seen_restarts, strict=True))
 
-    def kill_member(self, member: int) -> None:
-        """Kill one member as a crash would (a hung one): Ray restarts it if it has restarts left."""
-        ray.kill(self.handles[member], no_restart=False)
+    def members(self) -> list[Member]:
+        """Each member's health (a kill is a crash's: Ray restarts it if it has restarts left)."""
+        return [_member(n, h, restart=True) for n, h in zip(self.names, self._handles, strict=True)]
+
+    def on_each(self, fn: Callable[[Any], T]) -> list[T]:
+        """fn(the member's actor object) run in every member's process, waited for, in member order: what a test or
+        a benchmark reads of an actor (its threads, its pid); never the driver's way to call a role's method."""
+        return ray.get([h.__ray_call__.remote(fn) for h in self._handles])
 
     def kill(self) -> None:
-        for h in self.handles:
+        for h in self._handles:
             ray.kill(h, no_restart=True)
 
 
@@ -422,7 +450,7 @@ class LearnerGroup:
         if strategy == "single":
             if num != 1:
                 raise ValueError(f"strategy 'single' runs one learner, not {num}")
-            self.ranks = [remote_cls.options(name=self.names[0], **opts).remote(**kw, **(rank0_kwargs or {}))]
+            self._ranks = [remote_cls.options(name=self.names[0], **opts).remote(**kw, **(rank0_kwargs or {}))]
         else:
             bundle = {"CPU": opts.get("num_cpus", 0), "GPU": opts.get("num_gpus", 0), **opts.get("resources", {})}
             bundle = {k: v for k, v in bundle.items() if v}  # Ray rejects zero amounts in a bundle
@@ -446,7 +474,7 @@ class LearnerGroup:
             node = placement_group_table(self.placement_group)["bundles_to_node_id"][0]
             on_node = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
             init_method = ray.get(ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=on_node).remote())
-            self.ranks = [
+            self._ranks = [
                 remote_cls.options(
                     name=self.names[r],
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -461,41 +489,46 @@ class LearnerGroup:
             ]
 
     def __repr__(self) -> str:
-        return f"LearnerGroup(ranks={len(self.ranks)})"
+        return f"LearnerGroup(ranks={len(self._ranks)})"
 
     def _submit(self, method: str, *args: Any, **kwargs: Any) -> Pending[Any]:
-        if len(self.ranks) > 1:
+        if len(self._ranks) > 1:
             put = lambda x: x if isinstance(x, ray.ObjectRef) else ray.put(x)  # noqa: E731
             args, kwargs = tuple(put(a) for a in args), {k: put(v) for k, v in kwargs.items()}
-        first, *others = [getattr(h, method).remote(*args, **kwargs) for h in self.ranks]
+        first, *others = [getattr(h, method).remote(*args, **kwargs) for h in self._ranks]
         return Pending(first, others)
 
     def _one_rank(self, method: str) -> ActorHandle:
-        if len(self.ranks) != 1:
-            raise ValueError(f"LearnerGroup.{method}: a background send needs one learner rank, not {len(self.ranks)}")
-        return self.ranks[0]
+        if len(self._ranks) != 1:
+            raise ValueError(f"LearnerGroup.{method}: a background send needs one learner rank, not {len(self._ranks)}")
+        return self._ranks[0]
 
     def wait_started(self, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> None:
         """Return once every rank has loaded its model (see `wait_started`)."""
-        wait_started(self.ranks, self.names, self.options, timeout_s, on_wait)
+        wait_started(self._ranks, self.names, self.options, timeout_s, on_wait)
 
     # --- health -------------------------------------------------------------------------------------------------
 
-    def submit_ping(self) -> list[Pending[None]]:
-        """Every rank's `ping`, in HEALTH_GROUP (it answers while the rank trains)."""
-        return [Pending(h.ping.options(concurrency_group=HEALTH_GROUP).remote()) for h in self.ranks]
+    def members(self) -> list[Member]:
+        """Each rank's health (a kill is for good: the supervisor rebuilds the learner)."""
+        return [_member(n, h, restart=False) for n, h in zip(self.names, self._ranks, strict=True)]
+
+    def on_each(self, fn: Callable[[Any], T]) -> list[T]:
+        """fn(the rank's Learner) run in every rank's process, waited for, in rank order (see ActorGroup.on_each)."""
+        return ray.get([h.__ray_call__.remote(fn) for h in self._ranks])
 
     def lost(self, err: BaseException | None, timeout_s: float) -> Loss | None:
         """Whether the learner is gone, and why: `err` (the error that ended the loop) or a ping says a rank died,
         or a rank does not answer a ping within timeout_s (it is hung: killed here). None: every rank answers."""
-        ids = {ray_compat.actor_id(h): n for h, n in zip(self.ranks, self.names, strict=True)}
+        members = self.members()
+        ids = {m.id: m.name for m in members}
         seen: set[int] = set()
         while err is not None and id(err) not in seen:  # the chain of causes, Ray's task errors unwrapped
             seen.add(id(err))
             if isinstance(err, RayActorError) and err.actor_id in ids:
                 return Loss(f"{ids[err.actor_id]} died: {death_reason(err)}", err.preempted)
             err = vars(err).get("cause") or err.__cause__
-        pings = {p.ref: n for p, n in zip(self.submit_ping(), self.names, strict=True)}
+        pings = {m.ping().ref: m.name for m in members}
         ready, hung = ray.wait(list(pings), num_returns=len(pings), timeout=timeout_s)
         for ref in ready:
             try:
@@ -563,7 +596,7 @@ class LearnerGroup:
     def kill(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        for h in self.ranks:
+        for h in self._ranks:
             ray.kill(h, no_restart=True)
         if self.placement_group is not None:
             remove_placement_group(self.placement_group)

@@ -2,8 +2,8 @@
 loop, the phases, the evaluator, checkpoints and the supervisor use.
 
     Generators    actors/group.py GeneratorGroup      sample (one-turn or agentic, waited for, submitted or
-                                                      streamed), restarts, the engines' compute for the log
-    Learner       actors/group.py LearnerGroup        train steps, checkpoints, the merged model, losses
+                                                      streamed), restarts, health, the engines' compute for the log
+    Learner       actors/group.py LearnerGroup        train steps, checkpoints, the merged model, losses, health
     RewardScorer  actors/group.py RewardPoolGroup     scoring, the trainer_state the rewards see, its size
     EnvPoolView   actors/group.py EnvPoolGroup        the environment pool's stats
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from actors.group import Loss, Pending, Stream
+from actors.group import Loss, Member, Pending, Stream
 from actors.types import (
     EnvPoolStats,
     FinishedGroups,
@@ -64,6 +64,8 @@ class Generators(Protocol):
 
     def restarted(self) -> bool: ...
 
+    def members(self) -> list[Member]: ...
+
     def cpu_threads(self) -> list[str]: ...
 
     def kill(self) -> None: ...
@@ -88,6 +90,8 @@ class Learner(Protocol):
     def cpu_threads(self) -> str: ...
 
     def lost(self, err: BaseException | None, timeout_s: float) -> Loss | None: ...
+
+    def members(self) -> list[Member]: ...
 
     def kill(self) -> None: ...
 

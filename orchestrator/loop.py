@@ -1,5 +1,6 @@
 """The two training loops: one call per phase on the run's named groups (orchestrator/phases.py), each timed.
-Which loop runs is chosen once, when the run starts (loop.mode). The loop alone writes the run's progress."""
+Which loop runs is chosen once, when the run starts (loop.mode). The loop writes the run's progress as it trains
+(its steps, its weights' version, the resume position); the few other writers are in `Progress`'s docstring."""
 
 from __future__ import annotations
 

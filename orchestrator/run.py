@@ -8,7 +8,7 @@ record of where it is (`Progress`).
     env_pool     EnvPoolView: EnvPoolGroup, NAME/env-pool (tools only)  the generators' environments' stats
     weights      WeightTransfer (collective or object-store backend)   push, submit_async, drain, rejoin
     evaluate     Evaluator (NoEval, BlockingEval or OverlappedEval)     start, after_step, drain, restore
-    progress     Progress                                               written by the loop
+    progress     Progress                                               the loop's, and who else writes it
     faults       FaultLog                                               recoveries, restarts, hang kills
 """
 
@@ -34,10 +34,18 @@ from orchestrator.telemetry.progress import Display
 
 @dataclass
 class Progress:
-    """Where the run is. The loop (orchestrator/loop.py) writes global_step after each train step,
-    policy_version after each weight sync and (pipelined) resume_data; `checkpoints.restore` writes the steps
-    before the loop starts; the SIGTERM handler (train.py) sets stop_requested, the watchdog move_learner.
-    Nothing else writes it."""
+    """Where the run is. Its writers, all of them:
+
+        global_step, policy_version   the loop (orchestrator/loop.py), after each train step and weight sync;
+                                      orchestrator/checkpoints.py, where a run goes on from a checkpoint (or its
+                                      start): `resume` before the loop starts, `rewind` from the supervisor
+                                      between two runs of the loop
+        resume_data                   the pipelined loop, after each step; resume and rewind clear it
+        stop_requested                the SIGTERM handler (orchestrator/train.py), on the main thread, mid-step
+        move_learner                  the watchdog's thread (orchestrator/watchdog.py: a preemption notice),
+                                      any time; the supervisor clears it before it moves the learner
+
+    The loop reads stop_requested and move_learner at each step boundary (phases.done)."""
 
     global_step: int = 0  # optimizer steps done (the learner's TrainResult.global_step)
     policy_version: int = 0  # learner step whose weights the generators hold, or will once the last sync lands

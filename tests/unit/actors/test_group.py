@@ -39,7 +39,7 @@ class _Recorded(GeneratorGroup):
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple, dict]] = []
-        self.restarts, self.handles = 0, [None]
+        self.restarts, self._handles = 0, [None]
 
     def _submit(self, method, *args, per_member=None, **kwargs):
         self.calls.append((method, args, {**kwargs, **(per_member or [{}])[0]}))

@@ -48,7 +48,7 @@ def perturb(run) -> None:
                 local = p.to_local() if hasattr(p, "to_local") else p
                 local.add_(NOISE * torch.randn(local.shape, generator=g).to(local.dtype))
 
-    ray.get([h.__ray_call__.remote(add_noise) for h in run.learner.ranks])
+    run.learner.on_each(add_noise)
 
 
 def gap(run) -> float:
@@ -57,7 +57,7 @@ def gap(run) -> float:
 
 def engine_threads(run) -> list[int]:
     """Each generator's torch threads (its in-process engine computes on them: generation and weight reloads)."""
-    return ray.get([h.__ray_call__.remote(lambda self: torch.get_num_threads()) for h in run.generators.handles])
+    return run.generators.on_each(lambda self: torch.get_num_threads())
 
 
 def test_sync_into_two_engines_then_a_group_that_cannot_form_then_reform(ray_cluster):
