@@ -42,7 +42,7 @@ from orchestrator.environments import AgentSetup, env_reward_spec, prepare_agent
 from orchestrator.eval_metrics import Best, EvalSchedule
 from orchestrator.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
 from orchestrator.groups import EnvPoolView, Generators, Learner, RewardScorer
-from orchestrator.rollout import Agentic, OneTurn, Rollout
+from orchestrator.rollout import Agentic, OneTurn, Sampler
 from orchestrator.run import Evaluator, FaultLog, Run
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
 from orchestrator.telemetry.metrics import MetricsLogger
@@ -369,9 +369,10 @@ def start_env_pool(cfg: RunConfig, name: str, spec: EnvSpec, *, num_workers: int
     ))
 
 
-def rollout_kind(agent: AgentSetup | None) -> Rollout:
-    """How the run's samples are made: one-turn completions, or agentic rollouts when it has tools (the
-    environments' rewards routed by class name; the pickled environments kept for reward functions that ask)."""
+def rollout_kind(agent: AgentSetup | None) -> Sampler:
+    """The run's Sampler, how its samples are made: one-turn completions, or agentic rollouts when it has tools
+    (the environments' rewards routed by class name; the pickled environments kept for reward functions that
+    ask)."""
     if agent is None:
         return OneTurn()
     return Agentic(env_classes=agent.env_classes, keep_state=agent.keep_state)
@@ -438,11 +439,11 @@ def training_sampling(cfg: RunConfig) -> Sampling:
 
 
 def eval_set(cfg: RunConfig, prompts: list[Prompt], pool: RewardScorer,
-             rewards: list[RewardConfig] | None = None, rollout: Rollout | None = None) -> EvalSet:
+             rewards: list[RewardConfig] | None = None, sampler: Sampler | None = None) -> EvalSet:
     """What every eval of the run generates and how it is scored (cfg.eval set): the training batches' sampling,
     with eval's num_generations, and its max_completion_length and temperature where given. rewards: the
     training rewards the pool scores (Prepared.rewards: with environment rewards; default cfg.rewards), used
-    unless eval has its own. rollout: the run's (rollout_kind; default one-turn)."""
+    unless eval has its own. sampler: the run's (rollout_kind; default one-turn)."""
     e, train = cfg.eval, training_sampling(cfg)
     sampling = replace(
         train, n=e.num_generations,
@@ -453,7 +454,7 @@ def eval_set(cfg: RunConfig, prompts: list[Prompt], pool: RewardScorer,
         prompts=prompts, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
         aggregator=RewardAggregator(e.rewards if e.rewards is not None else rewards or cfg.rewards),
         chunk_groups=cfg.cluster.reward_chunk_groups, pass_threshold=e.pass_threshold, max_steps=cfg.grpo.max_steps,
-        rollout=rollout or OneTurn(),
+        sampler=sampler or OneTurn(),
     )
 
 
@@ -510,7 +511,7 @@ def run_logger(p: Prepared, display: Display | None = None) -> MetricsLogger:
 
 
 def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
-    """The run from its groups: the choices made from the config (the sampling, the rollout kind, the selector,
+    """The run from its groups: the choices made from the config (the sampling, the sampler, the selector,
     the aggregation, the evaluator) bound to them."""
     cfg, gen = p.cfg, p.cfg.generation
     aggregator = RewardAggregator(p.rewards)
@@ -520,7 +521,7 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
         aggregator=aggregator, select=selector(cfg, aggregator), sampling=training_sampling(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
         faults=FaultLog(p.run_dir, logger.display.message), eval_pool=groups.eval_pool,
-        rollout=rollout_kind(p.agent), env_pool=groups.env_pool,
+        sampler=rollout_kind(p.agent), env_pool=groups.env_pool,
     )
     run.evaluate = run_evaluator(run, p)
     return run
@@ -557,7 +558,7 @@ def start_learner(p: Prepared, reward_pool: RewardPoolGroup, say: Callable[[str]
 
 def run_evaluator(run: Run, p: Prepared) -> Evaluator:
     """The run's evaluator, bound to its current learner and generators."""
-    es = (eval_set(p.cfg, p.eval_prompts, run.eval_pool or run.reward_pool, p.rewards, run.rollout)
+    es = (eval_set(p.cfg, p.eval_prompts, run.eval_pool or run.reward_pool, p.rewards, run.sampler)
           if p.eval_prompts is not None else None)
     return evaluator(p.cfg, es, generators=run.generators, learner=run.learner, logger=run.logger,
                      prompts=run.prompts, run_dir=run.run_dir)

@@ -43,6 +43,7 @@ from typing import Any
 
 from ray.exceptions import RayActorError
 
+from actors.error_text import one_line
 from actors.group import Pending
 from actors.learner.checkpoint import REPLACED_SUFFIX, STATE_FILE, damaged
 from actors.types import TrainerState
@@ -212,7 +213,7 @@ def resume(run: Run, candidates: list[Path], *, scaling: bool = True) -> Path | 
             raise
         except Exception as err:  # noqa: BLE001 - any failure to load it
             then = f"using {candidates[i + 1].name}" if i + 1 < len(candidates) else "starting afresh"
-            run.display.message(f"rayward: {ckpt.name} could not be loaded ({_short(err)}): {then}")
+            run.display.message(f"rayward: {ckpt.name} could not be loaded ({one_line(err)}): {then}")
     return None
 
 
@@ -227,12 +228,6 @@ def rewind(run: Run, start: DataPosition) -> Path | None:
         run.evaluate.restore({"best": None})
         _go_on_from(run, 0)
     return ckpt
-
-
-def _short(err: BaseException) -> str:
-    cause = getattr(err, "cause", None) or err
-    lines = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
 
 
 # --- checkpoint-best ----------------------------------------------------------------------------------------

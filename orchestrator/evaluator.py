@@ -37,7 +37,7 @@ from orchestrator.data import Prompt, PromptSource, to_rollouts
 from orchestrator.eval_metrics import EvalSchedule, eval_metrics
 from orchestrator.groups import Generators, RewardScorer
 from orchestrator.grpo import nan_to_none
-from orchestrator.rollout import OneTurn, Rollout, agent_metrics, row_seeds
+from orchestrator.rollout import OneTurn, Sampler, agent_metrics, row_seeds
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
 
@@ -56,7 +56,7 @@ class EvalSet:
     chunk_groups: int
     pass_threshold: float
     max_steps: int  # trainer_state.max_steps the eval rewards see
-    rollout: Rollout = field(default_factory=OneTurn)  # one-turn, or agentic with the run's tools (as training)
+    sampler: Sampler = field(default_factory=OneTurn)  # one-turn, or agentic with the run's tools (as training)
 
     @property
     def group_size(self) -> int:
@@ -99,7 +99,7 @@ def submit_eval(es: EvalSet, generators: Generators, step: int, epoch: float = 0
     # Seeds per row, fixed across evals: two evals differ by the policy, not by the dice; vLLM adds j to a
     # prompt's seed for its j-th completion, so rows are n apart and repeated prompts still differ.
     seeds = row_seeds(es.seed, 0, len(es.prompts), es.group_size)
-    return PendingEval(step, epoch, es.rollout.submit(generators, es.prompts, seeds, es.sampling, min_version))
+    return PendingEval(step, epoch, es.sampler.submit(generators, es.prompts, seeds, es.sampling, min_version))
 
 
 def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
@@ -112,7 +112,7 @@ def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
         rollouts = to_rollouts(es.prompts, groups, p.step, prompt_column=es.prompt_column,
                                group_size=es.group_size)
         state = TrainerState(global_step=p.step, max_steps=es.max_steps, epoch=p.epoch)
-        p.scoring = (rollouts, es.pool.submit_score(es.rollout.reward_batch(rollouts), es.chunk_groups, state=state))
+        p.scoring = (rollouts, es.pool.submit_score(es.sampler.reward_batch(rollouts), es.chunk_groups, state=state))
     return p.scoring[1].done()
 
 

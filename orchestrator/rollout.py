@@ -1,4 +1,5 @@
-"""How a run's generators turn prompts into samples, chosen once when the run is built (build.rollout_kind):
+"""How a run's generators turn prompts into samples (its `Sampler`), chosen once when the run is built
+(build.rollout_kind):
 
     OneTurn   one completion per sample: Generator.generate / generate_stream on the prompts' token ids
     Agentic   multi-turn conversations with tools: Generator.rollout / rollout_stream on the dataset rows themselves
@@ -29,7 +30,7 @@ from orchestrator.groups import Generators
 STOP_REASONS: tuple[StopReason, ...] = ("stop", "max_turns", "length", "timeout", "env_error")
 
 
-class Rollout(Protocol):
+class Sampler(Protocol):
     """Generation as the phases, the pipelined bookkeeping and the evaluator call it."""
 
     def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],

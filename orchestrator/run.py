@@ -2,7 +2,7 @@
 record of where it is (`Progress`).
 
     generators   Generators: GeneratorGroup (cluster.num_generators)   generate, rollout, streams, restarts
-    rollout      OneTurn or Agentic (orchestrator/rollout.py)           which generator calls make samples
+    sampler      OneTurn or Agentic (orchestrator/rollout.py)           which generator calls make samples
     learner      Learner: LearnerGroup (cluster.num_learners ranks)     train_step, checkpoints, losses
     reward_pool  RewardScorer: RewardPoolGroup, NAME/reward-pool        score
     env_pool     EnvPoolView: EnvPoolGroup, NAME/env-pool (tools only)  the generators' environments' stats
@@ -26,7 +26,7 @@ from orchestrator.aggregation import RewardAggregator
 from orchestrator.config import RunConfig
 from orchestrator.data import DataPosition, PromptSource
 from orchestrator.groups import EnvPoolView, Generators, Learner, RewardScorer
-from orchestrator.rollout import OneTurn, Rollout
+from orchestrator.rollout import OneTurn, Sampler
 from orchestrator.selection import Selector
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
@@ -118,6 +118,6 @@ class Run:
     display: Display  # the one way the driver tells the user something: display.message(text)
     faults: FaultLog  # recoveries, restarts and hang kills: a line on the display and a record in faults.jsonl
     eval_pool: RewardScorer | None = None  # NAME/eval-reward-pool, when eval.rewards has rewards of its own
-    rollout: Rollout = field(default_factory=OneTurn)  # one-turn completions, or agentic rollouts with tools
+    sampler: Sampler = field(default_factory=OneTurn)  # one-turn completions, or agentic rollouts with tools
     env_pool: EnvPoolView | None = None  # NAME/env-pool: the environments of agentic rollouts (None: one-turn)
     progress: Progress = field(default_factory=Progress)

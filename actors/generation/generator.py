@@ -28,7 +28,7 @@ from typing import Any
 from actors.cpus import Share, describe, omp_bind, omp_waits, pick_cores
 from actors.envs.client import Environments
 from actors.generation.agent import AgentLoop, AgentSettings
-from actors.generation.engine import EngineLoop, Request, Stream, token_versions
+from actors.generation.engine import EngineLoop, FinishedQueue, Request, token_versions
 from actors.generation.vllm_plugin import SPIN_ENV
 from actors.types import FinishedGroups, Sample, Sampling
 
@@ -194,12 +194,12 @@ class Generator:
         "weights" group) may land between two of its engine steps, which Sample.versions records per token;
         min_version keeps it from sampling with weights older than that version."""
         t0 = time.perf_counter()
-        stream = Stream()
+        finished = FinishedQueue()
         requests = self.loop.submit_batch(prompt_token_ids, self._params(sampling, seeds, len(prompt_token_ids)),
-                                          stream=stream, min_version=min_version)
+                                          finished=finished, min_version=min_version)
         index = {r.request_id: i for i, r in enumerate(requests)}
         try:
-            for done in stream:
+            for done in finished:
                 groups = [(index[r.request_id], _samples(r.result())) for r in done]
                 yield FinishedGroups(groups, time.perf_counter() - t0)
         finally:  # a consumer that stops early leaves nothing decoding

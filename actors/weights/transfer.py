@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import ray
 from ray.exceptions import RayActorError
 
+from actors.error_text import one_line
 from actors.group import GeneratorGroup, LearnerGroup
 from actors.weights.collective import WeightTransferError
 
@@ -109,7 +110,7 @@ class _Transfer:
                 try:
                     ray.get(ref)
                 except Exception as err:  # noqa: BLE001
-                    raise WeightTransferError(f"weight sync: learner: {_short(err)}") from None
+                    raise WeightTransferError(f"weight sync: learner: {one_line(err)}") from None
         if stalled:
             who = [f"generator-{i}" for i, r in enumerate(p.generators) if r in stalled]
             who += ["learner"] if any(r in stalled for r in p.learner) else []
@@ -181,7 +182,7 @@ class CollectiveTransfer(_Transfer):
                 ray.get([r for r in learner if r in ready])
                 why = ""
             except Exception as err:  # noqa: BLE001
-                why = f"; learner: {_short(err)}"
+                why = f"; learner: {one_line(err)}"
             raise WeightTransferError(
                 f"the weight-transfer group ({self.world_size} ranks, learner at {host}:{port}) did not form "
                 f"within {self.timeout_s:.0f} s: not joined: {', '.join(missing) or 'none'}{why}. Check that the "
@@ -235,15 +236,8 @@ def _generator_failures(refs: list[Any], ready: list[Any]) -> list[str]:
             except RayActorError:
                 raise
             except Exception as err:  # noqa: BLE001
-                failed.append(f"generator-{i}: {_short(err)}")
+                failed.append(f"generator-{i}: {one_line(err)}")
     return failed
-
-
-def _short(err: BaseException) -> str:
-    """The innermost message of a Ray task error, one line."""
-    cause = getattr(err, "cause", None) or err
-    text = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {text[-1] if text else ''}"
 
 
 __all__ = [
