@@ -13,6 +13,7 @@ import pytest
 
 from actors.generation.generator import GENERATOR_GROUPS, GENERATOR_METHOD_GROUPS
 from actors.group import GeneratorGroup
+from actors.types import Sampling
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +25,7 @@ class HeldGenerator:
         self.loaded: list[int | None] = []
         self.load = threading.Event()
 
-    def generate_stream(self, prompt_token_ids, seeds=None, *, min_version=None, **sampling):
+    def generate_stream(self, prompt_token_ids, seeds, sampling, *, min_version=None):
         for i in range(len(prompt_token_ids)):
             if not self.load.wait(WAIT_S):
                 raise TimeoutError("no weight load reached the actor while it generated")
@@ -40,7 +41,8 @@ def test_a_weight_load_runs_beside_a_generation_call_in_flight(ray_cluster) -> N
     group = GeneratorGroup(HeldGenerator, 1, run_name="groups", role="generator", options={"num_cpus": 0.1},
                            concurrency_groups=GENERATOR_GROUPS, method_groups=GENERATOR_METHOD_GROUPS)
     try:
-        stream = group.stream_generate(0, [[1], [2]], [0, 1], {"n": 1}, min_version=None)
+        stream = group.stream_generate(0, [[1], [2]], [0, 1], Sampling(n=1, max_tokens=1, temperature=1.0),
+                                       min_version=None)
         (load,) = group.submit_load_weights(b"weights", 7)  # submitted after the stream, runs during it
         assert load.result() == 7
         assert stream.next() == (0, [7]) and stream.next() == (1, [7])
