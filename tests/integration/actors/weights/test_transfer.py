@@ -16,7 +16,7 @@ import ray
 import torch
 
 from actors.cpus import pick_cores
-from actors.types import TrainBatch
+from actors.types import Sampling, TrainBatch
 from actors.weights.collective import WeightTransferError
 from actors.weights.parity import PARITY_TOKENS, logprob_parity
 from actors.weights.transfer import CollectiveTransfer, OverlappedCollectiveTransfer
@@ -98,7 +98,7 @@ def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_
         perturb(run)
         before = run.learner.sequence_logprobs(PARITY_TOKENS)
         (busy,) = run.generators.submit_generate([PARITY_TOKENS] * 256, list(range(256)),
-                                                 dict(n=8, max_tokens=16, temperature=1.0), min_version=None)
+                                                 Sampling(n=8, max_tokens=16, temperature=1.0), min_version=None)
         run.weights.submit_async()  # queued on the engine behind that generation
         g = torch.Generator().manual_seed(0)
         batch = TrainBatch(
