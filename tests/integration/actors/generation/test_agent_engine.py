@@ -177,10 +177,10 @@ def test_seeded_prompts_too_long_to_prefill_together_do_not_crash_the_cpu_engine
         assert not config.enable_chunked_prefill and config.max_num_batched_tokens >= MAX_MODEL_LEN
     prompts = [[5 + (i * 7 + k) % 400 for k in range(1000)] for i in range(6)]
     assert 6 * 1000 > config.max_num_batched_tokens
-    out = gen.generate(prompts, seeds=list(range(6)), n=1, max_tokens=8, temperature=1.0)
+    sampling = Sampling(n=1, max_tokens=8, temperature=1.0)
+    out = gen.generate(prompts, list(range(6)), sampling)
     assert [len(s.completion_ids) for g in out for s in g] == [8] * 6
-    assert gen.generate(prompts[:1], seeds=[0], n=1, max_tokens=8, temperature=1.0)[0][0].completion_ids == \
-        out[0][0].completion_ids
+    assert gen.generate(prompts[:1], [0], sampling)[0][0].completion_ids == out[0][0].completion_ids
 
 
 def test_a_weight_load_while_a_trajectory_waits_on_its_tool_splits_its_versions(gen, envs) -> None:
