@@ -4,10 +4,16 @@ handles and fans calls out. The driver reaches every actor through one of them, 
     group.x(...)          call, wait, return the result
     group.submit_x(...)   call without waiting; returns `Pending` (the typed ObjectRef: `done()`, `result()`)
 
-- `ActorGroup` (the generators): N members of one class. It names methods by string (`call`, `submit`,
-  `call_sharded`, `submit_sharded`, `stream`), owns the shard arithmetic, and waits on its members' streams.
+- `ActorGroup`: N members of one class, the fan-out (the same call on every member, or on each member's shard of
+  a batch, or a streaming call on one member), the shard arithmetic, waiting on its members' streams, restarts.
+  Its fan-out names methods by string, privately: only the typed groups built on it call it.
+- `GeneratorGroup`: the generators, an ActorGroup with the generator's methods named (see there).
 - `LearnerGroup`: the learner, one member to the loop whatever its number of ranks, with named methods (see there).
 - `RewardPoolGroup`, `EnvPoolGroup`: the named reward and environment pool actors, which own their workers.
+
+The generator and learner groups keep their actors' handles to themselves. Their health goes out as `members()`:
+one `Member` per actor (its name, its id, the GCS's record of it, a ping, a kill), all that the driver's hang and
+preemption checks use (orchestrator/watchdog.py).
 
 Every fan-out is one batch of `.remote()` calls, so members work in parallel; names are `<run>/<role>-<i>` so the
 dashboard's actor list reads as the run's parts. A Ray actor runs its calls in submission order within each of
@@ -29,7 +35,17 @@ from ray.exceptions import RayActorError
 
 from actors import ray_compat
 from actors.net import free_port, node_ip
-from actors.types import EnvPoolStats, RewardBatch, Scores, TrainBatch, TrainerState, TrainResult
+from actors.types import (
+    EnvPoolStats,
+    FinishedGroups,
+    RewardBatch,
+    Sample,
+    Sampling,
+    Scores,
+    TrainBatch,
+    TrainerState,
+    TrainResult,
+)
 
 T = TypeVar("T")
 
@@ -72,6 +88,25 @@ class Loss:
 
     cause: str  # which rank, and what Ray or the hang check says of it
     preempted: bool = False  # Ray says its node was drained for preemption before it died
+
+
+@dataclass(frozen=True)
+class Member:
+    """One actor of a group, as the health checks see it (`members()`, orchestrator/watchdog.py)."""
+
+    name: str  # <run>/<role>-<i>
+    id: str  # its actor id: the same across Ray's restarts of it, another for an actor that replaces it
+    info: Callable[[], dict[str, Any]]  # the GCS's record of it now (`actor_info`)
+    ping: Callable[[], Pending[None]]  # its `ping`, in HEALTH_GROUP: it answers while the actor computes
+    kill: Callable[[], None]  # as a crash would: a generator comes back (Ray restarts it), a learner rank does not
+
+
+def _member(name: str, handle: ActorHandle, restart: bool) -> Member:
+    return Member(
+        name, ray_compat.actor_id(handle), lambda: actor_info(handle),
+        lambda: Pending(handle.ping.options(concurrency_group=HEALTH_GROUP).remote()),
+        lambda: ray.kill(handle, no_restart=not restart),
+    )
 
 
 def _needs(options: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +178,9 @@ def shards(num_items: int, members: int, parts: int | None = None) -> list[tuple
 
 
 class ActorGroup:
-    """N actors of one role class (the generators): `<run>/<role>-<i>`."""
+    """N actors of one role class: `<run>/<role>-<i>`. Its fan-out (`_call`, `_submit`, `_submit_sharded`,
+    `_stream`) names the members' methods by string: the typed groups built on it (GeneratorGroup) name them once,
+    in their own methods, and nothing outside this file calls a method by its name."""
 
     def __init__(
         self,
@@ -160,7 +197,7 @@ class ActorGroup:
         method_groups: dict[str, str] | None = None,
     ):
         """concurrency_groups: Ray concurrency groups of the actors ({name: max concurrency}; Ray takes them with
-        the class), e.g. HEALTH_GROUP for `submit_ping`; method_groups: the methods whose calls run in one of them
+        the class), e.g. HEALTH_GROUP for `ping`; method_groups: the methods whose calls run in one of them
         ({method: group}), the rest in the default group (e.g. actors/generation/generator.py GENERATOR_GROUPS,
         GENERATOR_METHOD_GROUPS)."""
         self.role = role
@@ -168,30 +205,30 @@ class ActorGroup:
         self._method_groups = dict(method_groups or {})
         self.options = dict(options or {})
         remote_cls = ray.remote(concurrency_groups=concurrency_groups)(cls) if concurrency_groups else ray.remote(cls)
-        self.handles: list[ActorHandle] = []
+        self._handles: list[ActorHandle] = []
         self.names = [f"{run_name}/{role}-{i}" for i in range(num)]
         for i, name in enumerate(self.names):
             kw = {**(kwargs or {}), **((per_actor_kwargs or [{}] * num)[i])}
-            self.handles.append(remote_cls.options(name=name, **self.options).remote(*args, **kw))
+            self._handles.append(remote_cls.options(name=name, **self.options).remote(*args, **kw))
         self._seen_restarts = [0] * num  # each member's Ray restarts as of the last `recover`
 
     def __len__(self) -> int:
-        return len(self.handles)
+        return len(self._handles)
 
     def __repr__(self) -> str:
-        return f"ActorGroup(role={self.role!r}, size={len(self.handles)})"
+        return f"{type(self).__name__}(role={self.role!r}, size={len(self._handles)})"
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """The same call on every member; results in member order."""
-        return [p.result() for p in self.submit(method, *args, **kwargs)]
+        return [p.result() for p in self._submit(method, *args, **kwargs)]
 
-    def submit(
+    def _submit(
         self, method: str, *args: Any, per_member: list[dict[str, Any]] | None = None, **kwargs: Any
     ) -> list[Pending[Any]]:
         """The call on every member, without waiting; `per_member`: keyword arguments of each member's own."""
-        per = per_member or [{}] * len(self.handles)
+        per = per_member or [{}] * len(self._handles)
         return [Pending(self._method(h, method).remote(*args, **kwargs, **p))
-                for h, p in zip(self.handles, per, strict=True)]
+                for h, p in zip(self._handles, per, strict=True)]
 
     def _method(self, handle: ActorHandle, method: str, **options: Any) -> Any:
         """The handle's method with these call options, in its concurrency group (method_groups) if it has one."""
@@ -201,26 +238,22 @@ class ActorGroup:
 
     def shards(self, num_items: int, parts: int | None = None) -> list[tuple[int, slice]]:
         """How `num_items` items are split over the members (see `shards`)."""
-        return shards(num_items, len(self.handles), parts)
+        return shards(num_items, len(self._handles), parts)
 
-    def submit_sharded(
+    def _submit_sharded(
         self, method: str, items: list[Any], *, aligned: dict[str, list[Any]] | None = None, **kwargs: Any
     ) -> list[Pending[list[Any]]]:
         """`method(shard, **kwargs)` on each member's contiguous shard of `items`, without waiting: one Pending per
         shard, in item order. `aligned`: keyword arguments holding one value per item, sharded with the items."""
         return [
-            Pending(self._method(self.handles[m], method).remote(
+            Pending(self._method(self._handles[m], method).remote(
                 items[s], **{k: v[s] for k, v in (aligned or {}).items()}, **kwargs))
             for m, s in self.shards(len(items))
         ]
 
-    def call_sharded(self, method: str, items: list[Any], **kwargs: Any) -> list[Any]:
-        """`submit_sharded`, waited for: the (list) results concatenated back in item order."""
-        return [x for p in self.submit_sharded(method, items, **kwargs) for x in p.result()]
-
-    def stream(self, member: int, method: str, *args: Any, **kwargs: Any) -> Stream[Any]:
+    def _stream(self, member: int, method: str, *args: Any, **kwargs: Any) -> Stream[Any]:
         """A streaming call (a generator method) on one member."""
-        call = self._method(self.handles[member], method, num_returns="streaming")
+        call = self._method(self._handles[member], method, num_returns="streaming")
         return Stream(member, self.restarts, call.remote(*args, **kwargs))
 
     def next_ready(self, streams: list[Stream[Any]], until: Pending[Any] | None = None) -> Stream[Any] | None:
@@ -238,37 +271,123 @@ class ActorGroup:
         said = time.monotonic()
         while True:
             try:
-                wait_started(self.handles, self.names, self.options, max(deadline - time.monotonic(), 1), on_wait)
+                wait_started(self._handles, self.names, self.options, max(deadline - time.monotonic(), 1), on_wait)
                 break
             except RayActorError:  # restarting (ActorUnavailableError), or a call to it cut by its node's death
-                if time.monotonic() > deadline or any(actor_info(h).get("State") == "DEAD" for h in self.handles):
+                if time.monotonic() > deadline or any(actor_info(h).get("State") == "DEAD" for h in self._handles):
                     raise
                 if on_wait is not None and time.monotonic() - said > WAIT_MESSAGE_S:
                     said = time.monotonic()
                     states = ", ".join(f"{n} ({actor_info(h).get('State', '?')})"
-                                       for h, n in zip(self.handles, self.names, strict=True))
+                                       for h, n in zip(self._handles, self.names, strict=True))
                     on_wait(f"waiting for {states} to restart: each needs {_needs(self.options)}")
                 time.sleep(RESTART_POLL_S)
-        self._seen_restarts = [actor_info(h).get("NumRestarts", 0) for h in self.handles]
+        self._seen_restarts = [actor_info(h).get("NumRestarts", 0) for h in self._handles]
         self.restarts += 1
 
     def restarted(self) -> bool:
         """Whether Ray restarted a member since the last `recover` (one that died while idle comes back with a
         fresh engine and no call of the driver's failed: the caller must recover before using it)."""
         return any(actor_info(h).get("NumRestarts", 0) > seen
-                   for h, seen in zip(self.handles, self._seen_restarts, strict=True))
+                   for h, seen in zip(self._handles, self._seen_restarts, strict=True))
 
-    def submit_ping(self) -> list[Pending[None]]:
-        """Every member's `ping`, in HEALTH_GROUP (it answers while the member generates)."""
-        return [Pending(h.ping.options(concurrency_group=HEALTH_GROUP).remote()) for h in self.handles]
+    def members(self) -> list[Member]:
+        """Each member's health (a kill is a crash's: Ray restarts it if it has restarts left)."""
+        return [_member(n, h, restart=True) for n, h in zip(self.names, self._handles, strict=True)]
 
-    def kill_member(self, member: int) -> None:
-        """Kill one member as a crash would (a hung one): Ray restarts it if it has restarts left."""
-        ray.kill(self.handles[member], no_restart=False)
+    def on_each(self, fn: Callable[[Any], T]) -> list[T]:
+        """fn(the member's actor object) run in every member's process, waited for, in member order: what a test or
+        a benchmark reads of an actor (its threads, its pid); never the driver's way to call a role's method."""
+        return ray.get([h.__ray_call__.remote(fn) for h in self._handles])
 
     def kill(self) -> None:
-        for h in self.handles:
+        for h in self._handles:
             ray.kill(h, no_restart=True)
+
+
+def joined(parts: list[Pending[list[T]]]) -> list[T]:
+    """The results of a sharded call (one Pending per shard, in item order), waited for and joined in item order."""
+    return [x for p in parts for x in p.result()]
+
+
+class GeneratorGroup(ActorGroup):
+    """The run's generators (actors/generation/generator.py Generator), `<run>/generator-<i>`: the generator's
+    methods, named. The sampling calls shard their prompts (or rows) over the members, one call per member, and
+    answer in prompt order; the streams run on one member each (the pipelined loop deals the shards itself).
+
+      one turn per sample:  generate(...) -> list[list[Sample]]    submit_generate(...) -> [Pending] per shard
+                            stream_generate(member, ...) -> Stream[FinishedGroups]
+      agentic, with tools:  rollout(...), submit_rollout(...), stream_rollout(member, ...), the same shapes
+      weights (actors/weights/transfer.py), every member:
+                            submit_load_weights(blob, version), submit_join_weight_group(...),
+                            submit_receive_weights(version) -> [Pending] per member
+      checks:               sequence_logprobs(token_ids, temperature) -> per member, cpu_threads() -> per member
+
+    min_version: the policy version a call's samples must not be older than (its requests wait for that load);
+    pin: no weight load lands until the call is done (an eval of one version)."""
+
+    # --- sampling -----------------------------------------------------------------------------------------------
+
+    def submit_generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, *,
+                        min_version: int | None, pin: bool = False) -> list[Pending[list[list[Sample]]]]:
+        """Generator.generate on each member's shard of the prompts (seeds: one per prompt)."""
+        return self._submit_sharded("generate", prompt_ids, aligned={"seeds": seeds}, sampling=sampling,
+                                    min_version=min_version, pin=pin)
+
+    def generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, *,
+                 min_version: int | None, pin: bool = False) -> list[list[Sample]]:
+        return joined(self.submit_generate(prompt_ids, seeds, sampling, min_version=min_version, pin=pin))
+
+    def stream_generate(self, member: int, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling,
+                        *, min_version: int | None) -> Stream[FinishedGroups]:
+        """Generator.generate_stream on one member: its groups as they finish."""
+        return self._stream(member, "generate_stream", prompt_ids, seeds, sampling, min_version=min_version)
+
+    def submit_rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
+                       min_version: int | None, pin: bool = False) -> list[Pending[list[list[Sample]]]]:
+        """Generator.rollout on each member's shard of the rows (seeds: one per row)."""
+        return self._submit_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling,
+                                    min_version=min_version, pin=pin)
+
+    def rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
+                min_version: int | None, pin: bool = False) -> list[list[Sample]]:
+        return joined(self.submit_rollout(rows, seeds, sampling, min_version=min_version, pin=pin))
+
+    def stream_rollout(self, member: int, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling,
+                       *, min_version: int | None) -> Stream[FinishedGroups]:
+        """Generator.rollout_stream on one member: its rows' groups as they finish."""
+        return self._stream(member, "rollout_stream", rows, seeds, sampling, min_version=min_version)
+
+    # --- weights (in the generators' "weights" concurrency group: between two engine steps) ----------------------
+
+    def submit_load_weights(self, blob: Any, version: int | None) -> list[Pending[None]]:
+        """Object-store backend: every member loads the safetensors bytes (`blob`: bytes, or the ObjectRef of
+        them, fetched once per node)."""
+        return self._submit("load_weights", blob, version=version)
+
+    def submit_join_weight_group(self, host: str, port: int, *, rank_offsets: list[int], world_size: int,
+                                 generation: int, timeout_s: float, plan: list[list[Any]]) -> list[Pending[list[int]]]:
+        """Collective backend: every member's engine workers join the weight-transfer group, member i's first
+        worker as rank rank_offsets[i]."""
+        return self._submit("join_weight_group", host, port, world_size=world_size, generation=generation,
+                            timeout_s=timeout_s, plan=plan, per_member=[{"rank_offset": r} for r in rank_offsets])
+
+    def submit_receive_weights(self, version: int | None) -> list[Pending[dict[str, float]]]:
+        """Collective backend: every member receives the buckets the learner broadcasts."""
+        return self._submit("receive_weights", version=version)
+
+    # --- checks -------------------------------------------------------------------------------------------------
+
+    def submit_sequence_logprobs(self, token_ids: list[int], temperature: float) -> list[Pending[list[float]]]:
+        """Every member's engine logprobs of token_ids[1:] (the parity check, actors/weights/parity.py)."""
+        return self._submit("sequence_logprobs", token_ids, temperature)
+
+    def sequence_logprobs(self, token_ids: list[int], temperature: float) -> list[list[float]]:
+        return [p.result() for p in self.submit_sequence_logprobs(token_ids, temperature)]
+
+    def cpu_threads(self) -> list[str]:
+        """How each member's engine computes, for the start-up log."""
+        return self._call("cpu_threads")
 
 
 def _rendezvous() -> str:
@@ -331,7 +450,7 @@ class LearnerGroup:
         if strategy == "single":
             if num != 1:
                 raise ValueError(f"strategy 'single' runs one learner, not {num}")
-            self.ranks = [remote_cls.options(name=self.names[0], **opts).remote(**kw, **(rank0_kwargs or {}))]
+            self._ranks = [remote_cls.options(name=self.names[0], **opts).remote(**kw, **(rank0_kwargs or {}))]
         else:
             bundle = {"CPU": opts.get("num_cpus", 0), "GPU": opts.get("num_gpus", 0), **opts.get("resources", {})}
             bundle = {k: v for k, v in bundle.items() if v}  # Ray rejects zero amounts in a bundle
@@ -355,7 +474,7 @@ class LearnerGroup:
             node = placement_group_table(self.placement_group)["bundles_to_node_id"][0]
             on_node = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
             init_method = ray.get(ray.remote(_rendezvous).options(num_cpus=0, scheduling_strategy=on_node).remote())
-            self.ranks = [
+            self._ranks = [
                 remote_cls.options(
                     name=self.names[r],
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
@@ -370,41 +489,46 @@ class LearnerGroup:
             ]
 
     def __repr__(self) -> str:
-        return f"LearnerGroup(ranks={len(self.ranks)})"
+        return f"LearnerGroup(ranks={len(self._ranks)})"
 
     def _submit(self, method: str, *args: Any, **kwargs: Any) -> Pending[Any]:
-        if len(self.ranks) > 1:
+        if len(self._ranks) > 1:
             put = lambda x: x if isinstance(x, ray.ObjectRef) else ray.put(x)  # noqa: E731
             args, kwargs = tuple(put(a) for a in args), {k: put(v) for k, v in kwargs.items()}
-        first, *others = [getattr(h, method).remote(*args, **kwargs) for h in self.ranks]
+        first, *others = [getattr(h, method).remote(*args, **kwargs) for h in self._ranks]
         return Pending(first, others)
 
     def _one_rank(self, method: str) -> ActorHandle:
-        if len(self.ranks) != 1:
-            raise ValueError(f"LearnerGroup.{method}: a background send needs one learner rank, not {len(self.ranks)}")
-        return self.ranks[0]
+        if len(self._ranks) != 1:
+            raise ValueError(f"LearnerGroup.{method}: a background send needs one learner rank, not {len(self._ranks)}")
+        return self._ranks[0]
 
     def wait_started(self, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> None:
         """Return once every rank has loaded its model (see `wait_started`)."""
-        wait_started(self.ranks, self.names, self.options, timeout_s, on_wait)
+        wait_started(self._ranks, self.names, self.options, timeout_s, on_wait)
 
     # --- health -------------------------------------------------------------------------------------------------
 
-    def submit_ping(self) -> list[Pending[None]]:
-        """Every rank's `ping`, in HEALTH_GROUP (it answers while the rank trains)."""
-        return [Pending(h.ping.options(concurrency_group=HEALTH_GROUP).remote()) for h in self.ranks]
+    def members(self) -> list[Member]:
+        """Each rank's health (a kill is for good: the supervisor rebuilds the learner)."""
+        return [_member(n, h, restart=False) for n, h in zip(self.names, self._ranks, strict=True)]
+
+    def on_each(self, fn: Callable[[Any], T]) -> list[T]:
+        """fn(the rank's Learner) run in every rank's process, waited for, in rank order (see ActorGroup.on_each)."""
+        return ray.get([h.__ray_call__.remote(fn) for h in self._ranks])
 
     def lost(self, err: BaseException | None, timeout_s: float) -> Loss | None:
         """Whether the learner is gone, and why: `err` (the error that ended the loop) or a ping says a rank died,
         or a rank does not answer a ping within timeout_s (it is hung: killed here). None: every rank answers."""
-        ids = {ray_compat.actor_id(h): n for h, n in zip(self.ranks, self.names, strict=True)}
+        members = self.members()
+        ids = {m.id: m.name for m in members}
         seen: set[int] = set()
         while err is not None and id(err) not in seen:  # the chain of causes, Ray's task errors unwrapped
             seen.add(id(err))
             if isinstance(err, RayActorError) and err.actor_id in ids:
                 return Loss(f"{ids[err.actor_id]} died: {death_reason(err)}", err.preempted)
             err = vars(err).get("cause") or err.__cause__
-        pings = {p.ref: n for p, n in zip(self.submit_ping(), self.names, strict=True)}
+        pings = {m.ping().ref: m.name for m in members}
         ready, hung = ray.wait(list(pings), num_returns=len(pings), timeout=timeout_s)
         for ref in ready:
             try:
@@ -472,7 +596,7 @@ class LearnerGroup:
     def kill(self) -> None:
         from ray.util.placement_group import remove_placement_group
 
-        for h in self.ranks:
+        for h in self._ranks:
             ray.kill(h, no_restart=True)
         if self.placement_group is not None:
             remove_placement_group(self.placement_group)

@@ -1,5 +1,6 @@
 """The records handed from one stage of the data path to the next, in the order data flows:
 
+    Sampling            driver -> generators      how to sample a call's prompts: n, max_tokens, temperature, ...
     Sample / Rollouts   generators -> driver      completions, sampling logprobs, policy_version
     Trajectory          (in a Sample) a multi-turn conversation: messages, token roles, stop reason, env outputs
     EnvRequest ... EnvClosed   generators <-> environment pool (actors/envs): sessions, tool calls
@@ -24,6 +25,19 @@ from typing import Any, ClassVar, Literal
 # The dataset column that picks a row's environment when environment_factory maps names to classes (TRL's name);
 # TRL's reset(**row) does not receive it.
 ENVIRONMENT_COLUMN = "environment"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the generators sample one call's prompts: the training batches' (generation.*), or an eval's (eval.*
+    over them). Both generator entry points take it alike, one-turn (`Generator.generate`, `generate_stream`) and
+    agentic (`rollout`, `rollout_stream`); the seeds travel beside it, one per prompt or row."""
+
+    n: int  # completions per prompt: a GRPO group's size G
+    max_tokens: int  # per completion; agentic: the model-token budget of each whole trajectory
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
 
 
 @dataclass

@@ -34,11 +34,12 @@ def engine_cpu_seconds() -> float:
 def measure() -> None:
     sys.path.insert(0, str(ROOT))
     from actors.generation.generator import Generator
+    from actors.types import Sampling
     from orchestrator.tiny import ensure_tiny_model
 
     gen = Generator(str(ensure_tiny_model()))
     for _ in range(3):
-        gen.generate([[1, 2, 3]], n=4, max_tokens=8, temperature=1.0)
+        gen.generate([[1, 2, 3]], None, Sampling(n=4, max_tokens=8, temperature=1.0))
         time.sleep(0.2)
         before = engine_cpu_seconds()
         time.sleep(IDLE_WINDOW_S)

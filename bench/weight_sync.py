@@ -117,8 +117,8 @@ def rayward_sync(model: Path, backend: str, repeats: int, bucket_mb: float) -> d
     init_ray(cfg.cluster, "bench-sync")
     run = build_run(prepare(cfg, "bench-sync"))
     try:
-        pid = lambda h: ray.get(h.__ray_call__.remote(lambda self: os.getpid()))  # noqa: E731
-        lpid, gpid = pid(run.learner.ranks[0]), pid(run.generators.handles[0])
+        pid = lambda self: os.getpid()  # noqa: E731
+        lpid, gpid = run.learner.on_each(pid)[0], run.generators.on_each(pid)[0]
         run.weights.push()  # the first sync after start-up is slower (allocations, first loads)
         stats, extra_l, extra_g, cpu_l, cpu_g = [], [], [], [], []
         for _ in range(repeats):

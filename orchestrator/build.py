@@ -1,7 +1,9 @@
-"""Building a run: check everything cheap first, then start the actor groups the loop drives.
+"""Building a run: check everything cheap first (`prepare`), then start the actor groups the loop drives
+(`start_groups`), then assemble the run from them (`assemble_run`; the loop tests assemble theirs from fakes
+of the groups, tests/fixtures/fakes.py, with the same function). `build_run` is the last two.
 
-Every choice (how many generators, where reward workers go, which loss) is made here, when the groups are
-built; the loop only calls phases on them.
+Every choice (how many generators, where reward workers go, which loss, the selector, the evaluator) is made
+here, when the run is built; the loop only calls phases on it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from actors.group import (
     HEALTH_GROUP,
     PLACEMENT_TIMEOUT_S,
     SEND_GROUP,
-    ActorGroup,
     EnvPoolGroup,
+    GeneratorGroup,
     LearnerGroup,
     RewardPoolGroup,
 )
@@ -30,16 +32,17 @@ from actors.learner.loss import ImportanceSampling, LossConfig
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
 from actors.rewards.builtin import BUILTIN_REWARDS, builtin_target
 from actors.rewards.worker import RewardFunctionError, RewardSpec, declares_environments, load_reward_function
-from actors.types import TrainerState
+from actors.types import Sampling, TrainerState
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
 from orchestrator.config import TINY_MODEL, TINY_TOOLS_MODEL, ConfigError, RewardConfig, RunConfig
-from orchestrator.data import PromptSource, eval_rows, load_rows
+from orchestrator.data import Prompt, PromptSource, eval_prompts, load_rows
 from orchestrator.environments import AgentSetup, env_reward_spec, prepare_agent
 from orchestrator.eval_metrics import Best, EvalSchedule
 from orchestrator.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
-from orchestrator.rollout import Agentic, OneTurn, Rollout
+from orchestrator.groups import EnvPoolView, Generators, Learner, RewardScorer
+from orchestrator.rollout import Agentic, OneTurn, Sampler
 from orchestrator.run import Evaluator, FaultLog, Run
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
 from orchestrator.telemetry.metrics import MetricsLogger
@@ -227,7 +230,7 @@ class Prepared:
     specs: list[RewardSpec]
     prompts: PromptSource
     run_dir: Path
-    eval_rows: list[dict[str, Any]] | None = None  # the held-out rows, tokenized (None: no eval block)
+    eval_prompts: list[Prompt] | None = None  # the held-out prompts, tokenized (None: no eval block)
     eval_specs: list[RewardSpec] | None = None  # eval.rewards as specs (None: the training rewards score evals)
     agent: AgentSetup | None = None  # tools and environments (None: a one-turn run)
     rewards: list[RewardConfig] = field(default_factory=list)  # cfg.rewards + the environments' unnamed get_reward()s,
@@ -243,12 +246,12 @@ def load_tokenizer(cfg: RunConfig, model_path: str) -> Any:
         raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r}: cannot load tokenizer ({err})") from None
 
 
-def prepare_eval(cfg: RunConfig, tokenizer: Any) -> tuple[list[dict[str, Any]] | None, list[RewardSpec] | None]:
+def prepare_eval(cfg: RunConfig, tokenizer: Any) -> tuple[list[Prompt] | None, list[RewardSpec] | None]:
     """The eval block's checks: its rewards import, its dataset has the prompt column. (None, None) without one."""
     if cfg.eval is None:
         return None, None
     specs = reward_specs(cfg.eval.rewards, "eval.rewards") if cfg.eval.rewards is not None else None
-    return eval_rows(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, seed=cfg.seed), specs
+    return eval_prompts(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, seed=cfg.seed), specs
 
 
 def prepare(cfg: RunConfig, name: str) -> Prepared:
@@ -264,7 +267,7 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     rows = load_rows(cfg.data, seed=cfg.seed)
     prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed)
     held_out, eval_specs = prepare_eval(cfg, tokenizer)
-    agent = prepare_agent(cfg, tokenizer, rows, specs, held_out)
+    agent = prepare_agent(cfg, tokenizer, rows, specs, None if held_out is None else [p.row for p in held_out])
     if agent is not None and cfg.eval is not None and cfg.eval.data.prompt_column != cfg.data.prompt_column:
         raise ConfigError(f"eval.data.prompt_column {cfg.eval.data.prompt_column!r}: with tools, evals read the "
                           f"training data's prompt column ({cfg.data.prompt_column!r}); rename the column")
@@ -297,7 +300,7 @@ def learner_concurrency(cfg: RunConfig) -> dict[str, int] | None:
     return {SEND_GROUP: 1} if overlapped_sync(cfg) else None
 
 
-def weight_transfer(cfg: RunConfig, learner: LearnerGroup, generators: ActorGroup) -> WeightTransfer:
+def weight_transfer(cfg: RunConfig, learner: LearnerGroup, generators: GeneratorGroup) -> WeightTransfer:
     """The run's weight-transfer backend (weight_sync.backend); the collective one's group formed."""
     from actors.weights.transfer import CollectiveTransfer, ObjectStoreTransfer, OverlappedCollectiveTransfer
 
@@ -366,9 +369,10 @@ def start_env_pool(cfg: RunConfig, name: str, spec: EnvSpec, *, num_workers: int
     ))
 
 
-def rollout_kind(agent: AgentSetup | None) -> Rollout:
-    """How the run's samples are made: one-turn completions, or agentic rollouts when it has tools (the
-    environments' rewards routed by class name; the pickled environments kept for reward functions that ask)."""
+def rollout_kind(agent: AgentSetup | None) -> Sampler:
+    """The run's Sampler, how its samples are made: one-turn completions, or agentic rollouts when it has tools
+    (the environments' rewards routed by class name; the pickled environments kept for reward functions that
+    ask)."""
     if agent is None:
         return OneTurn()
     return Agentic(env_classes=agent.env_classes, keep_state=agent.keep_state)
@@ -394,14 +398,14 @@ def agent_kwargs(cfg: RunConfig, agent: AgentSetup, env_pool: EnvPoolGroup, prom
 
 
 def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[str, Any] | None = None,
-                     **engine: Any) -> ActorGroup:
+                     **engine: Any) -> GeneratorGroup:
     """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments;
     agent: `agent_kwargs` for a run with tools)."""
     from actors.generation.generator import GENERATOR_GROUPS, GENERATOR_METHOD_GROUPS, Generator
     from orchestrator.cluster import generator_options, namespace
 
     c, gen = cfg.cluster, cfg.generation
-    return ActorGroup(
+    return GeneratorGroup(
         Generator,
         c.num_generators,
         # weight loads beside generation, between engine steps; ping answers while a batch generates
@@ -427,34 +431,34 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
     )
 
 
-def sampling_kwargs(cfg: RunConfig) -> dict[str, Any]:
-    """Generator.generate's sampling arguments for the training batches (generation.*)."""
+def training_sampling(cfg: RunConfig) -> Sampling:
+    """How the training batches are sampled (generation.*)."""
     g = cfg.generation
-    return dict(n=g.num_generations, max_tokens=g.max_completion_length, temperature=g.temperature, top_p=g.top_p,
-                top_k=g.top_k)
+    return Sampling(n=g.num_generations, max_tokens=g.max_completion_length, temperature=g.temperature,
+                    top_p=g.top_p, top_k=g.top_k)
 
 
-def eval_set(cfg: RunConfig, rows: list[dict[str, Any]], pool: RewardPoolGroup,
-             rewards: list[RewardConfig] | None = None, rollout: Rollout | None = None) -> EvalSet:
+def eval_set(cfg: RunConfig, prompts: list[Prompt], pool: RewardScorer,
+             rewards: list[RewardConfig] | None = None, sampler: Sampler | None = None) -> EvalSet:
     """What every eval of the run generates and how it is scored (cfg.eval set): the training batches' sampling,
     with eval's num_generations, and its max_completion_length and temperature where given. rewards: the
     training rewards the pool scores (Prepared.rewards: with environment rewards; default cfg.rewards), used
-    unless eval has its own. rollout: the run's (rollout_kind; default one-turn)."""
-    e = cfg.eval
-    sampling = {**sampling_kwargs(cfg), "n": e.num_generations}
-    if e.max_completion_length is not None:
-        sampling["max_tokens"] = e.max_completion_length
-    if e.temperature is not None:
-        sampling["temperature"] = e.temperature
+    unless eval has its own. sampler: the run's (rollout_kind; default one-turn)."""
+    e, train = cfg.eval, training_sampling(cfg)
+    sampling = replace(
+        train, n=e.num_generations,
+        max_tokens=e.max_completion_length if e.max_completion_length is not None else train.max_tokens,
+        temperature=e.temperature if e.temperature is not None else train.temperature,
+    )
     return EvalSet(
-        rows=rows, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
+        prompts=prompts, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
         aggregator=RewardAggregator(e.rewards if e.rewards is not None else rewards or cfg.rewards),
         chunk_groups=cfg.cluster.reward_chunk_groups, pass_threshold=e.pass_threshold, max_steps=cfg.grpo.max_steps,
-        rollout=rollout or OneTurn(),
+        sampler=sampler or OneTurn(),
     )
 
 
-def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: ActorGroup, learner: LearnerGroup,
+def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Generators, learner: Learner,
               logger: MetricsLogger, prompts: PromptSource, run_dir: Path) -> Evaluator:
     """The run's held-out evaluator: none, blocking between steps (sync loop), or overlapped with training
     (pipelined loop); with grpo.save_best, keeping checkpoint-best."""
@@ -471,9 +475,21 @@ def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: ActorGroup, lea
     )
 
 
-def build_run(p: Prepared, display: Display | None = None) -> Run:
-    """Start the actor groups (Ray must be initialised). `display` shows the steps (default: step lines)."""
-    cfg, gen = p.cfg, p.cfg.generation
+@dataclass
+class Groups:
+    """A run's actor groups: started (`start_groups`), or the loop tests' fakes of them."""
+
+    generators: Generators
+    learner: Learner
+    reward_pool: RewardScorer
+    weights: WeightTransfer  # the learner's weights into the generators
+    eval_pool: RewardScorer | None = None  # eval.rewards' own pool
+    env_pool: EnvPoolView | None = None  # a run with tools
+
+
+def start_groups(p: Prepared) -> Groups:
+    """Start the run's actor groups and form the weight transfer (Ray must be initialised)."""
+    cfg = p.cfg
     reward_pool = start_reward_pool(cfg, p.name, p.specs)
     eval_pool = None
     if p.eval_specs is not None:
@@ -482,22 +498,39 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
     agent = agent_kwargs(cfg, p.agent, env_pool) if p.agent is not None else None
     generators = start_generators(cfg, p.name, p.model_path, agent=agent)
     learner = start_learner(p, reward_pool)
-    weights = weight_transfer(cfg, learner, generators)
-    logger = MetricsLogger(
+    return Groups(generators, learner, reward_pool, weight_transfer(cfg, learner, generators), eval_pool, env_pool)
+
+
+def run_logger(p: Prepared, display: Display | None = None) -> MetricsLogger:
+    """The run's metrics sinks and terminal (`display`: default step lines)."""
+    cfg = p.cfg
+    return MetricsLogger(
         p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,
         max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"), display=display,
     )
+
+
+def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
+    """The run from its groups: the choices made from the config (the sampling, the sampler, the selector,
+    the aggregation, the evaluator) bound to them."""
+    cfg, gen = p.cfg, p.cfg.generation
     aggregator = RewardAggregator(p.rewards)
     run = Run(
-        cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=generators, learner=learner,
-        reward_pool=reward_pool, weights=weights, evaluate=NoEval(),
-        aggregator=aggregator, select=selector(cfg, aggregator), sampling=sampling_kwargs(cfg),
+        cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=groups.generators,
+        learner=groups.learner, reward_pool=groups.reward_pool, weights=groups.weights, evaluate=NoEval(),
+        aggregator=aggregator, select=selector(cfg, aggregator), sampling=training_sampling(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
-        faults=FaultLog(p.run_dir, logger.display.message), eval_pool=eval_pool, rollout=rollout_kind(p.agent),
-        env_pool=env_pool,
+        faults=FaultLog(p.run_dir, logger.display.message), eval_pool=groups.eval_pool,
+        sampler=rollout_kind(p.agent), env_pool=groups.env_pool,
     )
     run.evaluate = run_evaluator(run, p)
     return run
+
+
+def build_run(p: Prepared, display: Display | None = None) -> Run:
+    """Start the actor groups (Ray must be initialised) and assemble the run. `display` shows the steps (default:
+    step lines)."""
+    return assemble_run(p, start_groups(p), run_logger(p, display))
 
 
 def start_learner(p: Prepared, reward_pool: RewardPoolGroup, say: Callable[[str], None] | None = None) -> LearnerGroup:
@@ -525,8 +558,8 @@ def start_learner(p: Prepared, reward_pool: RewardPoolGroup, say: Callable[[str]
 
 def run_evaluator(run: Run, p: Prepared) -> Evaluator:
     """The run's evaluator, bound to its current learner and generators."""
-    es = (eval_set(p.cfg, p.eval_rows, run.eval_pool or run.reward_pool, p.rewards, run.rollout)
-          if p.eval_rows is not None else None)
+    es = (eval_set(p.cfg, p.eval_prompts, run.eval_pool or run.reward_pool, p.rewards, run.sampler)
+          if p.eval_prompts is not None else None)
     return evaluator(p.cfg, es, generators=run.generators, learner=run.learner, logger=run.logger,
                      prompts=run.prompts, run_dir=run.run_dir)
 
@@ -537,8 +570,14 @@ def rebuild_learner(run: Run, p: Prepared) -> None:
     bound to it. The run's state (weights, step, data) is the caller's to restore (checkpoints.rewind)."""
     run.learner.kill()  # what is left of it: live ranks of a broken group, its placement group
     say = lambda text: run.display.message(f"rayward: {text}")  # noqa: E731
-    run.learner = start_learner(p, run.reward_pool, say)
-    run.weights = weight_transfer(p.cfg, run.learner, run.generators)
+    learner = start_learner(p, run.reward_pool, say)
+    replace_learner(run, p, learner, weight_transfer(p.cfg, learner, run.generators))
+
+
+def replace_learner(run: Run, p: Prepared, learner: Learner, weights: WeightTransfer) -> None:
+    """A new learner group in the run (the tests' fakes too), with its weight transfer, and the evaluator bound to
+    it."""
+    run.learner, run.weights = learner, weights
     run.evaluate = run_evaluator(run, p)
 
 

@@ -12,8 +12,8 @@ what `--resume` loads, and where a lost learner starts again (`rewind`, for orch
                                             writes a directory, then renames it: a crash leaves one of them whole)
 
 STATE_FILE (rayward_state.json), written last: global_step, `files` (every other file's size: a checkpoint whose
-files differ is damaged), and the run's state (`run_state`), everything a resumed run needs to go on as the
-stopped one would have:
+files differ is damaged), and the run's state (`RunState`, from `run_state`), everything a resumed run needs to go
+on as the stopped one would have:
     data            the prompt stream's position of the next batch to train (with the draws to skip)
     trainer_state   what the reward pool holds: global_step, max_steps, epoch (the rewards' curriculum)
     eval            the evaluator's bookkeeping: the best eval so far (grpo.save_best)
@@ -37,17 +37,20 @@ import os
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ray.exceptions import RayActorError
 
-from actors.group import LearnerGroup, Pending
+from actors.error_text import one_line
+from actors.group import Pending
 from actors.learner.checkpoint import REPLACED_SUFFIX, STATE_FILE, damaged
 from actors.types import TrainerState
 from orchestrator.config import ConfigError
+from orchestrator.data import DataPosition
 from orchestrator.eval_metrics import Best
+from orchestrator.groups import Learner
 from orchestrator.run import Run
 
 BEST = "checkpoint-best"
@@ -99,22 +102,40 @@ def saved_step(ckpt: Path) -> int | None:
 # --- writing ------------------------------------------------------------------------------------------------
 
 
-def run_state(run: Run) -> dict[str, Any]:
-    """What a checkpoint keeps of the run besides the learner's state (the module docstring's STATE_FILE)."""
+@dataclass(frozen=True)
+class RunState:
+    """What a checkpoint keeps of the run besides the learner's state (the module docstring's STATE_FILE, under
+    these keys)."""
+
+    data: DataPosition  # the prompt stream's position of the next batch to train
+    trainer_state: TrainerState  # what the reward pool holds
+    eval: dict[str, Any]  # the evaluator's bookkeeping (Evaluator.state: the best eval so far)
+    reward_pool: dict[str, Any]  # how the reward pool is sized (RewardPoolGroup.scaling)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": self.data.to_json(), "trainer_state": asdict(self.trainer_state), "eval": self.eval,
+                "reward_pool": self.reward_pool}
+
+    @classmethod
+    def from_json(cls, state: dict[str, Any]) -> RunState:
+        """From a STATE_FILE's contents (its other keys, global_step and files, are the learner's)."""
+        return cls(DataPosition.from_json(state["data"]), TrainerState(**state["trainer_state"]), state["eval"],
+                   state["reward_pool"])
+
+
+def run_state(run: Run) -> RunState:
+    """The run's state now: at a step boundary, what a checkpoint of this step keeps."""
     p = run.progress
     trainer = TrainerState(global_step=p.global_step, max_steps=run.cfg.grpo.max_steps,
                            epoch=run.prompts.epoch_progress)
-    return {
-        "data": p.resume_data if p.resume_data is not None else run.prompts.state(),
-        "trainer_state": asdict(trainer),
-        "eval": run.evaluate.state(),
-        "reward_pool": run.reward_pool.scaling(),
-    }
+    data = p.resume_data if p.resume_data is not None else run.prompts.state()
+    return RunState(data, trainer, run.evaluate.state(), run.reward_pool.scaling())
 
 
 def save(run: Run) -> str:
     """checkpoint-<global_step>: the learner's state and the run's, written atomically."""
-    return run.learner.save_checkpoint(str(path_at(run.run_dir, run.progress.global_step)), extra=run_state(run))
+    path = str(path_at(run.run_dir, run.progress.global_step))
+    return run.learner.save_checkpoint(path, extra=run_state(run).to_json())
 
 
 def save_periodic(run: Run) -> None:
@@ -165,14 +186,12 @@ def restore(run: Run, ckpt: Path, *, scaling: bool = True) -> None:
     pool's trainer_state (and, scaling=True, its size), the evaluator's best so far; then the generators get the
     weights and the run's progress is set to the checkpoint's step."""
     state = run.learner.load_checkpoint(str(ckpt))
-    step = int(state["global_step"])
-    if "data" in state:
-        run.prompts.restore(state["data"])
-    trainer = state.get("trainer_state") or {"global_step": step, "max_steps": run.cfg.grpo.max_steps}
-    run.reward_pool.set_state(TrainerState(**trainer))
-    if scaling and "reward_pool" in state:
-        run.reward_pool.restore_scaling(state["reward_pool"])
-    run.evaluate.restore(state.get("eval"))
+    step, saved = int(state["global_step"]), RunState.from_json(state)
+    run.prompts.restore(saved.data)
+    run.reward_pool.set_state(saved.trainer_state)
+    if scaling:
+        run.reward_pool.restore_scaling(saved.reward_pool)
+    run.evaluate.restore(saved.eval)
     _go_on_from(run, step)
 
 
@@ -194,11 +213,11 @@ def resume(run: Run, candidates: list[Path], *, scaling: bool = True) -> Path | 
             raise
         except Exception as err:  # noqa: BLE001 - any failure to load it
             then = f"using {candidates[i + 1].name}" if i + 1 < len(candidates) else "starting afresh"
-            run.display.message(f"rayward: {ckpt.name} could not be loaded ({_short(err)}): {then}")
+            run.display.message(f"rayward: {ckpt.name} could not be loaded ({one_line(err)}): {then}")
     return None
 
 
-def rewind(run: Run, start: dict[str, Any]) -> Path | None:
+def rewind(run: Run, start: DataPosition) -> Path | None:
     """A rebuilt learner's starting point: the latest usable checkpoint (older ones if it is damaged), or, with
     none, the run's start: the initial weights the new learner holds, `start` (the prompt stream's first
     position), step 0. Returns the checkpoint (None: the start)."""
@@ -211,12 +230,6 @@ def rewind(run: Run, start: dict[str, Any]) -> Path | None:
     return ckpt
 
 
-def _short(err: BaseException) -> str:
-    cause = getattr(err, "cause", None) or err
-    lines = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
-
-
 # --- checkpoint-best ----------------------------------------------------------------------------------------
 
 
@@ -224,19 +237,15 @@ class BestCheckpoint:
     """grpo.save_best: `<run dir>/checkpoint-best` is the checkpoint of the best eval so far (a full checkpoint),
     its STATE_FILE recording the metric, value and step."""
 
-    def __init__(self, best: Best, learner: LearnerGroup, run_dir: Path, data_state: Callable[[], dict[str, Any]]):
+    def __init__(self, best: Best, learner: Learner, run_dir: Path, data_state: Callable[[], DataPosition]):
         self.best, self.learner, self.data_state = best, learner, data_state
         self.path, self.candidate_path = run_dir / BEST, run_dir / BEST_CANDIDATE
 
     def state(self) -> dict[str, Any]:
         return {"metric": self.best.metric, "value": self.best.value, "step": self.best.step}
 
-    def restore(self, rec: dict[str, Any] | None, *, legacy: bool = False) -> None:
-        """The best so far as a checkpoint recorded it (None: none yet). legacy: a checkpoint from before it was
-        recorded there: checkpoint-best's own record (for the same metric)."""
-        if legacy:
-            state = self.path / STATE_FILE
-            rec = json.loads(state.read_text()).get("best") if state.exists() else None
+    def restore(self, rec: dict[str, Any] | None) -> None:
+        """The best so far as a checkpoint recorded it (`state()`; None: none yet)."""
         if rec is None or rec.get("metric") != self.best.metric:
             self.best.value = self.best.step = None
         else:
@@ -244,7 +253,8 @@ class BestCheckpoint:
 
     def capture(self) -> Pending[str]:
         """Pipelined: the learner saves the current weights as the candidate, queued before its next train step."""
-        return self.learner.submit_save_checkpoint(str(self.candidate_path), extra={"data": self.data_state()})
+        return self.learner.submit_save_checkpoint(str(self.candidate_path),
+                                                   extra={"data": self.data_state().to_json()})
 
     def offer(self, step: int, metrics: dict[str, float], candidate: Pending[str] | None) -> bool:
         """Keep the evaluated checkpoint if its metric beats the best so far: the candidate (pipelined), or a
@@ -257,7 +267,7 @@ class BestCheckpoint:
                 shutil.rmtree(self.candidate_path, ignore_errors=True)
             return False
         if candidate is None:
-            self.learner.save_checkpoint(str(self.candidate_path), extra={"data": self.data_state()})
+            self.learner.save_checkpoint(str(self.candidate_path), extra={"data": self.data_state().to_json()})
         state_file = self.candidate_path / STATE_FILE
         state = json.loads(state_file.read_text())
         state["best"] = {"metric": self.best.metric, "value": value, "step": step}

@@ -1,10 +1,12 @@
-"""Prompt datasets: local files, saved or hub `datasets`, or the built-in toy task; chat templates; batches; and
-generated completions joined back to their prompt rows (`to_rollouts`)."""
+"""Prompt datasets: local files, saved or hub `datasets`, or the built-in toy task; chat templates; the run's
+prompt stream (`PromptSource`: `Prompt` records, its position a `DataPosition`); and generated completions joined
+back to their prompts (`to_rollouts`)."""
 
 from __future__ import annotations
 
 import hashlib
 import random
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +18,42 @@ from orchestrator.tasks.letters import toy_dataset
 
 # data.path names of the built-in tasks (boxes: the tool task, with environment_factory BoxEnv)
 BUILTIN_DATASETS = {"toy": toy_dataset, "code": code_dataset, "boxes": boxes_dataset}
-# The key of a served row that holds its draw index: the row's position in the run's prompt stream (0, 1, ...
-# across epochs). It names the prompt's samples (Rollouts.prompt_index) and seeds them; it is not a dataset column.
-DRAW_KEY = "_draw"
+# The draw index of a held-out prompt: it is no part of the run's prompt stream (Rollouts.prompt_index says so).
+EVAL_DRAW = -1
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt as the driver serves it. `row` is the dataset's row itself, untouched: what an environment's
+    reset() and the reward functions' columns receive. The driver's own facts about it travel beside the row."""
+
+    row: dict[str, Any]  # the dataset row, every column as the dataset has it
+    prompt_ids: list[int]  # the prompt column's token ids (through the chat template for chat prompts)
+    draw: int = EVAL_DRAW  # its place in the run's prompt stream (0, 1, ... across epochs): it names the prompt's
+    # samples (Rollouts.prompt_index) and seeds them (request_seed); EVAL_DRAW for a held-out prompt
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """Where a prompt stream is: the position of its next draw, which every checkpoint keeps (`to_json`,
+    `from_json`: the checkpoint's `data`)."""
+
+    epoch: int
+    cursor: int  # the next draw's index into `order`
+    order: list[int]  # this epoch's row order (shared with the stream, never changed in place)
+    served: int  # draws made so far
+    rng: tuple[Any, ...]  # the state of the random generator that shuffles the next epoch (random.Random)
+    skip: tuple[int, ...] = ()  # draws at or after `served` that are not served again (PromptSource's docstring)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "cursor": self.cursor, "order": self.order, "served": self.served,
+                "rng": self.rng, "skip": list(self.skip)}
+
+    @classmethod
+    def from_json(cls, state: dict[str, Any]) -> DataPosition:
+        version, internal, gauss = state["rng"]  # JSON made the state's tuples lists
+        return cls(epoch=state["epoch"], cursor=state["cursor"], order=list(state["order"]), served=state["served"],
+                   rng=(version, tuple(internal), gauss), skip=tuple(state["skip"]))
 
 
 class DataError(ValueError):
@@ -77,11 +112,11 @@ def is_conversational(prompt: Any) -> bool:
 
 
 def to_rollouts(
-    rows: list[dict[str, Any]], groups: list[list[Sample]], policy_version: int, *, prompt_column: str,
+    prompts: list[Prompt], groups: list[list[Sample]], policy_version: int, *, prompt_column: str,
     group_size: int,
 ) -> Rollouts:
-    """Flatten generator output (per prompt row, its group_size samples) into one Rollouts batch; the rows'
-    other columns travel with every sample (a served row's draw index as its prompt_index, -1 for eval rows).
+    """Flatten generator output (per prompt, its group_size samples) into one Rollouts batch; the rows' other
+    columns travel with every sample (a prompt's draw index as its prompt_index: EVAL_DRAW for eval prompts).
     policy_version: the version the call was made under (its min_version); where the samples carry per-token
     versions, the batch's is their oldest model token's (the staleness rule: a weight load may land while a batch
     samples).
@@ -89,18 +124,19 @@ def to_rollouts(
     Agentic samples (with a Trajectory) bring the prompt as the engine saw it (tool schemas and reset()'s text
     rendered in: the ids the learner must condition on) and the whole conversation after it as the completion
     (assistant and tool messages, as TRL passes them to reward functions)."""
-    cols = [c for c in rows[0] if c not in (prompt_column, "prompt_ids", DRAW_KEY)]
+    cols = [c for c in prompts[0].row if c != prompt_column]
     out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, group_size, prompt_index=[])
     samples = [s for group in groups for s in group]
     agentic = any(s.trajectory is not None for s in samples)
     if agentic and not all(s.trajectory is not None for s in samples):
         raise ValueError("to_rollouts: a batch mixes agentic samples with one-turn samples")
-    for row, group in zip(rows, groups, strict=True):
+    for prompt, group in zip(prompts, groups, strict=True):
+        row = prompt.row
         chat = is_conversational(row[prompt_column])
         for s in group:
             t = s.trajectory
             out.prompts.append(row[prompt_column] if t is None else t.prompt)
-            out.prompt_ids.append(row["prompt_ids"] if t is None else t.prompt_ids)
+            out.prompt_ids.append(prompt.prompt_ids if t is None else t.prompt_ids)
             out.completion_ids.append(s.completion_ids)
             if t is not None:
                 out.completions.append(t.messages)
@@ -108,7 +144,7 @@ def to_rollouts(
                 out.completions.append([{"role": "assistant", "content": s.text}] if chat else s.text)
             out.sampling_logprobs.append(s.logprobs)
             out.truncated.append(s.finish_reason == "length")
-            out.prompt_index.append(row.get(DRAW_KEY, -1))
+            out.prompt_index.append(prompt.draw)
             for c in cols:
                 out.columns[c].append(row[c])
     if agentic:
@@ -133,20 +169,21 @@ def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
     return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
 
-def eval_rows(cfg: DataSource, tokenizer: Any, *, max_samples: int | None, seed: int = 0) -> list[dict[str, Any]]:
-    """The held-out prompts: the first `max_samples` rows (file order, all if None), each with `prompt_ids`.
-    The same rows every eval, so the evals of a run are comparable."""
+def eval_prompts(cfg: DataSource, tokenizer: Any, *, max_samples: int | None, seed: int = 0) -> list[Prompt]:
+    """The held-out prompts: the first `max_samples` rows (file order, all if None), tokenized. The same prompts
+    every eval, so the evals of a run are comparable."""
     rows = load_rows(cfg, seed=seed, field="eval.data")[:max_samples]
-    return [{**r, "prompt_ids": encode_prompt(tokenizer, r[cfg.prompt_column])} for r in rows]
+    return [Prompt(r, encode_prompt(tokenizer, r[cfg.prompt_column])) for r in rows]
 
 
 class PromptSource:
-    """Serves prompts `k` at a time, epoch after epoch, shuffled per epoch if asked; tokenizes them once. Every
-    draw has an index (`served` counts them), kept in the row under DRAW_KEY.
+    """Serves prompts `k` at a time, epoch after epoch, shuffled per epoch if asked; tokenizes them as it serves
+    them. Every draw has an index (`served` counts them): its Prompt's `draw`.
 
-    Its state (`state()`, in every checkpoint) is the position of the next draw. `skip`: draws at or after it
-    that are not served again (a resumed pipelined run replays the batches it had generated but not trained,
-    and skips the refill draws that later steps already trained on); `untrained_position` makes such a state."""
+    Its state (`state()`, a DataPosition, in every checkpoint) is the position of the next draw. `skip`: draws at
+    or after it that are not served again (a resumed pipelined run replays the batches it had generated but not
+    trained, and skips the refill draws that later steps already trained on); `untrained_position` makes such a
+    position."""
 
     def __init__(self, rows: list[dict[str, Any]], tokenizer: Any, cfg: DataConfig, seed: int = 0):
         self.rows, self.cfg, self.tokenizer = rows, cfg, tokenizer
@@ -171,8 +208,8 @@ class PromptSource:
         """Fractional epochs served (TRL's trainer_state.epoch)."""
         return self.served / len(self.rows)
 
-    def next_batch(self, k: int) -> list[dict[str, Any]]:
-        """k rows, each with `prompt_ids` and its draw index (DRAW_KEY) added."""
+    def next_batch(self, k: int) -> list[Prompt]:
+        """The next k prompts: each row, its token ids and its draw index."""
         out = []
         while len(out) < k:
             if self._cursor >= len(self._order):
@@ -183,28 +220,25 @@ class PromptSource:
             if draw in self._skip:
                 self._skip.discard(draw)
                 continue
-            row = dict(self.rows[i])
-            row["prompt_ids"] = encode_prompt(self.tokenizer, row[self.cfg.prompt_column])
-            row[DRAW_KEY] = draw
-            out.append(row)
+            row = self.rows[i]
+            out.append(Prompt(row, encode_prompt(self.tokenizer, row[self.cfg.prompt_column]), draw))
         return out
 
-    def state(self) -> dict[str, Any]:
-        """The position of the next draw (JSON-able; the order list is shared, never changed in place)."""
-        return {"epoch": self.epoch, "cursor": self._cursor, "order": self._order, "served": self.served,
-                "rng": self._rng.getstate(), "skip": sorted(self._skip)}
+    def state(self) -> DataPosition:
+        """The position of the next draw."""
+        return DataPosition(self.epoch, self._cursor, self._order, self.served, self._rng.getstate(),
+                            tuple(sorted(self._skip)))
 
-    def untrained_position(self, mark: dict[str, Any], untrained: list[range]) -> dict[str, Any]:
+    def untrained_position(self, mark: DataPosition, untrained: list[range]) -> DataPosition:
         """Where to resume when the draws in `untrained` (batches generated ahead, not trained yet) must be served
-        again: `mark`, the state taken before the first of them, with every draw made since that is not theirs
-        (a refill some trained step used) skipped."""
+        again: `mark`, the position taken before the first of them, with every draw made since that is not
+        theirs (a refill some trained step used) skipped."""
         replay = {d for r in untrained for d in r}
-        since = {d for d in range(mark["served"], self.served) if d not in replay}
-        return {**mark, "skip": sorted(set(mark["skip"]) | since)}
+        since = {d for d in range(mark.served, self.served) if d not in replay}
+        return replace(mark, skip=tuple(sorted(set(mark.skip) | since)))
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self.epoch, self._cursor, self.served = state["epoch"], state["cursor"], state["served"]
-        self._order = list(state["order"])
-        self._skip = set(state.get("skip", ()))  # checkpoints written before skips existed have none
-        rng = state["rng"]
-        self._rng.setstate((rng[0], tuple(rng[1]), rng[2]))
+    def restore(self, position: DataPosition) -> None:
+        self.epoch, self._cursor, self.served = position.epoch, position.cursor, position.served
+        self._order = list(position.order)
+        self._skip = set(position.skip)
+        self._rng.setstate(position.rng)

@@ -29,37 +29,38 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.group import ActorGroup, Pending, RewardPoolGroup
-from actors.types import Rollouts, Sample, Scores, TrainerState
+from actors.group import Pending
+from actors.types import Rollouts, Sample, Sampling, Scores, TrainerState
 from orchestrator.aggregation import RewardAggregator, raw_matrix, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
-from orchestrator.data import PromptSource, to_rollouts
+from orchestrator.data import Prompt, PromptSource, to_rollouts
 from orchestrator.eval_metrics import EvalSchedule, eval_metrics
+from orchestrator.groups import Generators, RewardScorer
 from orchestrator.grpo import nan_to_none
-from orchestrator.rollout import OneTurn, Rollout, agent_metrics, row_seeds
+from orchestrator.rollout import OneTurn, Sampler, agent_metrics, row_seeds
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
 
 
 @dataclass
 class EvalSet:
-    """What an eval runs on, built once per run: the held-out rows (tokenized), how to sample them, and the
+    """What an eval runs on, built once per run: the held-out prompts (tokenized), how to sample them, and the
     reward pool and aggregation that score them."""
 
-    rows: list[dict[str, Any]]  # the held-out rows, each with prompt_ids
+    prompts: list[Prompt]  # the held-out prompts (draw EVAL_DRAW)
     prompt_column: str
-    sampling: dict[str, Any]  # vLLM sampling kwargs: n, max_tokens, temperature, top_p, top_k
+    sampling: Sampling  # the training batches' (generation.*), eval.* over them
     seed: int  # row i's completions are drawn with seeds seed + i*n .. seed + i*n + n-1, at every eval
-    pool: RewardPoolGroup  # the pool that scores eval completions
+    pool: RewardScorer  # the pool that scores eval completions
     aggregator: RewardAggregator  # weights, gates and schedules of the eval rewards
     chunk_groups: int
     pass_threshold: float
     max_steps: int  # trainer_state.max_steps the eval rewards see
-    rollout: Rollout = field(default_factory=OneTurn)  # one-turn, or agentic with the run's tools (as training)
+    sampler: Sampler = field(default_factory=OneTurn)  # one-turn, or agentic with the run's tools (as training)
 
     @property
     def group_size(self) -> int:
-        return self.sampling["n"]
+        return self.sampling.n
 
 
 @dataclass
@@ -91,14 +92,14 @@ class EvalResult:
         ]
 
 
-def submit_eval(es: EvalSet, generators: ActorGroup, step: int, epoch: float = 0.0,
+def submit_eval(es: EvalSet, generators: Generators, step: int, epoch: float = 0.0,
                 min_version: int | None = None) -> PendingEval:
-    """Submit the eval's generation (the rows sharded over the generators); returns without waiting. min_version:
+    """Submit the eval's generation (the prompts sharded over the generators); returns without waiting. min_version:
     the engines' version of the weights evaluated (a run's: `step`; None: whatever they hold, `rayward eval`)."""
     # Seeds per row, fixed across evals: two evals differ by the policy, not by the dice; vLLM adds j to a
     # prompt's seed for its j-th completion, so rows are n apart and repeated prompts still differ.
-    seeds = row_seeds(es.seed, 0, len(es.rows), es.group_size)
-    return PendingEval(step, epoch, es.rollout.submit(generators, es.rows, seeds, es.sampling, min_version))
+    seeds = row_seeds(es.seed, 0, len(es.prompts), es.group_size)
+    return PendingEval(step, epoch, es.sampler.submit(generators, es.prompts, seeds, es.sampling, min_version))
 
 
 def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
@@ -108,9 +109,10 @@ def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
         if not block and not all(part.done() for part in p.generation):
             return False
         groups = [g for part in p.generation for g in part.result()]
-        rollouts = to_rollouts(es.rows, groups, p.step, prompt_column=es.prompt_column, group_size=es.group_size)
+        rollouts = to_rollouts(es.prompts, groups, p.step, prompt_column=es.prompt_column,
+                               group_size=es.group_size)
         state = TrainerState(global_step=p.step, max_steps=es.max_steps, epoch=p.epoch)
-        p.scoring = (rollouts, es.pool.submit_score(es.rollout.reward_batch(rollouts), es.chunk_groups, state=state))
+        p.scoring = (rollouts, es.pool.submit_score(es.sampler.reward_batch(rollouts), es.chunk_groups, state=state))
     return p.scoring[1].done()
 
 
@@ -159,9 +161,9 @@ class NoEval:
         pass
 
     def state(self) -> dict[str, Any]:
-        return {}
+        return {"best": None}
 
-    def restore(self, state: dict[str, Any] | None) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
         pass
 
 
@@ -169,7 +171,7 @@ class _Evaluator:
     """What both evaluators share: the eval set, the schedule, and recording a finished eval."""
 
     def __init__(
-        self, es: EvalSet, schedule: EvalSchedule, *, generators: ActorGroup, logger: MetricsLogger, display: Display,
+        self, es: EvalSet, schedule: EvalSchedule, *, generators: Generators, logger: MetricsLogger, display: Display,
         prompts: PromptSource, best: BestCheckpoint | None, log_completions: bool,
     ):
         self.es, self.schedule, self.generators, self.logger, self.display = es, schedule, generators, logger, display
@@ -178,9 +180,9 @@ class _Evaluator:
     def state(self) -> dict[str, Any]:
         return {"best": self.best_checkpoint.state() if self.best_checkpoint is not None else None}
 
-    def restore(self, state: dict[str, Any] | None) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
         if self.best_checkpoint is not None:
-            self.best_checkpoint.restore(None if state is None else state.get("best"), legacy=state is None)
+            self.best_checkpoint.restore(state["best"])
 
     def _submit(self, step: int) -> PendingEval:
         return submit_eval(self.es, self.generators, step, self.prompts.epoch_progress, min_version=step)

@@ -19,25 +19,26 @@ from ray.exceptions import RayActorError
 
 from actors.group import Pending, Stream
 from actors.types import FinishedGroups, Rollouts, Scores
+from orchestrator.data import DataPosition, Prompt
 from orchestrator.phases import recover_generators, rollouts_of, seeds_of, submit_score
 from orchestrator.run import Run
 
 
 @dataclass
 class Part:
-    """One generator call of a batch: its prompt rows and the stream of finished groups it yields."""
+    """One generator call of a batch: its prompts and the stream of finished groups it yields."""
 
-    rows: list[dict[str, Any]]
-    seeds: list[int]  # one per row
+    prompts: list[Prompt]
+    seeds: list[int]  # one per prompt
     stream: Stream[FinishedGroups]
     done: bool = False
     seconds: float = 0.0  # generator-busy seconds so far
-    yielded: set[int] = field(default_factory=set)  # indices into rows of the groups it has yielded
+    yielded: set[int] = field(default_factory=set)  # indices into prompts of the groups it has yielded
 
 
-def _stream(run: Run, batch_version: int, member: int, rows: list[dict[str, Any]],
+def _stream(run: Run, batch_version: int, member: int, prompts: list[Prompt],
             seeds: list[int]) -> Stream[FinishedGroups]:
-    return run.rollout.stream(run.generators, member, rows, seeds, run.sampling, batch_version)
+    return run.sampler.stream(run.generators, member, prompts, seeds, run.sampling, batch_version)
 
 
 @dataclass
@@ -46,8 +47,8 @@ class InFlight:
 
     policy_version: int
     parts: list[Part]
-    mark: dict[str, Any]  # the prompt stream's state before this batch drew its rows
-    draws: range  # the draw indices of its rows
+    mark: DataPosition  # the prompt stream's position before this batch drew its prompts
+    draws: range  # the draw indices of its prompts
     scored: list[tuple[Rollouts, Pending[Scores]]] = field(default_factory=list)  # per piece yielded so far
 
     def generating(self) -> bool:
@@ -64,18 +65,18 @@ class Generated:
 
 
 def submit_batch(run: Run) -> InFlight:
-    """Submit one step's generation: rows split over the generators (loop.generation_chunks calls each), every
+    """Submit one step's generation: prompts split over the generators (loop.generation_chunks calls each), every
     call a stream of groups as they finish."""
     mark = run.prompts.state()
-    rows = run.prompts.next_batch(run.prompts_per_step)
+    prompts = run.prompts.next_batch(run.prompts_per_step)
     version = run.progress.policy_version
-    seeds = seeds_of(run, rows, version)
-    shards = run.generators.shards(len(rows), parts=len(run.generators) * run.cfg.loop.generation_chunks)
-    parts = [Part(rows[s], seeds[s], _stream(run, version, m, rows[s], seeds[s])) for m, s in shards]
-    return InFlight(version, parts, mark, range(mark["served"], run.prompts.served))
+    seeds = seeds_of(run, prompts, version)
+    shards = run.generators.shards(len(prompts), parts=len(run.generators) * run.cfg.loop.generation_chunks)
+    parts = [Part(prompts[s], seeds[s], _stream(run, version, m, prompts[s], seeds[s])) for m, s in shards]
+    return InFlight(version, parts, mark, range(mark.served, run.prompts.served))
 
 
-def untrained_position(run: Run, inflight: deque[InFlight]) -> dict[str, Any] | None:
+def untrained_position(run: Run, inflight: deque[InFlight]) -> DataPosition | None:
     """The prompt stream's position a checkpoint keeps: that of the next batch to train, the oldest in flight (a
     resumed run generates it and the batches after it again), or None when none is in flight (the stream's own)."""
     if not inflight:
@@ -89,10 +90,10 @@ def _resume(run: Run, batch: InFlight, part: Part, training: bool) -> None:
     step is in flight (the learner's weights are the step after it)."""
     if part.stream.epoch == run.generators.restarts:
         recover_generators(run, training)
-    left = [i for i in range(len(part.rows)) if i not in part.yielded]
-    part.rows, part.seeds = [part.rows[i] for i in left], [part.seeds[i] for i in left]
+    left = [i for i in range(len(part.prompts)) if i not in part.yielded]
+    part.prompts, part.seeds = [part.prompts[i] for i in left], [part.seeds[i] for i in left]
     part.yielded = set()
-    part.stream = _stream(run, batch.policy_version, part.stream.member, part.rows, part.seeds)
+    part.stream = _stream(run, batch.policy_version, part.stream.member, part.prompts, part.seeds)
 
 
 def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None) -> None:
@@ -118,8 +119,8 @@ def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None)
             continue
         part.yielded.update(i for i, _ in out.groups)
         part.seconds = out.seconds
-        rows = [part.rows[i] for i, _ in out.groups]
-        r = rollouts_of(run, rows, [samples for _, samples in out.groups], batch.policy_version)
+        prompts = [part.prompts[i] for i, _ in out.groups]
+        r = rollouts_of(run, prompts, [samples for _, samples in out.groups], batch.policy_version)
         batch.scored.append((r, submit_score(run, r)))
 
 

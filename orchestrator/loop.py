@@ -1,5 +1,6 @@
 """The two training loops: one call per phase on the run's named groups (orchestrator/phases.py), each timed.
-Which loop runs is chosen once, when the run starts (loop.mode). The loop alone writes the run's progress."""
+Which loop runs is chosen once, when the run starts (loop.mode). The loop writes the run's progress as it trains
+(its steps, its weights' version, the resume position); the few other writers are in `Progress`'s docstring."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ def run_sync(run: Run) -> list[dict[str, Any]]:
     run.evaluate.start(progress.global_step)
     while not phases.done(run):
         timer = PhaseTimer()
-        rows = run.prompts.next_batch(run.prompts_per_step)
+        prompts = run.prompts.next_batch(run.prompts_per_step)
         with timer("generate"):
-            rollouts = phases.generate(run, rows)
+            rollouts = phases.generate(run, prompts)
         with timer("reward"):
             scores = phases.score(run, rollouts)
         step = phases.to_train_batch(run, run.select(rollouts, scores, phases.refill(run, timer)))

@@ -1,7 +1,7 @@
 """The phases of a GRPO step, each one call on the run's named groups. Both loops (loop.py) are made of these.
 
-    rows      = run.prompts.next_batch(n)                       driver
-    rollouts  = generate(run, rows)                             generators (vLLM)           -> Rollouts
+    prompts   = run.prompts.next_batch(n)                       driver                      -> [Prompt]
+    rollouts  = generate(run, prompts)                          generators (vLLM)           -> Rollouts
     scores    = score(run, rollouts)                            reward pool -> workers      -> Scores
     selection = run.select(rollouts, scores, refill(run, t))    keep all / dynamic sampling -> Selection
     step      = to_train_batch(run, selection)                  driver: gates, weights, advantages, step metrics
@@ -28,7 +28,7 @@ from actors.group import Pending
 from actors.types import Rollouts, Sample, Scores, TrainBatch, TrainerState, TrainResult
 from actors.weights.transfer import SyncStats
 from orchestrator import aggregation, checkpoints
-from orchestrator.data import DRAW_KEY, request_seed, to_rollouts
+from orchestrator.data import Prompt, request_seed, to_rollouts
 from orchestrator.rollout import agent_metrics
 from orchestrator.run import Run
 from orchestrator.selection import Refill, Selection
@@ -44,9 +44,9 @@ RESTART_WAIT_S = 600.0
 # --- generate ---------------------------------------------------------------------------------------------
 
 
-def rollouts_of(run: Run, rows: list[dict[str, Any]], groups: list[list[Sample]], policy_version: int) -> Rollouts:
+def rollouts_of(run: Run, prompts: list[Prompt], groups: list[list[Sample]], policy_version: int) -> Rollouts:
     """A training batch's generator output as Rollouts (the training data's prompt column, G per prompt)."""
-    return to_rollouts(rows, groups, policy_version, prompt_column=run.cfg.data.prompt_column,
+    return to_rollouts(prompts, groups, policy_version, prompt_column=run.cfg.data.prompt_column,
                        group_size=run.cfg.generation.num_generations)
 
 
@@ -78,27 +78,27 @@ def with_generator_restarts(run: Run, call: Callable[[], T]) -> T:
     return call()
 
 
-def seeds_of(run: Run, rows: list[dict[str, Any]], policy_version: int) -> list[int]:
+def seeds_of(run: Run, prompts: list[Prompt], policy_version: int) -> list[int]:
     """Each prompt's sampling seed (data.request_seed), from the run's seed, the generating step and its draw:
     a resumed run draws the completions the original would have (agentic: also its group's environment seed)."""
-    return [request_seed(run.cfg.seed, policy_version, r[DRAW_KEY]) for r in rows]
+    return [request_seed(run.cfg.seed, policy_version, p.draw) for p in prompts]
 
 
-def generate(run: Run, rows: list[dict[str, Any]]) -> Rollouts:
-    """The rows' samples (rows: the prompt source's last batch), one-turn or agentic as the run was built."""
+def generate(run: Run, prompts: list[Prompt]) -> Rollouts:
+    """The prompts' samples (the prompt source's last batch), one-turn or agentic as the run was built."""
     version = run.progress.policy_version
-    seeds = seeds_of(run, rows, version)
+    seeds = seeds_of(run, prompts, version)
     groups = with_generator_restarts(
-        run, lambda: run.rollout.generate(run.generators, rows, seeds, run.sampling, version)
+        run, lambda: run.sampler.generate(run.generators, prompts, seeds, run.sampling, version)
     )
-    return rollouts_of(run, rows, groups, version)
+    return rollouts_of(run, prompts, groups, version)
 
 
 # --- score ------------------------------------------------------------------------------------------------
 
 
 def submit_score(run: Run, rollouts: Rollouts) -> Pending[Scores]:
-    return run.reward_pool.submit_score(run.rollout.reward_batch(rollouts), run.cfg.cluster.reward_chunk_groups)
+    return run.reward_pool.submit_score(run.sampler.reward_batch(rollouts), run.cfg.cluster.reward_chunk_groups)
 
 
 def score(run: Run, rollouts: Rollouts) -> Scores:
@@ -109,9 +109,9 @@ def refill(run: Run, timer: PhaseTimer) -> Refill:
     """Dynamic sampling's refill: generate and score that many new prompts, timed as their phases."""
 
     def more(num_prompts: int) -> tuple[Rollouts, Scores]:
-        rows = run.prompts.next_batch(num_prompts)
+        prompts = run.prompts.next_batch(num_prompts)
         with timer("generate"):
-            rollouts = generate(run, rows)
+            rollouts = generate(run, prompts)
         with timer("reward"):
             return rollouts, score(run, rollouts)
 

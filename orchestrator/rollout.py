@@ -1,7 +1,8 @@
-"""How a run's generators turn prompt rows into samples, chosen once when the run is built (build.rollout_kind):
+"""How a run's generators turn prompts into samples (its `Sampler`), chosen once when the run is built
+(build.rollout_kind):
 
-    OneTurn   one completion per sample: Generator.generate / generate_stream on the rows' prompt ids
-    Agentic   multi-turn conversations with tools: Generator.rollout / rollout_stream on the rows themselves
+    OneTurn   one completion per sample: Generator.generate / generate_stream on the prompts' token ids
+    Agentic   multi-turn conversations with tools: Generator.rollout / rollout_stream on the dataset rows themselves
               (the generator renders the prompt with the environment's tools and reset()'s text), one seed per
               row (a GRPO group's environments start from the same state), and the environments' outputs
               (get_reward(), the pickled environments) handed to the reward pool with the completions
@@ -17,30 +18,32 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from actors.group import ActorGroup, Pending, Stream
-from actors.types import FinishedGroups, RewardBatch, Rollouts, Sample, StopReason
+from actors.group import Pending, Stream
+from actors.types import FinishedGroups, RewardBatch, Rollouts, Sample, Sampling, StopReason
+from orchestrator.data import Prompt
+from orchestrator.groups import Generators
 
 # Every stop reason, so each step logs all of their fractions (a reason absent from a step logs 0, and a plot of
 # it has no gaps).
 STOP_REASONS: tuple[StopReason, ...] = ("stop", "max_turns", "length", "timeout", "env_error")
 
 
-class Rollout(Protocol):
+class Sampler(Protocol):
     """Generation as the phases, the pipelined bookkeeping and the evaluator call it."""
 
-    def generate(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
-                 sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
-        """Every row's samples (row order), sharded over the generators, waited for."""
+    def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
+                 sampling: Sampling, min_version: int) -> list[list[Sample]]:
+        """Every prompt's samples (prompt order), sharded over the generators, waited for."""
 
-    def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+    def submit(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
+               sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
         """The same without waiting, for an eval: seeded (every eval draws alike) and pinned to one version (no
         weight load lands until it is done; min_version None: whatever the engines hold), one Pending per shard."""
 
-    def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
+    def stream(self, generators: Generators, member: int, prompts: list[Prompt], seeds: list[int],
+               sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
         """One generator's groups as they finish."""
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
@@ -48,23 +51,22 @@ class Rollout(Protocol):
 
 
 class OneTurn:
-    """One-turn completions of the rows' prompt ids (`prompt_ids`, added by the PromptSource), one seed per row
-    (vLLM seeds sample j of a prompt with its seed + j)."""
+    """One-turn completions of the prompts' token ids, one seed per prompt (vLLM seeds sample j of a prompt with
+    its seed + j)."""
 
-    def generate(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
-                 sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
-        return generators.call_sharded("generate", [r["prompt_ids"] for r in rows], aligned={"seeds": seeds},
-                                       min_version=min_version, **sampling)
+    def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
+                 sampling: Sampling, min_version: int) -> list[list[Sample]]:
+        return generators.generate([p.prompt_ids for p in prompts], seeds, sampling, min_version=min_version)
 
-    def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
-        return generators.submit_sharded("generate", [r["prompt_ids"] for r in rows], aligned={"seeds": seeds},
-                                         min_version=min_version, pin=True, **sampling)
+    def submit(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
+               sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+        return generators.submit_generate([p.prompt_ids for p in prompts], seeds, sampling, min_version=min_version,
+                                          pin=True)
 
-    def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
-        return generators.stream(member, "generate_stream", [r["prompt_ids"] for r in rows], seeds=seeds,
-                                 min_version=min_version, **sampling)
+    def stream(self, generators: Generators, member: int, prompts: list[Prompt], seeds: list[int],
+               sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
+        return generators.stream_generate(member, [p.prompt_ids for p in prompts], seeds, sampling,
+                                          min_version=min_version)
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
         return rollouts.reward_batch()
@@ -79,19 +81,17 @@ class Agentic:
     env_classes: dict[str | None, str] = field(default_factory=dict)
     keep_state: bool = False
 
-    def generate(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
-                 sampling: dict[str, Any], min_version: int) -> list[list[Sample]]:
-        return generators.call_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling,
-                                       min_version=min_version)
+    def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
+                 sampling: Sampling, min_version: int) -> list[list[Sample]]:
+        return generators.rollout([p.row for p in prompts], seeds, sampling, min_version=min_version)
 
-    def submit(self, generators: ActorGroup, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int | None) -> list[Pending[list[list[Sample]]]]:
-        return generators.submit_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling,
-                                         min_version=min_version, pin=True)
+    def submit(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
+               sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+        return generators.submit_rollout([p.row for p in prompts], seeds, sampling, min_version=min_version, pin=True)
 
-    def stream(self, generators: ActorGroup, member: int, rows: list[dict[str, Any]], seeds: list[int],
-               sampling: dict[str, Any], min_version: int) -> Stream[FinishedGroups]:
-        return generators.stream(member, "rollout_stream", rows, seeds, sampling=sampling, min_version=min_version)
+    def stream(self, generators: Generators, member: int, prompts: list[Prompt], seeds: list[int],
+               sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
+        return generators.stream_rollout(member, [p.row for p in prompts], seeds, sampling, min_version=min_version)
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
         if rollouts.trajectories is None:

@@ -1,14 +1,14 @@
 """The built run, as the loop sees it: the named groups it calls, the choices made when it was built, and one
 record of where it is (`Progress`).
 
-    generators   ActorGroup of actors.generation.generator.Generator    generate, stream, the weights they load
-    rollout      OneTurn or Agentic (orchestrator/rollout.py)           which generator calls make samples
-    learner      LearnerGroup (cluster.num_learners ranks, one member)  train_step, checkpoints, weight send
-    reward_pool  RewardPoolGroup, NAME/reward-pool                      score
-    env_pool     EnvPoolGroup, NAME/env-pool (tools only)               the generators' environments
+    generators   Generators: GeneratorGroup (cluster.num_generators)   generate, rollout, streams, restarts
+    sampler      OneTurn or Agentic (orchestrator/rollout.py)           which generator calls make samples
+    learner      Learner: LearnerGroup (cluster.num_learners ranks)     train_step, checkpoints, losses
+    reward_pool  RewardScorer: RewardPoolGroup, NAME/reward-pool        score
+    env_pool     EnvPoolView: EnvPoolGroup, NAME/env-pool (tools only)  the generators' environments' stats
     weights      WeightTransfer (collective or object-store backend)   push, submit_async, drain, rejoin
     evaluate     Evaluator (NoEval, BlockingEval or OverlappedEval)     start, after_step, drain, restore
-    progress     Progress                                               written by the loop
+    progress     Progress                                               the loop's, and who else writes it
     faults       FaultLog                                               recoveries, restarts, hang kills
 """
 
@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from actors.group import ActorGroup, EnvPoolGroup, LearnerGroup, RewardPoolGroup
+from actors.types import Sampling
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator
 from orchestrator.config import RunConfig
-from orchestrator.data import PromptSource
-from orchestrator.rollout import OneTurn, Rollout
+from orchestrator.data import DataPosition, PromptSource
+from orchestrator.groups import EnvPoolView, Generators, Learner, RewardScorer
+from orchestrator.rollout import OneTurn, Sampler
 from orchestrator.selection import Selector
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
@@ -33,10 +34,18 @@ from orchestrator.telemetry.progress import Display
 
 @dataclass
 class Progress:
-    """Where the run is. The loop (orchestrator/loop.py) writes global_step after each train step,
-    policy_version after each weight sync and (pipelined) resume_data; `checkpoints.restore` writes the steps
-    before the loop starts; the SIGTERM handler (train.py) sets stop_requested, the watchdog move_learner.
-    Nothing else writes it."""
+    """Where the run is. Its writers, all of them:
+
+        global_step, policy_version   the loop (orchestrator/loop.py), after each train step and weight sync;
+                                      orchestrator/checkpoints.py, where a run goes on from a checkpoint (or its
+                                      start): `resume` before the loop starts, `rewind` from the supervisor
+                                      between two runs of the loop
+        resume_data                   the pipelined loop, after each step; resume and rewind clear it
+        stop_requested                the SIGTERM handler (orchestrator/train.py), on the main thread, mid-step
+        move_learner                  the watchdog's thread (orchestrator/watchdog.py: a preemption notice),
+                                      any time; the supervisor clears it before it moves the learner
+
+    The loop reads stop_requested and move_learner at each step boundary (phases.done)."""
 
     global_step: int = 0  # optimizer steps done (the learner's TrainResult.global_step)
     policy_version: int = 0  # learner step whose weights the generators hold, or will once the last sync lands
@@ -46,7 +55,7 @@ class Progress:
     move_learner: str | None = None
     # Pipelined: the prompt stream's position of the next batch to train (PromptSource.untrained_position), which
     # a checkpoint keeps; None: the stream's own position (the sync loop draws each batch when it trains it)
-    resume_data: dict[str, Any] | None = None
+    resume_data: DataPosition | None = None
 
 
 # The run directory's fault log: one JSON object per line.
@@ -80,33 +89,35 @@ class Evaluator(Protocol):
         """At the end of the loop: an eval still on its way is recorded."""
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of it: the best eval so far (grpo.save_best)."""
+        """What a checkpoint keeps of it: {"best": the best eval so far (grpo.save_best), or None}."""
 
-    def restore(self, state: dict[str, Any] | None) -> None:
-        """On resume: `state` from the checkpoint (None: one written before it was kept, or a fresh start)."""
+    def restore(self, state: dict[str, Any]) -> None:
+        """On resume: `state` from the checkpoint (or {"best": None}: the run's start)."""
 
 
 @dataclass
 class Run:
-    """The built run (orchestrator/build.py: build_run). The loop calls one phase at a time on it."""
+    """The built run (orchestrator/build.py: assemble_run, from the groups build_run starts or the tests' fakes).
+    The loop calls one phase at a time on it. Its groups are typed by what the driver calls on them
+    (orchestrator/groups.py)."""
 
     cfg: RunConfig
     name: str
     run_dir: Path
     prompts: PromptSource
-    generators: ActorGroup
-    learner: LearnerGroup
-    reward_pool: RewardPoolGroup
+    generators: Generators
+    learner: Learner
+    reward_pool: RewardScorer
     weights: WeightTransfer
     evaluate: Evaluator
     aggregator: RewardAggregator
     select: Selector  # group selection between scoring and advantages: keep_all or dynamic sampling (DAPO)
-    sampling: dict[str, Any]  # vLLM sampling arguments for training batches (n, max_tokens, temperature, ...)
+    sampling: Sampling  # how the training batches are sampled (generation.*)
     prompts_per_step: int
     logger: MetricsLogger
     display: Display  # the one way the driver tells the user something: display.message(text)
     faults: FaultLog  # recoveries, restarts and hang kills: a line on the display and a record in faults.jsonl
-    eval_pool: RewardPoolGroup | None = None  # NAME/eval-reward-pool, when eval.rewards has rewards of its own
-    rollout: Rollout = field(default_factory=OneTurn)  # one-turn completions, or agentic rollouts with tools
-    env_pool: EnvPoolGroup | None = None  # NAME/env-pool: the environments of agentic rollouts (None: one-turn)
+    eval_pool: RewardScorer | None = None  # NAME/eval-reward-pool, when eval.rewards has rewards of its own
+    sampler: Sampler = field(default_factory=OneTurn)  # one-turn completions, or agentic rollouts with tools
+    env_pool: EnvPoolView | None = None  # NAME/env-pool: the environments of agentic rollouts (None: one-turn)
     progress: Progress = field(default_factory=Progress)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import checkpoints
+from orchestrator.data import DataPosition
 from orchestrator.run import Run
 
 
@@ -36,7 +37,7 @@ class Supervisor:
     """Runs `loop(run)` until it returns, bringing the learner back as the module docstring says."""
 
     def __init__(self, run: Run, loop: Callable[[Run], list[dict[str, Any]]], rebuild: Callable[[], None],
-                 start: dict[str, Any], hung: Callable[[], str | None] = lambda: None):
+                 start: DataPosition, hung: Callable[[], str | None] = lambda: None):
         """rebuild: a new learner group in place of the run's (and its weight transfer, its evaluator). start: the
         prompt stream's state the run started from (the rewind point without a checkpoint). hung: the hang
         check's word on the learner, if it killed it (orchestrator/watchdog.py)."""

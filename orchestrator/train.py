@@ -216,7 +216,7 @@ def _resume(run: Run, found: list[Path], mode: str | None) -> None:
 
     cfg, say = run.cfg, run.display.message
     threads = [f"learner {run.learner.cpu_threads()}"]
-    threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.call("cpu_threads"))]
+    threads += [f"generator-{i} {t}" for i, t in enumerate(run.generators.cpu_threads())]
     say(f"rayward: compute: {'; '.join(threads)}")
     ckpt = checkpoints.resume(run, found)
     if ckpt is not None:
@@ -283,14 +283,12 @@ def evaluate(
         cfg = cfg.model_copy(update={"eval": EvalConfig(data=held_out)})
     name = name or cfg.name or new_run_name("eval")
     model_path = resolve_model(cfg)  # the tokenizer, and the policy when no checkpoint is given
-    policy, engine, step = model_path, {}, 0
+    policy, step = model_path, 0
     if checkpoint is not None:
         ckpt = Path(checkpoint)
         if not (ckpt / "config.json").is_file():
             raise ConfigError(f"--checkpoint {str(checkpoint)!r}: not an HF model directory (no config.json)")
         policy = str(ckpt)
-        if not any((ckpt / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-            engine["tokenizer"] = model_path  # checkpoints written before they carried their tokenizer
         step = checkpoints.saved_step(ckpt) or 0
     tokenizer = load_tokenizer(cfg, model_path)
     try:
@@ -298,7 +296,8 @@ def evaluate(
     except DataError as err:
         raise ConfigError(str(err)) from None
     train_specs = reward_specs(cfg.rewards)
-    agent = prepare_agent(cfg, tokenizer, rows, train_specs, rows)  # tools: checked as a run checks them
+    dataset = [p.row for p in rows]
+    agent = prepare_agent(cfg, tokenizer, dataset, train_specs, dataset)  # tools: checked as a run checks them
     env_specs, env_rewards = (agent.env_reward_specs, agent.env_rewards) if agent is not None else ([], [])
     specs = eval_specs if eval_specs is not None else train_specs + env_specs
     owns_ray = not ray.is_initialized()
@@ -313,7 +312,7 @@ def evaluate(
             env_pool = start_env_pool(cfg, name, agent.spec)
             groups.append(env_pool)
             agent_args = agent_kwargs(cfg, agent, env_pool, cfg.eval.data.prompt_column)
-        generators = start_generators(cfg, name, policy, agent=agent_args, **engine)
+        generators = start_generators(cfg, name, policy, agent=agent_args)
         groups.append(generators)
         es = eval_set(cfg, rows, pool, [*cfg.rewards, *env_rewards], rollout_kind(agent))
         result = finish_eval(es, submit_eval(es, generators, step))

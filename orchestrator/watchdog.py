@@ -14,23 +14,20 @@
   the reward pool's: a chunk that takes its rewards' timeout plus cluster.hang_timeout_s gets its worker
   replaced (actors/rewards/pool.py).
 
-The watchdog only reads the run's groups (the supervisor may replace the learner group meanwhile: each check looks
-at the current one) and kills actors; what follows a kill is the loop's and the supervisor's.
+The watchdog sees the actors through their groups' `members()` (actors/group.py Member: name, id, the GCS's record,
+ping, kill), never their handles; it reads the groups anew at each check (the supervisor may replace the learner
+group meanwhile) and kills actors; what follows a kill is the loop's and the supervisor's. Of the run's progress
+it writes `move_learner` alone, from its own thread.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import ray
-from ray.actor import ActorHandle
 
 from actors import ray_compat
-from actors.group import HEALTH_GROUP, Pending, actor_info
+from actors.group import Member, Pending
 from orchestrator.run import Run
 
 # How often the watchdog looks (Ray Train polls worker health every 2 s and drain state every 5 s): well inside a
@@ -44,22 +41,14 @@ class _Ping:
     pending: Pending[None]
 
 
-@dataclass(frozen=True)
-class _Member:
-    name: str
-    handle: ActorHandle
-    kill: Callable[[], None]
-    learner: bool  # a learner rank (its kill ends the loop's call: the supervisor rebuilds the learner)
-
-
 class Watchdog:
     """See the module docstring. `start()` once the run is built, `stop()` when it ends."""
 
     def __init__(self, run: Run, period_s: float = WATCH_PERIOD_S):
         self.run, self.period_s = run, period_s
-        self._pings: dict[str, _Ping] = {}  # by actor id
+        self._pings: dict[str, _Ping] = {}  # by Member.id
         self._hung_learner: str | None = None
-        self._noticed: set[str] = set()  # learner ranks (actor ids) already moved for a drain: one notice each
+        self._noticed: set[str] = set()  # learner ranks (Member.id) already moved for a drain: one notice each
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="rayward-watchdog", daemon=True)
         self._failing = False  # a check raised: said once, until one succeeds
@@ -100,13 +89,14 @@ class Watchdog:
         draining = ray_compat.draining_nodes()  # {node id: deadline in ms since the epoch, 0 = none}
         if not draining or progress.move_learner is not None:
             return
-        learner = self.run.learner
-        for name, handle in zip(learner.names, learner.ranks, strict=True):
-            node = actor_info(handle).get("Address", {}).get("NodeID")
+        ranks = self.run.learner.members()
+        for rank in ranks:
+            node = rank.info().get("Address", {}).get("NodeID")
             # A rank already noticed is on its way out: the group that replaces it has new ranks.
-            if node not in draining or ray_compat.actor_id(handle) in self._noticed:
+            if node not in draining or rank.id in self._noticed:
                 continue
-            self._noticed.update(ray_compat.actor_id(h) for h in learner.ranks)
+            self._noticed.update(r.id for r in ranks)
+            name = rank.name
             left = draining[node] / 1000 - time.time() if draining[node] else None
             when = f"deadline in {left:.0f} s" if left is not None else "no deadline given"
             self.run.faults.record(
@@ -120,42 +110,31 @@ class Watchdog:
 
     # --- hangs ----------------------------------------------------------------------------------------------
 
-    def _members(self) -> list[_Member]:
-        run = self.run
-        gens = run.generators
-        out = [_Member(n, h, lambda i=i: gens.kill_member(i), learner=False)
-               for i, (n, h) in enumerate(zip(gens.names, gens.handles, strict=True))]
-        out += [_Member(n, h, lambda h=h: ray.kill(h, no_restart=True), learner=True)
-                for n, h in zip(run.learner.names, run.learner.ranks, strict=True)]
-        return out
-
     def check_hangs(self) -> None:
         timeout, now = self.run.cfg.cluster.hang_timeout_s, time.monotonic()
-        members = {ray_compat.actor_id(m.handle): m for m in self._members()}
+        # each member, and whether it is a learner rank (its kill ends the loop's call: the learner is rebuilt)
+        members: dict[str, tuple[Member, bool]] = {m.id: (m, False) for m in self.run.generators.members()}
+        members.update({m.id: (m, True) for m in self.run.learner.members()})
         for gone in set(self._pings) - set(members):  # a replaced learner's ranks
             del self._pings[gone]
-        for aid, m in members.items():
-            ping = self._pings.get(aid)
+        for key, (m, learner) in members.items():
+            ping = self._pings.get(key)
             if ping is not None and ping.pending.done():  # answered, or failed: its death is the loop's to see
-                del self._pings[aid]
+                del self._pings[key]
                 ping = None
             if ping is None:
-                if actor_info(m.handle).get("State") == "ALIVE":  # not one that is starting or restarting
-                    self._pings[aid] = _Ping(now, Pending(_ping(m.handle)))
+                if m.info().get("State") == "ALIVE":  # not one that is starting or restarting
+                    self._pings[key] = _Ping(now, m.ping())
                 continue
             if now - ping.sent < timeout:
                 continue
-            del self._pings[aid]
-            if actor_info(m.handle).get("State") != "ALIVE":  # it died or restarts meanwhile: not a hang
+            del self._pings[key]
+            if m.info().get("State") != "ALIVE":  # it died or restarts meanwhile: not a hang
                 continue
             hung = f"{m.name} did not answer within {timeout:.0f} s (hung)"
             m.kill()
-            if m.learner:
+            if learner:
                 self._hung_learner = hung
-            then = "the learner is rebuilt" if m.learner else "Ray restarts it"
+            then = "the learner is rebuilt" if learner else "Ray restarts it"
             self.run.faults.record("hung_killed", f"{hung}: killed; {then}", actor=m.name,
                                    step=self.run.progress.global_step)
-
-
-def _ping(handle: ActorHandle) -> Any:
-    return handle.ping.options(concurrency_group=HEALTH_GROUP).remote()

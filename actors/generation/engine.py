@@ -14,7 +14,7 @@ and gives it one thread, the stepping thread, which:
   a pinned request is in the engine, or a caller holds `pinned()` (an eval evaluates the weights it started on,
   to its last token; a multi-turn eval between its turns too),
 - steps the engine while it has unfinished requests, hands each finished output to its `Request` (a
-  `concurrent.futures.Future`) and to its `Stream` (one list per step),
+  `concurrent.futures.Future`) and to its `FinishedQueue` (one list per step),
 - and sleeps on a condition when there is nothing to do.
 
 Every engine call is made on the stepping thread, so vLLM's engine, which is not thread-safe, sees one caller
@@ -64,7 +64,7 @@ class Request(Future):
     `cancel()` aborts the request in the engine; its result then raises CancelledError."""
 
     def __init__(
-        self, loop: EngineLoop, request_id: str, stream: Stream | None, min_version: int | None = None,
+        self, loop: EngineLoop, request_id: str, finished: FinishedQueue | None, min_version: int | None = None,
         pin: bool = False,
     ) -> None:
         super().__init__()
@@ -72,7 +72,7 @@ class Request(Future):
         self.min_version = min_version  # it enters the engine once the engine holds this version or a later one
         self.pin = pin  # while it is in the engine, no exclusive section changes the version
         self._loop = loop
-        self._stream = stream
+        self._finished = finished
 
     def cancel(self) -> bool:
         if self.done():
@@ -81,7 +81,7 @@ class Request(Future):
         return super().cancel()
 
 
-class Stream:
+class FinishedQueue:
     """The requests submitted with it, handed back as they finish: one list per engine step in which some of
     them finished (or were aborted, or failed), in the order they finished. Iterating stops once every request
     submitted with it so far has been handed back; `Request.result()` on each gives its output or raises."""
@@ -161,18 +161,19 @@ class EngineLoop:
     # --- submitting (any thread) ----------------------------------------------------------------------------
 
     def submit(
-        self, prompt_ids: Sequence[int], params: Any, *, stream: Stream | None = None, min_version: int | None = None,
+        self, prompt_ids: Sequence[int], params: Any, *, finished: FinishedQueue | None = None,
+        min_version: int | None = None,
         pin: bool = False,
     ) -> Request:
         """Add one request (vLLM SamplingParams; n samples of the prompt) before the engine's next step."""
-        return self.submit_batch([prompt_ids], params, stream=stream, min_version=min_version, pin=pin)[0]
+        return self.submit_batch([prompt_ids], params, finished=finished, min_version=min_version, pin=pin)[0]
 
     def submit_batch(
         self,
         prompt_ids: Sequence[Sequence[int]],
         params: Any | Sequence[Any],
         *,
-        stream: Stream | None = None,
+        finished: FinishedQueue | None = None,
         min_version: int | None = None,
         pin: bool = False,
     ) -> list[Request]:
@@ -192,10 +193,10 @@ class EngineLoop:
         prompts = [self._render(ids, p) for ids, p in zip(prompt_ids, every, strict=True)]
         with self._cv:
             self._raise_if_down()
-            requests = [Request(self, str(next(self._ids)), stream, min_version, pin) for _ in prompts]
+            requests = [Request(self, str(next(self._ids)), finished, min_version, pin) for _ in prompts]
             self._inbox.extend(zip(requests, prompts, every, strict=True))
-            if stream is not None:
-                stream._submitted += len(requests)
+            if finished is not None:
+                finished._submitted += len(requests)
             self._cv.notify()
         return requests
 
@@ -301,7 +302,7 @@ class EngineLoop:
             done += self._step()
         elif self._live:  # would spin: the engine lost requests it never finished
             raise RuntimeError(f"the engine holds none of the {len(self._live)} requests in flight")
-        _hand_to_streams(done)
+        _hand_to_queues(done)
         return True
 
     def _exclusive(self, fn: Callable[[], T], version: int | None) -> T:
@@ -396,7 +397,7 @@ class EngineLoop:
         for request in pending:
             if not request.done():
                 request.set_exception(self._down_error())
-        _hand_to_streams(pending)
+        _hand_to_queues(pending)
 
     def _down_error(self) -> EngineError:
         message, cause = self._down or ("the engine loop is closed", None)
@@ -427,13 +428,13 @@ def _settle(future: Future, fn: Callable[[], Any]) -> None:
             raise
 
 
-def _hand_to_streams(done: list[Request]) -> None:
-    per_stream: dict[int, tuple[Stream, list[Request]]] = {}
+def _hand_to_queues(done: list[Request]) -> None:
+    per_queue: dict[int, tuple[FinishedQueue, list[Request]]] = {}
     for request in done:
-        if request._stream is not None:
-            per_stream.setdefault(id(request._stream), (request._stream, []))[1].append(request)
-    for stream, requests in per_stream.values():
-        stream._queue.put(requests)
+        if request._finished is not None:
+            per_queue.setdefault(id(request._finished), (request._finished, []))[1].append(request)
+    for finished, requests in per_queue.values():
+        finished._queue.put(requests)
 
 
 @contextmanager

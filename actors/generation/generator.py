@@ -8,6 +8,7 @@ for `WeightSyncExtension` in an engine worker or for type checks) stays cheap.
     generate / generate_stream     one turn per sample (token-id prompts)
     rollout / rollout_stream       agentic: multi-turn conversations with tools (agent.py's AgentLoop over the
                                    environment pool), when built with `environments` and `agent`
+    all four take (prompts or rows, seeds one per prompt, Sampling) alike; the streams yield FinishedGroups
     load_weights / join_weight_group / receive_weights   the weights, labelled with the learner's step
 
 As a Ray actor it has two concurrency groups (GENERATOR_GROUPS): generation in the default one, weight joins
@@ -21,15 +22,16 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from typing import Any
 
 from actors.cpus import Share, describe, omp_bind, omp_waits, pick_cores
 from actors.envs.client import Environments
 from actors.generation import chat
 from actors.generation.agent import AgentLoop, AgentSettings, TurnSettings
-from actors.generation.engine import EngineLoop, Request, Stream, token_versions
+from actors.generation.engine import EngineLoop, FinishedQueue, Request, token_versions
 from actors.generation.vllm_plugin import SPIN_ENV
-from actors.types import FinishedGroups, Sample
+from actors.types import FinishedGroups, Sample, Sampling
 
 # vLLM resolves this by qualified name inside each engine worker process.
 WEIGHT_SYNC_EXTENSION = "actors.weights.receiver.WeightSyncExtension"
@@ -156,14 +158,13 @@ class Generator:
         return f"Generator(model={self.model!r}, device={device}, tp={self.tensor_parallel_size})"
 
     def generate(
-        self, prompt_token_ids: list[list[int]], seeds: list[int] | None = None, *, min_version: int | None = None,
-        pin: bool = False, **sampling: Any
+        self, prompt_token_ids: list[list[int]], seeds: list[int] | None, sampling: Sampling, *,
+        min_version: int | None = None, pin: bool = False,
     ) -> list[list[Sample]]:
-        """Sample `n` completions per prompt; result[i][j] is sample j of prompt i.
+        """Sample `sampling.n` completions per prompt; result[i][j] is sample j of prompt i.
 
-        sampling: n, max_tokens, temperature (required), top_p, top_k, seed (see `_sampling_params`).
-        seeds: one per prompt instead of `seed` (vLLM seeds sample j of a prompt with its seed + j), so that
-        repeated prompts still get different samples while a repeated call draws the same ones.
+        seeds: one per prompt (vLLM seeds sample j of a prompt with its seed + j), so that repeated prompts still
+        get different samples while a repeated call draws the same ones; None: unseeded.
         min_version: sample with weights of at least this policy version (the requests wait for its load);
         pin: no weight load until the call is done (an eval of one version). Sample.versions: per token.
         """
@@ -172,21 +173,21 @@ class Generator:
         requests = self.loop.submit_batch(prompt_token_ids, params, min_version=min_version, pin=pin)
         return [_samples(out) for out in _results(requests)]
 
-    def _params(self, sampling: dict[str, Any], seeds: list[int] | None, num_prompts: int) -> Any:
+    def _params(self, sampling: Sampling, seeds: list[int] | None, num_prompts: int) -> Any:
         """One SamplingParams for every prompt, or one per prompt with its seed."""
         if seeds is None:
-            return self._sampling_params(**sampling)
+            return self._sampling_params(**asdict(sampling))
         if len(seeds) != num_prompts:
             raise ValueError(f"{len(seeds)} seeds for {num_prompts} prompts")
-        return [self._sampling_params(**sampling, seed=s) for s in seeds]
+        return [self._sampling_params(**asdict(sampling), seed=s) for s in seeds]
 
     def ping(self) -> None:
         """The driver's hang check (called in the actor's health concurrency group, so it answers while a batch
         generates; a generator that does not answer is stopped or wedged)."""
 
     def generate_stream(
-        self, prompt_token_ids: list[list[int]], seeds: list[int] | None = None, *, min_version: int | None = None,
-        **sampling: Any
+        self, prompt_token_ids: list[list[int]], seeds: list[int] | None, sampling: Sampling, *,
+        min_version: int | None = None,
     ) -> Iterator[FinishedGroups]:
         """`generate`, streamed: yields the groups that finished after every engine step in which some did,
         so their rewards can be scored while the rest of the batch is still decoding. One engine batch, so no cost over `generate`.
@@ -196,12 +197,12 @@ class Generator:
         "weights" group) may land between two of its engine steps, which Sample.versions records per token;
         min_version keeps it from sampling with weights older than that version."""
         t0 = time.perf_counter()
-        stream = Stream()
+        finished = FinishedQueue()
         requests = self.loop.submit_batch(prompt_token_ids, self._params(sampling, seeds, len(prompt_token_ids)),
-                                          stream=stream, min_version=min_version)
+                                          finished=finished, min_version=min_version)
         index = {r.request_id: i for i, r in enumerate(requests)}
         try:
-            for done in stream:
+            for done in finished:
                 groups = [(index[r.request_id], _samples(r.result())) for r in done]
                 yield FinishedGroups(groups, time.perf_counter() - t0)
         finally:  # a consumer that stops early leaves nothing decoding
@@ -209,30 +210,32 @@ class Generator:
                 r.cancel()
 
     def rollout(
-        self, rows: list[dict[str, Any]], seeds: list[int], *, sampling: dict[str, Any],
+        self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
         min_version: int | None = None, pin: bool = False,
     ) -> list[list[Sample]]:
-        """Agentic rollouts: `sampling["n"]` multi-turn trajectories per dataset row; result[i][j] is sample j of
+        """Agentic rollouts: `sampling.n` multi-turn trajectories per dataset row; result[i][j] is sample j of
         row i (Sample.trajectory: its conversation, token roles, stop reason, environment outputs).
 
-        rows: dataset rows (a `prompt` column of chat messages, the environments' columns: reset's arguments).
-        seeds: one per row: the group's environment seed (its G sessions start from the same state) and, with
-        the sample and turn, each turn's sampling seed. sampling: `generate`'s (n, max_tokens = the model-token
-        budget of each trajectory, temperature, top_p, top_k), without `seed`. min_version, pin: as in
-        `generate`, for every turn."""
+        rows: dataset rows, exactly as the dataset has them (a `prompt` column of chat messages, the environments'
+        columns: reset's arguments). seeds: one per row: the group's environment seed (its G sessions start from
+        the same state) and, with the sample and turn, each turn's sampling seed. sampling: as in `generate`,
+        max_tokens being the model-token budget of each trajectory. min_version, pin: as in `generate`, for every
+        turn."""
         out: dict[int, list[Sample]] = {}
-        for finished in self.rollout_stream(rows, seeds, sampling=sampling, min_version=min_version, pin=pin):
+        for finished in self.rollout_stream(rows, seeds, sampling, min_version=min_version, pin=pin):
             out.update(finished.groups)
         return [out[i] for i in range(len(rows))]
 
     def rollout_stream(
-        self, rows: list[dict[str, Any]], seeds: list[int], *, sampling: dict[str, Any],
+        self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
         min_version: int | None = None, pin: bool = False,
     ) -> Iterator[FinishedGroups]:
         """`rollout`, streamed: yields the rows' groups as they finish (FinishedGroups, as `generate_stream`:
         (row index, its samples)). A consumer that stops early leaves no turn decoding and no session open."""
         t0 = time.perf_counter()
-        for groups in self._agent_loop(sampling, min_version, pin).run(rows, seeds):
+        # The agent loop takes the sampling as keyword arguments of `_sampling_params` (n, max_tokens, temperature,
+        # top_p, top_k): the record's fields, converted here alone.
+        for groups in self._agent_loop(asdict(sampling), min_version, pin).run(rows, seeds):
             yield FinishedGroups(groups, time.perf_counter() - t0)
 
     def _agent_loop(self, sampling: dict[str, Any], min_version: int | None, pin: bool) -> AgentLoop:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from actors.error_text import one_line
 from actors.net import free_port, node_ip
 
 # Offsets inside a packed bucket are multiples of this, so every tensor's bytes can be viewed as its dtype
@@ -174,7 +175,7 @@ class WeightGroup:
         except Exception as err:  # noqa: BLE001
             raise WeightTransferError(
                 f"rank {rank} of {world_size} could not reach the weight-transfer store at {host}:{port} within "
-                f"{timeout_s:.0f} s ({type(err).__name__}: {_first_line(err)})"
+                f"{timeout_s:.0f} s ({one_line(err)})"
             ) from None
         prefixed = dist.PrefixStore(f"rayward-weights/{generation}", store)
         _rendezvous(prefixed, rank, world_size, timeout)
@@ -188,7 +189,7 @@ class WeightGroup:
         except Exception as err:  # noqa: BLE001 - DistStoreError, gloo connect errors: one message
             raise WeightTransferError(
                 f"rank {rank} of {world_size} could not join the weight-transfer group within {timeout_s:.0f} s "
-                f"({type(err).__name__}: {_first_line(err)})"
+                f"({one_line(err)})"
             ) from None
         return cls(pg, rank, world_size, device, timeout_s)
 
@@ -211,7 +212,7 @@ class WeightGroup:
         except Exception as err:  # noqa: BLE001
             raise WeightTransferError(
                 f"weight transfer failed at {stage} (rank {self.rank} of {self.world_size}, timeout "
-                f"{self.timeout_s:.0f} s): {type(err).__name__}: {_first_line(err)}"
+                f"{self.timeout_s:.0f} s): {one_line(err)}"
             ) from None
         return time.perf_counter() - t0
 
@@ -223,11 +224,6 @@ class WeightGroup:
             pg.abort()
         except Exception:  # noqa: BLE001 - a dead group may refuse even this
             pass
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else ""
 
 
 def _rendezvous(store: Any, rank: int, world_size: int, timeout: timedelta) -> None:

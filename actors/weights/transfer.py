@@ -25,7 +25,8 @@ from typing import Any, Protocol
 import ray
 from ray.exceptions import RayActorError
 
-from actors.group import ActorGroup, LearnerGroup
+from actors.error_text import one_line
+from actors.group import GeneratorGroup, LearnerGroup
 from actors.weights.collective import WeightTransferError
 
 # Beyond the collective's own timeout, how long the driver waits for a sync's calls before naming who stalled
@@ -81,7 +82,7 @@ class PendingSync:
 class _Transfer:
     """What both backends share: the groups, the pipelined bookkeeping, naming who failed."""
 
-    def __init__(self, learner: LearnerGroup, generators: ActorGroup, *, timeout_s: float):
+    def __init__(self, learner: LearnerGroup, generators: GeneratorGroup, *, timeout_s: float):
         self.learner, self.generators, self.timeout_s = learner, generators, timeout_s
         self.last: SyncStats | None = None
         self._pending: PendingSync | None = None
@@ -109,7 +110,7 @@ class _Transfer:
                 try:
                     ray.get(ref)
                 except Exception as err:  # noqa: BLE001
-                    raise WeightTransferError(f"weight sync: learner: {_short(err)}") from None
+                    raise WeightTransferError(f"weight sync: learner: {one_line(err)}") from None
         if stalled:
             who = [f"generator-{i}" for i, r in enumerate(p.generators) if r in stalled]
             who += ["learner"] if any(r in stalled for r in p.learner) else []
@@ -144,7 +145,7 @@ class ObjectStoreTransfer(_Transfer):
 
     def submit(self, version: int | None = None) -> PendingSync:
         exported = self.learner.submit_export_weights()  # every rank (FSDP gathers); rank 0's holds the bytes
-        loads = self.generators.submit("load_weights", exported.ref, version=version)
+        loads = self.generators.submit_load_weights(exported.ref, version)
         return PendingSync(exported.refs, [p.ref for p in loads])
 
 
@@ -152,7 +153,7 @@ class CollectiveTransfer(_Transfer):
     """Bucketed broadcast from the learner's rank 0 to every engine worker (see the module docstring)."""
 
     def __init__(
-        self, learner: LearnerGroup, generators: ActorGroup, *, timeout_s: float, bucket_mb: float, tp_size: int
+        self, learner: LearnerGroup, generators: GeneratorGroup, *, timeout_s: float, bucket_mb: float, tp_size: int
     ):
         super().__init__(learner, generators, timeout_s=timeout_s)
         self.bucket_mb, self.tp_size = bucket_mb, tp_size
@@ -168,10 +169,9 @@ class CollectiveTransfer(_Transfer):
         host, port = self.learner.open_weight_group(self.world_size, self.timeout_s)
         self.generation += 1
         learner = self.learner.submit_join_weight_group(self.generation).refs
-        gens = [p.ref for p in self.generators.submit(
-            "join_weight_group", host, port, world_size=self.world_size, generation=self.generation,
-            timeout_s=self.timeout_s, plan=self._plan,
-            per_member=[{"rank_offset": 1 + i * self.tp_size} for i in range(len(self.generators))],
+        gens = [p.ref for p in self.generators.submit_join_weight_group(
+            host, port, rank_offsets=[1 + i * self.tp_size for i in range(len(self.generators))],
+            world_size=self.world_size, generation=self.generation, timeout_s=self.timeout_s, plan=self._plan,
         )]
         ready, _ = ray.wait(learner + gens, num_returns=len(learner) + len(gens), timeout=self.timeout_s + DRIVER_GRACE_S)
         missing = [f"generator-{i} (ranks {1 + i * self.tp_size}..{(i + 1) * self.tp_size})"
@@ -182,7 +182,7 @@ class CollectiveTransfer(_Transfer):
                 ray.get([r for r in learner if r in ready])
                 why = ""
             except Exception as err:  # noqa: BLE001
-                why = f"; learner: {_short(err)}"
+                why = f"; learner: {one_line(err)}"
             raise WeightTransferError(
                 f"the weight-transfer group ({self.world_size} ranks, learner at {host}:{port}) did not form "
                 f"within {self.timeout_s:.0f} s: not joined: {', '.join(missing) or 'none'}{why}. Check that the "
@@ -198,7 +198,7 @@ class CollectiveTransfer(_Transfer):
         return PendingSync(self.learner.submit_send_weights().refs, self._receive(version))
 
     def _receive(self, version: int | None) -> list[Any]:
-        return [p.ref for p in self.generators.submit("receive_weights", version=version)]
+        return [p.ref for p in self.generators.submit_receive_weights(version)]
 
     def _stats(self, learner: dict[str, float], generators: list[dict[str, float]], seconds: float) -> SyncStats:
         return SyncStats(
@@ -236,15 +236,8 @@ def _generator_failures(refs: list[Any], ready: list[Any]) -> list[str]:
             except RayActorError:
                 raise
             except Exception as err:  # noqa: BLE001
-                failed.append(f"generator-{i}: {_short(err)}")
+                failed.append(f"generator-{i}: {one_line(err)}")
     return failed
-
-
-def _short(err: BaseException) -> str:
-    """The innermost message of a Ray task error, one line."""
-    cause = getattr(err, "cause", None) or err
-    text = str(cause).strip().splitlines()
-    return f"{type(cause).__name__}: {text[-1] if text else ''}"
 
 
 __all__ = [

@@ -1,6 +1,7 @@
-"""actors/group.py's shard arithmetic: how items are split over the members (the Ray side: tests/integration)."""
+"""actors/group.py without Ray: the shard arithmetic, death reasons, and the generator group's calls against the
+Generator's methods (the Ray side: tests/integration)."""
 
-from actors.group import shards
+from actors.group import GeneratorGroup, shards
 
 
 def test_one_contiguous_shard_per_member_in_item_order():
@@ -30,3 +31,52 @@ def test_death_reason_keeps_what_happened_not_rays_advice():
     assert death_reason(err) == "its worker process died: Worker unexpectedly exits with a connection error code 2"
     assert death_reason(RayActorError(error_msg="The actor died because its node has died.")) == (
         "The actor died because its node has died.")
+
+
+class _Recorded(GeneratorGroup):
+    """A GeneratorGroup without Ray: its fan-out records each call (method, positional and keyword arguments as
+    one member receives them) instead of sending it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, dict]] = []
+        self.restarts, self._handles = 0, [None]
+
+    def _submit(self, method, *args, per_member=None, **kwargs):
+        self.calls.append((method, args, {**kwargs, **(per_member or [{}])[0]}))
+        return []
+
+    def _submit_sharded(self, method, items, *, aligned=None, **kwargs):
+        self.calls.append((method, (items,), {**(aligned or {}), **kwargs}))
+        return []
+
+    def _stream(self, member, method, *args, **kwargs):
+        self.calls.append((method, args, kwargs))
+
+
+def test_every_generator_group_method_calls_a_generator_method_with_arguments_it_takes():
+    """The group names the generator's methods by string in one place: each of those calls binds to
+    actors/generation/generator.py Generator's signature (a renamed method or argument fails here, not on a
+    cluster)."""
+    import inspect
+
+    from actors.generation.generator import Generator
+    from actors.types import Sampling
+
+    group = _Recorded()
+    sampling = Sampling(n=2, max_tokens=4, temperature=1.0)
+    group.generate([[1, 2]], [7], sampling, min_version=0)
+    group.submit_generate([[1, 2]], [7], sampling, min_version=None, pin=True)
+    group.stream_generate(0, [[1, 2]], [7], sampling, min_version=0)
+    group.rollout([{"prompt": []}], [7], sampling, min_version=0)
+    group.submit_rollout([{"prompt": []}], [7], sampling, min_version=None, pin=True)
+    group.stream_rollout(0, [{"prompt": []}], [7], sampling, min_version=0)
+    group.submit_load_weights(b"w", 3)
+    group.submit_join_weight_group("h", 1, rank_offsets=[1], world_size=2, generation=0, timeout_s=1.0, plan=[])
+    group.submit_receive_weights(3)
+    group.sequence_logprobs([1, 2], 1.0)
+    group.cpu_threads()
+    called = [method for method, _, _ in group.calls]
+    assert called == ["generate", "generate", "generate_stream", "rollout", "rollout", "rollout_stream",
+                      "load_weights", "join_weight_group", "receive_weights", "sequence_logprobs", "cpu_threads"]
+    for method, args, kwargs in group.calls:
+        inspect.signature(getattr(Generator, method)).bind(None, *args, **kwargs)  # TypeError if it does not bind

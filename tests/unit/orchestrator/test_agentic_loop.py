@@ -15,7 +15,7 @@ from orchestrator.cli.samples import samples_table
 from orchestrator.data import request_seed
 from orchestrator.loop import run_pipelined, run_sync
 from orchestrator.rollout import STOP_REASONS
-from tests.fixtures.fakes import ENV_REWARD, TOOL, TOOLS_MARK, ByteTokenizer, fake_run
+from tests.fixtures.fakes import ENV_REWARD, TOOL, TOOLS_MARK, ByteTokenizer, chat_rows, fake_run
 
 LOOPS = {"sync": run_sync, "pipelined": run_pipelined}
 G = 2  # fakes.CONFIG's num_generations
@@ -71,7 +71,7 @@ def test_the_reward_pool_gets_the_environments_outputs(tmp_path, loop):
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_lost_session_is_trained_on_with_the_environment_rewards_fallback(tmp_path, loop):
     run = fake_run(tmp_path / "r", [f"loop.mode={loop}", "grpo.max_steps=1"], agentic=True)
-    run.generators.members[0].lost = {0, 2}  # rows 0 and 2: their environment worker died
+    run.generators.engines[0].lost = {0, 2}  # rows 0 and 2: their environment worker died
     row = steps(LOOPS[loop](run))[0]
     trained = run.learner.trained[0].batch
     assert len(trained) == 8  # every sample of every row, the lost ones too
@@ -85,7 +85,7 @@ def test_a_lost_session_is_trained_on_with_the_environment_rewards_fallback(tmp_
 
 def test_a_trajectory_spanning_a_weight_sync_counts_as_its_oldest_tokens_version(tmp_path):
     run = fake_run(tmp_path / "r", ["loop.mode=pipelined", "loop.max_staleness=1"], agentic=True)
-    gen = run.generators.members[0]
+    gen = run.generators.engines[0]
     gen.span_sync = True  # every second turn sampled by the next weights
     history = steps(run_pipelined(run))
     for h, t in zip(history, run.learner.trained, strict=True):
@@ -100,7 +100,7 @@ def test_a_trajectory_spanning_a_weight_sync_counts_as_its_oldest_tokens_version
 def test_rollouts_get_one_seed_per_row_fixed_by_the_run_seed_step_and_draw(tmp_path):
     run = fake_run(tmp_path / "r", ["grpo.max_steps=2"], agentic=True)
     run_sync(run)
-    seeds = [s for call, _ in run.generators.members[0].rollouts for s in call]
+    seeds = [s for call, _ in run.generators.engines[0].rollouts for s in call]
     assert seeds == [request_seed(run.cfg.seed, step, draw) for step in range(2) for draw in range(4 * step, 4 * step + 4)]
 
 
@@ -131,3 +131,27 @@ def test_evals_run_agentic_rollouts_and_log_their_conversations(tmp_path, loop):
     assert all(h["eval/mean_length"] == 4 for h in evals)
     logged = [json.loads(line) for line in (run.run_dir / "eval_completions.jsonl").read_text().splitlines()]
     assert len(logged) == 12 and logged[0]["completion"][1]["role"] == "tool"
+
+
+class NamedColumnsEnv:
+    """An environment whose reset() names the dataset's columns, with no **kwargs: a column the driver added would
+    be a TypeError."""
+
+    def reset(self, prompt, uid, seed):
+        return f"box {uid}"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_environment_gets_exactly_its_dataset_row(tmp_path, loop):
+    """The rows the generators' agentic calls receive (training batches, refills and evals) are the dataset's rows
+    themselves: no draw index, no prompt ids (those travel beside the row, in the driver's Prompt)."""
+    run = fake_run(tmp_path / "r", [f"loop.mode={loop}", "grpo.max_steps=2", "eval.data.path=unused",
+                                    "eval.every_n_steps=1", "eval.num_generations=2", "eval.max_samples=3"],
+                   agentic=True)
+    LOOPS[loop](run)
+    dataset = {row["uid"]: row for row in chat_rows()}
+    seen = run.generators.engines[0].rows
+    assert len(seen) == 2 * 4 + 2 * 3  # two training batches of 4 prompts, two evals of 3
+    for row in seen:
+        assert row == dataset[row["uid"]]
+        assert NamedColumnsEnv().reset(**row) == f"box {row['uid']}"

@@ -165,3 +165,21 @@ def tiny_tools_cfg():
     from tests.conftest import ROOT
 
     return load_config(ROOT / "configs" / "tools.yaml", [])
+
+
+def test_training_and_eval_sampling_are_one_record_from_the_config():
+    """generation.* for the training batches; an eval's: eval.num_generations, and eval's max_completion_length and
+    temperature where it sets them (the training batches' where it does not)."""
+    from actors.types import Sampling
+    from orchestrator.build import eval_set, training_sampling
+
+    train = parse_config({**MINIMAL, "generation": {"num_generations": 4, "max_completion_length": 64,
+                                                     "temperature": 0.9, "top_p": 0.95, "top_k": 20}})
+    assert training_sampling(train) == Sampling(n=4, max_tokens=64, temperature=0.9, top_p=0.95, top_k=20)
+    evals = {"data": {"path": "toy"}, "num_generations": 2}
+    same = parse_config({**MINIMAL, "generation": train.generation.model_dump(), "eval": evals})
+    assert eval_set(same, [], pool=None).sampling == Sampling(n=2, max_tokens=64, temperature=0.9, top_p=0.95,
+                                                              top_k=20)
+    own = parse_config({**MINIMAL, "generation": train.generation.model_dump(),
+                        "eval": {**evals, "max_completion_length": 16, "temperature": 0.5}})
+    assert eval_set(own, [], pool=None).sampling == Sampling(n=2, max_tokens=16, temperature=0.5, top_p=0.95, top_k=20)

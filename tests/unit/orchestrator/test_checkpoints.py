@@ -10,17 +10,18 @@ import pytest
 
 from actors.learner.checkpoint import STATE_FILE, damaged, write_state
 from orchestrator import checkpoints
-from orchestrator.checkpoints import BEST, BestCheckpoint, latest, saved_step
+from orchestrator.checkpoints import BestCheckpoint, latest, saved_step
 from orchestrator.config import ConfigError
 from orchestrator.eval_metrics import Best
 from tests.fixtures.fakes import fake_run, messages
 
 
-def _checkpoint(run_dir, step, weights=b"w" * 10):
+def _checkpoint(run_dir, step, weights=b"w" * 10, run=None):
+    """A checkpoint's files; with `run`, its STATE_FILE holds that run's state (a checkpoint resume can load)."""
     d = run_dir / f"checkpoint-{step}"
     d.mkdir(parents=True)
     (d / "model.safetensors").write_bytes(weights)
-    write_state(d, {"global_step": step})
+    write_state(d, {"global_step": step, **(checkpoints.run_state(run).to_json() if run is not None else {})})
     return d
 
 
@@ -54,8 +55,8 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before_with_a_message
 
 def test_a_checkpoint_that_fails_to_load_falls_back_to_the_one_before(tmp_path):
     run = fake_run(tmp_path / "r", ["grpo.max_steps=8"])
-    _checkpoint(run.run_dir, 2)
-    bad = _checkpoint(run.run_dir, 4)
+    _checkpoint(run.run_dir, 2, run=run)
+    bad = _checkpoint(run.run_dir, 4, run=run)
     (bad / STATE_FILE).write_text(json.dumps({"files": {}}))  # whole by its sizes, but no global_step: loads badly
     assert checkpoints.resume(run, checkpoints.usable(run.run_dir)) == run.run_dir / "checkpoint-2"
     assert run.progress.global_step == 2
@@ -80,22 +81,33 @@ def test_a_resume_with_nothing_to_do_fails_before_anything_starts(tmp_path):
 
 
 def test_resume_keeps_the_recorded_best(tmp_path):
-    """From the checkpoint's own record; a checkpoint written before it kept one: checkpoint-best's record."""
-    (tmp_path / BEST).mkdir()
-    record = {"metric": "eval/pass@1", "value": 0.5, "step": 20}
-    (tmp_path / BEST / STATE_FILE).write_text(json.dumps({"global_step": 20, "best": record}))
+    """From the checkpoint's own record, for the same metric."""
     keeper = BestCheckpoint(Best("eval/pass@1", "max"), learner=None, run_dir=tmp_path, data_state=dict)
     keeper.restore({"metric": "eval/pass@1", "value": 0.25, "step": 10})
     assert (keeper.best.value, keeper.best.step) == (0.25, 10) and keeper.state() == {
         "metric": "eval/pass@1", "value": 0.25, "step": 10}
-    keeper.restore(None, legacy=True)
-    assert (keeper.best.value, keeper.best.step) == (0.5, 20)
-    assert not keeper.best.improves(0.4) and keeper.best.improves(0.6)
+    assert not keeper.best.improves(0.2) and keeper.best.improves(0.3)
     keeper.restore(None)  # the run's start: nothing yet
     assert keeper.best.value is None
     other = BestCheckpoint(Best("eval/reward", "max"), learner=None, run_dir=tmp_path, data_state=dict)
-    other.restore(None, legacy=True)  # a best of another metric is not this one's
+    other.restore({"metric": "eval/pass@1", "value": 0.5, "step": 20})  # a best of another metric is not this one's
     assert other.best.value is None
-    fresh = BestCheckpoint(Best("eval/reward", "max"), learner=None, run_dir=tmp_path / "fresh", data_state=dict)
-    fresh.restore(None, legacy=True)
-    assert fresh.best.value is None
+
+
+def test_the_run_state_round_trips_through_the_state_file(tmp_path):
+    """What a checkpoint keeps of the run (RunState) is what a resume reads back: the data position (with its
+    skips), the trainer_state, the evaluator's record and the reward pool's size, through JSON."""
+    from orchestrator.checkpoints import RunState
+
+    run = fake_run(tmp_path / "r", ["loop.mode=pipelined"])
+    run.prompts.next_batch(5)
+    run.progress.resume_data = run.prompts.untrained_position(run.prompts.state(), [])
+    run.progress.global_step = 3
+    saved = checkpoints.run_state(run)
+    assert saved.data == run.prompts.state() and saved.trainer_state.global_step == 3
+    ckpt = _checkpoint(run.run_dir, 3, run=run)
+    state = json.loads((ckpt / STATE_FILE).read_text())
+    assert set(state) == {"global_step", "files", "data", "trainer_state", "eval", "reward_pool"}
+    assert RunState.from_json(state) == saved
+    with pytest.raises(KeyError):  # a state file without the run's state is no checkpoint to resume from
+        RunState.from_json({"global_step": 3})

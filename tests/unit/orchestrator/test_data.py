@@ -1,4 +1,4 @@
-"""Prompt datasets: jsonl / parquet / saved datasets, plain and chat prompts, columns, epochs, resume state."""
+"""Prompt datasets: jsonl / parquet / saved datasets, plain and chat prompts, columns, epochs, the stream's position."""
 
 import json
 
@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from orchestrator.config import DataConfig
-from orchestrator.data import DataError, PromptSource, load_rows
+from orchestrator.data import EVAL_DRAW, DataError, DataPosition, Prompt, PromptSource, load_rows
 
 ROWS = [
     {"prompt": [{"role": "user", "content": "Write the letter a:"}], "letter": "a", "id": 0},
@@ -28,8 +28,9 @@ def test_jsonl_chat_prompts_use_the_chat_template(tmp_path, tok):
     src = PromptSource(rows, tok, DataConfig(path=str(f), shuffle_dataset=False))
     batch = src.next_batch(2)
     want = tok.apply_chat_template(ROWS[0]["prompt"], add_generation_prompt=True, tokenize=False)
-    assert tok.decode(batch[0]["prompt_ids"]) == want and want.endswith("<|im_start|>assistant\n")
-    assert [b["letter"] for b in batch] == ["a", "b"] and batch[1]["id"] == 1  # other columns travel along
+    assert tok.decode(batch[0].prompt_ids) == want and want.endswith("<|im_start|>assistant\n")
+    assert [b.row for b in batch] == ROWS[:2]  # the dataset's rows, exactly: nothing of the driver's in them
+    assert [b.draw for b in batch] == [0, 1]
 
 
 def test_parquet_and_saved_dataset_with_plain_prompts(tmp_path, tok):
@@ -41,21 +42,22 @@ def test_parquet_and_saved_dataset_with_plain_prompts(tmp_path, tok):
         rows = load_rows(DataConfig(path=str(path)))
         assert rows == plain
     src = PromptSource(plain, tok, DataConfig(shuffle_dataset=False))
-    assert tok.decode(src.next_batch(1)[0]["prompt_ids"]) == "Write the letter a:"
+    assert tok.decode(src.next_batch(1)[0].prompt_ids) == "Write the letter a:"
 
 
 def test_epochs_shuffle_and_resume_state(tok):
     rows = [{"prompt": f"p{i}", "i": i} for i in range(5)]
     cfg = DataConfig(shuffle_dataset=True)
     a = PromptSource(rows, tok, cfg, seed=1)
-    first = [r["i"] for r in a.next_batch(5)]
+    first = [p.row["i"] for p in a.next_batch(5)]
     assert sorted(first) == list(range(5))  # one epoch = every row once
     a.next_batch(2)
-    state = json.loads(json.dumps(a.state()))  # survives JSON, as in a checkpoint
-    expected = [r["i"] for r in a.next_batch(6)]
+    position = DataPosition.from_json(json.loads(json.dumps(a.state().to_json())))  # survives JSON, as in a checkpoint
+    assert position == a.state()
+    expected = a.next_batch(6)
     b = PromptSource(rows, tok, cfg, seed=1)
-    b.restore(state)
-    assert [r["i"] for r in b.next_batch(6)] == expected
+    b.restore(position)
+    assert b.next_batch(6) == expected and [p.draw for p in expected] == list(range(7, 13))
     assert a.epoch_progress == pytest.approx(13 / 5)
 
 
@@ -70,31 +72,33 @@ def test_errors_name_the_field(tmp_path):
 
 def test_eval_rows_are_the_first_max_samples_tokenized(tmp_path, tok):
     from orchestrator.config import DataSource
-    from orchestrator.data import eval_rows
+    from orchestrator.data import eval_prompts
 
     f = tmp_path / "held_out.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in ROWS))
-    rows = eval_rows(DataSource(path=str(f)), tok, max_samples=2)
-    assert [r["id"] for r in rows] == [0, 1]  # file order, every time
+    prompts = eval_prompts(DataSource(path=str(f)), tok, max_samples=2)
+    assert [p.row for p in prompts] == ROWS[:2]  # file order, every time
+    assert all(p.draw == EVAL_DRAW for p in prompts)  # no part of the run's prompt stream
     want = tok.apply_chat_template(ROWS[0]["prompt"], add_generation_prompt=True, tokenize=False)
-    assert tok.decode(rows[0]["prompt_ids"]) == want
-    assert len(eval_rows(DataSource(path=str(f)), tok, max_samples=None)) == 3
+    assert tok.decode(prompts[0].prompt_ids) == want
+    assert len(eval_prompts(DataSource(path=str(f)), tok, max_samples=None)) == 3
     with pytest.raises(DataError, match=r"eval\.data\.prompt_column 'question' not in dataset"):
-        eval_rows(DataSource(path=str(f), prompt_column="question"), tok, max_samples=None)
+        eval_prompts(DataSource(path=str(f), prompt_column="question"), tok, max_samples=None)
 
 
 def test_to_rollouts_joins_samples_to_their_rows():
     from actors.types import Sample
     from orchestrator.data import to_rollouts
 
-    rows = [{"prompt": ROWS[0]["prompt"], "letter": "a", "prompt_ids": [1, 2]}, {"prompt": "plain", "letter": "b",
-                                                                               "prompt_ids": [3]}]
+    prompts = [Prompt({"prompt": ROWS[0]["prompt"], "letter": "a"}, [1, 2], draw=4),
+               Prompt({"prompt": "plain", "letter": "b"}, [3], draw=5)]
     groups = [[Sample([5], [-0.1], "a", "stop"), Sample([6, 7], [-0.2, -0.3], "aa", "length")],
               [Sample([8], [-0.4], "b", "stop"), Sample([9], [-0.5], "c", "stop")]]
-    r = to_rollouts(rows, groups, 3, prompt_column="prompt", group_size=2)
+    r = to_rollouts(prompts, groups, 3, prompt_column="prompt", group_size=2)
     assert len(r) == 4 and r.num_groups == 2 and r.policy_version == 3
     assert r.completions[0] == [{"role": "assistant", "content": "a"}] and r.completions[2] == "b"  # chat stays chat
     assert r.columns == {"letter": ["a", "a", "b", "b"]} and r.prompt_ids[3] == [3]
+    assert r.prompt_index == [4, 4, 5, 5]
     assert r.truncated == [False, True, False, False]
 
 
@@ -103,7 +107,7 @@ def test_a_batch_is_as_old_as_its_oldest_model_token():
     from actors.types import Sample
     from orchestrator.data import to_rollouts
 
-    rows = [{"prompt": "p", "prompt_ids": [1]}]
+    rows = [Prompt({"prompt": "p"}, [1])]
     groups = [[Sample([5, 6], [-0.1, -0.1], "a", "stop", versions=[4, 5]),
                Sample([7, 8], [-0.1, -0.1], "b", "stop", versions=[-1, 5])]]
     r = to_rollouts(rows, groups, 3, prompt_column="prompt", group_size=2)
@@ -121,14 +125,14 @@ def test_agentic_samples_bring_their_prompt_and_conversation():
     t = Trajectory(prompt_ids=[9, 1], prompt=[{"role": "user", "content": "open box 2 (reset)"}],
                    messages=[{"role": "assistant", "content": "x"}], turn_ids=[0, -1, 1], stop_reason="length")
     sample = Sample([5, 6, 7], [-0.1, float("nan"), -0.2], "x", "length", versions=[2, -1, 2], trajectory=t)
-    r = to_rollouts([{"prompt": chat, "prompt_ids": [1], "box": 2}], [[sample, sample]], 2, prompt_column="prompt",
+    r = to_rollouts([Prompt({"prompt": chat, "box": 2}, [1])], [[sample, sample]], 2, prompt_column="prompt",
                     group_size=2)
     assert r.prompt_ids[0] == [9, 1] and r.prompts[0] == t.prompt and r.completions[0] == t.messages
     assert r.completion_mask() == [[1, 0, 1]] * 2 and r.truncated == [True, True] and r.columns == {"box": [2, 2]}
     picked = r.take_groups([0])
     assert picked.trajectories == [t, t] and picked.versions == r.versions
     with pytest.raises(ValueError, match="mixes agentic samples with one-turn"):
-        to_rollouts([{"prompt": chat, "prompt_ids": [1]}], [[sample, Sample([5], [-0.1], "a", "stop")]], 2,
+        to_rollouts([Prompt({"prompt": chat}, [1])], [[sample, Sample([5], [-0.1], "a", "stop")]], 2,
                     prompt_column="prompt", group_size=2)
 
 

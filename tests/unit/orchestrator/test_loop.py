@@ -182,7 +182,7 @@ def test_sigterm_stops_at_the_step_boundary_with_a_checkpoint_and_resume_continu
     found = checkpoints.find(again.run_dir, checkpoints.RESUME_REQUIRED, 4, again.display.message)
     assert checkpoints.resume(again, found) == tmp_path / "r" / "checkpoint-2"
     assert again.progress.global_step == again.progress.policy_version == again.learner.global_step == 2
-    assert again.generators.members[0].version == 2  # the generators got the checkpoint's weights
+    assert again.generators.engines[0].version == 2  # the generators got the checkpoint's weights
     assert again.reward_pool.state.global_step == 2  # and the reward pool the trainer_state
     resumed = LOOPS[loop](again)
     assert [h["step"] for h in resumed] == [3, 4] and resumed[0]["policy_version"] == 2
@@ -219,8 +219,8 @@ def test_a_stopped_and_resumed_run_trains_what_the_uninterrupted_one_does(tmp_pa
     assert [h["step"] for h in resumed] == [4, 5, 6, 7, 8]
     assert trained_uids(stopped) + trained_uids(again) == trained_uids(whole)
     if loop == "sync":  # the sync loop asks for exactly the same requests again (the pipelined one, its schedule's)
-        seeds = whole.generators.members[0].seeds
-        assert again.generators.members[0].seeds == seeds[len(seeds) - len(again.generators.members[0].seeds):]
+        seeds = whole.generators.engines[0].seeds
+        assert again.generators.engines[0].seeds == seeds[len(seeds) - len(again.generators.engines[0].seeds):]
         same = ("reward", "loss", "batch/groups", "reward_global_step", "policy_version")
         assert [{k: h[k] for k in same} for h in resumed] == [{k: h[k] for k in same} for h in full[3:]]
 

@@ -32,7 +32,7 @@ pytest.importorskip("vllm")
 from actors.generation import chat  # noqa: E402
 from actors.generation.agent import AgentSettings  # noqa: E402
 from actors.generation.generator import Generator  # noqa: E402
-from actors.types import Sample  # noqa: E402
+from actors.types import Sample, Sampling  # noqa: E402
 from orchestrator.tasks.boxes import BoxEnv, boxes_dataset  # noqa: E402
 from orchestrator.tiny_tools import ensure_tiny_tool_model  # noqa: E402
 from tests.fixtures.envs import LocalEnvironments, tool_schemas  # noqa: E402
@@ -45,7 +45,7 @@ WAIT_S = 120  # bounds every wait of the test on the engine or a thread
 # Engine logprobs of the same ids in the same context, recomputed (float32 kernels in another batch shape).
 LOGPROB_TOL = 1e-3
 HUGE_WORDS = 5000  # a tool result far over MAX_TOOL_TOKENS
-GREEDY = {"temperature": 0.0, "max_tokens": MAX_TOKENS}  # the model opens the asked box: the tool runs
+GREEDY = Sampling(n=1, temperature=0.0, max_tokens=MAX_TOKENS)  # the model opens the asked box: the tool runs
 RELEASE = threading.Event()  # HangingBoxEnv's tools return once set (at the module's end)
 GATE = threading.Event()  # GatedBoxEnv's tools answer once the test opens it
 
@@ -106,8 +106,8 @@ def model_turns(sample: Sample) -> list[int]:
 def test_box_rollouts_token_in_token_out_masks_group_state_and_seeded_determinism(gen) -> None:
     batch = rows("box", 4)
     seeds = [r["seed"] for r in batch]
-    sampling = {"n": 4, "temperature": 1.0, "max_tokens": MAX_TOKENS}
-    groups = gen.rollout(batch, seeds, sampling=sampling)
+    sampling = Sampling(n=4, temperature=1.0, max_tokens=MAX_TOKENS)
+    groups = gen.rollout(batch, seeds, sampling)
     assert [len(g) for g in groups] == [4] * 4
     samples = [s for g in groups for s in g]
     called = [s for s in samples if s.trajectory.tool_calls > s.trajectory.tool_failures]
@@ -145,13 +145,13 @@ def test_box_rollouts_token_in_token_out_masks_group_state_and_seeded_determinis
         assert all(e.codes == states[0].codes for e in states) and all(e.box == row["box"] for e in states)
         assert [s.trajectory.env_reward for s in g] == [e.get_reward() for e in states]
     # Seeded: the same call samples the same trajectories.
-    again = gen.rollout(batch, seeds, sampling=sampling)
+    again = gen.rollout(batch, seeds, sampling)
     assert [[s.completion_ids for s in g] for g in again] == [[s.completion_ids for s in g] for g in groups]
 
 
 def test_a_hanging_a_raising_and_a_huge_tool_are_results_the_model_reads(gen) -> None:
     batch = rows("hang", 1) + rows("boom", 1) + rows("huge", 1)
-    hang, boom, huge = (g[0] for g in gen.rollout(batch, [r["seed"] for r in batch], sampling={"n": 1, **GREEDY}))
+    hang, boom, huge = (g[0] for g in gen.rollout(batch, [r["seed"] for r in batch], GREEDY))
     for s in (hang, boom, huge):
         t = s.trajectory
         assert t.messages[0]["tool_calls"][0]["function"]["name"] == "open_box"
@@ -177,10 +177,10 @@ def test_seeded_prompts_too_long_to_prefill_together_do_not_crash_the_cpu_engine
         assert not config.enable_chunked_prefill and config.max_num_batched_tokens >= MAX_MODEL_LEN
     prompts = [[5 + (i * 7 + k) % 400 for k in range(1000)] for i in range(6)]
     assert 6 * 1000 > config.max_num_batched_tokens
-    out = gen.generate(prompts, seeds=list(range(6)), n=1, max_tokens=8, temperature=1.0)
+    sampling = Sampling(n=1, max_tokens=8, temperature=1.0)
+    out = gen.generate(prompts, list(range(6)), sampling)
     assert [len(s.completion_ids) for g in out for s in g] == [8] * 6
-    assert gen.generate(prompts[:1], seeds=[0], n=1, max_tokens=8, temperature=1.0)[0][0].completion_ids == \
-        out[0][0].completion_ids
+    assert gen.generate(prompts[:1], [0], sampling)[0][0].completion_ids == out[0][0].completion_ids
 
 
 def test_a_weight_load_while_a_trajectory_waits_on_its_tool_splits_its_versions(gen, envs) -> None:
@@ -189,7 +189,7 @@ def test_a_weight_load_while_a_trajectory_waits_on_its_tool_splits_its_versions(
     batch = rows("gated", 1, seed=1)
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(out=gen.rollout(
-        batch, [batch[0]["seed"]], sampling={"n": 1, **GREEDY})))
+        batch, [batch[0]["seed"]], GREEDY)))
     calls = len(envs.calls)
     thread.start()
     deadline = time.monotonic() + WAIT_S
@@ -208,7 +208,7 @@ def test_a_weight_load_while_a_trajectory_waits_on_its_tool_splits_its_versions(
 
     # min_version: the turns wait for a load that brings it, then sample with it.
     later = threading.Thread(target=lambda: result.update(later=gen.rollout(
-        batch, [batch[0]["seed"]], sampling={"n": 1, **GREEDY}, min_version=v0 + 6)))
+        batch, [batch[0]["seed"]], GREEDY, min_version=v0 + 6)))
     later.start()
     while not gen.loop._held and time.monotonic() < deadline:  # its first turn waits outside the engine
         later.join(0.01)
@@ -223,14 +223,14 @@ def test_bad_rollout_calls_are_named_before_any_environment_opens(gen, envs) -> 
     batch = rows("box", 2)
     seeds = [r["seed"] for r in batch]
     opened = len(envs.requests)
-    with pytest.raises(ValueError, match="seeds come one per row"):
-        gen.rollout(batch, seeds, sampling={"n": 1, "seed": 3, **GREEDY})
+    with pytest.raises(TypeError, match="seed"):  # seeds come one per row: the sampling record has none
+        Sampling(n=1, max_tokens=8, temperature=1.0, seed=3)
     with pytest.raises(ValueError, match="1 seeds for 2 rows"):
-        gen.rollout(batch, seeds[:1], sampling={"n": 1, **GREEDY})
+        gen.rollout(batch, seeds[:1], GREEDY)
     with pytest.raises(ValueError, match="'environment' is 'nope'"):
-        gen.rollout([batch[0], {**batch[1], "environment": "nope"}], seeds, sampling={"n": 1, **GREEDY})
+        gen.rollout([batch[0], {**batch[1], "environment": "nope"}], seeds, GREEDY)
     with pytest.raises(TypeError, match="temprature"):
-        gen.rollout(batch, seeds, sampling={"n": 1, "max_tokens": 8, "temprature": 1.0})
+        Sampling(n=1, max_tokens=8, temprature=1.0)
     assert len(envs.requests) == opened
     with pytest.raises(ValueError, match="both `environments` and `agent`"):
         Generator(str(ensure_tiny_tool_model()), environments=envs)

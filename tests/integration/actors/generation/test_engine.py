@@ -33,6 +33,7 @@ from vllm.inputs import TokensPrompt  # noqa: E402
 
 from actors.generation.engine import token_versions  # noqa: E402
 from actors.generation.generator import Generator, _samples  # noqa: E402
+from actors.types import Sampling  # noqa: E402
 from tests.integration.actors.generation.conftest import MAX_MODEL_LEN  # noqa: E402
 
 # Engine vs transformers, both float32: kernel summation orders differ by ~1e-5; the other weights' logprobs
@@ -174,9 +175,9 @@ def test_generator_on_the_loop_samples_what_offline_generate_samples(generator: 
     """Same seeds, same samples and logprobs as vLLM's `LLM.generate` (the Generator's path before the loop),
     called directly while the loop is idle."""
     prompts = [prompt_ids(generator, f"Write the letter {c}:") for c in "abcdef"]
-    kw = dict(n=3, max_tokens=24, temperature=1.0, seed=11)
-    got = generator.generate(prompts, **kw)
-    params = Generator._sampling_params(**kw)
+    sampling = Sampling(n=3, max_tokens=24, temperature=1.0)
+    got = generator.generate(prompts, [11] * len(prompts), sampling)
+    params = Generator._sampling_params(n=3, max_tokens=24, temperature=1.0, seed=11)
     direct = generator.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     want = [_samples(out) for out in direct]
     assert [[s.completion_ids for s in g] for g in got] == [[s.completion_ids for s in g] for g in want]

@@ -22,6 +22,7 @@ transformers = pytest.importorskip("transformers")
 from safetensors.torch import save  # noqa: E402
 
 from actors.generation.generator import Generator  # noqa: E402
+from actors.types import Sampling  # noqa: E402
 
 # Both sides run float32; differing kernel summation orders give ~1e-5 differences. A layer that
 # failed to sync (e.g. a stale lm_head) shifts logprobs by > 0.1, so 1e-3 separates the two cleanly.
@@ -106,7 +107,8 @@ def test_generate_returns_aligned_samples(generator: Generator) -> None:
     prompts = [chat_prompt(generator.tokenizer, f"Write the letter {c}:") for c in letters]
     n, max_tokens = 4, 32
     t0 = time.perf_counter()
-    out = generator.generate(prompts, n=n, max_tokens=max_tokens, temperature=1.0, seed=123)
+    sampling = Sampling(n=n, max_tokens=max_tokens, temperature=1.0)
+    out = generator.generate(prompts, [123] * len(prompts), sampling)
     dt = time.perf_counter() - t0
     n_tokens = sum(len(s.completion_ids) for samples in out for s in samples)
     print(f"\ngenerate 8x{n}x{max_tokens}: {dt:.2f}s, {n_tokens} tokens, {n_tokens / dt:.0f} tok/s")
@@ -126,7 +128,7 @@ def test_generate_returns_aligned_samples(generator: Generator) -> None:
     # A random model samples diverse completions; identical ones would mean n was ignored.
     assert len({tuple(s.completion_ids) for s in out[0]}) > 1
     # Same request seed -> same samples (what makes rollouts reproducible).
-    again = generator.generate(prompts[:2], n=n, max_tokens=max_tokens, temperature=1.0, seed=123)
+    again = generator.generate(prompts[:2], [123] * 2, sampling)
     assert [[s.completion_ids for s in p] for p in again] == [
         [s.completion_ids for s in p] for p in out[:2]
     ]
@@ -136,22 +138,22 @@ def test_seeds_per_prompt_tell_repeated_prompts_apart(generator: Generator) -> N
     """Eval's seeds: one per prompt, n apart, so a repeated prompt gets other samples, and the same call again
     draws the same ones."""
     prompt = chat_prompt(generator.tokenizer, "Write the letter a:")
-    kw = dict(n=2, max_tokens=16, temperature=1.0)
-    out = generator.generate([prompt, prompt], seeds=[5, 7], **kw)
+    sampling = Sampling(n=2, max_tokens=16, temperature=1.0)
+    out = generator.generate([prompt, prompt], [5, 7], sampling)
     ids = [[s.completion_ids for s in group] for group in out]
     assert ids[0] != ids[1]
-    assert [[s.completion_ids for s in g] for g in generator.generate([prompt, prompt], seeds=[5, 7], **kw)] == ids
+    assert [[s.completion_ids for s in g] for g in generator.generate([prompt, prompt], [5, 7], sampling)] == ids
     with pytest.raises(ValueError, match="1 seeds for 2 prompts"):
-        generator.generate([prompt, prompt], seeds=[5], **kw)
+        generator.generate([prompt, prompt], [5], sampling)
 
 
 def test_generate_stream_yields_every_group_once_as_generate_would(generator: Generator) -> None:
     """The pipelined loop's stream: each prompt's group exactly once, under its own index, equal to what
     `generate` samples with the same request seed (so the index mapping cannot mix groups up)."""
     prompts = [chat_prompt(generator.tokenizer, f"Write the letter {c}:") for c in "abcdef"]
-    kw = dict(n=3, max_tokens=24, temperature=1.0, seed=7)
-    expected = generator.generate(prompts, **kw)
-    pieces = list(generator.generate_stream(prompts, **kw))
+    seeds, sampling = [7] * len(prompts), Sampling(n=3, max_tokens=24, temperature=1.0)
+    expected = generator.generate(prompts, seeds, sampling)
+    pieces = list(generator.generate_stream(prompts, seeds, sampling))
     seen = [i for piece in pieces for i, _ in piece.groups]
     assert sorted(seen) == list(range(len(prompts)))
     streamed = {i: samples for piece in pieces for i, samples in piece.groups}
@@ -169,7 +171,7 @@ def test_sampled_logprobs_match_transformers(
 ) -> None:
     """Sampling logprobs are after temperature: equal to log_softmax(logits / T) of the HF model."""
     prompt = chat_prompt(generator.tokenizer, "Write the letter b:")
-    (samples,) = generator.generate([prompt], n=2, max_tokens=16, temperature=temperature, seed=7)
+    (samples,) = generator.generate([prompt], [7], Sampling(n=2, max_tokens=16, temperature=temperature))
     for s in samples:
         ref = hf_logprobs(engine_weights, prompt + s.completion_ids, temperature)[len(prompt) - 1 :]
         diff = (ref - torch.tensor(s.logprobs)).abs().max().item()

@@ -16,7 +16,7 @@ import ray
 import torch
 
 from actors.cpus import pick_cores
-from actors.types import TrainBatch
+from actors.types import Sampling, TrainBatch
 from actors.weights.collective import WeightTransferError
 from actors.weights.parity import PARITY_TOKENS, logprob_parity
 from actors.weights.transfer import CollectiveTransfer, OverlappedCollectiveTransfer
@@ -48,7 +48,7 @@ def perturb(run) -> None:
                 local = p.to_local() if hasattr(p, "to_local") else p
                 local.add_(NOISE * torch.randn(local.shape, generator=g).to(local.dtype))
 
-    ray.get([h.__ray_call__.remote(add_noise) for h in run.learner.ranks])
+    run.learner.on_each(add_noise)
 
 
 def gap(run) -> float:
@@ -57,7 +57,7 @@ def gap(run) -> float:
 
 def engine_threads(run) -> list[int]:
     """Each generator's torch threads (its in-process engine computes on them: generation and weight reloads)."""
-    return ray.get([h.__ray_call__.remote(lambda self: torch.get_num_threads()) for h in run.generators.handles])
+    return run.generators.on_each(lambda self: torch.get_num_threads())
 
 
 def test_sync_into_two_engines_then_a_group_that_cannot_form_then_reform(ray_cluster):
@@ -97,7 +97,8 @@ def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_
         temperature = run.cfg.generation.temperature
         perturb(run)
         before = run.learner.sequence_logprobs(PARITY_TOKENS)
-        (busy,) = run.generators.submit("generate", [PARITY_TOKENS] * 256, n=8, max_tokens=16, temperature=1.0)
+        (busy,) = run.generators.submit_generate([PARITY_TOKENS] * 256, list(range(256)),
+                                                 Sampling(n=8, max_tokens=16, temperature=1.0), min_version=None)
         run.weights.submit_async()  # queued on the engine behind that generation
         g = torch.Generator().manual_seed(0)
         batch = TrainBatch(
@@ -110,7 +111,7 @@ def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_
         trained = run.learner.train_step(batch)  # queued behind start_send_weights, not behind the sync
         busy.result()
         run.weights.drain()
-        (got,) = run.generators.call("sequence_logprobs", PARITY_TOKENS, temperature)
+        (got,) = run.generators.sequence_logprobs(PARITY_TOKENS, temperature)
         assert max(abs(a - b) for a, b in zip(got, before, strict=True)) <= PARITY_TOL, (
             "the engine did not get the weights the sync started with (the train step changed them mid-send)"
         )

@@ -287,7 +287,7 @@ def test_run_actors_through_the_state_api(head, demo_run):
 
 
 def test_run_metrics_on_the_nodes_metrics_endpoint(head, demo_run):
-    """While the run trains: the driver's step gauges (orchestrator/ray_metrics.py) and the reward pool's gauges,
+    """While the run trains: the driver's step gauges (orchestrator/telemetry/ray_metrics.py) and the reward pool's gauges,
     tagged with the run, on the head's metrics export port; global_step increases between scrapes."""
     name, _ = demo_run
     deadline = time.monotonic() + 15

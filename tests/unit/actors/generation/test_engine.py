@@ -1,6 +1,6 @@
 """EngineLoop's logic on a fake engine that obeys LLMEngine's interface (add_request, step,
 has_unfinished_requests, abort_request, set_weight_version): ordering, interleaving, exclusive sections,
-version stamps, aborts, streams, errors and shutdown. The real engine is in tests/integration/actors/generation.
+version stamps, aborts, finished queues, errors and shutdown. The real engine is in tests/integration/actors/generation.
 
 A gated fake holds the loop at the start of every step until the test lets it go (`hold`, `release`): what the
 test submits while the loop is held reaches the engine right after that step, so the tests say exactly which step
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from actors.generation.engine import EngineError, EngineLoop, Stream, token_versions
+from actors.generation.engine import EngineError, EngineLoop, FinishedQueue, token_versions
 from tests.fixtures.waiting import wait_until
 
 # Bounds every blocking wait in these tests, so a loop bug fails a test instead of hanging the suite.
@@ -272,27 +272,27 @@ def test_the_loop_only_steps_an_engine_with_requests(engine: FakeEngine) -> None
     assert [name for name, _, _ in engine.log].count("step") == 6
 
 
-def test_a_stream_hands_back_each_steps_finished_requests_together(engine: FakeEngine) -> None:
+def test_a_finished_queue_hands_back_each_steps_finished_requests_together(engine: FakeEngine) -> None:
     loop = start(engine)
-    stream = Stream()
-    handles = loop.submit_batch([[1], [2], [3], [4]], [tokens(2), tokens(1), tokens(2), tokens(3)], stream=stream)
-    pieces = [[h.request_id for h in piece] for piece in stream]
+    finished = FinishedQueue()
+    handles = loop.submit_batch([[1], [2], [3], [4]], [tokens(2), tokens(1), tokens(2), tokens(3)], finished=finished)
+    pieces = [[h.request_id for h in piece] for piece in finished]
     ids = [h.request_id for h in handles]
     assert pieces == [[ids[1]], [ids[0], ids[2]], [ids[3]]]
     assert all(h.done() for h in handles)
     loop.close(WAIT_S)
 
 
-def test_cancel_aborts_in_the_engine_and_the_stream_still_ends(gated: FakeEngine) -> None:
+def test_cancel_aborts_in_the_engine_and_the_finished_queue_still_ends(gated: FakeEngine) -> None:
     loop = start(gated)
-    stream = Stream()
-    keep, drop = loop.submit_batch([[1], [2]], [tokens(3), tokens(50)], stream=stream)
+    finished = FinishedQueue()
+    keep, drop = loop.submit_batch([[1], [2]], [tokens(3), tokens(50)], finished=finished)
     gated.run(1)
     gated.hold()  # at the start of step 1
     assert drop.cancel()
     gated.release()
     gated.run(1)
-    handed = [h for piece in stream for h in piece]
+    handed = [h for piece in finished for h in piece]
     assert sorted(h.request_id for h in handed) == sorted([keep.request_id, drop.request_id])
     with pytest.raises(CancelledError):
         drop.result(WAIT_S)
@@ -328,8 +328,8 @@ def test_a_request_the_engine_refuses_fails_alone(engine: FakeEngine) -> None:
 
 def test_a_failed_step_reaches_every_waiter_with_its_cause(gated: FakeEngine) -> None:
     loop = start(gated)
-    stream = Stream()
-    a, b = loop.submit_batch([[1], [2]], tokens(5), stream=stream)
+    finished = FinishedQueue()
+    a, b = loop.submit_batch([[1], [2]], tokens(5), finished=finished)
     gated.fail_step = RuntimeError("CUDA error: an illegal memory access")
     gated.hold()  # at the start of step 0, which fails
     t, box = run_in_thread(lambda: loop.exclusive(lambda: None))
@@ -338,7 +338,7 @@ def test_a_failed_step_reaches_every_waiter_with_its_cause(gated: FakeEngine) ->
         with pytest.raises(EngineError, match="engine loop failed: RuntimeError: CUDA error") as info:
             request.result(WAIT_S)
         assert info.value.__cause__ is gated.fail_step
-    assert sorted(h.request_id for piece in stream for h in piece) == sorted([a.request_id, b.request_id])
+    assert sorted(h.request_id for piece in finished for h in piece) == sorted([a.request_id, b.request_id])
     t.join(WAIT_S)
     assert isinstance(box["error"], EngineError)  # it waited for the failed step
     with pytest.raises(EngineError, match="CUDA error"):
@@ -499,10 +499,10 @@ def test_a_held_pin_lets_its_own_version_in_then_holds_version_changes_back_with
 
 def test_a_waiting_request_can_be_cancelled_and_close_fails_the_others(engine: FakeEngine) -> None:
     loop = start(engine)
-    stream = Stream()
-    drop, keep = loop.submit_batch([[1], [2]], tokens(2), min_version=5, stream=stream)
+    finished = FinishedQueue()
+    drop, keep = loop.submit_batch([[1], [2]], tokens(2), min_version=5, finished=finished)
     assert drop.cancel()
-    (piece,) = [next(iter(stream))]
+    (piece,) = [next(iter(finished))]
     assert [r.request_id for r in piece] == [drop.request_id]
     assert not engine.live and not keep.done()
     loop.close(WAIT_S)

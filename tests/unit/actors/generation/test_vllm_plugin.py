@@ -1,4 +1,4 @@
-"""The vLLM general plugin that caps the engine queues' busy-spin (actors/vllm_plugin.py).
+"""The vLLM general plugin that caps the engine queues' busy-spin (actors/generation/vllm_plugin.py).
 
 The readers are vLLM's real SpinCondition class, built without its zmq sockets: inside the spin window its
 `wait` only yields the CPU, which is the path the cap acts on (tearing real sockets down in a test process
