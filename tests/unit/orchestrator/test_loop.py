@@ -292,6 +292,9 @@ def test_a_sigterm_while_ray_starts_is_never_lost():
             with signals.starting_ray():
                 ray_utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))  # what ray.init does first
                 SignalledInAFinalizer()
+            # Another thread of this process (pytest-xdist's) may take the signal: its handler then runs on the main
+            # thread at some later bytecode, here or while waiting.
+            wait_until(lambda: signals.received, "the SIGTERM to be handled")
             signals.check()
         assert signals.received == "SIGTERM"
     finally:
