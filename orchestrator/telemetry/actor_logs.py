@@ -131,6 +131,7 @@ class ActorOutput:
             # Ray's own words on what rayward handles (a worker died: the learner is rebuilt, a generator
             # restarts) go to the file with the rest; rayward says what happened in its own line.
             self._unroute_errors = ray_compat.route_error_messages(self)
+        dispatcher.add_handler(HANDLER_NAME, self)
         self._attached = True
         return True
 

@@ -21,6 +21,7 @@ pytest.importorskip("vllm")
 from actors.generation import chat  # noqa: E402
 from actors.generation.agent import AgentSettings  # noqa: E402
 from actors.generation.generator import Generator  # noqa: E402
+from actors.types import Sampling  # noqa: E402
 from orchestrator.build import load_tokenizer  # noqa: E402
 from orchestrator.config import parse_config  # noqa: E402
 from orchestrator.environments import check_tool_template  # noqa: E402
@@ -63,8 +64,8 @@ def test_a_stock_template_without_a_response_template_runs_its_tool_turn(stock_m
         assert gen.tokenizer.response_template == driver.response_template
         assert gen.tokenizer.chat_template == driver.chat_template
         rows = [{**r, "environment": "box"} for r in boxes_dataset(2, seed=0)]
-        groups = gen.rollout(rows, [r["seed"] for r in rows], sampling={"n": 1, "temperature": 0.0,
-                                                                          "max_tokens": MAX_TOKENS})
+        groups = gen.rollout(rows, [r["seed"] for r in rows], sampling=Sampling(n=1, temperature=0.0,
+                                                                              max_tokens=MAX_TOKENS))
         samples = [g[0] for g in groups]
         for s in samples:
             t = s.trajectory

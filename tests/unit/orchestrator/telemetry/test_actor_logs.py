@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from actors import ray_compat
 from orchestrator.telemetry.actor_logs import ActorOutput, rayward_messages
 
 VLLM_NOISE = [
@@ -79,12 +80,14 @@ def test_the_errors_ray_publishes_to_the_driver_go_to_the_file_not_the_terminal(
         # what listen_error_messages does with each error it receives
         worker.print_to_stdstream({"lines": [RAYLET_PARAGRAPH], "pid": "raylet", "is_err": False},
                                   ignore_prefix=False)
+        # and what the forwarding thread hands the dispatcher: an actor's own line
+        ray_compat.log_dispatcher().emit({"lines": ["hello"], "pid": 42, "actor_name": "Generator", "is_err": True})
     finally:
         out.close()
     assert worker.print_to_stdstream is printer
     captured = capsys.readouterr()
     assert "A worker died" not in captured.out + captured.err and shown == []
-    assert (tmp_path / "actors.log").read_text() == f"(raylet) {RAYLET_PARAGRAPH}\n"
+    assert (tmp_path / "actors.log").read_text() == f"(raylet) {RAYLET_PARAGRAPH}\n(Generator pid=42 stderr) hello\n"
 
     verbose = ActorOutput(tmp_path / "verbose.log", echo=shown.append)
     verbose.attach(keep_ray_printing=True)
