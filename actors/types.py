@@ -25,6 +25,9 @@ from typing import Any, ClassVar, Literal
 # The dataset column that picks a row's environment when environment_factory maps names to classes (TRL's name);
 # TRL's reset(**row) does not receive it.
 ENVIRONMENT_COLUMN = "environment"
+# TRL's prompt for a row that has none (an environment's reset() supplies it, appended to this empty user message):
+# the placeholder rows of a run whose environment owns its data, and rows with only an `environment` column.
+EMPTY_PROMPT = ({"role": "user", "content": ""},)
 
 
 @dataclass(frozen=True)

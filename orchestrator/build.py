@@ -37,7 +37,7 @@ from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
 from orchestrator.config import TINY_MODEL, TINY_TOOLS_MODEL, ConfigError, RewardConfig, RunConfig
-from orchestrator.data import Prompt, PromptSource, eval_prompts, load_rows
+from orchestrator.data import Prompt, PromptSource, agentic, eval_prompts, training_rows
 from orchestrator.environments import AgentSetup, env_reward_spec, prepare_agent
 from orchestrator.eval_metrics import Best, EvalSchedule
 from orchestrator.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
@@ -47,6 +47,7 @@ from orchestrator.run import Evaluator, FaultLog, Run
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
+from orchestrator.telemetry.tool_calls import ToolCallWatch
 
 # An eval-only reward pool (eval.rewards set) scores a few hundred completions every few steps: one worker.
 EVAL_REWARD_WORKERS = 1
@@ -65,7 +66,8 @@ def resolve_model(cfg: RunConfig) -> str:
     return cfg.model.name_or_path
 
 
-def reward_specs(rewards: list[RewardConfig], field: str = "rewards") -> list[RewardSpec]:
+def reward_specs(rewards: list[RewardConfig], field: str = "rewards",
+                 chat_template_kwargs: dict[str, Any] | None = None) -> list[RewardSpec]:
     """The rewards as worker specs, built-in names resolved; each function imported once here so a typo
     fails now, naming the reward (`field`: `rewards` or `eval.rewards`), instead of inside a worker after Ray
     and vLLM have started. A reward with neither function nor model is an environment's get_reward()
@@ -86,6 +88,7 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards") -> list[Re
         spec = RewardSpec(
             name=r.name, function=fn, model=r.model, timeout_s=r.timeout_s, on_error=r.on_error,
             fallback=r.fallback, batched=r.batched, kwargs=dict(r.kwargs),
+            chat_template_kwargs=dict(chat_template_kwargs or {}),
         )
         if spec.function:
             try:
@@ -250,22 +253,26 @@ def prepare_eval(cfg: RunConfig, tokenizer: Any) -> tuple[list[Prompt] | None, l
     """The eval block's checks: its rewards import, its dataset has the prompt column. (None, None) without one."""
     if cfg.eval is None:
         return None, None
-    specs = reward_specs(cfg.eval.rewards, "eval.rewards") if cfg.eval.rewards is not None else None
-    return eval_prompts(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, seed=cfg.seed), specs
+    kw = cfg.generation.chat_template_kwargs
+    specs = reward_specs(cfg.eval.rewards, "eval.rewards", kw) if cfg.eval.rewards is not None else None
+    held_out = eval_prompts(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, seed=cfg.seed,
+                            prompt_optional=agentic(cfg), template_kwargs=cfg.generation.chat_template_kwargs)
+    return held_out, specs
 
 
 def prepare(cfg: RunConfig, name: str) -> Prepared:
     """The cheap checks, in order: reward functions import, model and tokenizer load, the learner's model options
     fit the architecture, datasets have prompts, tools and environments (schemas, template, routing column)."""
-    specs = reward_specs(cfg.rewards)
+    specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs)
     for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
         if sink in cfg.logging.report_to and importlib.util.find_spec(module) is None:
             raise ConfigError(f"logging.report_to: {sink!r} needs the `{module}` package (pip install {module})")
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg, model_path)
     check_learner_model(cfg, model_path)
-    rows = load_rows(cfg.data, seed=cfg.seed)
-    prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed)
+    rows = training_rows(cfg)
+    prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed,
+                           template_kwargs=cfg.generation.chat_template_kwargs)
     held_out, eval_specs = prepare_eval(cfg, tokenizer)
     agent = prepare_agent(cfg, tokenizer, rows, specs, None if held_out is None else [p.row for p in held_out])
     if agent is not None and cfg.eval is not None and cfg.eval.data.prompt_column != cfg.data.prompt_column:
@@ -393,6 +400,7 @@ def agent_kwargs(cfg: RunConfig, agent: AgentSetup, env_pool: EnvPoolGroup, prom
         max_tool_calling_iterations=cfg.generation.max_tool_calling_iterations,
         keep_env_state=agent.keep_state,
         prompt_column=prompt_column or cfg.data.prompt_column,
+        chat_template_kwargs=dict(cfg.generation.chat_template_kwargs),
     )
     return {"environments": PoolEnvironments(env_pool.handle), "agent": settings}
 
@@ -522,6 +530,7 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
         faults=FaultLog(p.run_dir, logger.display.message), eval_pool=groups.eval_pool,
         sampler=rollout_kind(p.agent), env_pool=groups.env_pool,
+        tool_watch=ToolCallWatch(logger.display.message) if p.agent is not None else None,
     )
     run.evaluate = run_evaluator(run, p)
     return run

@@ -178,15 +178,20 @@ class ModelConfig(_Section):
 
 
 class DataSource(_Section):
-    path: str = "toy"
+    path: str | None = None
     """A local `.jsonl`/`.json`/`.parquet`/`.csv` file, a directory saved with `datasets.save_to_disk`, a hub
-    dataset id, or a built-in task: `toy` (the letter task the tiny model learns in a few dozen steps) or `code`
-    (45 function-writing problems with assert tests, for the `code_tests` reward)."""
+    dataset id, or a built-in task: `toy` (the letter task the tiny model learns in a few dozen steps), `code`
+    (45 function-writing problems with assert tests, for the `code_tests` reward) or `boxes` (the tool task).
+    null: `toy`; but for the training data of a run whose `environment_factory` is one environment, the
+    environment owns the data (TRL's GRPOTrainer without a train_dataset): generation_batch_size /
+    num_generations placeholder rows, each an empty user message, to which reset()'s text is appended."""
     split: str = "train"
     """Dataset split to read (hub datasets and saved DatasetDicts)."""
     prompt_column: str = "prompt"
     """Column holding the prompt: plain text, or chat messages (list of {role, content}) to which the
-    model's chat template is applied. Every other column travels with the sample to the reward functions."""
+    model's chat template is applied. Every other column travels with the sample to the reward functions.
+    With `tools` or `environment_factory` the prompt is chat messages, and rows may lack the column (as TRL's
+    rows with only an `environment` column): the prompt is then an empty user message for reset()'s text."""
 
 
 class DataConfig(DataSource):
@@ -210,6 +215,10 @@ class GenerationConfig(_Section):
     """Nucleus sampling mass (not applied to training logprobs, as in TRL)."""
     top_k: int = Field(0, ge=0)
     """Top-k sampling; 0 disables it."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the chat template wherever rayward renders one (TRL's name): the prompts of training
+    and eval, an agentic run's first prompt, tool results and template check, and reward models' inputs. E.g.
+    `{enable_thinking: false}` renders a Qwen3 policy without thinking, as TRL's environment examples do."""
     max_model_len: int = Field(512, ge=16)
     """vLLM context length (prompt + completion)."""
     kv_cache_gib: float = Field(1.0, gt=0)

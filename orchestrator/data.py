@@ -10,14 +10,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from actors.types import Rollouts, Sample
-from orchestrator.config import DataConfig, DataSource
+from actors.types import EMPTY_PROMPT, Rollouts, Sample
+from orchestrator.config import ConfigError, DataConfig, DataSource, RunConfig
 from orchestrator.tasks.boxes import boxes_dataset
 from orchestrator.tasks.code import code_dataset
 from orchestrator.tasks.letters import toy_dataset
 
 # data.path names of the built-in tasks (boxes: the tool task, with environment_factory BoxEnv)
 BUILTIN_DATASETS = {"toy": toy_dataset, "code": code_dataset, "boxes": boxes_dataset}
+# data.path null (but for an environment that owns its data: `training_rows`)
+DEFAULT_DATASET = "toy"
 # The draw index of a held-out prompt: it is no part of the run's prompt stream (Rollouts.prompt_index says so).
 EVAL_DRAW = -1
 
@@ -60,20 +62,44 @@ class DataError(ValueError):
     """The dataset cannot serve prompts; the message names the path or column."""
 
 
-def load_rows(cfg: DataSource, seed: int = 0, field: str = "data") -> list[dict[str, Any]]:
+def load_rows(cfg: DataSource, seed: int = 0, field: str = "data", *, prompt_optional: bool = False
+              ) -> list[dict[str, Any]]:
     """All rows as dicts. Prompt datasets for RL are small (thousands of rows), so they live in memory.
-    `field`: the config path of `cfg` (`data`, `eval.data`), named in errors."""
+    `field`: the config path of `cfg` (`data`, `eval.data`), named in errors. prompt_optional: rows may lack the
+    prompt column (an agentic run's environments supply the prompt: EMPTY_PROMPT stands in, as in TRL)."""
+    cfg = cfg if cfg.path is not None else cfg.model_copy(update={"path": DEFAULT_DATASET})
     if cfg.path in BUILTIN_DATASETS:
         rows = BUILTIN_DATASETS[cfg.path](seed=seed)
     else:
         rows = _load_datasets(cfg, field)
     if not rows:
         raise DataError(f"{field}.path {cfg.path!r}: no rows")
-    if cfg.prompt_column not in rows[0]:
+    if cfg.prompt_column not in rows[0] and not prompt_optional:
         raise DataError(
             f"{field}.prompt_column {cfg.prompt_column!r} not in dataset {cfg.path!r} (columns: {sorted(rows[0])})"
         )
     return rows
+
+
+def agentic(cfg: RunConfig) -> bool:
+    """Whether the run's samples are multi-turn rollouts with tools (its prompts are chat messages, or none)."""
+    return bool(cfg.tools) or cfg.environment_factory is not None
+
+
+def training_rows(cfg: RunConfig) -> list[dict[str, Any]]:
+    """The training data's rows. A run whose environment_factory is one environment and whose data.path is null
+    trains, as TRL's GRPOTrainer without a train_dataset does, on placeholder rows: one generation batch's worth
+    of prompts (generation_batch_size / num_generations), each an empty user message, cycled over the steps;
+    the environment's reset() supplies each prompt. A mapping needs a dataset whose `environment` column routes
+    each row (TRL's rule)."""
+    if cfg.data.path is None and isinstance(cfg.environment_factory, str):
+        g = cfg.generation
+        return [{cfg.data.prompt_column: list(EMPTY_PROMPT)} for _ in range(g.generation_batch_size // g.num_generations)]
+    if cfg.data.path is None and isinstance(cfg.environment_factory, dict):
+        raise ConfigError("data.path: environment_factory is a mapping, so the rows' `environment` column routes "
+                          "each to its environment: give a dataset with that column (it may hold nothing else), or "
+                          "one environment that owns its data (TRL requires a train_dataset here too)")
+    return load_rows(cfg.data, seed=cfg.seed, prompt_optional=agentic(cfg))
 
 
 def _load_datasets(cfg: DataSource, field: str) -> list[dict[str, Any]]:
@@ -132,7 +158,7 @@ def to_rollouts(
         raise ValueError("to_rollouts: a batch mixes agentic samples with one-turn samples")
     for prompt, group in zip(prompts, groups, strict=True):
         row = prompt.row
-        chat = is_conversational(row[prompt_column])
+        chat = is_conversational(row.get(prompt_column))
         for s in group:
             t = s.trajectory
             out.prompts.append(row[prompt_column] if t is None else t.prompt)
@@ -161,19 +187,28 @@ def oldest_version(versions: list[list[int]], default: int) -> int:
     return min((v for vs in versions for v in vs if v >= 0), default=default)
 
 
-def encode_prompt(tokenizer: Any, prompt: Any) -> list[int]:
-    """Token ids of a prompt: chat messages through the chat template (with the generation prompt), text as is."""
+def encode_prompt(tokenizer: Any, prompt: Any, template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """Token ids of a prompt: chat messages through the chat template (with the generation prompt and
+    generation.chat_template_kwargs), text as is."""
     if is_conversational(prompt):
-        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                            **(template_kwargs or {}))
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
     return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
 
-def eval_prompts(cfg: DataSource, tokenizer: Any, *, max_samples: int | None, seed: int = 0) -> list[Prompt]:
+def row_prompt(row: dict[str, Any], column: str) -> Any:
+    """A row's prompt; EMPTY_PROMPT for a row without the column (allowed only where an environment supplies it:
+    load_rows' prompt_optional)."""
+    return row.get(column, list(EMPTY_PROMPT))
+
+
+def eval_prompts(cfg: DataSource, tokenizer: Any, *, max_samples: int | None, seed: int = 0,
+                 prompt_optional: bool = False, template_kwargs: dict[str, Any] | None = None) -> list[Prompt]:
     """The held-out prompts: the first `max_samples` rows (file order, all if None), tokenized. The same prompts
     every eval, so the evals of a run are comparable."""
-    rows = load_rows(cfg, seed=seed, field="eval.data")[:max_samples]
-    return [Prompt(r, encode_prompt(tokenizer, r[cfg.prompt_column])) for r in rows]
+    rows = load_rows(cfg, seed=seed, field="eval.data", prompt_optional=prompt_optional)[:max_samples]
+    return [Prompt(r, encode_prompt(tokenizer, row_prompt(r, cfg.prompt_column), template_kwargs)) for r in rows]
 
 
 class PromptSource:
@@ -185,8 +220,10 @@ class PromptSource:
     trained, and skips the refill draws that later steps already trained on); `untrained_position` makes such a
     position."""
 
-    def __init__(self, rows: list[dict[str, Any]], tokenizer: Any, cfg: DataConfig, seed: int = 0):
-        self.rows, self.cfg, self.tokenizer = rows, cfg, tokenizer
+    def __init__(self, rows: list[dict[str, Any]], tokenizer: Any, cfg: DataConfig, seed: int = 0,
+                 template_kwargs: dict[str, Any] | None = None):
+        """template_kwargs: generation.chat_template_kwargs, for chat prompts."""
+        self.rows, self.cfg, self.tokenizer, self.template_kwargs = rows, cfg, tokenizer, template_kwargs
         self._rng = random.Random(seed)
         self._order: list[int] = []
         self._cursor = 0
@@ -221,7 +258,8 @@ class PromptSource:
                 self._skip.discard(draw)
                 continue
             row = self.rows[i]
-            out.append(Prompt(row, encode_prompt(self.tokenizer, row[self.cfg.prompt_column]), draw))
+            ids = encode_prompt(self.tokenizer, row_prompt(row, self.cfg.prompt_column), self.template_kwargs)
+            out.append(Prompt(row, ids, draw))
         return out
 
     def state(self) -> DataPosition:

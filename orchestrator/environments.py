@@ -38,6 +38,7 @@ from actors.generation.chat import (
 from actors.rewards.worker import RewardSpec
 from actors.types import ENVIRONMENT_COLUMN
 from orchestrator.config import ConfigError, RewardConfig, RunConfig
+from orchestrator.data import is_conversational
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,10 @@ def prepare_agent(
     implicit = _env_rewards(cfg, rewarding)
     check_tool_template(cfg, tokenizer)
     check_environment_rows(cfg, rows, "data")
+    check_chat_prompts(rows, cfg.data.prompt_column, "data")
     if eval_rows is not None and cfg.eval is not None:
         check_environment_rows(cfg, eval_rows, "eval.data")
+        check_chat_prompts(eval_rows, cfg.eval.data.prompt_column, "eval.data")
     return AgentSetup(
         spec=spec, schemas=schemas, env_classes=env_classes, env_rewards=implicit,
         env_reward_specs=[env_reward_spec(r) for r in implicit], keep_state=any(s.takes_environments for s in specs),
@@ -145,7 +148,7 @@ def check_tool_template(cfg: RunConfig, tokenizer: Any) -> None:
     in place: the generators prepare theirs alike); a template TRL cannot run a tool loop with is refused, naming
     the model, the template (which of TRL's, if one) and what is missing."""
     try:
-        prepare_tokenizer(tokenizer)
+        prepare_tokenizer(tokenizer, cfg.generation.chat_template_kwargs)
     except ChatTemplateError as err:
         family = template_family(tokenizer)
         which = f"TRL's {family} chat template" if family else "a chat template TRL does not ship"
@@ -153,6 +156,18 @@ def check_tool_template(cfg: RunConfig, tokenizer: Any) -> None:
 
 
 # --- the dataset -------------------------------------------------------------------------------------------
+
+
+def check_chat_prompts(rows: list[dict[str, Any]], column: str, field: str) -> None:
+    """With tools, a prompt is chat messages (the tool schemas and reset()'s text are rendered into it), or absent
+    (an environment supplies it): text would fail at the first rollout, after Ray and the engines started."""
+    for i, row in enumerate(rows):
+        prompt = row.get(column)
+        if prompt is not None and not is_conversational(prompt):
+            raise ConfigError(
+                f"{field}.prompt_column {column!r}: with tools or environment_factory the prompt is chat messages (a "
+                f"list of {{role, content}}), but row {i} holds {type(prompt).__name__}; convert the column, or drop "
+                "data.path to let a single environment own the data (its reset() returns each prompt)")
 
 
 def check_environment_rows(cfg: RunConfig, rows: list[dict[str, Any]], field: str) -> None:
@@ -175,6 +190,6 @@ def check_environment_rows(cfg: RunConfig, rows: list[dict[str, Any]], field: st
 
 
 __all__ = [
-    "AgentSetup", "ENVIRONMENT_COLUMN", "check_environment_rows", "check_tool_template", "env_reward_spec",
+    "AgentSetup", "ENVIRONMENT_COLUMN", "check_chat_prompts", "check_environment_rows", "check_tool_template", "env_reward_spec",
     "env_spec", "prepare_agent", "tool_template_problem",
 ]

@@ -228,6 +228,8 @@ def log_step(
         m[f"roles/{role}/busy_s"], m[f"roles/{role}/idle_s"] = b, max(m["time/step"] - b, 0.0)
     m["roles/bottleneck"] = max(busy, key=busy.get)
     run.logger.log(run.progress.global_step, m)
+    if run.tool_watch is not None and step.rollouts.trajectories:
+        run.tool_watch.observe(run.progress.global_step, step.rollouts.trajectories)
     if run.cfg.logging.log_completions:
         log_completions(run, step)
 
@@ -258,6 +260,8 @@ def finish(run: Run) -> list[dict[str, Any]]:
     with_generator_restarts(run, run.weights.drain)
     run.evaluate.drain()
     checkpoints.save_final(run)
+    if run.tool_watch is not None and (line := run.tool_watch.summary()) is not None:
+        run.display.message(line)
     lora = run.cfg.model.lora
     if finished(run) and lora is not None and lora.save_merged:
         merged = run.learner.save_merged(str(run.run_dir / "merged"))

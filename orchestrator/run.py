@@ -30,6 +30,7 @@ from orchestrator.rollout import OneTurn, Sampler
 from orchestrator.selection import Selector
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
+from orchestrator.telemetry.tool_calls import ToolCallWatch
 
 
 @dataclass
@@ -120,4 +121,5 @@ class Run:
     eval_pool: RewardScorer | None = None  # NAME/eval-reward-pool, when eval.rewards has rewards of its own
     sampler: Sampler = field(default_factory=OneTurn)  # one-turn completions, or agentic rollouts with tools
     env_pool: EnvPoolView | None = None  # NAME/env-pool: the environments of agentic rollouts (None: one-turn)
+    tool_watch: ToolCallWatch | None = None  # agentic: says on the terminal when tool calls mostly fail
     progress: Progress = field(default_factory=Progress)

@@ -295,7 +295,7 @@ def evaluate(
         rows, eval_specs = prepare_eval(cfg, tokenizer)
     except DataError as err:
         raise ConfigError(str(err)) from None
-    train_specs = reward_specs(cfg.rewards)
+    train_specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs)
     dataset = [p.row for p in rows]
     agent = prepare_agent(cfg, tokenizer, dataset, train_specs, dataset)  # tools: checked as a run checks them
     env_specs, env_rewards = (agent.env_reward_specs, agent.env_rewards) if agent is not None else ([], [])

@@ -71,6 +71,7 @@ from actors.envs.client import Environments
 from actors.generation import chat
 from actors.generation.engine import EngineLoop, Request, token_versions
 from actors.types import (
+    EMPTY_PROMPT,
     ENVIRONMENT_COLUMN,
     EnvClosed,
     EnvOpened,
@@ -86,8 +87,6 @@ from actors.types import (
 # trajectory's deadline. The environment pool bounds its own calls (a hung worker is replaced and its futures
 # fail); this only keeps a pool that never answers from holding the rollout forever.
 CLOSE_GRACE_S = 60.0
-# A row without its prompt column when an environment supplies the prompt in reset() (as TRL defaults it).
-EMPTY_PROMPT = ({"role": "user", "content": ""},)
 
 # Makes the sampling params of one turn: (max_tokens, seed) -> vLLM SamplingParams (n=1, logprobs=0).
 TurnParams = Callable[[int, int], Any]
@@ -106,6 +105,8 @@ class AgentSettings:
     keep_env_state: bool = False  # close returns each environment pickled (reward functions declaring
     # `environments` receive them)
     prompt_column: str = "prompt"
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # every render of the chat template
+    # (generation.chat_template_kwargs, TRL's chat_template_kwargs)
 
     def __post_init__(self) -> None:
         if not self.tools:
@@ -143,10 +144,11 @@ class AgentSettings:
         return prompt
 
     def reset_row(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """reset()'s keyword arguments: the row's columns (TRL passes them all, without `environment` when it
-        picks the environment), not the driver's `prompt_ids`."""
-        drop = {"prompt_ids", *([ENVIRONMENT_COLUMN] if self.multi_environment else [])}
-        return {k: v for k, v in row.items() if k not in drop}
+        """reset()'s keyword arguments: the row's columns, as TRL passes them (without `environment` when it picks
+        the environment; a row without a prompt gets none)."""
+        if not self.multi_environment:
+            return dict(row)
+        return {k: v for k, v in row.items() if k != ENVIRONMENT_COLUMN}
 
 
 def turn_seed(seed: int, sample: int, turn: int) -> int:

@@ -45,9 +45,20 @@ class ChatTemplateError(ValueError):
     template " (`orchestrator.environments.check_tool_template` names the model and the template before it)."""
 
 
-def prepare_tokenizer(tokenizer: Any) -> Any:
+# Where a tokenizer keeps the run's chat-template keyword arguments (generation.chat_template_kwargs, TRL's
+# chat_template_kwargs), which every render here passes, as TRL passes them to every render of its tool loop.
+TEMPLATE_KWARGS_ATTR = "rayward_chat_template_kwargs"
+
+
+def template_kwargs(tokenizer: Any) -> dict[str, Any]:
+    """The chat-template keyword arguments renders of this tokenizer pass ({} unless `prepare_tokenizer` set any)."""
+    return dict(getattr(tokenizer, TEMPLATE_KWARGS_ATTR, None) or {})
+
+
+def prepare_tokenizer(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> Any:
     """What TRL's GRPOTrainer does to its processing class for a tool run (`tools` or `environment_factory`), in
-    its order, in place; the tokenizer is returned. Idempotent.
+    its order, in place; the tokenizer is returned. Idempotent. chat_template_kwargs (TRL's): passed by every
+    render here from now on.
 
     1. The chat template must render a tool exchange (TRL's `supports_tool_calling`; `tool_template_problem`
        says what it drops).
@@ -68,6 +79,7 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
         is_chat_template_prefix_preserving,
     )
 
+    setattr(tokenizer, TEMPLATE_KWARGS_ATTR, dict(chat_template_kwargs or {}))
     problem = tool_template_problem(tokenizer)
     if problem is not None:
         raise ChatTemplateError(f"cannot render tool calls ({problem}); `tools` and `environment_factory` need one "
@@ -382,7 +394,7 @@ def _render(
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
     return list(tokenizer.apply_chat_template(
         messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False,
-        chat_template=template,
+        chat_template=template, **template_kwargs(tokenizer),
     ))
 
 

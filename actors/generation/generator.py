@@ -138,7 +138,7 @@ class Generator:
         self.loop = EngineLoop(build, on_thread_start=_omp_threads(len(self._cores)) if self._cores else None)
         self.tokenizer = self.llm.get_tokenizer()
         if agent is not None:  # set up as TRL's trainer sets up its tokenizer for a tool run (the driver checked it)
-            chat.prepare_tokenizer(self.tokenizer)
+            chat.prepare_tokenizer(self.tokenizer, dict(agent.chat_template_kwargs))
         self.tensor_parallel_size = tensor_parallel_size
 
     def cpu_threads(self) -> str:

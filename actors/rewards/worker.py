@@ -90,6 +90,8 @@ class RewardSpec:
     # failed, the session was lost) scores `fallback` and counts as an error (give on_error "fallback")
     takes_environments: bool = False  # the function declares `environments` (set by the driver, which imports it:
     # the generators then keep each environment's state at close); the worker reads the signature itself
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # a reward model's chat template's
+    # (generation.chat_template_kwargs: the template renders prompt + completion as the policy's rendered them)
 
 
 @dataclass
@@ -147,11 +149,12 @@ class _EnvReward:
 class _RewardModel:
     """A sequence-classification reward model scored on prompt + completion, as TRL does (logits[:, 0])."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, chat_template_kwargs: dict[str, Any] | None = None):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self._torch = torch
+        self.template_kwargs = dict(chat_template_kwargs or {})
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -161,7 +164,7 @@ class _RewardModel:
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
         if prompts and isinstance(prompts[0], list):  # conversational: chat template over prompt + completion
             texts = [
-                self.tokenizer.apply_chat_template(p + c, tokenize=False)
+                self.tokenizer.apply_chat_template(p + c, tokenize=False, **self.template_kwargs)
                 for p, c in zip(prompts, completions, strict=True)
             ]
         else:
@@ -223,7 +226,7 @@ class RewardWorker:
         self.index = index
         self.specs = list(specs)
         self.functions = [
-            _EnvReward(s.name) if s.env_reward else _RewardModel(s.model) if s.model else load_reward_function(s)
+            _EnvReward(s.name) if s.env_reward else _RewardModel(s.model, s.chat_template_kwargs) if s.model else load_reward_function(s)
             for s in self.specs
         ]
         # What each function gets beyond TRL's arguments: environment instances, or environment rewards.

@@ -227,7 +227,8 @@ def build_submission(
     if not Path(cfg.logging.dir).is_absolute() and Path(cfg.logging.dir).as_posix() != ".":  # old runs' logs
         excludes.append("/" + Path(cfg.logging.dir).as_posix().strip("/"))
     excludes = list(dict.fromkeys(excludes))
-    keep = {Path(cfg.data.path).as_posix()} if not Path(cfg.data.path).is_absolute() else set()
+    data = cfg.data.path
+    keep = {Path(data).as_posix()} if data is not None and not Path(data).is_absolute() else set()
     big = [p for p in large_files(root, excludes, int(max_file_mib * 2**20)) if p not in keep]
     excludes += ["/" + p for p in big]
 

@@ -155,3 +155,16 @@ def test_an_environment_gets_exactly_its_dataset_row(tmp_path, loop):
     for row in seen:
         assert row == dataset[row["uid"]]
         assert NamedColumnsEnv().reset(**row) == f"box {row['uid']}"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_run_whose_tool_calls_mostly_fail_says_so_on_the_terminal(tmp_path, loop):
+    """Every call of steps 1-2 fails (their sessions lost), then they answer: a line at step 1, one at step 3 when
+    they answer again, and the run's total at its end (orchestrator/telemetry/tool_calls.py)."""
+    run = fake_run(tmp_path / "r", [f"loop.mode={loop}", "grpo.max_steps=4"], agentic=True)
+    run.generators.engines[0].lost = set(range(8))  # the rows of the first two steps (4 prompts a step, in order)
+    LOOPS[loop](run)
+    lines = [x for x in run.display.stream.getvalue().splitlines() if "tool calls" in x]
+    assert lines[0].startswith("rayward: step 1: 8 of 8 tool calls failed; ")
+    assert lines[1] == "rayward: step 3: tool calls answer again (0 of 8 failed)"
+    assert lines[2].startswith("rayward: tool calls: 16 of 32 failed over the run (50%; 2 step(s) with most failing)")

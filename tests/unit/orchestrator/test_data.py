@@ -141,3 +141,60 @@ def test_boxes_is_a_builtin_dataset():
 
     rows = load_rows(DataSource(path="boxes"))
     assert {"prompt", "box", "seed"} <= set(rows[0])
+
+
+# --- data an environment owns, and rows without a prompt (TRL's environment_factory cases) ----------------------
+
+
+def run_config(**tree):
+    from orchestrator.config import parse_config
+
+    tree.setdefault("rewards", [{"name": "r", "function": "letter_fraction"}])
+    return parse_config(tree)
+
+
+def test_an_environment_that_owns_its_data_gets_trls_placeholder_rows():
+    """No data.path and one environment_factory: TRL's GRPOTrainer without a train_dataset builds
+    generation_batch_size // num_generations rows of an empty user message and lets reset() supply each prompt.
+    rayward trained on its built-in letter task instead."""
+    from actors.types import EMPTY_PROMPT
+    from orchestrator.data import training_rows
+
+    cfg = run_config(environment_factory="tests.fixtures.envs:CounterEnv",
+                     generation={"num_generations": 4, "generation_batch_size": 12},
+                     grpo={"per_device_train_batch_size": 4})
+    rows = training_rows(cfg)
+    assert rows == [{"prompt": list(EMPTY_PROMPT)}] * 3
+    assert training_rows(run_config())[0]["prompt"].startswith("Write the letter")  # no environment: the toy task
+    boxes = run_config(environment_factory="tests.fixtures.envs:CounterEnv", data={"path": "boxes"})
+    assert "box" in training_rows(boxes)[0]  # a dataset given is the dataset
+
+
+def test_a_mapping_of_environments_needs_a_dataset_to_route_rows():
+    from orchestrator.config import ConfigError
+    from orchestrator.data import training_rows
+
+    cfg = run_config(environment_factory={"a": "tests.fixtures.envs:CounterEnv"})
+    with pytest.raises(ConfigError, match=r"data.path: environment_factory is a mapping.*`environment` column"):
+        training_rows(cfg)
+
+
+def test_rows_with_only_an_environment_column_serve_an_empty_user_prompt(tmp_path, tok):
+    """TRL's 'Multiple environments' example: the dataset holds only `environment`; reset() supplies the prompt.
+    Allowed where an environment supplies it (agentic runs); a one-turn run still needs its prompt column."""
+    from actors.types import EMPTY_PROMPT
+    from orchestrator.data import training_rows
+
+    f = tmp_path / "envs.jsonl"
+    f.write_text("\n".join(json.dumps({"environment": e}) for e in ("a", "b")))
+    cfg = run_config(environment_factory={"a": "tests.fixtures.envs:CounterEnv", "b": "tests.fixtures.envs:CounterEnv"},
+                     data={"path": str(f)})
+    rows = training_rows(cfg)
+    assert rows == [{"environment": "a"}, {"environment": "b"}]
+    src = PromptSource(rows, tok, DataConfig(path=str(f), shuffle_dataset=False))
+    first = src.next_batch(1)[0]
+    assert first.row == {"environment": "a"}  # reset(**row) gets the row as it is, as in TRL
+    assert first.prompt_ids == tok.apply_chat_template(list(EMPTY_PROMPT), add_generation_prompt=True, tokenize=True,
+                                                       return_dict=False)
+    with pytest.raises(DataError, match="data.prompt_column 'prompt' not in dataset"):
+        load_rows(DataConfig(path=str(f)))

@@ -254,3 +254,17 @@ def test_keep_state_when_a_reward_declares_environments(tokenizer):
     wanting = cfg(environment_factory=f"{F}:CounterEnv",
                   rewards=[{"name": "c", "function": f"{F}:env_counts"}])
     assert prepare(wanting, tokenizer).keep_state
+
+
+def test_text_prompts_with_tools_are_refused_before_ray_starts(tokenizer):
+    """An agentic run renders chat messages (the tools' schemas, reset()'s text); a text prompt failed at the first
+    rollout, after Ray, the engines and the learner had started. A row without a prompt is an environment's to
+    fill (TRL's placeholder)."""
+    from orchestrator.config import DataSource
+    from orchestrator.data import load_rows
+
+    c = cfg(environment_factory=BOXES)
+    with pytest.raises(ConfigError, match=r"data.prompt_column 'prompt': with tools or environment_factory the "
+                                          r"prompt is chat messages .* row 0 holds str"):
+        prepare(c, tokenizer, load_rows(DataSource(path="toy")))
+    assert prepare(c, tokenizer, [{"box": 1, "seed": 3}]) is not None

@@ -59,7 +59,7 @@ def turns(**kw: Any) -> TurnSettings:
 
 
 def row(text: str = "Echo hi.", **columns: Any) -> dict[str, Any]:
-    return {"prompt": [{"role": "user", "content": text}], "prompt_ids": [1, 2, 3], **columns}
+    return {"prompt": [{"role": "user", "content": text}], **columns}
 
 
 @pytest.fixture
