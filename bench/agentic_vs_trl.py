@@ -4,9 +4,11 @@ takes 100 ms.
     python bench/agentic_vs_trl.py                      # 10 steps each, 4 prompts x 8 trajectories, 100 ms tools
     python bench/agentic_vs_trl.py --steps 4            # a short look
     python bench/agentic_vs_trl.py --json out.json      # both sides' per-step numbers to a file
+    python bench/agentic_vs_trl.py --model saved-schema # the model with its response schema saved
 
-Both train the tiny tool model (`ensure_tiny_tool_model()`) on the box task with `SlowBoxEnv` (orchestrator/tasks/
-boxes.py: every tool call sleeps 100 ms, as a remote tool would), lr 2e-4, loss dapo, beta 0, temperature 1, at
+Both train the tiny tool model on the box task, by default as the hub would ship it (`ensure_stock_tool_model()`:
+TRL's qwen2_5 template, no response schema in its tokenizer files, so both sides install one at run time), with
+`SlowBoxEnv` (orchestrator/tasks/boxes.py: every tool call sleeps 100 ms, as a remote tool would), lr 2e-4, loss dapo, beta 0, temperature 1, at
 most 3 tool-calling iterations, one optimizer step per generation batch:
 
 - TRL 1.16 `GRPOTrainer(environment_factory=...)`, exactly bench/trl_tools.py's setup (transformers generation; its
@@ -47,7 +49,7 @@ def trl_side(args: argparse.Namespace) -> list[dict[str, Any]]:
     trl_args = argparse.Namespace(
         steps=args.steps, prompts=args.prompts, num_generations=args.num_generations, lr=args.lr,
         max_completion_length=args.max_completion_length, max_tool_calling_iterations=args.max_tool_calling_iterations,
-        tool_latency=SlowBoxEnv.tool_latency_s, threads=args.trl_threads, json=None,
+        tool_latency=SlowBoxEnv.tool_latency_s, threads=args.trl_threads, json=None, model=args.model_path,
     )
     return [{"seconds": s["seconds"], "reward": s.get("reward"), "tool_calls": s.get("tool_calls")}
             for s in trl_tools.run(trl_args)]
@@ -65,7 +67,7 @@ def rayward_side(args: argparse.Namespace) -> list[dict[str, Any]]:
         f"grpo.per_device_train_batch_size={n}", f"grpo.learning_rate={args.lr}",
         f"generation.max_completion_length={args.max_completion_length}",
         f"generation.max_tool_calling_iterations={args.max_tool_calling_iterations}",
-        "loop.mode=pipelined", "logging.progress=false",
+        "loop.mode=pipelined", "logging.progress=false", f"model.name_or_path={args.model_path}",
     ]).model_dump()
     cfg["environment_factory"] = ENV
     cfg["rewards"] = [{"name": SlowBoxEnv.__name__}]  # the environment's get_reward(), named after its class
@@ -97,7 +99,14 @@ def main() -> None:
     p.add_argument("--max-tool-calling-iterations", type=int, default=3)
     p.add_argument("--trl-threads", type=int, default=2, help="TRL's torch threads (rayward uses the machine's cores)")
     p.add_argument("--json", type=Path, help="write both sides' per-step numbers here")
+    p.add_argument("--model", choices=["stock", "saved-schema"], default="stock",
+                   help="stock: the tiny tool model with TRL's qwen2_5 template and no saved response schema, as "
+                        "the hub's Qwen2.5 ships (both sides install it at run time); saved-schema: the same model "
+                        "with the schema in its tokenizer files")
     args = p.parse_args()
+    from orchestrator.tiny_tools import ensure_stock_tool_model, ensure_tiny_tool_model
+
+    args.model_path = str(ensure_stock_tool_model() if args.model == "stock" else ensure_tiny_tool_model())
     print(f"TRL GRPOTrainer(environment_factory=SlowBoxEnv), {args.steps} steps", flush=True)
     trl = trl_side(args)
     print(f"rayward pipelined, environment_factory {ENV}, {args.steps} steps", flush=True)

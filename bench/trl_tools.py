@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from orchestrator.tiny_tools import ensure_tiny_tool_model
 
     torch.set_num_threads(args.threads)
-    model_path = str(ensure_tiny_tool_model())
+    model_path = str(getattr(args, "model", None) or ensure_tiny_tool_model())
     rows = boxes_dataset(seed=SEED)
     base = no_tool_baselines(boxes_dataset(size=10_000, seed=SEED + 1))
     print(f"never calls a tool: {base['no_tool']:.4f}; submits a guess, never opens a box: {base['guess']:.4f} "

@@ -17,6 +17,7 @@ conversation re-tokenized; `episode_ids` is that builder.
 
 from __future__ import annotations
 
+import os
 import random
 from importlib import resources
 from pathlib import Path
@@ -272,6 +273,34 @@ def build_tiny_tool_model(path: str | Path, seed: int = SFT_SEED) -> Path:
 def ensure_tiny_tool_model(cache_dir: str | Path | None = None) -> Path:
     """Build the tiny tool model once into the cache dir (as orchestrator/tiny.py: ensure_tiny_model)."""
     return ensure_cached(CACHE_NAME, build_tiny_tool_model, cache_dir)
+
+
+def without_response_template(model_dir: str | Path, out: str | Path) -> Path:
+    """A copy of the checkpoint at `model_dir` whose tokenizer files set no `response_template`: a model as the
+    hub ships one whose chat template is TRL's (the tiny tool model's is TRL's qwen2_5.jinja verbatim), which TRL
+    and rayward prepare at run time (`add_response_schema`). Reused if `out` already holds it."""
+    import json
+    import shutil
+
+    out = Path(out)
+    if out.exists():
+        return out
+    staging = Path(shutil.copytree(model_dir, out.with_name(f".{out.name}.{os.getpid()}")))
+    config = staging / "tokenizer_config.json"
+    fields = json.loads(config.read_text())
+    fields.pop("response_template", None)
+    config.write_text(json.dumps(fields, indent=2))
+    try:
+        staging.rename(out)  # whole or not at all: a process building it beside this one loses the race cleanly
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def ensure_stock_tool_model(cache_dir: str | Path | None = None) -> Path:
+    """The tiny tool model as the hub would ship it: TRL's stock qwen2_5 template, no saved response schema."""
+    tool_model = ensure_tiny_tool_model(cache_dir)
+    return without_response_template(tool_model, tool_model.parent / f"{tool_model.name}-stock-template")
 
 
 def play(

@@ -26,8 +26,7 @@ from orchestrator.build import load_tokenizer  # noqa: E402
 from orchestrator.config import parse_config  # noqa: E402
 from orchestrator.environments import check_tool_template  # noqa: E402
 from orchestrator.tasks.boxes import BoxEnv, boxes_dataset  # noqa: E402
-from orchestrator.tiny_tools import chat_template, ensure_tiny_tool_model  # noqa: E402
-from tests.fixtures.chat_templates import without_response_template  # noqa: E402
+from orchestrator.tiny_tools import chat_template, ensure_tiny_tool_model, without_response_template  # noqa: E402
 from tests.fixtures.envs import LocalEnvironments, tool_schemas  # noqa: E402
 
 MAX_MODEL_LEN = 1024  # the tool model's positions
