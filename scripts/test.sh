@@ -12,5 +12,12 @@ export PATH
 # Two pytest workers (pytest-xdist), one test file at a time each (--dist loadfile: a module's shared run stays on
 # one worker): a sync run keeps one core busy while the other waits on Ray start-ups, engine loads and
 # deliberate hang deadlines, so a second file fills those gaps. RAYWARD_TEST_WORKERS=0 runs in this process.
+# The default is CI's tier: everything but the multi-node scenarios (`scenario` marker: tests/integration/cluster/,
+# several local Ray nodes per run, together over half the suite's CPU time on 2 cores). --all adds them.
+TIER=(-m "not scenario")
+if [ "${1:-}" = --all ]; then
+  TIER=()
+  shift
+fi
 exec "$VENV/bin/python" -m pytest -q -ra --timeout=900 --durations=15 \
-  -n "${RAYWARD_TEST_WORKERS:-2}" --dist loadfile "$@"
+  -n "${RAYWARD_TEST_WORKERS:-2}" --dist loadfile "${TIER[@]}" "$@"

@@ -26,6 +26,9 @@ def test_sigterm_while_starting_is_one_line(tmp_path):
     assert not list((tmp_path / "early").glob("checkpoint-*"))
 
 
+MACHINE_HEAD_TRIES = 2
+
+
 def _free_port() -> int:
     import socket
 
@@ -48,16 +51,25 @@ def test_without_an_address_a_run_starts_its_own_cluster_beside_the_machines_own
     ray_tmp = Path(tempfile.mkdtemp(prefix="rw-", dir="/tmp"))  # short: Ray's unix sockets live under it
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
     env.update(RAY_TMPDIR=str(ray_tmp), RAY_AUTH_MODE="token")
-    theirs = _free_port()
     ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
-    head = subprocess.Popen(
-        [ray, "start", "--head", "--block", "--port", str(_free_port()), "--dashboard-port", str(theirs),
-         "--num-cpus", "1", "--disable-usage-stats"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
+
+    def start_head() -> tuple[subprocess.Popen, int]:
+        theirs = _free_port()
+        return subprocess.Popen(
+            [ray, "start", "--head", "--block", "--port", str(_free_port()), "--dashboard-port", str(theirs),
+             "--num-cpus", "1", "--disable-usage-stats"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        ), theirs
+
+    head, theirs = start_head()
     try:
-        deadline = time.monotonic() + 120
+        deadline, tries = time.monotonic() + 120, 1
         while not (ray_tmp / "ray" / "ray_current_cluster").exists():
+            if head.poll() is not None and tries < MACHINE_HEAD_TRIES:
+                # `ray start` gives its raylet a fixed 30 s to register; beside the other pytest worker's runs on
+                # 2 cores it can miss that ("The current node timed out during startup"): the user's side of
+                # the setup, not what is tested, so it gets a second try.
+                head, theirs, tries = *start_head(), tries + 1
             assert head.poll() is None and time.monotonic() < deadline, head.stdout.read()[-3000:]
             time.sleep(0.2)
         proc = subprocess.Popen(
