@@ -12,12 +12,14 @@ export PATH
 # Two pytest workers (pytest-xdist), one test file at a time each (--dist loadfile: a module's shared run stays on
 # one worker): a sync run keeps one core busy while the other waits on Ray start-ups, engine loads and
 # deliberate hang deadlines, so a second file fills those gaps. RAYWARD_TEST_WORKERS=0 runs in this process.
-# The default is CI's tier: everything but the multi-node scenarios (`scenario` marker: tests/integration/cluster/,
-# several local Ray nodes per run, together over half the suite's CPU time on 2 cores). --all adds them.
-TIER=(-m "not scenario")
+# The default is CI's tier: everything but the scenarios (`scenario` marker: whole runs on several local Ray nodes,
+# under chaos, stopped by signals, or submitted as jobs to a `ray start` cluster; over half the suite's CPU time on
+# 2 cores). --all runs CI's tier, then the scenarios one file at a time: each starts its own Ray nodes or kills
+# processes on purpose, and two at once on 2 cores push each other's start-ups past their deadlines.
+PYTEST=("$VENV/bin/python" -m pytest -q -ra --timeout=900 --durations=15)
 if [ "${1:-}" = --all ]; then
-  TIER=()
   shift
+  "${PYTEST[@]}" -n "${RAYWARD_TEST_WORKERS:-2}" --dist loadfile -m "not scenario" "$@"
+  exec "${PYTEST[@]}" -p no:xdist -m scenario "$@"
 fi
-exec "$VENV/bin/python" -m pytest -q -ra --timeout=900 --durations=15 \
-  -n "${RAYWARD_TEST_WORKERS:-2}" --dist loadfile "${TIER[@]}" "$@"
+exec "${PYTEST[@]}" -n "${RAYWARD_TEST_WORKERS:-2}" --dist loadfile -m "not scenario" "$@"

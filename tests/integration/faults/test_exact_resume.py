@@ -30,6 +30,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.scenario
+
 K, N = 2, 5
 COMPARED = ("loss", "reward", "grad_norm", "entropy", "learning_rate", "reward_global_step", "policy_version")
 START_S = 240  # the run's start-up and its first N steps, on a loaded 2-core machine

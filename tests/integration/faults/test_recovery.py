@@ -28,6 +28,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.scenario
+
 NAME = "chaos-small"
 MAX_STEPS, SAVE_STEPS = 12, 3
 HANG_S = 8  # cluster.hang_timeout_s: short, so the test waits little for each hang to be declared
