@@ -15,7 +15,8 @@ most 3 tool-calling iterations, one optimizer step per generation batch:
   tool loop runs a batch's tool calls one after another, in the trainer's process), with `--trl-threads` torch
   threads;
 - rayward: configs/tools.yaml with `environment_factory: SlowBoxEnv`, the pipelined loop (a batch generated while
-  the previous one trains), the trajectories' tool calls in the environment pool, each trajectory at its own pace.
+  the previous one trains), the trajectories' tool calls in the environment pool, each trajectory at its own pace;
+  `--env-workers` (16) environment workers, each running one sync call at a time on its main thread as TRL does.
 
 TRL's max_completion_length (128) counts model and tool tokens; rayward's counts model tokens, its tool results
 have agent.max_tool_tokens (128). It prints each side's steps/s (over the steps after the first, which pays for
@@ -40,6 +41,10 @@ if str(ROOT) not in sys.path:
 from orchestrator.tasks.boxes import SlowBoxEnv  # noqa: E402
 
 ENV = "orchestrator.tasks.boxes:SlowBoxEnv"
+# Logical CPUs per environment worker: SlowBoxEnv's tools sleep (a remote tool's wait), so a worker needs little,
+# and 16 of them fit beside the generator, learner and reward worker on a 2-CPU embedded cluster (at the default
+# 0.25 only 3 could be placed, and the rest would wait for CPUs the whole run).
+ENV_WORKER_CPUS = 0.04
 
 
 def trl_side(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -68,6 +73,7 @@ def rayward_side(args: argparse.Namespace) -> list[dict[str, Any]]:
         f"generation.max_completion_length={args.max_completion_length}",
         f"generation.max_tool_calling_iterations={args.max_tool_calling_iterations}",
         "loop.mode=pipelined", "logging.progress=false", f"model.name_or_path={args.model_path}",
+        f"cluster.num_env_workers={args.env_workers}", f"cluster.env_worker.num_cpus={ENV_WORKER_CPUS}",
     ]).model_dump()
     cfg["environment_factory"] = ENV
     cfg["rewards"] = [{"name": SlowBoxEnv.__name__}]  # the environment's get_reward(), named after its class
@@ -99,6 +105,9 @@ def main() -> None:
     p.add_argument("--max-tool-calling-iterations", type=int, default=3)
     p.add_argument("--trl-threads", type=int, default=2, help="TRL's torch threads (rayward uses the machine's cores)")
     p.add_argument("--json", type=Path, help="write both sides' per-step numbers here")
+    p.add_argument("--env-workers", type=int, default=16,
+                   help="rayward's environment workers: each runs one sync tool call at a time on its main thread, "
+                        "as TRL's trainer does (TRL: one), so this is how many 100 ms calls are in flight")
     p.add_argument("--model", choices=["stock", "saved-schema"], default="stock",
                    help="stock: the tiny tool model with TRL's qwen2_5 template and no saved response schema, as "
                         "the hub's Qwen2.5 ships (both sides install it at run time); saved-schema: the same model "
@@ -107,9 +116,10 @@ def main() -> None:
     from orchestrator.tiny_tools import ensure_stock_tool_model, ensure_tiny_tool_model
 
     args.model_path = str(ensure_stock_tool_model() if args.model == "stock" else ensure_tiny_tool_model())
-    print(f"TRL GRPOTrainer(environment_factory=SlowBoxEnv), {args.steps} steps", flush=True)
+    print(f"TRL GRPOTrainer(environment_factory=SlowBoxEnv), model {args.model}, {args.steps} steps", flush=True)
     trl = trl_side(args)
-    print(f"rayward pipelined, environment_factory {ENV}, {args.steps} steps", flush=True)
+    print(f"rayward pipelined, environment_factory {ENV}, {args.env_workers} environment workers, {args.steps} steps",
+          flush=True)
     ours = rayward_side(args)
     a, b = summary("TRL", trl), summary("rayward", ours)
     print(f"rayward / TRL: {b['steps_per_s'] / a['steps_per_s']:.1f}x steps/s (goal >= 3x)", flush=True)
