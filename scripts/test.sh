@@ -17,9 +17,10 @@ export PATH
 # 2 cores). --all runs CI's tier, then the scenarios one file at a time: each starts its own Ray nodes or kills
 # processes on purpose, and two at once on 2 cores push each other's start-ups past their deadlines.
 PYTEST=("$VENV/bin/python" -m pytest -q -ra --timeout=900 --durations=15)
+CI_TIER=("${PYTEST[@]}" -n "${RAYWARD_TEST_WORKERS:-2}" --dist loadfile -m "not scenario")
 if [ "${1:-}" = --all ]; then
   shift
-  "${PYTEST[@]}" -n "${RAYWARD_TEST_WORKERS:-2}" --dist loadfile -m "not scenario" "$@"
+  "${CI_TIER[@]}" "$@"
   exec "${PYTEST[@]}" -p no:xdist -m scenario "$@"
 fi
-exec "${PYTEST[@]}" -n "${RAYWARD_TEST_WORKERS:-2}" --dist loadfile -m "not scenario" "$@"
+exec "${CI_TIER[@]}" "$@"
