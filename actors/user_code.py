@@ -4,6 +4,10 @@
 **Import.** `module:attr` or `path/to/file.py:attr` (`import_object`). Every message starts with the config field
 that named the object, so a bad name is reported as the user wrote it, before anything is started.
 `add_to_sys_path` puts the user's run directory first in a worker, so `my_rewards:fn` imports as with python -m.
+Or the object itself, carried in the reference (`by_value`: `pickled:<label>:<data>`): what a Python script hands
+`rayward.GRPOTrainer` (functions defined in the script, lambdas, closures, classes), pickled with cloudpickle,
+with its own module's code by value, so a worker that cannot import the script (another node, another
+directory) runs it all the same.
 
 **Call.** `UserCalls.start(fn, kwargs, deadline_s)` starts a call, `UserCalls.outcome` waits for it and says how it
 went as a typed Outcome: `Returned` (its value), `Raised` (its exception, a TimeoutError it raised itself included)
@@ -38,6 +42,7 @@ or `TimedOut` (rayward's deadline passed). Where it runs:
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import importlib
 import importlib.util
@@ -49,6 +54,7 @@ import sysconfig
 import threading
 import time
 import traceback
+import zlib
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -79,8 +85,70 @@ def add_to_sys_path(paths: list[str] | None) -> None:
             sys.path.insert(0, p)
 
 
+# A reference that carries its object: BY_VALUE + label + ":" + base64(zlib(cloudpickle)). The label (the object's
+# qualified name, no colon) is for people reading a config; base64's alphabet has no colon either.
+BY_VALUE = "pickled:"
+
+
+def _pickled_by_reference_is_unsafe(module: Any) -> bool:
+    """Whether a worker may fail to import `module` by name: the user's own code (a script run as __main__, a test
+    module, a helper next to the script), as opposed to the installed libraries and rayward itself."""
+    name = getattr(module, "__name__", "")
+    file = getattr(module, "__file__", None)
+    if name == "__main__" or file is None or name.split(".")[0] in ("actors", "orchestrator", "rayward"):
+        return False
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    path = str(Path(file).resolve())
+    return not any(path.startswith(str(Path(r).resolve())) for r in roots)
+
+
+def by_value(obj: Any, label: str | None = None) -> str:
+    """A reference to `obj` that carries it (see the module docstring): `import_object` returns an equal object in
+    any process. The user's own modules (not the installed libraries) go by value too, so a function's helpers
+    from the script's directory travel with it. Raises UserCodeError if it cannot be pickled (a lock, an open
+    connection captured by a closure: create it inside the function instead)."""
+    import cloudpickle
+
+    own = [m for m in list(sys.modules.values()) if m is not None and _pickled_by_reference_is_unsafe(m)]
+    registered = []
+    for module in own:
+        try:
+            cloudpickle.register_pickle_by_value(module)
+            registered.append(module)
+        except ValueError:  # already registered, or not importable under its name
+            pass
+    name = label or getattr(obj, "__qualname__", None) or type(obj).__name__
+    try:
+        data = cloudpickle.dumps(obj)
+    except Exception as err:  # noqa: BLE001 - anything unpicklable is the user's to see, with the object named
+        raise UserCodeError(f"{name}: cannot be sent to the workers ({type(err).__name__}: {err}); create what it "
+                            "holds (clients, locks, files) inside the function instead of capturing it") from None
+    finally:
+        for module in registered:
+            cloudpickle.unregister_pickle_by_value(module)
+    clean = "".join(c if c.isalnum() or c in "._-<>" else "_" for c in name)
+    return f"{BY_VALUE}{clean}:{base64.b64encode(zlib.compress(data)).decode()}"
+
+
+def describe(target: str) -> str:
+    """A reference as people read it: `module:attr`, or `<label> (by value)`."""
+    if target.startswith(BY_VALUE):
+        return f"{target[len(BY_VALUE):].partition(':')[0]} (by value)"
+    return target
+
+
 def import_object(target: str, what: str) -> Any:
-    """`module:attr` or `path/to/file.py:attr`, imported; UserCodeError names `what` (e.g. "tools[0]")."""
+    """`module:attr` or `path/to/file.py:attr`, imported, or a `by_value` reference unpickled; UserCodeError names
+    `what` (e.g. "tools[0]")."""
+    if target.startswith(BY_VALUE):
+        import cloudpickle
+
+        try:
+            return cloudpickle.loads(zlib.decompress(base64.b64decode(target.rpartition(":")[2])))
+        except Exception as err:  # noqa: BLE001 - e.g. a library the pickled code needs is missing on this node
+            raise UserCodeError(f"{what} {describe(target)}: cannot be unpickled here ({type(err).__name__}: "
+                                f"{err})") from None
     module_name, _, attr = target.rpartition(":")
     if not module_name or not attr:
         raise UserCodeError(f"{what} {target!r} is not of the form module:name")

@@ -363,7 +363,7 @@ class GateConfig(_Section):
 
 
 class RewardConfig(_Section):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-<>]+$")
     """Name used in logs (`rewards/<name>/mean`) and by gates."""
     function: str | None = None
     """`package.module:callable` (importable from the directory you run rayward from), a `.py` file path

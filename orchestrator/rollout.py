@@ -102,7 +102,8 @@ class Agentic:
 def agent_metrics(rollouts: Rollouts) -> dict[str, float]:
     """A batch's conversations, per sample means: turns, tool calls and failures, seconds on the environment,
     tokens by role (model: sampled; tool: tool results and template scaffold), tool results cut to the budget;
-    the share whose ids disagree with the chat template's rendering; stop-reason fractions. {} for a one-turn batch."""
+    the share whose ids disagree with the chat template's rendering; stop-reason fractions; TRL's two tool metrics.
+    {} for a one-turn batch."""
     ts = rollouts.trajectories
     if not ts:
         return {}
@@ -125,6 +126,11 @@ def agent_metrics(rollouts: Rollouts) -> dict[str, float]:
     }
     stops = Counter(t.stop_reason for t in ts)
     m.update({f"multiturn/stop_reason/{r}": stops[r] / n for r in STOP_REASONS})
+    # TRL's own names (GRPOTrainer logs them with tools), for scripts and dashboards written against TRL: calls per
+    # sample, and failed calls per call
+    calls, failures = sum(t.tool_calls for t in ts), sum(t.tool_failures for t in ts)
+    m["tools/call_frequency"] = calls / n
+    m["tools/failure_frequency"] = failures / calls if calls else 0.0
     return m
 
 

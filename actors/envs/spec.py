@@ -76,7 +76,7 @@ def import_object(target: str, what: str) -> Any:
 def load_tool(target: str, what: str) -> Any:
     fn = import_object(target, what)
     if not callable(fn):
-        raise EnvSpecError(f"{what} {target!r} is not callable")
+        raise EnvSpecError(f"{what} {user_code.describe(target)} is not callable")
     return fn
 
 
@@ -102,12 +102,12 @@ def load_factory(target: str, what: str) -> Callable[[], Any]:
     factory = import_object(target, what)
     if not callable(factory):
         raise EnvSpecError(
-            f"{what} {target!r} is a {type(factory).__name__}, not callable: environment_factory names a class or a "
+            f"{what} {user_code.describe(target)} is a {type(factory).__name__}, not callable: environment_factory names a class or a "
             "function (any callable) that returns an environment"
         )
     if isinstance(factory, type) and not has_reset(factory):
         raise EnvSpecError(
-            f"{what} {target!r}: class {factory.__name__} has no `reset` method (TRL calls reset(**row) at the start of "
+            f"{what} {user_code.describe(target)}: class {factory.__name__} has no `reset` method (TRL calls reset(**row) at the start of "
             "every rollout; it may return text appended to the last user message, or None)"
         )
     return factory
@@ -124,14 +124,14 @@ def environment_class(target: str, what: str) -> type:
         instance = factory()
     except Exception as err:  # noqa: BLE001 - the user's factory: its error is theirs to read, with the field named
         raise EnvSpecError(
-            f"{what} {target!r}: calling it raised {type(err).__name__}: {err} (rayward calls a factory that is not "
+            f"{what} {user_code.describe(target)}: calling it raised {type(err).__name__}: {err} (rayward calls a factory that is not "
             "a class once before anything starts, as TRL does, to read the environment's tools from the class of "
             "what it returns)"
         ) from None
     cls = type(instance)
     if not has_reset(cls):
         raise EnvSpecError(
-            f"{what} {target!r} returned a {cls.__name__}, which has no `reset` method (TRL calls reset(**row) at the "
+            f"{what} {user_code.describe(target)} returned a {cls.__name__}, which has no `reset` method (TRL calls reset(**row) at the "
             "start of every rollout; it may return text appended to the last user message, or None)"
         )
     return cls
@@ -185,7 +185,7 @@ def tool_schemas(
     row of that environment sees, the standalone tools first, then the class's methods (TRL's order). classes:
     environment_classes(spec), if the caller has it already (a factory is not called twice). EnvSpecError naming
     the tool or method that has no schema, or a name two tools share."""
-    standalone = [(f"tools[{i}] {t!r}", load_tool(t, f"tools[{i}]")) for i, t in enumerate(spec.tools)]
+    standalone = [(f"tools[{i}] {user_code.describe(t)}", load_tool(t, f"tools[{i}]")) for i, t in enumerate(spec.tools)]
     classes = environment_classes(spec) if classes is None else classes
     envs = spec.environments or {None: None}
     out: dict[str | None, list[dict[str, Any]]] = {}
@@ -193,7 +193,7 @@ def tool_schemas(
         tools = list(standalone)
         if target is not None:
             where, cls = factory_field(name), classes[name]
-            tools += [(f"{where} {target!r}: method {cls.__name__}.{m}", schema_target(cls, m))
+            tools += [(f"{where} {user_code.describe(target)}: method {cls.__name__}.{m}", schema_target(cls, m))
                       for m in tool_method_names(cls)]
         schemas, seen = [], {}
         for what, fn in tools:

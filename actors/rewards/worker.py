@@ -113,7 +113,7 @@ def load_reward_function(spec: RewardSpec) -> Callable[..., Any]:
     if spec.kwargs:
         fn = fn(**spec.kwargs)
     if not callable(fn):
-        raise RewardFunctionError(f"reward {spec.name!r}: {spec.function!r} is not callable")
+        raise RewardFunctionError(f"reward {spec.name!r}: {user_code.describe(spec.function or '')} is not callable")
     return fn
 
 

@@ -5,6 +5,9 @@ the dashboard).
 `rayward submit CONFIG [overrides] --address http://HEAD:8265` validates the config here first (a typo fails
 on the laptop, not after an upload), then submits `python -m orchestrator run CONFIG overrides --name NAME`
 with submission id `rayward-<NAME>`, so every other command takes the run name.
+`rayward submit SCRIPT.py [args]` submits a Python script (a TRL script using `rayward.GRPOTrainer`) as
+`python SCRIPT.py args` with the script's directory as working_dir (compiled here first, so a syntax error fails
+on the laptop); RAYWARD_RUN_NAME tells its trainer the run name (default: the script's name).
 
 What travels (runtime_env):
   * working_dir = the current directory (the user's reward-function modules, local datasets, the config when
@@ -185,7 +188,7 @@ def build_submission(
     overrides: list[str] | None = None,
     *,
     name: str | None = None,
-    working_dir: str | Path = ".",
+    working_dir: str | Path | None = None,
     extra_excludes: list[str] | None = None,
     extra_env: list[str] | None = None,
     max_file_mib: float = DEFAULT_MAX_FILE_MIB,
@@ -199,6 +202,13 @@ def build_submission(
     from orchestrator.cluster import new_run_name
     from orchestrator.config import load_config
 
+    if str(config).endswith(".py"):
+        return _script_submission(
+            Path(config), list(overrides or []), name=name, working_dir=working_dir, extra_excludes=extra_excludes,
+            extra_env=extra_env, max_file_mib=max_file_mib, ship_rayward=ship_rayward,
+            entrypoint_num_cpus=entrypoint_num_cpus, environ=environ,
+        )
+    working_dir = "." if working_dir is None else working_dir
     overrides = list(overrides or [])
     cfg = load_config(config, overrides)  # ConfigError names the bad field before anything is uploaded
     run_name = name or cfg.name or new_run_name()
@@ -233,18 +243,58 @@ def build_submission(
     excludes += ["/" + p for p in big]
 
     runtime_env: dict[str, Any] = {"working_dir": str(root), "excludes": excludes, "env_vars": env}
-    if ship_rayward:
-        import actors
-        import orchestrator
-
-        modules = [str(Path(m.__file__).parent) for m in (orchestrator, actors)]
-        modules = [m for m in modules if not _inside(Path(m), root)]
-        if modules:
-            runtime_env["py_modules"] = modules
+    _ship_rayward(runtime_env, root, ship_rayward)
     metadata = {"rayward_run": run_name, "rayward_config": str(config), "rayward_overrides": json.dumps(overrides)}
     return Submission(
         run_name, submission_id(run_name), entrypoint, runtime_env, metadata, big, entrypoint_num_cpus
     )
+
+
+def _ship_rayward(runtime_env: dict[str, Any], root: Path, ship: bool) -> None:
+    if not ship:
+        return
+    import actors
+    import orchestrator
+    import rayward
+
+    modules = [str(Path(m.__file__).parent) for m in (orchestrator, actors, rayward)]
+    modules = [m for m in modules if not _inside(Path(m), root)]
+    if modules:
+        runtime_env["py_modules"] = modules
+
+
+def _script_submission(
+    script: Path, script_args: list[str], *, name: str | None, working_dir: str | Path | None,
+    extra_excludes: list[str] | None, extra_env: list[str] | None, max_file_mib: float, ship_rayward: bool,
+    entrypoint_num_cpus: float | None, environ: dict[str, str] | None,
+) -> Submission:
+    """A Python script as a job: its directory (or working_dir) shipped, `python SCRIPT args` its entrypoint."""
+    from orchestrator.trainer import RUN_NAME_ENV
+
+    if not script.is_file():
+        raise JobsError(f"script {script} not found")
+    try:
+        compile(script.read_text(), str(script), "exec")
+    except SyntaxError as err:
+        raise JobsError(f"script {script}: line {err.lineno}: {err.msg}") from None
+    root = Path(working_dir if working_dir is not None else script.parent).resolve()
+    if not root.is_dir():
+        raise JobsError(f"working dir {working_dir} is not a directory")
+    if not _inside(script, root):
+        raise JobsError(f"script {script} is not inside the working dir {root}")
+    run_name = name or re.sub(r"[^a-z0-9\-]+", "-", script.stem.lower()).strip("-")
+    if not RUN_NAME_RE.match(run_name):
+        raise JobsError(f"run name {run_name!r} must match {RUN_NAME_RE.pattern} (lowercase, digits, dashes)")
+    env = {**forwarded_env(environ, extra_env), RUN_NAME_ENV: run_name}
+    args = ["python", script.resolve().relative_to(root).as_posix(), *script_args]
+    excludes = list(dict.fromkeys(DEFAULT_EXCLUDES + list(extra_excludes or [])))
+    big = large_files(root, excludes, int(max_file_mib * 2**20))
+    excludes += ["/" + p for p in big]
+    runtime_env: dict[str, Any] = {"working_dir": str(root), "excludes": excludes, "env_vars": env}
+    _ship_rayward(runtime_env, root, ship_rayward)
+    metadata = {"rayward_run": run_name, "rayward_script": str(script), "rayward_overrides": json.dumps(script_args)}
+    return Submission(run_name, submission_id(run_name), " ".join(shlex.quote(a) for a in args), runtime_env,
+                      metadata, big, entrypoint_num_cpus)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -222,11 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     addr_help = "Ray dashboard / Jobs API URL (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS or http://127.0.0.1:8265)"
     j = sub.add_parser("submit", parents=[shown], help="submit a run to a Ray cluster through the Jobs API")
-    j.add_argument("config", help="YAML config (validated here before anything is uploaded)")
-    j.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. grpo.max_steps=10")
+    j.add_argument("config", help="YAML config (validated here before anything is uploaded), or a Python script "
+                   "(a TRL script using rayward.GRPOTrainer), run as `python SCRIPT args` with its directory")
+    j.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. grpo.max_steps=10 (a "
+                   "script: its arguments)")
     j.add_argument("--name", help="run name (default: config name or generated); the job id is rayward-NAME")
     j.add_argument("--address", default=default_address(), help=addr_help)
-    j.add_argument("--working-dir", default=".", help="directory shipped as the job's working_dir (default: .)")
+    j.add_argument("--working-dir", default=None, help="directory shipped as the job's working_dir (default: ., "
+                   "or the script's directory)")
     j.add_argument("--exclude", action="append", default=[], help="extra gitignore-style exclude (repeatable)")
     j.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra env var for the run")
     j.add_argument("--max-file-mib", type=float, default=DEFAULT_MAX_FILE_MIB, help="skip larger files in the upload")

@@ -45,6 +45,7 @@ def test_agentic_step_metrics(tmp_path, loop):
     run = fake_run(tmp_path / "r", [f"loop.mode={loop}"], agentic=True)
     row = steps(LOOPS[loop](run))[-1]
     assert row["multiturn/turns"] == 2 and row["multiturn/tool_calls"] == 1 and row["multiturn/tool_failures"] == 0
+    assert (row["tools/call_frequency"], row["tools/failure_frequency"]) == (1.0, 0.0)  # TRL's names
     assert row["multiturn/tokens/model"] == 4 and row["multiturn/tokens/tool"] == 2
     assert row["multiturn/env_s"] == pytest.approx(0.1) and row["multiturn/env_s_max"] == pytest.approx(0.1)
     assert row["completions/mean_length"] == 4  # model tokens: tool results are not the completion's length

@@ -389,6 +389,44 @@ def test_user_project_ships_and_a_running_run_stops(head, tmp_path):
     assert "STOPPED" in rayward("stop", name, "--address", head.address).stdout  # again: already stopped, exit 0
 
 
+TRL_SCRIPT = """\
+import os
+
+from datasets import Dataset
+from rayward import GRPOConfig, GRPOTrainer
+
+
+def letter(completions, letter, **kwargs):
+    return [sum(ch == want for ch in c) / max(len(c), 1) for c, want in zip(completions, letter)]
+
+
+dataset = Dataset.from_list([{"prompt": f"Write the letter {c}:", "letter": c} for c in "abcd" * 4])
+args = GRPOConfig(output_dir=os.environ["OUT"], use_cpu=True, max_steps=2, per_device_train_batch_size=16,
+                  num_generations=4, max_completion_length=8, report_to="none", save_strategy="no")
+trainer = GRPOTrainer(model=os.environ["MODEL"], reward_funcs=[letter, lambda completions, **kw: [0.0] * len(completions)],
+                      args=args, train_dataset=dataset)
+print("TRAINED", trainer.train().global_step)
+"""
+
+
+def test_a_trl_script_is_submitted_with_its_directory(head, tmp_path):
+    """`rayward submit my_script.py`: a TRL script whose only change is the rayward import, its reward functions
+    (a lambda among them) defined in the script, runs as a Ray job on the cluster, under the script's name."""
+    from orchestrator.tiny import ensure_tiny_model
+
+    project = tmp_path / "trlproject"
+    project.mkdir()
+    (project / "grpo_letters.py").write_text(TRL_SCRIPT)
+    name = f"jt-script-{random.randrange(16**4):04x}"
+    r = rayward("submit", "grpo_letters.py", "--name", name, "--address", head.address,
+                "--env", f"MODEL={ensure_tiny_model()}", "--env", f"OUT={tmp_path / 'out'}", cwd=project)
+    assert r.returncode == 0, r.stderr
+    wait_status(head, name, {"SUCCEEDED"}, timeout_s=420)
+    text = rayward("logs", name, "--address", head.address).stdout
+    assert "TRAINED 2" in text and f"rayward run {name!r}" in text, text[-3000:]
+    assert (tmp_path / name / "checkpoint-2").is_dir()  # save_strategy "no": the final checkpoint only
+
+
 def _one_line_error(r: subprocess.CompletedProcess, cmd: str) -> str:
     assert r.returncode != 0
     lines = [x for x in r.stderr.splitlines() if x.strip()]

@@ -64,7 +64,31 @@ def test_submission_naming_entrypoint_and_metadata(project, monkeypatch):
     assert sub.runtime_env["working_dir"] == str(project)
     assert "py_modules" in sub.runtime_env  # rayward's packages are not inside this working_dir: shipped
     shipped = sorted(Path(m).name for m in sub.runtime_env["py_modules"])
-    assert shipped == ["actors", "orchestrator"]
+    assert shipped == ["actors", "orchestrator", "rayward"]
+
+
+def test_a_python_script_is_submitted_with_its_directory_and_its_arguments(project, monkeypatch, tmp_path):
+    """`rayward submit train.py args`: a TRL script using rayward.GRPOTrainer, run as `python train.py args` in its
+    directory (the default working_dir), the run name handed to its trainer; a syntax error fails here."""
+    from orchestrator.trainer import RUN_NAME_ENV
+
+    (project / "scripts").mkdir()
+    script = project / "scripts" / "My_GRPO.py"
+    script.write_text("from rayward import GRPOConfig, GRPOTrainer\nprint('hi')\n")
+    monkeypatch.chdir(tmp_path)  # submitted from elsewhere: the script's directory travels, not the cwd
+    sub = jobs.build_submission(str(script), ["--lr", "1e-5"], environ={})
+    assert sub.entrypoint == "python My_GRPO.py --lr 1e-5"
+    assert sub.runtime_env["working_dir"] == str(project / "scripts")
+    assert sub.run_name == "my-grpo" and sub.runtime_env["env_vars"][RUN_NAME_ENV] == "my-grpo"
+    assert sub.submission_id == "rayward-my-grpo"
+    assert sorted(Path(m).name for m in sub.runtime_env["py_modules"]) == ["actors", "orchestrator", "rayward"]
+    whole = jobs.build_submission(str(script), [], name="exp-2", working_dir=str(project), environ={})
+    assert whole.entrypoint == "python scripts/My_GRPO.py" and whole.runtime_env["working_dir"] == str(project)
+    script.write_text("def broken(:\n")
+    with pytest.raises(jobs.JobsError, match="My_GRPO.py: line 1"):
+        jobs.build_submission(str(script), [], environ={})
+    with pytest.raises(jobs.JobsError, match="not found"):
+        jobs.build_submission(str(project / "nope.py"), [], environ={})
 
 
 def test_excludes_keep_code_and_data_drop_big_files_weights_vcs_and_old_runs(project, monkeypatch):
