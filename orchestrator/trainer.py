@@ -33,6 +33,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +45,7 @@ import yaml
 from actors import user_code
 from orchestrator import trl_args
 from orchestrator.config import RUN_NAME_PATTERN, ConfigError, RunConfig, parse_config
+from orchestrator.errors import RunStopped
 
 # Under <output_dir>: what the script handed over as objects, saved so the driver (and `rayward run --resume`
 # with the saved config) reads them from disk.
@@ -53,6 +55,8 @@ CHECKPOINT_ONLY_FILES = {"optimizer.pt", "rayward_state.json"}
 # The run name, where `rayward submit SCRIPT.py` set it (default: output_dir's last part); the run's files then go
 # to output_dir's parent / that name.
 RUN_NAME_ENV = "RAYWARD_RUN_NAME"
+# How a script stopped by a signal exits: 128 + the signal's number, as `rayward run` does.
+SIGNAL_EXIT = {"SIGTERM": 143, "SIGINT": 130}
 # How often the callback thread reads new rows of metrics.jsonl.
 CALLBACK_POLL_S = 0.5
 # peft.LoraConfig fields rayward maps (model.lora), and those it ignores (they only say what PEFT task it is).
@@ -153,11 +157,14 @@ def _with_tokenizer(model_dir: str, tokenizer: Any, dest: Path) -> str:
 
 def trl_row(row: dict[str, Any]) -> dict[str, Any]:
     """A metrics row with TRL's names beside rayward's, where TRL has another: a reward function's `log_metric`
-    values under their own name (rayward: `reward_fn/<name>`), and `step_time` (rayward: `time/step`)."""
+    values under their own name (rayward: `reward_fn/<name>`), `step_time` (rayward: `time/step`), and an eval's
+    `eval_<metric>` (rayward: `eval/<metric>`)."""
     out = dict(row)
     for key, value in row.items():
         if key.startswith("reward_fn/"):
             out.setdefault(key.removeprefix("reward_fn/"), value)
+        elif key.startswith("eval/"):
+            out.setdefault("eval_" + key.removeprefix("eval/"), value)
     if "time/step" in row:
         out.setdefault("step_time", row["time/step"])
     return out
@@ -367,7 +374,10 @@ class GRPOTrainer:
               ignore_keys_for_eval: list[str] | None = None, **_: Any) -> Any:
         """Run the whole training on Ray (as `rayward run`); TRL's TrainOutput(global_step, training_loss,
         metrics). resume_from_checkpoint: True, or a checkpoint of this output_dir, continues from the run's latest
-        checkpoint (rayward resumes from the latest: the data position, optimizer and curriculum with it)."""
+        checkpoint (rayward resumes from the latest: the data position, optimizer and curriculum with it).
+        A SIGTERM or Ctrl-C ends the step, writes a checkpoint and exits the script (SystemExit 143 / 130) with one
+        line; a failure raises RunFailed (orchestrator/errors.py: the step, the last checkpoint; the error that
+        ended the run as its __cause__)."""
         from transformers.trainer_utils import TrainOutput
 
         from orchestrator.train import train as run_train
@@ -389,6 +399,11 @@ class GRPOTrainer:
             if watch:
                 watch.start()
             history = run_train(self.cfg, self.cfg.name, resume=resume)
+        except RunStopped as err:
+            # SIGTERM (timeout, SLURM, `ray job stop`) or Ctrl-C: the step finished and a checkpoint was written;
+            # the script ends as `rayward run` does, one line and 143 (130), instead of a traceback
+            print(f"rayward: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(SIGNAL_EXIT.get(err.signal, SIGNAL_EXIT["SIGTERM"])) from None
         finally:
             if watch:
                 watch.stop()

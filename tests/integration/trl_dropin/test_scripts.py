@@ -49,9 +49,10 @@ def test_the_other_documentation_scripts_run_with_the_rayward_import(tmp_path, n
     elif name == "tools.py":  # the tools ran in the environment workers, and TRL's tool metrics were logged
         assert r["global_step"] == 3 and all(f is not None for f in r["tool_call_frequency"])
         assert sum(r["tool_call_frequency"]) > 0, r
-    else:
+    else:  # a held-out split evaluated at steps 2 and 4, and by trainer.evaluate(), under TRL's names
         assert r["global_step"] == 4
         assert {"rewards/letter_reward/mean", "rewards/asked_letter_reward/mean"} <= set(r["reward_keys"])
+        assert r["evals_during_training"] >= 2 and "eval_reward" in r["final_eval_keys"], r
 
 
 @pytest.mark.scenario
@@ -60,3 +61,35 @@ def test_each_script_is_valid_trl_usage(tmp_path, script):
     r = run(script, use="trl", model=model_path(MODEL_FOR[script.name]), output_dir=tmp_path / "out",
             timeout=SCRIPT_TIMEOUT_S)
     assert r["global_step"] > 0
+
+
+@pytest.mark.scenario
+def test_a_group_sigterm_ends_a_script_with_a_checkpoint_and_143(tmp_path):
+    """`timeout` and SLURM signal the script's whole process group: the quick start (rayward import) finishes its
+    step, writes a checkpoint and exits 143 with one line, as `rayward run` does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.fixtures.trl_scripts.run_script import ROOT, script_source
+
+    script = tmp_path / "quickstart.py"
+    script.write_text(script_source(HERE / "quickstart.py", "rayward"))
+    out = tmp_path / "out"
+    env = {**os.environ, "MODEL": str(model_path("tiny")), "OUTPUT_DIR": str(out), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + SCRIPT_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    os.killpg(proc.pid, signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "rayward: stopped at step" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert any(p.name.startswith("checkpoint-") for p in out.iterdir()), sorted(p.name for p in out.iterdir())

@@ -150,3 +150,55 @@ def test_a_loaded_model_and_its_tokenizer_are_saved_for_the_workers(tmp_path):
     saved = tmp_path / "My_Run.v1" / "rayward-inputs" / "model"
     assert t.cfg.model.name_or_path == str(saved)
     assert (saved / "config.json").is_file() and (saved / "tokenizer_config.json").is_file()
+
+
+def test_async_functions_model_paths_and_loaded_reward_models_mix(tmp_path):
+    """reward_funcs as TRL takes them: an async function (by value), a reward model's path (as given) and a
+    loaded sequence-classification model (saved with its tokenizer, named after its checkpoint as TRL names it);
+    the saved one scores as the loaded one does."""
+    import asyncio
+
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    from actors.rewards.worker import RewardSpec
+    from tests.unit.actors.rewards.test_worker import chunk, worker
+
+    path = str(ensure_tiny_model())
+    torch.manual_seed(0)
+    rm = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(path, num_labels=1))
+    tok = AutoTokenizer.from_pretrained(path)
+    rm.config.pad_token_id = tok.pad_token_id
+    rm.config._name_or_path = "org/tiny-rm"
+
+    async def judged(completions, **kw):
+        await asyncio.sleep(0)
+        return [1.0] * len(completions)
+
+    t = GRPOTrainer(model=path, reward_funcs=[judged, path, rm], reward_processing_classes=[None, None, tok],
+                    args=config(tmp_path), train_dataset=letters())
+    r = t.cfg.rewards
+    assert [x.name for x in r] == ["judged", "tiny-model-v1", "tiny-rm"]
+    assert r[0].function.startswith(user_code.BY_VALUE) and r[1].model == path
+    saved = tmp_path / "My_Run.v1" / "rayward-inputs" / "reward-model-2"
+    assert r[2].model == str(saved)
+    c = chunk(["a short answer"])
+    got = worker(RewardSpec("rm", model=str(saved))).score(c).scores[0][0]
+    with torch.no_grad():
+        ids = tok(c.prompts[0] + c.completions[0], add_special_tokens=False, return_tensors="pt")
+        assert got == pytest.approx(rm(**ids).logits[0, 0].item(), abs=1e-4)
+    assert user_code.is_async_callable(user_code.import_object(r[0].function, "rewards[0]"))
+
+
+def test_an_eval_dataset_and_trls_eval_schedule_become_the_eval_block(tmp_path):
+    t = GRPOTrainer(model=str(ensure_tiny_model()), reward_funcs=module_level_reward, train_dataset=letters(),
+                    eval_dataset={"held_out": letters().select(range(4))},
+                    args=config(tmp_path, max_steps=6, eval_strategy="steps", eval_steps=3, eval_on_start=True,
+                                num_generations_eval=2))
+    e = t.cfg.eval
+    assert (e.every_n_steps, e.at_start, e.num_generations) == (3, True, 2)
+    assert datasets.load_from_disk(e.data.path)["letter"] == list("abcd")
+    from orchestrator.trainer import trl_row
+
+    row = trl_row({"step": 3, "eval/reward": 0.5, "reward_fn/judge_calls": 2.0, "time/step": 1.5})
+    assert (row["eval_reward"], row["judge_calls"], row["step_time"], row["eval/reward"]) == (0.5, 2.0, 1.5, 0.5)

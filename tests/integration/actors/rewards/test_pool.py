@@ -80,6 +80,7 @@ def test_scores_in_order_across_workers(ray_cluster):
     kill_pool(ray, pool)
 
 
+@pytest.mark.scenario  # six workers started and three retired on 2 cores; `rayward scale` itself stays in CI's tier
 def test_scale_up_and_down_mid_batch_scores_every_sample_once(ray_cluster, tmp_path):
     """Added workers take the queued chunks of the batch in flight; retired ones finish theirs first."""
     ray = ray_cluster
@@ -221,6 +222,7 @@ def test_rayward_scale_pins_the_count_and_min_max_resume_autoscaling(ray_cluster
 AUTOSCALE = settings(1, 3, target_utilization=0.5, look_back_s=1.0, upscale_delay_s=0.0, downscale_delay_s=0.5)
 
 
+@pytest.mark.scenario  # the policy itself: tests/unit/actors/test_autoscale.py, on fakes
 def test_autoscaling_grows_for_a_held_batch_and_shrinks_when_idle(ray_cluster, tmp_path):
     """What only the real pool shows: its own counters drive the policy, the workers it adds start and take the
     queued chunks of the batch in flight, the ones it retires go once drained, and every sample is scored once.
