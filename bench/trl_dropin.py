@@ -6,6 +6,8 @@ the toy letter prompts, two reward functions defined in the script (a cheap one,
 
     python bench/trl_dropin.py                      # 8 steps each, the first 2 not counted (~6 min on 2 cores)
     python bench/trl_dropin.py --steps 6 --warmup 1 --which rayward
+    python bench/trl_dropin.py --which trl,rayward,rayward-pipelined   # + the script with rayward's own keyword
+                                                                       # rayward={"loop": {"mode": "pipelined"}}
 
 Each run is its own `python script.py` process, one after the other. The script prints its trainer's
 log_history; this prints, per system, the median seconds per optimizer step (TRL's own `step_time`, rayward's
@@ -55,17 +57,22 @@ args = GRPOConfig(output_dir=os.environ["OUTPUT_DIR"], max_steps=int(os.environ[
                   lr_scheduler_type="constant", gradient_checkpointing=False, use_cpu=True, bf16=False,
                   logging_steps=1, report_to="none", save_strategy="no", seed=0)
 trainer = GRPOTrainer(model=os.environ["MODEL"], reward_funcs=[letter_fraction, sandbox_reward], args=args,
-                      train_dataset=dataset)
+                      train_dataset=dataset)  # KEYWORD
 trainer.train()
 print("RESULT " + json.dumps(trainer.state.log_history))
 '''
-SYSTEMS = {"trl": "from trl import GRPOConfig, GRPOTrainer", "rayward": "from rayward import GRPOConfig, GRPOTrainer"}
-STEP_KEY = {"trl": "step_time", "rayward": "time/step"}
+SYSTEMS = {"trl": "from trl import GRPOConfig, GRPOTrainer", "rayward": "from rayward import GRPOConfig, GRPOTrainer",
+           "rayward-pipelined": "from rayward import GRPOConfig, GRPOTrainer"}
+# rayward-pipelined: the import, and rayward's one keyword of its own (what the script would add to go further)
+KEYWORD = {"rayward-pipelined": ', rayward={"loop": {"mode": "pipelined"}}'}
+STEP_KEY = {"trl": "step_time", "rayward": "time/step", "rayward-pipelined": "time/step"}
 
 
 def run(system: str, steps: int, model: str, workdir: Path) -> dict:
     script = workdir / f"{system}_script.py"
-    script.write_text(SCRIPT.replace(SYSTEMS["trl"], SYSTEMS[system]))
+    text = SCRIPT.replace(SYSTEMS["trl"], SYSTEMS[system])
+    text = text.replace("train_dataset=dataset)  # KEYWORD", f"train_dataset=dataset{KEYWORD.get(system, '')})")
+    script.write_text(text)
     env = {**os.environ, "MODEL": model, "OUTPUT_DIR": str(workdir / f"{system}-out"), "STEPS": str(steps),
            "PYTHONPATH": str(ROOT), "TRL_EXPERIMENTAL_SILENCE": "1"}
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
@@ -97,15 +104,16 @@ def main() -> None:
             results[system] = run(system, ns.steps, model, Path(tmp))
     print(f"the same TRL script, {ns.steps} steps, median of steps {ns.warmup + 1}..{ns.steps} (100M model, 16 "
           "completions of 32 tokens per step)")
-    print(f"{'import':10} {'s/step':>8} {'steps/s':>8} {'process wall s':>15}  every step (s)")
+    print(f"{'import':18} {'s/step':>8} {'steps/s':>8} {'process wall s':>15}  every step (s)")
     rate = {}
     for system, r in results.items():
         med = statistics.median(r["step_s"][ns.warmup:])
         rate[system] = 1 / med
         every = " ".join(f"{s:.2f}" for s in r["step_s"])
-        print(f"{system:10} {med:8.3f} {rate[system]:8.3f} {r['wall_s']:15.1f}  {every}")
-    if "trl" in rate and "rayward" in rate:
-        print(f"rayward / TRL steps/s: {rate['rayward'] / rate['trl']:.2f}x")
+        print(f"{system:18} {med:8.3f} {rate[system]:8.3f} {r['wall_s']:15.1f}  {every}")
+    for system in rate:
+        if system != "trl" and "trl" in rate:
+            print(f"{system} / TRL steps/s: {rate[system] / rate['trl']:.2f}x")
     if ns.json:
         Path(ns.json).write_text(json.dumps(results, indent=2))
 

@@ -282,6 +282,8 @@ class GRPOTrainer:
         if self.run_dir != out:
             self.notes.append(f"GRPOConfig.output_dir: the run's files go to {self.run_dir} (a run name is "
                               "lowercase letters, digits and '-')")
+        for note in self.notes:  # the GRPOConfig fields set here that rayward ignores, one line each
+            print(f"rayward: {note}", flush=True)
         self.state = TrainerState(max_steps=self.cfg.grpo.max_steps, num_train_epochs=args.num_train_epochs)
         self.control = TrainerControl()
         self.model_path = model_path
@@ -391,8 +393,6 @@ class GRPOTrainer:
                     self.run_dir.resolve()):
                 raise ConfigError(f"train(resume_from_checkpoint={resume_from_checkpoint!r}): rayward resumes from "
                                   f"the latest checkpoint of its run directory {self.run_dir}")
-        for note in self.notes:
-            print(f"rayward: {note}", flush=True)
         watch = _CallbackFeed(self) if self.callbacks else None
         t0 = time.time()
         try:

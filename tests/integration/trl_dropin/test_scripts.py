@@ -27,6 +27,8 @@ def rayward(name: str, tmp_path, **kw) -> dict:
 def test_the_quickstart_learns_with_the_rayward_import(tmp_path):
     r = rayward("quickstart.py", tmp_path)
     assert r["global_step"] == 30
+    # the script's TrainerCallback, on the driver: begin, each step's log as the run wrote it, end
+    assert r["callback_events"] == {"begin": 1, "end": 1} and r["callback_steps"] == list(range(1, 31)), r
     assert r["last5_reward"] > 2 * r["first5_reward"] and r["last5_reward"] > r["first5_reward"] + RISE, r
 
 
