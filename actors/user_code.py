@@ -132,10 +132,10 @@ def by_value(obj: Any, label: str | None = None) -> str:
 
 
 def describe(target: str) -> str:
-    """A reference as people read it: `module:attr`, or `<label> (by value)`."""
+    """A reference as people read it in a message: `'module:attr'` (quoted, as written), or `<label> (by value)`."""
     if target.startswith(BY_VALUE):
         return f"{target[len(BY_VALUE):].partition(':')[0]} (by value)"
-    return target
+    return repr(target)
 
 
 def import_object(target: str, what: str) -> Any:

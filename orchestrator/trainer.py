@@ -84,10 +84,11 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any], where: str = "rayward") -> dict[str, Any]:
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`extra` over `base`, section by section (in place); unknown keys stay for the config to refuse by name."""
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value, f"{where}.{key}")
+            _merge(base[key], value)
         else:
             base[key] = copy.deepcopy(value)
     return base
@@ -105,6 +106,23 @@ def _rayward_tree(rayward: dict[str, Any] | str | os.PathLike | None) -> dict[st
     if not isinstance(tree, dict):
         raise ConfigError(f"rayward={str(rayward)!r}: the top level must be a mapping of config sections")
     return tree
+
+
+def _with_rayward(tree: dict[str, Any], rayward: dict[str, Any] | str | os.PathLike | None) -> dict[str, Any]:
+    """The config tree with the `rayward=` keyword's sections merged over it; its `rewards` (name -> extra fields)
+    merged into the reward of that name."""
+    extra = _rayward_tree(rayward)
+    by_name = extra.pop("rewards", None)
+    if by_name is not None:
+        if not isinstance(by_name, dict):
+            raise ConfigError("rayward['rewards']: a mapping of reward name -> extra fields (gate, schedule, "
+                              "timeout_s, ...); the functions themselves come from reward_funcs")
+        known = {r["name"]: r for r in tree["rewards"]}
+        for name, fields in by_name.items():
+            if name not in known:
+                raise ConfigError(f"rayward['rewards'][{name!r}]: no such reward (reward_funcs give {sorted(known)})")
+            _merge(known[name], fields)
+    return _merge(tree, extra)
 
 
 def _save_dataset(ds: Any, dest: Path, *, what: str, rows_needed: int | None) -> int | None:
@@ -265,19 +283,7 @@ class GRPOTrainer:
             tree["environment_factory"] = (
                 {k: user_code.by_value(v) for k, v in environment_factory.items()}
                 if isinstance(environment_factory, dict) else user_code.by_value(environment_factory))
-        extra = _rayward_tree(rayward)
-        by_name = extra.pop("rewards", None)
-        if by_name is not None:
-            if not isinstance(by_name, dict):
-                raise ConfigError("rayward['rewards']: a mapping of reward name -> extra fields (gate, schedule, "
-                                  "timeout_s, ...); the functions themselves come from reward_funcs")
-            known = {r["name"]: r for r in rewards}
-            for rname, fields in by_name.items():
-                if rname not in known:
-                    raise ConfigError(f"rayward['rewards'][{rname!r}]: no such reward (reward_funcs give "
-                                      f"{sorted(known)})")
-                _merge(known[rname], fields)
-        self.cfg: RunConfig = parse_config(_merge(tree, extra))
+        self.cfg: RunConfig = parse_config(_with_rayward(tree, rayward))
         self.run_dir = Path(self.cfg.logging.dir) / self.cfg.name
         if self.run_dir != out:
             self.notes.append(f"GRPOConfig.output_dir: the run's files go to {self.run_dir} (a run name is "

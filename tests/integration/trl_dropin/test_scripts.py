@@ -4,7 +4,8 @@ embedded Ray cluster, the tiny models and data built in the script.
 
 CI's tier runs two: the quick start, which must learn as it does in TRL, and the weighted rewards, whose functions
 (a lambda and a closure among them) are defined under `if __name__ == "__main__":`. The scenario tier runs the
-other four through rayward, and all six through TRL itself, which proves them valid TRL usage."""
+other five through rayward (an environment_factory class defined in its script among them), and all seven through
+TRL itself, which proves them valid TRL usage."""
 
 from __future__ import annotations
 
@@ -41,16 +42,17 @@ def test_weighted_rewards_defined_in_the_main_block_lambda_and_closure_included(
 
 
 @pytest.mark.scenario
-@pytest.mark.parametrize("name", ["curriculum.py", "lora.py", "tools.py", "conversational.py"])
+@pytest.mark.parametrize("name", ["curriculum.py", "lora.py", "tools.py", "conversational.py", "environment.py"])
 def test_the_other_documentation_scripts_run_with_the_rayward_import(tmp_path, name):
     r = rayward(name, tmp_path)
     if name == "curriculum.py":  # trainer_state as TRL passes it: the steps done so far, and max_steps
         assert r["global_step"] == 5 and r["seen_steps"] == [0, 1, 2, 3, 4] and r["seen_max_steps"] == [5]
     elif name == "lora.py":  # save_model writes the adapter in PEFT's format, not a full model
         assert r["global_step"] == 4 and r["adapter_saved"] and not r["full_model_saved"]
-    elif name == "tools.py":  # the tools ran in the environment workers, and TRL's tool metrics were logged
+    elif name in ("tools.py", "environment.py"):  # the tools (the class's methods) ran in the environment
+        # workers, TRL's tool metrics were logged, and rewards read the episodes' environments
         assert r["global_step"] == 3 and all(f is not None for f in r["tool_call_frequency"])
-        assert sum(r["tool_call_frequency"]) > 0, r
+        assert sum(r["tool_call_frequency"]) > 0 and max(r["rewards"]) > 0, r
     else:  # a held-out split evaluated at steps 2 and 4, and by trainer.evaluate(), under TRL's names
         assert r["global_step"] == 4
         assert {"rewards/letter_reward/mean", "rewards/asked_letter_reward/mean"} <= set(r["reward_keys"])

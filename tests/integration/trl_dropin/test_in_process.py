@@ -1,0 +1,54 @@
+"""rayward.GRPOTrainer built in a test module, as a notebook or a test suite builds it: a function of this module,
+a lambda and a closure over a local variable as rewards, trained on the session's Ray cluster, then save_model,
+then a new trainer with more steps resumed with train(resume_from_checkpoint=True)."""
+
+from __future__ import annotations
+
+import pytest
+
+datasets = pytest.importorskip("datasets")
+
+pytestmark = pytest.mark.scenario  # a second run start (vLLM, workers) beside the CI tier's two TRL scripts
+
+
+def module_reward(completions, letter, **kwargs):
+    """Defined in this test module: the workers get it by value."""
+    return [float(want in c) for c, want in zip(completions, letter, strict=True)]
+
+
+def test_a_trainer_built_in_a_test_module_trains_and_saves(ray_cluster, tmp_path):
+    from orchestrator.tiny import ensure_tiny_model
+    from rayward import GRPOConfig, GRPOTrainer
+
+    target = 6
+    short = lambda completions, **kw: [float(len(c) <= target) for c in completions]  # noqa: E731
+
+    def make(bonus):
+        def bonus_reward(completions, **kw):
+            return [bonus] * len(completions)
+        return bonus_reward
+
+    data = datasets.Dataset.from_list([{"prompt": f"Write the letter {c}:", "letter": c} for c in "abcd" * 4])
+    settings = dict(output_dir=str(tmp_path / "inproc"), use_cpu=True, per_device_train_batch_size=16,
+                    num_generations=4, max_completion_length=8, report_to="none", save_strategy="no",
+                    disable_tqdm=True)
+    args = GRPOConfig(**settings, max_steps=2)
+    trainer = GRPOTrainer(model=str(ensure_tiny_model()), reward_funcs=[module_reward, short, make(0.25)], args=args,
+                          train_dataset=data)
+    out = trainer.train()
+    assert out.global_step == 2 == trainer.state.global_step
+    rows = [r for r in trainer.state.log_history if "reward" in r]
+    for name in ("module_reward", "<lambda>", "bonus_reward"):
+        assert all(r[f"rewards/{name}/errors"] == 0 for r in rows), name
+    assert all(r["rewards/bonus_reward/mean"] == pytest.approx(0.25) for r in rows)  # the closure's captured value
+    trainer.save_model(str(tmp_path / "final"))
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= {p.name for p in (tmp_path / "final").iterdir()}
+
+    # TRL's resume: a new trainer, the same output_dir, more steps; it goes on from checkpoint-2 (save_strategy
+    # "no" still writes the final checkpoint rayward resumes from)
+    more = GRPOConfig(**settings, max_steps=4)
+    again = GRPOTrainer(model=str(ensure_tiny_model()), reward_funcs=[module_reward, short, make(0.25)], args=more,
+                        train_dataset=data)
+    out = again.train(resume_from_checkpoint=True)
+    assert out.global_step == 4
+    assert [r["step"] for r in again.state.log_history if "reward" in r] == [3, 4]
