@@ -75,6 +75,11 @@ def _name(fn: Any) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-<>]+", "", raw) or "reward"
 
 
+def _model_reward_name(name_or_path: str) -> str:
+    """A reward model's name as TRL logs it: its checkpoint's last path part."""
+    return re.sub(r"[^A-Za-z0-9_.\-]+", "-", name_or_path.rstrip("/").split("/")[-1])
+
+
 def _unique(names: list[str]) -> list[str]:
     seen: dict[str, int] = {}
     out = []
@@ -332,13 +337,13 @@ class GRPOTrainer:
         names, sources = [], []
         for i, fn in enumerate(funcs):
             if isinstance(fn, (str, os.PathLike)):
-                names.append(re.sub(r"[^A-Za-z0-9_.\-]+", "-", str(fn).rstrip("/").split("/")[-1]))
+                names.append(_model_reward_name(str(fn)))
                 sources.append({"model": str(fn)})
             elif _is_model(fn):
                 dest = self._inputs / f"reward-model-{i}"
                 fn.save_pretrained(str(dest))
                 (procs[i] or AutoTokenizer.from_pretrained(fn.config._name_or_path)).save_pretrained(str(dest))
-                names.append(re.sub(r"[^A-Za-z0-9_.\-]+", "-", fn.config._name_or_path.rstrip("/").split("/")[-1]))
+                names.append(_model_reward_name(fn.config._name_or_path))
                 sources.append({"model": str(dest)})
             elif callable(fn):
                 names.append(_name(fn))
