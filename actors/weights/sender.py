@@ -21,6 +21,9 @@ collectives of the learner ranks, which must not interleave with the train step'
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -44,12 +47,109 @@ class Source:
     lora_b: str | None = None
     scaling: float = 1.0
     fan_in_fan_out: bool = False
+    # A part of the whole (merged) tensor, as (storage offset, shape, stride) of `torch.as_strided` over it made
+    # contiguous: one expert's gate_proj out of a fused [experts, 2 * intermediate, hidden] gate_up_proj.
+    part: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
+
+    def shape(self, whole: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of what is sent, given the shape of the tensor at `key`."""
+        return whole if self.part is None else self.part[1]
 
 
 def plain_view(model: torch.nn.Module, tied: dict[str, str]) -> dict[str, Source]:
     """HF name -> Source of a model trained as it is: its state_dict, tied aliases dropped (the receiver derives
     them)."""
     return {k: Source(k) for k in model.state_dict() if k not in tied}
+
+
+def checkpoint_view(model: torch.nn.Module, view: dict[str, Source], hf_model: Any = None) -> dict[str, Source]:
+    """The view under the names and shapes of the model's checkpoint files, which are what an engine loads.
+
+    transformers 5 holds some weights in memory in another layout than its checkpoints: a mixture of experts'
+    experts fused into one [experts, 2 * intermediate, hidden] `gate_up_proj` and one `down_proj` per layer,
+    where the checkpoint (and vLLM's loader) has `experts.{e}.gate_proj.weight` and so on. `save_pretrained`
+    undoes that with the model's reverse conversions (`revert_weight_conversion`); this runs the same
+    conversions once per distinct (name pattern, shape) on a tensor of its element indices, so the result says
+    which elements of the in-memory tensor make each checkpoint tensor, and keeps that as a strided part
+    (offset, shape, stride) of it. A model without conversions (dense Qwen2, Llama) keeps its view as it is.
+    model: the module whose state_dict holds the view's keys; hf_model: the transformers model under it (the
+    PEFT model's base model; default: model). A conversion that is not a pure re-layout is refused."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    out: dict[str, Source] = {}
+    recipes: dict[tuple[str, tuple[int, ...]], list[tuple[str, tuple[int, tuple[int, ...], tuple[int, ...]] | None]]] = {}
+    state = model.state_dict()
+    for name, src in view.items():
+        whole = tuple(state[src.key].shape) if src.key in state else None
+        if whole is None or src.part is not None:
+            out[name] = src
+            continue
+        pattern = (re.sub(r"\.\d+\.", ".#.", name), whole)
+        if pattern not in recipes:
+            recipes[pattern] = _recipe(revert_weight_conversion, hf_model or model, name, whole)
+        numbers = re.findall(r"\.(\d+)\.", name)
+        for tmpl, part in recipes[pattern]:
+            target = _fill(tmpl, numbers)
+            out[target] = src if part is None else dataclasses.replace(src, part=part)
+    return out
+
+
+def _recipe(revert: Any, model: torch.nn.Module, name: str, whole: tuple[int, ...]) -> list[tuple[str, Any]]:
+    """[(checkpoint name template, part or None)] of the tensor `name` of shape `whole`, found by converting a
+    tensor of element indices (float64: exact below 2**53)."""
+    numel = math.prod(whole)
+    index = torch.arange(numel, dtype=torch.float64).reshape(whole)
+    converted = revert(model, {name: index})
+    if list(converted) == [name] and converted[name] is index:
+        return [(_template(name), None)]
+    numbers = re.findall(r"\.(\d+)\.", name)
+    recipe = []
+    for target, t in converted.items():
+        flat = t.contiguous().reshape(-1).to(torch.int64)
+        if t.numel() == numel and torch.equal(flat, torch.arange(numel)) and tuple(t.shape) == whole:
+            recipe.append((_template(target, numbers), None))
+            continue
+        part = _as_strided(flat, tuple(t.shape))
+        if part is None:
+            raise ValueError(f"weight transfer: {name} -> {target} is not a strided part of {name}; "
+                             "this model's checkpoint conversion is not supported")
+        recipe.append((_template(target, numbers), part))
+    return recipe
+
+
+def _as_strided(flat: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+    """(offset, shape, stride) such that as_strided over the whole tensor gives the elements `flat` (in order), or
+    None if no strided pattern does."""
+    if flat.numel() == 0:
+        return None
+    idx = flat.reshape(shape)
+    offset = int(flat[0])
+    stride = []
+    for d, n in enumerate(shape):
+        if n == 1:
+            stride.append(0)
+            continue
+        step = idx.narrow(d, 1, 1) - idx.narrow(d, 0, 1)
+        stride.append(int(step.reshape(-1)[0]))
+    guess = torch.as_strided(torch.arange(int(flat.max()) + 1), shape, tuple(stride), offset)
+    return (offset, shape, tuple(stride)) if torch.equal(guess, idx) else None
+
+
+def _template(name: str, numbers: list[str] | None = None) -> str:
+    """A checkpoint name with the source name's layer numbers replaced by {0}, {1}, ... (other numbers, such as
+    an expert's, stay)."""
+    numbers = numbers if numbers is not None else re.findall(r"\.(\d+)\.", name)
+    parts = name.split(".")
+    k = 0
+    for i, p in enumerate(parts):
+        if k < len(numbers) and p == numbers[k]:
+            parts[i] = "{%d}" % k
+            k += 1
+    return ".".join(parts)
+
+
+def _fill(template: str, numbers: list[str]) -> str:
+    return template.format(*numbers)
 
 
 class WeightSender:
@@ -67,20 +167,37 @@ class WeightSender:
         self._thread: threading.Thread | None = None  # an overlapped send in progress
         self._finished = threading.Condition()
         self._results: dict[int, dict[str, float] | BaseException] = {}  # seq -> numbers or error, until asked
+        # The last whole tensor that parts were cut from (its Source's keys, the tensor), while its parts go out.
+        self._last: tuple[tuple[str | None, ...], torch.Tensor | None] | None = None
 
     def _full(self, state: dict[str, torch.Tensor], src: Source) -> torch.Tensor | None:
         """The whole tensor for one HF name in the generators' dtype, on rank 0 (None on the others). Under FSDP
         a collective of all learner ranks: every rank gathers the weight (and its adapter), in view order."""
-        parts = [_whole(state[k]) for k in (src.key, src.lora_a, src.lora_b) if k is not None]
+        keys = (src.key, src.lora_a, src.lora_b)
+        if self._last is not None and self._last[0] == keys:
+            whole = self._last[1]  # another part of the tensor just gathered (the next expert's): no new gather
+        else:
+            whole = self._merge(src, [_whole(state[k]) for k in keys if k is not None])
+            # Every rank keeps the same entry, so every rank skips the same gathers.
+            self._last = (keys, whole) if src.part is not None else None
+        if whole is None:
+            return None
+        if src.part is not None:
+            offset, shape, stride = src.part
+            whole = torch.as_strided(whole.contiguous(), shape, stride, offset).contiguous()
+        return whole.to(self.dtype)
+
+    def _merge(self, src: Source, parts: list[torch.Tensor]) -> torch.Tensor | None:
+        """The whole weight from its gathered parts (weight, and LoRA's A and B), on rank 0; None elsewhere."""
         if self.rank != 0:
             return None
         if src.lora_a is None:
-            return parts[0].detach().to(self.dtype)
+            return parts[0].detach()
         base, a, b = (t.detach() for t in parts)
         delta = b.float() @ a.float()
         if src.fan_in_fan_out:
             delta = delta.T
-        return (base.float() + src.scaling * delta).to(self.dtype)
+        return base.float() + src.scaling * delta
 
     def full_state(self) -> dict[str, torch.Tensor]:
         """Every tensor the generators load, whole, on rank 0's CPU ({} on the others; a collective under FSDP):
@@ -91,13 +208,14 @@ class WeightSender:
             t = self._full(state, src)
             if t is not None:
                 out[name] = t.cpu()
+        self._last = None
         return out
 
     def plan(self, bucket_mb: float) -> list[list[Any]]:
         """Cut the policy into buckets of at most bucket_mb; returns the plan in wire form (sent once). The
         shapes are the view's (a merged LoRA weight has its base weight's shape)."""
         state = self.model.state_dict()
-        shapes = [(name, self.dtype, tuple(state[src.key].shape)) for name, src in self.view.items()]
+        shapes = [(name, self.dtype, src.shape(tuple(state[src.key].shape))) for name, src in self.view.items()]
         self.buckets = plan_buckets(shapes, int(bucket_mb * MB))
         return plan_to_wire(self.buckets)
 
@@ -160,6 +278,7 @@ class WeightSender:
             stats["bytes"] += bucket.wire_bytes
         if in_flight is not None:
             stats["transfer_s"] += self._wait(*in_flight)
+        self._last = None
         return stats
 
     def _wait(self, works: list[Any], k: int) -> float:
