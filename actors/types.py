@@ -56,6 +56,9 @@ class Sample:
     versions: list[int] | None = None  # per completion token: the policy version that sampled it (-1 where the
     # model did not sample it); None: all of it the version the call was made under
     trajectory: Trajectory | None = None  # agentic rollouts only
+    routes: Any = None  # routing replay (grpo.router_replay R3): numpy int16 [prompt + completion tokens, layers,
+    # top_k], the experts the engine's MoE layers chose at each position (-1: not recorded, e.g. the last token,
+    # which the engine never computes); None: not recorded
 
     @property
     def policy_version(self) -> int | None:

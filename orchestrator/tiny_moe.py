@@ -5,9 +5,11 @@ config that trains `tiny` trains `tiny-moe` by changing the model name. Each dec
 block: NUM_EXPERTS experts, TOP_K chosen per token by a softmax router (Qwen2-MoE adds its shared expert and that
 expert's sigmoid gate). The active parameters per token are about the dense model's.
 
-`router_scale` shrinks the router weights: at 0.01 the router's logits are near ties, so the learner's and the
-engine's kernels, which add in different orders, disagree on some tokens' experts. That is the model on which
-routing replay has something to fix (tests/integration/generation/test_router_replay.py).
+`near_ties` builds routers whose experts come in groups of three with the same router row up to a relative
+NEAR_TIE_NOISE: whenever a group leads, which two of its three experts a token goes to is decided by rounding,
+so the learner's and the engine's kernels, which add in different orders, choose differently for some tokens.
+The experts themselves stay independent, so a flipped choice changes the token's output. That is the model on
+which routing replay has something to fix (tests/integration/generation/test_router_replay.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ MOE_INTERMEDIATE_SIZE = 128
 # Qwen2-MoE's always-on shared expert.
 SHARED_EXPERT_INTERMEDIATE_SIZE = 128
 HEAD_DIM = HIDDEN_SIZE // NUM_HEADS  # 64: vLLM's CPU attention kernels take 64, not 16
+# near_ties: experts grouped in threes (the last group two) sharing a router row, perturbed by this much per
+# weight: router logits then differ by about a float32 rounding of a HIDDEN_SIZE-long dot product.
+TIE_GROUP = 3
+NEAR_TIE_NOISE = 1e-7
 
 
 def moe_config(family: str = "qwen3_moe") -> Any:
@@ -65,7 +71,7 @@ def moe_config(family: str = "qwen3_moe") -> Any:
     raise ValueError(f"tiny MoE family {family!r}: one of {', '.join(FAMILIES)}")
 
 
-def build_tiny_moe(path: str | Path, family: str = "qwen3_moe", seed: int = 0, router_scale: float = 1.0) -> Path:
+def build_tiny_moe(path: str | Path, family: str = "qwen3_moe", seed: int = 0, near_ties: bool = False) -> Path:
     """Write a random tiny MoE (float32) plus the tiny tokenizer to `path`; returns the path."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
@@ -80,14 +86,16 @@ def build_tiny_moe(path: str | Path, family: str = "qwen3_moe", seed: int = 0, r
         for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.2)
-            if name.endswith("mlp.gate.weight"):
-                p.mul_(router_scale)
+            if near_ties and name.endswith("mlp.gate.weight"):  # [experts, hidden]
+                for first in range(0, p.shape[0], TIE_GROUP):
+                    group = p[first : first + TIE_GROUP]
+                    group.copy_(group[:1].expand_as(group) + NEAR_TIE_NOISE * torch.randn_like(group))
     model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
     model.save_pretrained(out)
     return out
 
 
-def ensure_tiny_moe(family: str = "qwen3_moe", router_scale: float = 1.0, cache_dir: str | Path | None = None) -> Path:
+def ensure_tiny_moe(family: str = "qwen3_moe", near_ties: bool = False, cache_dir: str | Path | None = None) -> Path:
     """Build a tiny MoE once into rayward's cache (as orchestrator/tiny.py: ensure_tiny_model)."""
-    name = f"tiny-{family.replace('_', '-')}-{CACHE_VERSION}" + ("" if router_scale == 1.0 else f"-r{router_scale:g}")
-    return ensure_cached(name, lambda d: build_tiny_moe(d, family, router_scale=router_scale), cache_dir)
+    name = f"tiny-{family.replace('_', '-')}{'-ties' if near_ties else ''}-{CACHE_VERSION}"
+    return ensure_cached(name, lambda d: build_tiny_moe(d, family, near_ties=near_ties), cache_dir)

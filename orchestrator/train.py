@@ -230,6 +230,25 @@ def _resume(run: Run, found: list[Path], mode: str | None) -> None:
             f"rayward: weight sync {stats.bytes / 1e6:.0f} MB in {stats.seconds:.2f}s; generator-learner "
             f"logprob parity after sync: max abs diff {gap:.2e}"
         )
+        check_parity(gap, cfg)
+
+
+# The default `logging.max_logprob_parity_gap` (nats), by model dtype: see its docstring.
+PARITY_LIMIT = {"float32": 1e-3, "bfloat16": 0.5, "float16": 0.5}
+
+
+def check_parity(gap: float, cfg: RunConfig) -> None:
+    """Stop before the first step when the generators and the learner disagree on the same weights by more than
+    the limit: every ratio and importance weight of the run would be computed against another model."""
+    limit = cfg.logging.max_logprob_parity_gap or PARITY_LIMIT[cfg.model.dtype]
+    if gap > limit:
+        raise ConfigError(
+            f"generator-learner logprob parity after the first weight sync is {gap:.2e} nats, above "
+            f"logging.max_logprob_parity_gap = {limit:g} ({cfg.model.dtype}): the engines do not compute what the "
+            "learner computes with the same weights (a sync that did not land, a layer the engine loads "
+            "differently, or routing that differs on a mixture of experts). Training on it trains on a mismatch. "
+            "Raise the limit, or set logging.check_logprob_parity: false, only if you know why they differ."
+        )
 
 
 def _sign_in() -> str:

@@ -69,9 +69,11 @@ class Generator:
         extra_engine_kwargs: dict[str, Any] | None = None,
         environments: Environments | None = None,
         agent: AgentSettings | None = None,
+        record_routes: bool = False,
     ) -> None:
         """environments, agent: an agentic run's environment pool (actors.envs.client.PoolEnvironments over the
-        pool actor's handle) and its settings; both or neither (then `rollout` is unavailable)."""
+        pool actor's handle) and its settings; both or neither (then `rollout` is unavailable). record_routes:
+        every Sample carries the experts the engine's MoE layers chose for its tokens (grpo.router_replay R3)."""
         import torch
 
         if (environments is None) != (agent is None):
@@ -129,6 +131,10 @@ class Generator:
             # generator cannot do). Multi-turn prompts are long and every agentic turn is seeded, so on CPU
             # every prompt is prefilled in one step.
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, CPU_BATCHED_TOKENS))
+        if record_routes:
+            # Positions served from the prefix cache are not computed, so their routing is not recorded: every
+            # prompt is computed whole (docs/moe.md).
+            kwargs["enable_prefix_caching"] = False
         kwargs.update(extra_engine_kwargs or {})
 
         def build() -> Any:  # on the loop's thread, which then computes every step and weight load
@@ -140,6 +146,10 @@ class Generator:
         if agent is not None:  # set up as TRL's trainer sets up its tokenizer for a tool run (the driver checked it)
             chat.prepare_tokenizer(self.tokenizer, dict(agent.chat_template_kwargs))
         self.tensor_parallel_size = tensor_parallel_size
+        self.routes = _no_routes
+        if record_routes:
+            self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_capture_routing"))
+            self.routes = self._take_routes
 
     def cpu_threads(self) -> str:
         """How this engine computes, for the start-up log."""
@@ -171,7 +181,8 @@ class Generator:
         # One batch, so vLLM schedules all prompts * n samples together.
         params = self._params(sampling, seeds, len(prompt_token_ids))
         requests = self.loop.submit_batch(prompt_token_ids, params, min_version=min_version, pin=pin)
-        return [_samples(out) for out in _results(requests)]
+        outs = _results(requests)
+        return [self.routes(out, p, _samples(out)) for out, p in zip(outs, prompt_token_ids, strict=True)]
 
     def _params(self, sampling: Sampling, seeds: list[int] | None, num_prompts: int) -> Any:
         """One SamplingParams for every prompt, or one per prompt with its seed."""
@@ -180,6 +191,22 @@ class Generator:
         if len(seeds) != num_prompts:
             raise ValueError(f"{len(seeds)} seeds for {num_prompts} prompts")
         return [self._sampling_params(**asdict(sampling), seed=s) for s in seeds]
+
+    def _take_routes(self, out: Any, prompt_ids: list[int], samples: list[Sample]) -> list[Sample]:
+        """The samples of one finished request with the routes the engine's workers recorded for each (TP ranks
+        route alike: rank 0's), cut or padded to prompt + completion tokens."""
+        import numpy as np
+
+        keys = [(out.request_id, len(out.outputs) > 1, comp.index) for comp in out.outputs]
+        routes = self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_take_routes", args=(keys,)))[0]
+        for s, r in zip(samples, routes, strict=True):
+            length = len(prompt_ids) + len(s.completion_ids)
+            if r is None:
+                continue
+            full = np.full((length, *r.shape[1:]), -1, dtype=np.int16)
+            full[: min(length, len(r))] = r[:length]
+            s.routes = full
+        return samples
 
     def ping(self) -> None:
         """The driver's hang check (called in the actor's health concurrency group, so it answers while a batch
@@ -203,7 +230,8 @@ class Generator:
         index = {r.request_id: i for i, r in enumerate(requests)}
         try:
             for done in finished:
-                groups = [(index[r.request_id], _samples(r.result())) for r in done]
+                groups = [(index[r.request_id], self.routes(r.result(), prompt_token_ids[index[r.request_id]],
+                                                            _samples(r.result()))) for r in done]
                 yield FinishedGroups(groups, time.perf_counter() - t0)
         finally:  # a consumer that stops early leaves nothing decoding
             for r in requests:
@@ -340,6 +368,10 @@ class Generator:
             log_z = m + math.log(sum(math.exp(v - m) for v in scaled.values()))
             result.append(scaled[tok] - log_z)
         return result
+
+
+def _no_routes(out: Any, prompt_ids: list[int], samples: list[Sample]) -> list[Sample]:
+    return samples
 
 
 def _results(requests: list[Request]) -> list[Any]:

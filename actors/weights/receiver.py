@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from actors.generation.vllm_compat import fix_cpu_moe_reload
+from actors.generation.vllm_compat import RoutingCapture, fix_cpu_moe_reload
 from actors.weights.collective import Bucket, WeightGroup, bucket_tensors, plan_from_wire, receive_buffers
 
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -50,6 +50,23 @@ class WeightSyncExtension:
             yield name, t
             if tie and name == EMBED:
                 yield LM_HEAD, t
+
+    # --- routing replay (grpo.router_replay: R3) -------------------------------------------------------
+
+    def rayward_capture_routing(self) -> int:
+        """Start recording every MoE layer's expert choices per request (actors/generation/vllm_compat.py);
+        returns the number of layers."""
+        if getattr(self, "_rayward_routing", None) is None:
+            self._rayward_routing = RoutingCapture(self)
+        return self._rayward_routing.num_layers
+
+    def rayward_take_routes(self, keys: list[tuple[str, bool, int]]) -> list[Any]:
+        """Each completion's recorded routes ([positions, layers, top_k] int16, -1 where none; RoutingCapture.take
+        says what a key is), forgotten here."""
+        capture = getattr(self, "_rayward_routing", None)
+        if capture is None:
+            raise RuntimeError("routes asked for, but this engine worker does not record routing")
+        return [capture.take(tuple(k)) for k in keys]
 
     # --- object-store backend ---------------------------------------------------------------------------
 
