@@ -180,6 +180,9 @@ class Rollouts:
     # per completion: its prompt's draw index in the run's prompt stream (-1: not a training prompt); with the
     # completion's place in its group, the sample's id. None: not tracked (records built by hand)
     prompt_index: list[int] | None = None
+    # routing replay (grpo.router_replay R3), per completion: Sample.routes (numpy int16 [prompt + completion
+    # tokens, layers, top_k]). None: not recorded
+    routes: list[Any] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -204,6 +207,7 @@ class Rollouts:
             trajectories=pick(self.trajectories),
             versions=pick(self.versions),
             prompt_index=pick(self.prompt_index),
+            routes=pick(self.routes),
         )
 
     def concat(self, other: Rollouts) -> Rollouts:
@@ -217,6 +221,7 @@ class Rollouts:
             trajectories=join(self.trajectories, other.trajectories),
             versions=join(self.versions, other.versions),
             prompt_index=join(self.prompt_index, other.prompt_index),
+            routes=join(self.routes, other.routes),
         )
 
     def reward_batch(self) -> RewardBatch:
@@ -355,8 +360,16 @@ class TrainBatch:
     # sequence, so later tokens see it, but out of the loss, the entropy, the vLLM IS correction and the loss-token
     # counts). None: every completion token is the model's.
     completion_mask: list[list[int]] | None = None
+    # Routing replay (grpo.router_replay R3), per completion: numpy int16 [prompt + completion tokens, layers,
+    # top_k], the experts the engine chose at each position (-1: none recorded). None: not recorded.
+    routes: list[Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.routes is not None:
+            for i, (r, p, c) in enumerate(zip(self.routes, self.prompt_ids, self.completion_ids, strict=True)):
+                if r is not None and len(r) != len(p) + len(c):
+                    raise ValueError(f"TrainBatch.routes[{i}]: {len(r)} positions for {len(p)} prompt + {len(c)} "
+                                     "completion tokens")
         if self.completion_mask is None:
             return
         if len(self.completion_mask) != len(self.completion_ids):

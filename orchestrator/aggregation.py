@@ -203,6 +203,7 @@ def advantage_batch(
         prompt_ids=rollouts.prompt_ids, completion_ids=rollouts.completion_ids,
         sampling_logprobs=rollouts.sampling_logprobs, advantages=adv.advantages.tolist(), truncated=rollouts.truncated,
         completion_mask=rollouts.completion_mask(),  # agentic: tool results and scaffold out of the loss
+        routes=rollouts.routes,  # routing replay (grpo.router_replay R3)
     )
     table: dict[str, list[Any]] = {"total": nan_to_none(adv.total.tolist()), "advantage": adv.advantages.tolist()}
     for k, name in enumerate(aggregator.names):

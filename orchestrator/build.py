@@ -172,6 +172,8 @@ def learner_spec(cfg: RunConfig, model_path: str) -> LearnerSpec:
         mask_truncated_completions=g.mask_truncated_completions,
         padding_free=g.padding_free,
         max_tokens_per_microbatch=g.max_tokens_per_microbatch,
+        router_replay=g.router_replay,
+        router_aux_loss_coef=g.router_aux_loss_coef,
     )
     return LearnerSpec(model=model, optim=optim, loss=loss_config(cfg), step=step, seed=cfg.seed)
 
@@ -193,7 +195,8 @@ def check_learner_model(cfg: RunConfig, model_path: str) -> None:
                 f"grpo.gradient_checkpointing_kwargs: {unknown} are not arguments of torch.utils.checkpoint.checkpoint "
                 f"(it takes {sorted(known)})"
             )
-    if not (g.gradient_checkpointing or cfg.model.lora or g.padding_free or cfg.model.attn_implementation):
+    if not (g.gradient_checkpointing or cfg.model.lora or g.padding_free or cfg.model.attn_implementation
+            or g.router_replay or g.router_aux_loss_coef):
         return
     from actors.learner.layout import packing_refusal
     from actors.learner.learner import meta_model
@@ -216,11 +219,32 @@ def check_learner_model(cfg: RunConfig, model_path: str) -> None:
             f"grpo.gradient_checkpointing: {type(model).__name__} does not support gradient checkpointing "
             "(transformers' supports_gradient_checkpointing is False); set grpo.gradient_checkpointing=false"
         )
+    check_moe(cfg, model)
     if cfg.model.lora is not None:
         try:
             apply_lora(model, lora_kwargs(cfg))
         except LoraError as err:
             raise ConfigError(f"model.lora.{err}") from None  # names the LoraConfig field at fault
+
+
+def check_moe(cfg: RunConfig, model: Any) -> None:
+    """grpo.router_replay and grpo.router_aux_loss_coef against the architecture (a meta-device model)."""
+    from actors.learner.routing import Replay, find_routers
+
+    g = cfg.grpo
+    moe = bool(find_routers(model))
+    if g.router_replay is not None:
+        if not moe:
+            raise ConfigError(f"grpo.router_replay: {type(model).__name__} is not a mixture of experts (no MoE "
+                              "router found); set grpo.router_replay: null")
+        try:
+            Replay(model)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    text_config = model.config.get_text_config()
+    if g.router_aux_loss_coef and not hasattr(text_config, "output_router_logits"):
+        raise ConfigError(f"grpo.router_aux_loss_coef: {type(model).__name__} is not a mixture-of-experts model that "
+                          "returns its router logits, so there is no auxiliary loss to weight (TRL refuses it too)")
 
 
 @dataclass
@@ -433,6 +457,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
             tensor_parallel_size=gen.tensor_parallel_size,
             cpu_share=generator_cpu_share(cfg),
             extra_engine_kwargs=engine or None,
+            record_routes=cfg.grpo.router_replay == "R3",
             **(agent or {}),
         ),
         per_actor_kwargs=[{"seed": cfg.seed + i} for i in range(c.num_generators)],

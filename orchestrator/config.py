@@ -325,6 +325,20 @@ class GRPOConfig(_Section):
     samples (its attention implementation and layer types, and a packed forward checked against the padded one
     when the learner starts), padded elsewhere, with a warning. true: packed, or an error where it cannot be.
     false: TRL's padded layout (prompts left-padded, completions right-padded)."""
+    router_replay: Literal["R2", "R3"] | None = None
+    """Mixture-of-experts policies: route the learner's tokens to the experts chosen elsewhere (docs/moe.md).
+    R3 (rollout routing replay, as veRL, slime and SkyRL name it): the engine records the experts every MoE layer
+    chose for every token it computed, the sample carries them ([tokens, layers, top_k] small integers), and every
+    learner forward of the step (old log-probs, policy, reference) routes those tokens there, so a near-tied router
+    that the two implementations break differently no longer moves the importance ratio. Prompt and tool tokens
+    replay the engine's prefill routing. The engine then computes every prompt whole (no prefix caching). R2: the
+    learner replays its own first-pass routing in the step's later iterations (num_iterations > 1). null: each
+    forward routes by its own router. Metrics with R3: `routing/agreement` (the fraction of model tokens' (token,
+    layer) expert sets the learner would have chosen alike) and `routing/logp_difference_without_replay/mean`."""
+    router_aux_loss_coef: float | None = Field(None, ge=0)
+    """Mixture-of-experts policies: the weight of the router's load-balancing auxiliary loss added to the GRPO
+    loss (TRL's name and rule: null takes the model config's `router_aux_loss_coef`, 0 turns it off; logged as
+    `aux_loss`). A dense model with a non-zero value is refused."""
     max_tokens_per_microbatch: int | None = Field(None, ge=1)
     """Cut each step's batch into micro-batches by tokens instead of by count: first-fit-decreasing bins of at
     most this many positions (prompt + completion tokens packed; rows x longest prompt + longest completion with

@@ -175,6 +175,8 @@ def to_rollouts(
                 out.columns[c].append(row[c])
     if agentic:
         out.trajectories = [s.trajectory for s in samples]
+    if any(s.routes is not None for s in samples):
+        out.routes = [s.routes for s in samples]
     if any(s.versions is not None for s in samples):
         out.versions = [s.versions if s.versions is not None else [policy_version] * len(s.completion_ids)
                         for s in samples]

@@ -19,12 +19,12 @@ from typing import Any
 
 from orchestrator.tiny import (
     HIDDEN_SIZE,
+    IM_END,
     MAX_POSITIONS,
     NUM_HEADS,
     NUM_KV_HEADS,
     NUM_LAYERS,
     PAD_TOKEN,
-    IM_END,
     SPECIAL_TOKENS,
     TIE_WORD_EMBEDDINGS,
     VOCAB_SIZE,

@@ -26,7 +26,9 @@ def fix_cpu_moe_reload() -> None:
     prepack on updates too; the layerwise reload then copies the packed result into the kernel's storage."""
     try:
         from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-        from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+        from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+            UnquantizedFusedMoEMethod,
+        )
     except ImportError:  # a vLLM without CPU MoE experts has nothing to fix
         return
     original = UnquantizedFusedMoEMethod._setup_kernel

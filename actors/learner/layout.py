@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -75,6 +76,9 @@ class Padded:
     position_ids: Tensor  # [B, P + T]: counted from each row's first real token
     targets: Tensor  # [B, T]: each completion, right-padded
     real_tokens: int  # prompt + completion tokens of its samples
+    # [B, P + T]: each position's index into its samples' sequences (prompt + completion) laid end to end, -1 at
+    # pad: where per-token records of the samples (routing replay's routes) go in this layout
+    source: Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -85,11 +89,13 @@ class Padded:
         """Positions the forward computes, pad included."""
         return self.input_ids.numel()
 
-    def logits(self, model: torch.nn.Module) -> Tensor:
-        """[B, T, V]: position P - 1 + j predicts completion token j."""
+    def logits(self, model: torch.nn.Module, **extra: Any) -> tuple[Tensor, Tensor | None]:
+        """[B, T, V]: position P - 1 + j predicts completion token j; and the model's aux_loss (MoE, with
+        output_router_logits in `extra`) or None."""
         t = self.targets.shape[1]
-        return model(input_ids=self.input_ids, attention_mask=self.attention_mask, position_ids=self.position_ids,
-                     logits_to_keep=t + 1, use_cache=False).logits[:, :-1]
+        out = model(input_ids=self.input_ids, attention_mask=self.attention_mask, position_ids=self.position_ids,
+                    logits_to_keep=t + 1, use_cache=False, **extra)
+        return out.logits[:, :-1], getattr(out, "aux_loss", None)
 
     def unflatten(self, values: Tensor) -> Tensor:
         return values  # already [B, T]
@@ -98,15 +104,19 @@ class Padded:
 def pad(prompts: list[list[int]], completions: list[list[int]], pad_id: int, device: torch.device) -> Padded:
     p_max = max(len(p) for p in prompts)
     t_max = max(max(len(c) for c in completions), 1)
-    ids, attn, tgt = [], [], []
+    ids, attn, tgt, src = [], [], [], []
+    start = 0
     for p, c in zip(prompts, completions, strict=True):
+        n = len(p) + len(c)
+        src.append([-1] * (p_max - len(p)) + list(range(start, start + n)) + [-1] * (t_max - len(c)))
+        start += n
         ids.append([pad_id] * (p_max - len(p)) + p + c + [pad_id] * (t_max - len(c)))
         attn.append([0] * (p_max - len(p)) + [1] * (len(p) + len(c)) + [0] * (t_max - len(c)))
         tgt.append(c + [0] * (t_max - len(c)))
     attention_mask = _ids(attn, device)
     positions = (attention_mask.cumsum(1) - 1).clamp(min=0)
     real = sum(len(p) + len(c) for p, c in zip(prompts, completions, strict=True))
-    return Padded(_ids(ids, device), attention_mask, positions, _ids(tgt, device), real)
+    return Padded(_ids(ids, device), attention_mask, positions, _ids(tgt, device), real, _ids(src, device))
 
 
 @dataclass(frozen=True)
@@ -121,16 +131,18 @@ class Packed:
     offset: Tensor  # [M]: its index in that sample's completion (column of [B, T])
     shape: tuple[int, int]  # (B, T) of the padded layout
     real_tokens: int
+    source: Tensor | None = None  # [R, N]: as Padded.source
 
     @property
     def positions(self) -> int:
         return self.input_ids.numel()
 
-    def logits(self, model: torch.nn.Module) -> Tensor:
-        """[M, V]: the output head run on the `keep` positions only."""
+    def logits(self, model: torch.nn.Module, **extra: Any) -> tuple[Tensor, Tensor | None]:
+        """[M, V]: the output head run on the `keep` positions only; and the model's aux_loss, as Padded's."""
         with head_only(model, self.keep):
-            return model(input_ids=self.input_ids, position_ids=self.position_ids, attention_mask=None,
-                         logits_to_keep=0, use_cache=False).logits[0]
+            out = model(input_ids=self.input_ids, position_ids=self.position_ids, attention_mask=None,
+                        logits_to_keep=0, use_cache=False, **extra)
+        return out.logits[0], getattr(out, "aux_loss", None)
 
     def unflatten(self, values: Tensor) -> Tensor:
         """[M] per completion token -> [B, T] (0 at the padded layout's pad), differentiably."""
@@ -149,6 +161,8 @@ def pack(
     width = max(b.tokens for b in bins)
     ids: list[list[int]] = []
     pos: list[list[int]] = []
+    src: list[list[int]] = []
+    starts = [sum(lens[:i]) for i in range(len(lens))]  # each sample's first index in the samples laid end to end
     keep, targets, sample, offset = [], [], [], []
     for r, b in enumerate(bins):
         row: list[int] = []
@@ -160,11 +174,12 @@ def pack(
             sample += [i] * len(c)
             offset += range(len(c))
             row += p + c
+        src.append([j for i in b.rows for j in range(starts[i], starts[i] + lens[i])] + [-1] * (width - len(row)))
         ids.append(row + [pad_id] * (width - len(row)))
         pos.append([j for i in b.rows for j in range(lens[i])] + list(range(width - len(row))))
     t_max = max(max(len(c) for c in completions), 1)
     return Packed(_ids(ids, device), _ids(pos, device), _ids(keep, device), _ids(targets, device),
-                  _ids(sample, device), _ids(offset, device), (len(prompts), t_max), sum(lens))
+                  _ids(sample, device), _ids(offset, device), (len(prompts), t_max), sum(lens), _ids(src, device))
 
 
 @contextlib.contextmanager

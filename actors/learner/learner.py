@@ -50,6 +50,7 @@ from actors.learner.layout import VARLEN_ATTENTION, Packed, Padded, pack, packin
 from actors.learner.lora import apply_lora, merged_view
 from actors.learner.loss import LossInputs, loss_fn, vllm_importance_weights
 from actors.learner.micro_batches import MicroBatchPlan, plan_micro_batches
+from actors.learner.routing import Replay, agreement, aux_loss_coef, layout_flags, layout_routes
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, ParallelSpec
 from actors.types import TrainBatch, TrainerState, TrainResult
 from actors.weights.sender import WeightSender, checkpoint_view, plain_view
@@ -165,6 +166,12 @@ class Learner:
         base = self.model.get_base_model() if self.lora is not None else self.model
         view = checkpoint_view(self.model, view, base)
         self.weights = WeightSender(self.model, view=view, dtype=self.dtype, rank=rank, device=self.device)
+        # Mixture of experts: routing replay (actors/learner/routing.py) and the load-balancing loss (TRL's rule).
+        mode = spec.step.router_replay
+        others = [self.ref_model] if self.ref_model is not None else []
+        self.replay = Replay(self.model, *others) if mode is not None else None
+        self.aux_coef = aux_loss_coef(self.model, spec.step.router_aux_loss_coef)
+        self._aux: torch.Tensor | None = None  # the last policy forward's aux_loss
 
     # --- construction, in the order __init__ calls them ------------------------------------------------
 
@@ -305,15 +312,17 @@ class Learner:
         return self._pack(prompts, completions) if self.packed else self._pad(prompts, completions)
 
     def _forward_logps(
-        self, model: torch.nn.Module, rows: Packed | Padded, with_entropy: bool
+        self, model: torch.nn.Module, rows: Packed | Padded, with_entropy: bool, with_aux: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs of the completion tokens at `temperature`: [B, T] (T = longest completion),
-        and per-token entropy [B, T] if asked; 0 at the padded layout's pad positions when packed.
+        and per-token entropy [B, T] if asked; 0 at the padded layout's pad positions when packed. with_aux: the
+        forward also returns a mixture of experts' load-balancing loss, kept in self._aux.
 
         Either layout computes the logits of the positions that predict completion tokens only (the padded one: the
         last T + 1 of each row): the lm_head, a large share of a small model's compute (a 32k x 768 matrix is a
         quarter of a 100M model), never runs on prompt positions."""
-        logits = rows.logits(model)  # [B, T, V] padded, [M, V] packed
+        extra = {"output_router_logits": True} if with_aux else {}
+        logits, self._aux = rows.logits(model, **extra)  # [B, T, V] padded, [M, V] packed
         # [.., V] tensors are the largest a long completion makes (a 32k vocabulary at T = 512: 64 MB per row),
         # so none is made that is not needed: no copy for float32 at temperature 1, the logits freed once the
         # log-softmax (which autograd keeps) exists, the entropy's product computed in place.
@@ -355,44 +364,21 @@ class Learner:
         frozen: list[LossInputs | None] = [None] * len(plan.slots)  # each real slot's inputs bar the live logp
         sums: dict[str, list[float]] = defaultdict(list)
         losses, norms = [], []
+        routes = self._batch_routes(batch, plan, rows)  # R3: per micro-batch, the engine's; R2: filled at the 1st pass
         for it in range(step.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             total_loss = 0.0
             for s, slot in enumerate(plan.slots):
                 idx, mb = plan.micro_batches[slot.micro_batch], rows[slot.micro_batch]
                 first = it == 0
-                logp, entropy = self._forward_logps(self.model, mb, with_entropy=first and not slot.padding)
-                if slot.padding:  # zero gradient through every sharded unit; the ref forward keeps the lockstep too
-                    if first:
-                        self._ref_logps(mb)
-                    (logp * 0.0).sum().backward()
-                    continue
-                mask = masks[slot.micro_batch]
-                if first:  # old / ref / IS terms frozen at the first pass (no optimizer step has happened yet)
-                    sampling = [batch.sampling_logprobs[i] for i in idx]
-                    is_weights, is_metrics = self._is_weights(logp.detach(), sampling, mask,
-                                                              by_turn=batch.completion_mask is not None)
-                    for k, v in is_metrics.items():
+                if first and step.router_replay == "R3":  # every slot: a forward is a collective under FSDP
+                    metrics = self._routing_metrics(batch, idx, mb, masks[slot.micro_batch], routes[slot.micro_batch])
+                    for k, v in metrics.items() if not slot.padding else ():
                         sums[k].append(v)
-                    sums["entropy"].append(((entropy * mask).sum() / mask.sum().clamp(min=1)).item())
-                    frozen[s] = LossInputs(
-                        logp.detach(),  # replaced by the live logp on every pass
-                        old_logp=logp.detach() if step.num_iterations > 1 else None,
-                        advantages=torch.tensor([batch.advantages[i] for i in idx], dtype=torch.float32,
-                                                device=self.device),
-                        mask=mask,
-                        ref_logp=self._ref_logps(mb),
-                        is_weights=is_weights,
-                        num_items_in_batch=num_items,
-                        grad_accum_steps=plan.grad_accum_steps,
-                        num_sequences=len(batch),
-                    )
-                result = self.loss(dataclasses.replace(frozen[s], logp=logp))
-                result.loss.backward()
-                total_loss += result.loss.item()
-                for k, v in result.metrics.items():
-                    if not torch.isnan(v):
-                        sums[k].append(v.item())
+                with self._routing(routes, slot.micro_batch, first) as recorded:
+                    total_loss += self._slot(batch, plan, slot, s, idx, mb, first, masks, num_items, frozen, sums)
+                if recorded is not None and not slot.padding:
+                    routes[slot.micro_batch] = self.replay.stack(recorded)  # R2: replayed by the later passes
             grad_norm = self._clip()
             self.weights.settle()  # an overlapped weight send reads the parameters until it is done
             self.optimizer.step()
@@ -406,6 +392,112 @@ class Learner:
         compute_s = time.perf_counter() - t0
         out.update(self._throughput_metrics(plan, rows, batch, compute_s))
         return TrainResult(global_step=self.global_step, metrics=out, num_tokens=float(num_items), compute_s=compute_s)
+
+    def _slot(
+        self, batch: TrainBatch, plan: MicroBatchPlan, slot: Any, s: int, idx: list[int], mb: Packed | Padded,
+        first: bool, masks: list[torch.Tensor], num_items: Any, frozen: list[LossInputs | None],
+        sums: dict[str, list[float]],
+    ) -> float:
+        """One slot's forward and backward; returns its loss. At the first pass (`first`) the old, reference and
+        importance-sampling terms are frozen into frozen[s] and the step's per-sample metrics go to `sums`."""
+        logp, entropy = self._forward_logps(self.model, mb, with_entropy=first and not slot.padding,
+                                            with_aux=bool(self.aux_coef))
+        if slot.padding:  # zero gradient through every sharded unit; the ref forward keeps the lockstep too
+            if first:
+                self._ref_logps(mb)
+            loss = (logp * 0.0).sum()
+            if self._aux is not None:
+                loss = loss + self._aux * 0.0
+            loss.backward()
+            return 0.0
+        mask = masks[slot.micro_batch]
+        if first:  # old / ref / IS terms frozen at the first pass (no optimizer step has happened yet)
+            sampling = [batch.sampling_logprobs[i] for i in idx]
+            is_weights, is_metrics = self._is_weights(logp.detach(), sampling, mask,
+                                                      by_turn=batch.completion_mask is not None)
+            for k, v in is_metrics.items():
+                sums[k].append(v)
+            sums["entropy"].append(((entropy * mask).sum() / mask.sum().clamp(min=1)).item())
+            frozen[s] = LossInputs(
+                logp.detach(),  # replaced by the live logp on every pass
+                old_logp=logp.detach() if self.spec.step.num_iterations > 1 else None,
+                advantages=torch.tensor([batch.advantages[i] for i in idx], dtype=torch.float32,
+                                        device=self.device),
+                mask=mask,
+                ref_logp=self._ref_logps(mb),
+                is_weights=is_weights,
+                num_items_in_batch=num_items,
+                grad_accum_steps=plan.grad_accum_steps,
+                num_sequences=len(batch),
+            )
+        result = self.loss(dataclasses.replace(frozen[s], logp=logp))
+        loss = result.loss
+        if self._aux is not None:  # TRL: coef x aux_loss / gradient accumulation steps, logged as aux_loss
+            loss = loss + self.aux_coef * self._aux / plan.grad_accum_steps
+            sums["aux_loss"].append(self._aux.item())
+        loss.backward()
+        for k, v in result.metrics.items():
+            if not torch.isnan(v):
+                sums[k].append(v.item())
+        return result.loss.item()
+
+    # --- routing replay (mixture of experts) -----------------------------------------------------------
+
+    def _batch_routes(self, batch: TrainBatch, plan: MicroBatchPlan, rows: dict[int, Packed | Padded]
+                      ) -> dict[int, torch.Tensor | None]:
+        """R3: each micro-batch's routes in its layout, from the engine's (TrainBatch.routes). R2 and no replay:
+        empty (R2 fills it at the first pass)."""
+        if self.replay is None or self.spec.step.router_replay != "R3":
+            return {}
+        if batch.routes is None:
+            raise ValueError("grpo.router_replay R3: the batch carries no routes (the generators did not record "
+                             "them)")
+        out: dict[int, torch.Tensor | None] = {}
+        for j, mb in rows.items():
+            idx = plan.micro_batches[j]
+            lengths = [len(batch.prompt_ids[i]) + len(batch.completion_ids[i]) for i in idx]
+            out[j] = layout_routes(mb.source, [batch.routes[i] for i in idx], lengths, self.replay.num_layers,
+                                   self.replay.top_k)
+        return out
+
+    @contextlib.contextmanager
+    def _routing(self, routes: dict[int, torch.Tensor | None], j: int, first: bool
+                 ) -> Iterator[dict[int, torch.Tensor] | None]:
+        """Around one slot's forward and backward: replay micro-batch j's routes if there are any; R2's first pass
+        records instead (yields the recording; None otherwise)."""
+        if self.replay is None:
+            yield None
+        elif self.spec.step.router_replay == "R2" and first:
+            with self.replay.recording() as recorded:
+                yield recorded
+        else:
+            with self.replay.replaying(routes.get(j)):
+                yield None
+
+    @torch.no_grad()
+    def _routing_metrics(self, batch: TrainBatch, idx: list[int], mb: Packed | Padded, mask: torch.Tensor,
+                         routes: torch.Tensor | None) -> dict[str, float]:
+        """R3, at the first pass: one forward without replay, recording the learner's own routing: the fraction of
+        model tokens' (token, layer) expert sets equal to the engine's, and the logprob gap to the sampler without
+        replay (the trained one, with replay, is sampling/sampling_logp_difference)."""
+        assert self.replay is not None
+        with _eval(self.model), self.replay.recording() as recorded:
+            logp, _ = self._forward_logps(self.model, mb, with_entropy=False)
+        if routes is None:
+            return {}
+        own = self.replay.stack(recorded)
+        flags = []
+        for r, i in enumerate(idx):
+            model_tokens = mask[r, : len(batch.completion_ids[i])].bool().tolist()
+            flags.append([False] * len(batch.prompt_ids[i]) + model_tokens)
+        where = layout_flags(mb.source, flags)
+        agree, pairs = agreement(own, routes, where)
+        out = {"routing/agreement": agree} if pairs else {}
+        _, gap = self._is_weights(logp, [batch.sampling_logprobs[i] for i in idx], mask, apply=False)
+        if "sampling/sampling_logp_difference/mean" in gap:
+            out["routing/logp_difference_without_replay/mean"] = gap["sampling/sampling_logp_difference/mean"]
+            out["routing/logp_difference_without_replay/max"] = gap["sampling/sampling_logp_difference/max"]
+        return out
 
     def _plan(self, batch: TrainBatch) -> MicroBatchPlan:
         """This step's micro-batches and this rank's slots; warns about samples longer than the token budget."""
@@ -511,13 +603,15 @@ class Learner:
                 return self._forward_logps(self.model, rows, with_entropy=False)[0]
 
     def _is_weights(
-        self, old: torch.Tensor, sampling: list[list[float]], mask: torch.Tensor, by_turn: bool = False
+        self, old: torch.Tensor, sampling: list[list[float]], mask: torch.Tensor, by_turn: bool = False,
+        apply: bool = True,
     ) -> tuple[torch.Tensor | None, dict[str, float]]:
         """Importance weights for the sampler-learner mismatch ([B, T] or [B, 1]; None without the correction), and
         their metrics with the logprob gap (the alarm for stale or garbage weights after a sync). old: [B, T] the
         learner's log-probs at the first pass; sampling: each row's vLLM log-probs; mask: [B, T] loss tokens.
         by_turn (multi-turn completions): the gap's max also per model turn (`.../max/turn_<k>`): a gap that grows
-        with the turn is the sign of ids that drifted from what the engine saw."""
+        with the turn is the sign of ids that drifted from what the engine saw. apply False: the gap's metrics
+        only."""
         samp = torch.full_like(old, float("nan"))
         for r, lp in enumerate(sampling):
             samp[r, : len(lp)] = torch.tensor(lp, dtype=samp.dtype)
@@ -535,7 +629,7 @@ class Learner:
                     if here.any():
                         metrics[f"sampling/sampling_logp_difference/max/turn_{k}"] = gaps[here].max().item()
         correction = self.loss_config.vllm_importance_sampling
-        if correction is None:
+        if correction is None or not apply:
             return None, metrics
         w = vllm_importance_weights(old, samp, mask, correction)
         wv = w[mask > 0] if w.shape == mask.shape else w.flatten()

@@ -59,13 +59,15 @@ class Replay:
     `recording()`, they report the experts they chose. Works on a PEFT-wrapped or FSDP-sharded model: the routers are
     found by name, and the patch is on the module instances."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, *others: torch.nn.Module) -> None:
+        """model: the policy; others: models that replay the same routes (a separate reference model)."""
         self.routers = find_routers(model)
         if not self.routers:
             raise ValueError(f"grpo.router_replay: {type(model).__name__} has no mixture-of-experts router")
-        for layer, router in self.routers.items():
-            _check_router(router)
-            _patch(router, layer, self)
+        for m in (model, *others):
+            for layer, router in find_routers(m).items():
+                _check_router(router)
+                _patch(router, layer, self)
         self.routes: torch.Tensor | None = None  # [tokens, layers, top_k] while replaying
         self.recorded: dict[int, torch.Tensor] | None = None  # layer -> [tokens, top_k] while recording
 
@@ -89,7 +91,7 @@ class Replay:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[dict[int, torch.Tensor]]:
-        """Inside, every router's choice is kept: {layer: [tokens, top_k]} (of the last forward)."""
+        """Inside, every router's choice is kept: {layer: [tokens, top_k]} (of the first forward inside)."""
         previous, self.recorded = self.recorded, {}
         try:
             yield self.recorded
@@ -123,7 +125,8 @@ def _patch(router: torch.nn.Module, layer: int, replay: Replay) -> None:
         logits, scores, indices = out
         if replay.routes is not None:
             indices, scores = _replayed(router, logits, indices, scores, replay.routes[:, layer])
-        if replay.recorded is not None:
+        if replay.recorded is not None and layer not in replay.recorded:
+            # The first forward's (the policy's): a reference forward or a checkpointed recompute may follow.
             replay.recorded[layer] = indices.detach()
         return logits, scores, indices
 
@@ -158,3 +161,37 @@ def agreement(own: torch.Tensor, routes: torch.Tensor, where: torch.Tensor) -> t
         return float("nan"), 0
     same = (own.sort(-1).values == routes.sort(-1).values).all(-1)
     return float(same[have].float().mean()), int(have.sum())
+
+
+def layout_routes(source: torch.Tensor, per_sample: list[Any], lengths: list[int], num_layers: int,
+                  top_k: int) -> torch.Tensor:
+    """Per-sample routes ([length_i, layers, top_k] numpy int16, or None) as routes of a micro-batch's layout:
+    [positions, layers, top_k] for the layout's `source` ([R, N] index into the samples laid end to end, -1 at
+    pad), NO_ROUTE where there is none."""
+    import numpy as np
+
+    parts = [np.full((n, num_layers, top_k), NO_ROUTE, dtype=np.int16) if r is None else r
+             for r, n in zip(per_sample, lengths, strict=True)]
+    flat = torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, num_layers, top_k, dtype=torch.int16)
+    src = source.reshape(-1).cpu()
+    out = flat[src.clamp(min=0)]
+    out[src < 0] = NO_ROUTE
+    return out
+
+
+def layout_flags(source: torch.Tensor, per_sample: list[list[bool]]) -> torch.Tensor:
+    """Per-sample per-position flags laid out as `source` ([R, N]) flattened: [positions] bool, False at pad."""
+    flat = torch.tensor([f for flags in per_sample for f in flags], dtype=torch.bool)
+    src = source.reshape(-1).cpu()
+    return flat[src.clamp(min=0)] & (src >= 0)
+
+
+def aux_loss_coef(model: torch.nn.Module, coef: float | None) -> float:
+    """The load-balancing loss weight by TRL's rule: `coef`, or the model config's `router_aux_loss_coef` when
+    None; 0.0 for a model that returns no router logits (a dense one)."""
+    text = model.config.get_text_config()
+    if not hasattr(text, "output_router_logits"):
+        if coef:
+            raise ValueError(f"router_aux_loss_coef {coef}: {type(model).__name__} returns no router logits")
+        return 0.0
+    return float(getattr(text, "router_aux_loss_coef", 0.0) or 0.0) if coef is None else float(coef)

@@ -55,6 +55,11 @@ class StepSpec:
     # Micro-batches as token-budget bins of at most this many positions (actors/learner/micro_batches.py), in
     # place of micro_batch_size rows; None: micro_batch_size rows.
     max_tokens_per_microbatch: int | None = None
+    # Mixture-of-experts policies (actors/learner/routing.py): "R3" replays the engine's routes (TrainBatch.routes),
+    # "R2" the learner's own first-pass routing; None: each forward routes itself.
+    router_replay: str | None = None
+    # The load-balancing auxiliary loss's weight (TRL's rule: None = the model config's; 0: off).
+    router_aux_loss_coef: float | None = None
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ def _template(name: str, numbers: list[str] | None = None) -> str:
     k = 0
     for i, p in enumerate(parts):
         if k < len(numbers) and p == numbers[k]:
-            parts[i] = "{%d}" % k
+            parts[i] = f"{{{k}}}"
             k += 1
     return ".".join(parts)
 

@@ -81,7 +81,7 @@ def test_packed_and_padded_forwards_give_the_same_logprobs(tiny_model_path, impl
     logps = []
     with torch.no_grad():
         for rows in (pad(prompts, comps, 0, CPU), pack(prompts, comps, 0, CPU, one_row=one_row)):
-            lp = torch.log_softmax(rows.logits(model), -1).gather(-1, rows.targets.unsqueeze(-1)).squeeze(-1)
+            lp = torch.log_softmax(rows.logits(model)[0], -1).gather(-1, rows.targets.unsqueeze(-1)).squeeze(-1)
             logps.append(rows.unflatten(lp) * mask)
     assert logps[1].shape == (6, 12)
     # float32, the same weights: packed and padded differ in the order the attention adds and in the matmuls'
@@ -96,7 +96,7 @@ def test_the_head_runs_on_completion_positions_only(tiny_model_path):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
     rows = pack([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], 0, CPU, one_row=False)
     with torch.no_grad():
-        assert rows.logits(model).shape == (5, 512)  # [completion tokens, vocabulary]
+        assert rows.logits(model)[0].shape == (5, 512)  # [completion tokens, vocabulary]
     assert model.get_output_embeddings()._forward_pre_hooks == {}  # the gather hook is gone afterwards
 
 

@@ -198,15 +198,15 @@ def test_padding_frac_counts_the_pad_the_forwards_computed(tiny_model_path):
     assert metrics["learner/tokens_per_s"] > 0 and metrics["learner/micro_batches"] == 1.0
 
 
-def _logits_without_use_cache(self, model):  # the bug the probe is for: use_cache left to the model's config
+def _logits_without_use_cache(self, model, **extra):  # the bug the probe is for: use_cache left to the model's config
     with layout.head_only(model, self.keep):
-        return model(input_ids=self.input_ids, position_ids=self.position_ids, logits_to_keep=0).logits[0]
+        return model(input_ids=self.input_ids, position_ids=self.position_ids, logits_to_keep=0).logits[0], None
 
 
-def _logits_with_a_mask(self, model):  # an all-ones attention mask also hides where samples start
+def _logits_with_a_mask(self, model, **extra):  # an all-ones attention mask also hides where samples start
     with layout.head_only(model, self.keep):
         return model(input_ids=self.input_ids, position_ids=self.position_ids, use_cache=False, logits_to_keep=0,
-                     attention_mask=torch.ones_like(self.input_ids)).logits[0]
+                     attention_mask=torch.ones_like(self.input_ids)).logits[0], None
 
 
 @pytest.mark.parametrize("broken", [_logits_without_use_cache, _logits_with_a_mask])
