@@ -36,7 +36,14 @@ from actors.types import Sampling, TrainerState
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
-from orchestrator.config import TINY_MODEL, TINY_TOOLS_MODEL, ConfigError, RewardConfig, RunConfig
+from orchestrator.config import (
+    TINY_MODEL,
+    TINY_MOE_MODELS,
+    TINY_TOOLS_MODEL,
+    ConfigError,
+    RewardConfig,
+    RunConfig,
+)
 from orchestrator.data import Prompt, PromptSource, agentic, eval_prompts, training_rows
 from orchestrator.environments import AgentSetup, env_reward_spec, prepare_agent
 from orchestrator.eval_metrics import Best, EvalSchedule
@@ -63,6 +70,11 @@ def resolve_model(cfg: RunConfig) -> str:
         from orchestrator.tiny_tools import ensure_tiny_tool_model
 
         return str(ensure_tiny_tool_model())
+    if cfg.model.name_or_path in TINY_MOE_MODELS:
+        from orchestrator.tiny_moe import ensure_tiny_moe
+
+        family, near_ties = TINY_MOE_MODELS[cfg.model.name_or_path]
+        return str(ensure_tiny_moe(family, near_ties=near_ties))
     return cfg.model.name_or_path
 
 

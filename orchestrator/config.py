@@ -109,6 +109,9 @@ ScheduledFloat = float | Schedule
 
 TINY_MODEL = "tiny"
 TINY_TOOLS_MODEL = "tiny-tools"  # the tiny model warmed up to call tools (orchestrator/tiny_tools.py)
+# The tiny mixtures of experts (orchestrator/tiny_moe.py): name -> (family, near_ties)
+TINY_MOE_MODELS = {"tiny-moe": ("qwen3_moe", False), "tiny-qwen2-moe": ("qwen2_moe", False),
+                   "tiny-moe-ties": ("qwen3_moe", True)}
 # Run names become Ray namespaces, actor names and directory names: lower-case DNS-label characters only.
 RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9\-]{0,62}$"
 
@@ -156,7 +159,9 @@ class ModelConfig(_Section):
     name_or_path: str = TINY_MODEL
     """HF model directory or hub id of the policy. `tiny` builds rayward's offline tiny model (random
     Qwen2-style, head_dim 64) into the cache on first use; `tiny-tools` the same model warmed up to call the box
-    task's tools (configs/tools.yaml)."""
+    task's tools (configs/tools.yaml); `tiny-moe` and `tiny-qwen2-moe` random mixtures of experts of its size
+    (Qwen3-MoE, Qwen2-MoE: 8 experts, top-2; configs/moe.yaml), `tiny-moe-ties` a Qwen3-MoE whose routers are
+    near ties (docs/moe.md)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype in the learner and the generators. float32 on CPU (vLLM-CPU and the learner then agree in
     logprobs to rounding: the parity check after the first sync prints the gap); bfloat16 is the usual choice on

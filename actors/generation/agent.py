@@ -172,6 +172,9 @@ class TurnSettings:
     min_version: int | None = None  # `EngineLoop.submit`'s, for every turn
     pin: bool = False  # no weight load changes the version from the engine's reaching min_version to the
     # call's end, between turns too (`EngineLoop.pinned`: an eval)
+    # Routing replay (grpo.router_replay R3): a finished turn's request -> the experts the engine chose at each
+    # position it computed (numpy int16 [positions, layers, top_k], -1 where none). None: not recorded.
+    routes: Callable[[Request], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_tokens < 1:
@@ -199,14 +202,16 @@ class SampledTurn:
     logprobs: list[float]
     versions: list[int]
     finish_reason: str | None  # vLLM's: "length" when max_tokens cut it
+    routes: Any = None  # TurnSettings.routes of its request: positions of the whole conversation so far
 
     @classmethod
-    def of(cls, request: Request) -> SampledTurn:
+    def of(cls, request: Request, routes: Callable[[Request], Any] | None = None) -> SampledTurn:
         """The turn of a finished request (n=1; raises CancelledError for an aborted one)."""
         completion = request.result().outputs[0]
         ids = list(completion.token_ids)
         logprobs = [step[tok].logprob for tok, step in zip(ids, completion.logprobs, strict=True)]
-        return cls(ids, logprobs, token_versions(completion), completion.finish_reason)
+        return cls(ids, logprobs, token_versions(completion), completion.finish_reason,
+                   routes(request) if routes is not None else None)
 
 
 @dataclass
@@ -228,6 +233,10 @@ class TrajectoryRecord:
     turn_ids: list[int] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)  # the completion as chat messages
     counts: TrajectoryCounts = field(default_factory=TrajectoryCounts)
+    # Routing replay: per position of `ids`, the experts of the first engine request that computed it (a model
+    # token: the turn that sampled it; a prompt, tool or scaffold token: the prefill of the first turn whose
+    # prompt held it); -1 where none did. None: not recorded.
+    routes: Any = None
 
     @property
     def started(self) -> bool:
@@ -242,6 +251,8 @@ class TrajectoryRecord:
     def append_turn(self, sampled: SampledTurn) -> chat.Turn:
         """Append one model turn (sampled after `ids`); returns it as the model wrote it: message, calls."""
         turn = chat.parse_turn(self.tokenizer, sampled.ids, self.ids, self.tools)
+        if sampled.routes is not None:
+            self.routes = merge_routes(self.routes, sampled.routes)
         self._append(sampled.ids, sampled.logprobs, sampled.versions, self.counts.turns)
         self.messages.append(turn.message)
         self.counts.turns += 1
@@ -268,7 +279,9 @@ class TrajectoryRecord:
             template_match=self.template_match(),
         )
         text = self.tokenizer.decode(self.completion, skip_special_tokens=True)
-        return Sample(self.completion, self.logprobs, text, stop, self.versions, trajectory)
+        routes = None if self.routes is None else merge_routes(None, self.routes, len(self.prompt_ids) +
+                                                               len(self.completion))
+        return Sample(self.completion, self.logprobs, text, stop, self.versions, trajectory, routes)
 
     def template_match(self) -> bool:
         """Whether the ids trained on (never re-rendered) agree with the template's rendering of the conversation
@@ -286,6 +299,21 @@ class TrajectoryRecord:
         self.versions += versions
         self.turn_ids += [turn] * len(ids)
         self.ids += ids
+
+
+def merge_routes(old: Any, new: Any, length: int | None = None) -> Any:
+    """Routes of one conversation: `old` where it has them, `new` elsewhere, cut or padded (-1) to `length`
+    (default: the longer). old, new: numpy int16 [positions, layers, top_k] from position 0, or old None."""
+    import numpy as np
+
+    n = length if length is not None else max(len(new), 0 if old is None else len(old))
+    out = np.full((n, *new.shape[1:]), -1, dtype=np.int16)
+    out[: min(n, len(new))] = new[:n]
+    if old is not None:
+        k = min(n, len(old))
+        have = (old[:k] >= 0).all(axis=(1, 2))
+        out[:k][have] = old[:k][have]
+    return out
 
 
 def turn_budget(turns: TurnSettings, record: TrajectoryRecord) -> int:
@@ -539,7 +567,7 @@ class AgentLoop:
 
     def _sampled(self, t: _Trajectory, request: Request) -> None:
         try:
-            sampled = SampledTurn.of(request)
+            sampled = SampledTurn.of(request, self.turns.routes)
         except CancelledError:  # aborted by this loop; its end is already decided
             return  # (an engine that failed raises EngineError here: out of `run`, which abandons the rest)
         turn = t.record.append_turn(sampled)

@@ -208,6 +208,11 @@ class Generator:
             s.routes = full
         return samples
 
+    def _turn_routes(self, request: Any) -> Any:
+        """One finished agent turn's routes (its request asked for one sample)."""
+        key = [(request.request_id, False, 0)]
+        return self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_take_routes", args=(key,)))[0][0]
+
     def ping(self) -> None:
         """The driver's hang check (called in the actor's health concurrency group, so it answers while a batch
         generates; a generator that does not answer is stopped or wedged)."""
@@ -279,7 +284,7 @@ class Generator:
 
         turns = TurnSettings(
             n=sampling["n"], max_tokens=sampling["max_tokens"], max_model_len=self.max_model_len, params=params,
-            min_version=min_version, pin=pin,
+            min_version=min_version, pin=pin, routes=self._turn_routes if self.routes is not _no_routes else None,
         )
         return AgentLoop(self.loop, self.environments, self.tokenizer, self.agent, turns)
 

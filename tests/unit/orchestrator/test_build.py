@@ -183,3 +183,30 @@ def test_training_and_eval_sampling_are_one_record_from_the_config():
     own = parse_config({**MINIMAL, "generation": train.generation.model_dump(),
                         "eval": {**evals, "max_completion_length": 16, "temperature": 0.5}})
     assert eval_set(own, [], pool=None).sampling == Sampling(n=2, max_tokens=16, temperature=0.5, top_p=0.95, top_k=20)
+
+
+def test_moe_options_are_checked_against_the_architecture(tmp_path, tiny_model_path):
+    """grpo.router_replay needs a mixture of experts, grpo.router_aux_loss_coef one that returns router logits (TRL
+    refuses it on a dense model too); both pass on the tiny MoE and reach the learner's spec; `tiny-moe` names it."""
+    import pytest
+
+    from orchestrator.build import check_learner_model, learner_spec, resolve_model
+    from orchestrator.config import ConfigError
+    from orchestrator.tiny_moe import ensure_tiny_moe
+
+    replay = parse_config({**MINIMAL, "grpo": {"router_replay": "R3"}})
+    with pytest.raises(ConfigError, match=r"grpo.router_replay: Qwen2ForCausalLM is not a mixture of experts"):
+        check_learner_model(replay, tiny_model_path)
+    aux = parse_config({**MINIMAL, "grpo": {"router_aux_loss_coef": 0.01}})
+    with pytest.raises(ConfigError, match=r"grpo.router_aux_loss_coef: Qwen2ForCausalLM is not a mixture-of-experts"):
+        check_learner_model(aux, tiny_model_path)
+    moe = str(ensure_tiny_moe("qwen2_moe"))
+    check_learner_model(replay, moe)
+    check_learner_model(aux, moe)
+    step = learner_spec(parse_config({**MINIMAL, "grpo": {"router_replay": "R2", "router_aux_loss_coef": 0.0}}),
+                        "m").step
+    assert (step.router_replay, step.router_aux_loss_coef) == ("R2", 0.0)
+    assert learner_spec(parse_config(MINIMAL), "m").step.router_replay is None
+    assert resolve_model(parse_config({**MINIMAL, "model": {"name_or_path": "tiny-qwen2-moe"}})) == moe
+    with pytest.raises(Exception, match="router_replay"):
+        parse_config({**MINIMAL, "grpo": {"router_replay": "R4"}})

@@ -61,3 +61,21 @@ def test_the_dashboard_line_says_how_to_sign_in(monkeypatch, mode, token, expect
         monkeypatch.setenv(token, "secret-token-value")
     line = train_mod._sign_in()
     assert line == expected and "secret-token-value" not in line
+
+
+def test_a_parity_gap_above_the_limit_stops_the_run_before_its_first_step():
+    """The documented limits: 1e-3 nats in float32, 0.5 in bfloat16, or logging.max_logprob_parity_gap."""
+    from orchestrator.config import ConfigError, parse_config
+
+    minimal = {"rewards": [{"name": "r", "function": "letter_fraction"}]}
+    fp32 = parse_config(minimal)
+    train_mod.check_parity(5e-6, fp32)  # the dense tiny model's, and the MoE's after the fix
+    with pytest.raises(ConfigError, match=r"parity after the first weight sync is 3.10e-02 nats, above "
+                                          r"logging.max_logprob_parity_gap = 0.001 \(float32\)"):
+        train_mod.check_parity(3.1e-2, fp32)  # the issue's MoE before the fix
+    bf16 = parse_config({**minimal, "model": {"dtype": "bfloat16"}})
+    train_mod.check_parity(0.1, bf16)
+    with pytest.raises(ConfigError, match="bfloat16"):
+        train_mod.check_parity(0.6, bf16)
+    loose = parse_config({**minimal, "logging": {"max_logprob_parity_gap": 0.05}})
+    train_mod.check_parity(3.1e-2, loose)

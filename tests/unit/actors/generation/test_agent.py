@@ -659,6 +659,36 @@ def test_a_record_built_turn_by_turn_is_the_sample_token_in_token_out(tool_token
     assert record.to_sample("stop").trajectory.template_match is False
 
 
+def test_a_records_routes_keep_the_first_request_that_computed_each_position(tool_tokenizer) -> None:
+    """Routing replay across turns: a model token keeps the routing of the turn that sampled it, a prompt or tool
+    token the prefill of the first turn whose prompt held it; the last token, never computed, has none."""
+    import numpy as np
+
+    tok = tool_tokenizer
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    record = TrajectoryRecord(tok, SCHEMAS)
+    record.start(row()["prompt"])
+    p = len(record.prompt_ids)
+    first, answer = ids(call("echo", text="hi")), ids(DONE)
+
+    def routes(n: int, value: int) -> np.ndarray:  # a request that computed positions 0..n-1 with expert `value`
+        return np.full((n, 2, 2), value, dtype=np.int16)
+
+    record.append_turn(SampledTurn(first, [-0.5] * len(first), [3] * len(first), "stop",
+                                   routes(p + len(first) - 1, 1)))
+    tool = {"role": "tool", "name": "echo", "content": "hi"}
+    suffix = chat.tool_suffix_ids(tok, [tool])
+    record.append_scaffold(suffix, [tool])
+    k = p + len(first) + len(suffix)  # the second turn's prompt
+    record.append_turn(SampledTurn(answer, [-0.25] * len(answer), [4] * len(answer), "stop",
+                                   routes(k + len(answer) - 1, 2)))
+    got = record.to_sample("stop").routes
+    assert got.shape == (k + len(answer), 2, 2) and got.dtype == np.int16
+    assert (got[: p + len(first) - 1] == 1).all()  # the first prompt and the first turn: the first request's
+    assert (got[p + len(first) - 1 : k + len(answer) - 1] == 2).all()  # first turn's last token, tool, answer
+    assert (got[-1] == -1).all()
+
+
 def test_the_budgets_of_a_turn_and_of_a_scaffold_and_submit_turn(rig) -> None:
     r = rig([DONE])
     record = TrajectoryRecord(r.tokenizer, SCHEMAS)
