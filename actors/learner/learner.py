@@ -402,12 +402,13 @@ class Learner:
         importance-sampling terms are frozen into frozen[s] and the step's per-sample metrics go to `sums`."""
         logp, entropy = self._forward_logps(self.model, mb, with_entropy=first and not slot.padding,
                                             with_aux=bool(self.aux_coef))
+        aux = self._aux  # this forward's (the reference forward below sets its own)
         if slot.padding:  # zero gradient through every sharded unit; the ref forward keeps the lockstep too
             if first:
                 self._ref_logps(mb)
             loss = (logp * 0.0).sum()
-            if self._aux is not None:
-                loss = loss + self._aux * 0.0
+            if aux is not None:
+                loss = loss + aux * 0.0
             loss.backward()
             return 0.0
         mask = masks[slot.micro_batch]
@@ -432,9 +433,9 @@ class Learner:
             )
         result = self.loss(dataclasses.replace(frozen[s], logp=logp))
         loss = result.loss
-        if self._aux is not None:  # TRL: coef x aux_loss / gradient accumulation steps, logged as aux_loss
-            loss = loss + self.aux_coef * self._aux / plan.grad_accum_steps
-            sums["aux_loss"].append(self._aux.item())
+        if aux is not None:  # TRL: coef x aux_loss / gradient accumulation steps, logged as aux_loss
+            loss = loss + self.aux_coef * aux / plan.grad_accum_steps
+            sums["aux_loss"].append(aux.item())
         loss.backward()
         for k, v in result.metrics.items():
             if not torch.isnan(v):

@@ -69,13 +69,19 @@ def tiny_model() -> str:
     return str(ensure_tiny_model())
 
 
-def make(device: str, **kw: Any) -> Any:
-    """A learner of the tiny model on `device`: SGD at lr 0 and no clipping, so a step leaves its gradient on the
-    parameters and the weights as they were."""
+def tiny_moe() -> str:
+    from orchestrator.tiny_moe import ensure_tiny_moe
+
+    return str(ensure_tiny_moe("qwen3_moe"))
+
+
+def make(device: str, model: str | None = None, **kw: Any) -> Any:
+    """A learner of the tiny model (or `model`) on `device`: SGD at lr 0 and no clipping, so a step leaves its
+    gradient on the parameters and the weights as they were."""
     from actors.learner.learner import Learner
     from tests.fixtures.learner import spec
 
-    return Learner(spec(tiny_model(), **{"optim": "sgd", "learning_rate": 0.0, "max_grad_norm": None,
+    return Learner(spec(model or tiny_model(), **{"optim": "sgd", "learning_rate": 0.0, "max_grad_norm": None,
                                          "micro_batch_size": 3, "max_completion_length": MAX_LEN,
                                          "device": device, **kw}))
 
@@ -162,7 +168,7 @@ def within_bf16_rounding(triples: list[tuple[str, torch.Tensor, torch.Tensor, to
 
 def _float32_twin(device: str, of: Any, **kw: Any) -> Any:
     """A float32 padded learner with `of`'s (bfloat16) weights, exactly: the bfloat16 learners' reference."""
-    ref = make(device, dtype="float32", padding_free=False, **kw)
+    ref = make(device, model=of.spec.model.name_or_path, dtype="float32", padding_free=False, **kw)
     ref.model.load_state_dict({k: v.float() for k, v in of.model.state_dict().items()})
     if of.ref_model is not None:
         ref.ref_model.load_state_dict({k: v.float() for k, v in of.ref_model.state_dict().items()})
@@ -419,6 +425,78 @@ def check_weight_group(device: str) -> str:
     return f"{backend}, 1 rank: {len(wire)} buckets, {expect / 2**20:.2f} MiB sent twice (direct, overlapped)"
 
 
+def _own_routes(lr: Any, b: Any) -> list[Any]:
+    """Each sample's routes as `lr` routes it alone: [prompt + completion, layers, top_k] int16."""
+    out = []
+    for p, c in zip(b.prompt_ids, b.completion_ids, strict=True):
+        with torch.no_grad(), lr.replay.recording() as rec:
+            lr.model(input_ids=torch.tensor([p + c], device=lr.device))
+        out.append(lr.replay.stack(rec).numpy())
+    return out
+
+
+def check_moe_bf16(device: str) -> str:
+    """A mixture of experts (the tiny Qwen3-MoE) in bfloat16 with rollout routing replay (R3) and the
+    load-balancing loss: packed and padded steps within bfloat16's rounding of float32 on the same weights, all
+    three replaying the same routes (bfloat16 alone could route a near tie elsewhere: what replay is for)."""
+    import dataclasses
+
+    if torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise Skip("this GPU has no bfloat16")
+    kw = dict(loss_type="grpo", beta=0.1, is_mode="token_truncate", router_replay="R3", router_aux_loss_coef=0.01)
+    pad = make(device, model=tiny_moe(), dtype="bfloat16", padding_free=False, **kw)
+    pack = make(device, model=tiny_moe(), dtype="bfloat16", **kw)
+    ref = _float32_twin(device, pad, **kw)
+    b = ragged_batch()
+    b = dataclasses.replace(b, routes=_own_routes(ref, b))
+    (m_pad, g_pad), (m_pack, g_pack), (m_ref, g_ref) = (step(x, b) for x in (pad, pack, ref))
+    for m in (m_pad, m_pack, m_ref):
+        assert m["routing/agreement"] > 0.5 and m["aux_loss"] > 0, m
+    triples = [(k, *(torch.tensor(m[k]) for m in (m_pad, m_pack, m_ref))) for k in ("loss", "entropy", "aux_loss")]
+    triples += [(f"gradient {k}", g_pad[k], g_pack[k], g_ref[k]) for k in g_ref]
+    padded, packed = within_bf16_rounding(triples)
+    return (f"R3 + aux loss, {len(g_ref)} gradients: gap to fp32 packed {packed:.2g}, padded {padded:.2g}; "
+            f"bf16 routing agreement with fp32 {m_pad['routing/agreement']:.3f}")
+
+
+def check_routing_replay(device: str) -> str:
+    """Routing replay on `device` (float32): replaying the learner's own routes changes no log-prob, other routes
+    change them by nats and still train the router, the learner's recorded choice under replay is the replayed one;
+    the sender cuts the fused experts into the checkpoint's per-expert tensors on the device."""
+    import numpy as np
+    from transformers.core_model_loading import revert_weight_conversion
+
+    from actors.learner.routing import agreement, layout_routes
+
+    lr = make(device, model=tiny_moe(), loss_type="grpo", router_replay="R3")
+    b = ragged_batch()
+    rows = lr.layout(b.prompt_ids, b.completion_ids)
+    lengths = [len(p) + len(c) for p, c in zip(b.prompt_ids, b.completion_ids, strict=True)]
+    own = _own_routes(lr, b)
+    other = [((r.astype(np.int64) + 3) % 8).astype(np.int16) for r in own]
+    n, k = lr.replay.num_layers, lr.replay.top_k
+    with torch.no_grad():
+        plain, _ = lr._forward_logps(lr.model, rows, with_entropy=False)
+        with lr.replay.replaying(layout_routes(rows.source, own, lengths, n, k)):
+            same, _ = lr._forward_logps(lr.model, rows, with_entropy=False)
+    assert_close_at_scale(same.cpu(), plain.cpu(), fp32_tolerance(device) * 10)
+    moved = layout_routes(rows.source, other, lengths, n, k)
+    with lr.replay.replaying(moved), lr.replay.recording() as rec:
+        logp, _ = lr._forward_logps(lr.model, rows, with_entropy=False)
+        logp.sum().backward()
+    shift = (logp.detach() - plain).abs().max().item()
+    assert shift > 0.1, shift
+    assert agreement(lr.replay.stack(rec), moved, torch.ones(len(moved), dtype=torch.bool))[0] == 1.0
+    router = next(iter(lr.replay.routers.values()))
+    assert router.weight.grad is not None and router.weight.grad.abs().sum().item() > 0
+    state = {kk: v for kk, v in lr.model.state_dict().items() if kk not in lr.tied}
+    want = revert_weight_conversion(lr.model, state)
+    sent = lr.weights.full_state()
+    assert sent.keys() == want.keys() and all(torch.equal(sent[kk], want[kk].cpu()) for kk in want)
+    return (f"own routes: log-probs unchanged; other routes: moved by {shift:.2g} nats, router gradient; "
+            f"{len(sent)} tensors sent in the checkpoint layout")
+
+
 CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("loss", check_loss),
     ("packing fp32", check_packing_fp32),
@@ -429,6 +507,8 @@ CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("fsdp2 1 rank", check_fsdp),
     ("weight buckets", check_weight_buckets),
     ("weight group 1 rank", check_weight_group),
+    ("moe bf16 + replay", check_moe_bf16),
+    ("moe routing replay", check_routing_replay),
 ]
 
 

@@ -170,7 +170,7 @@ def test_the_load_balancing_loss_follows_trl(qwen3_moe_path, tiny_model_path):
     with pytest.raises(ValueError, match="returns no router logits"):
         make(tiny_model_path, router_aux_loss_coef=0.1)
     b = make_batch(4)
-    lr = make(qwen3_moe_path, router_aux_loss_coef=0.5, padding_free=False, optim="sgd", learning_rate=0.0,
+    lr = make(qwen3_moe_path, router_aux_loss_coef=0.5, padding_free=False, optim="sgd", learning_rate=0.0, beta=0.1,
               max_grad_norm=None)
     rows = lr.layout(b.prompt_ids, b.completion_ids)
     with torch.no_grad():
