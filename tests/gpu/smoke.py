@@ -228,7 +228,7 @@ def check_loss(device: str) -> str:
                 return x.to(dev)
 
             is_w = None if is_mode is None else is_weights(on(old), on(sampling), on(mask), ImportanceSampling(is_mode))
-            lp = on(logp).requires_grad_()
+            lp = on(logp).detach().clone().requires_grad_()  # a leaf on every device (.to("cpu") is a no-op)
             out = loss_fn(cfg)(LossInputs(lp, on(old), on(adv), on(mask), ref_logp=on(ref), is_weights=is_w,
                                           num_items_in_batch=on(mask).sum() * 2, grad_accum_steps=2))
             out.loss.backward()
