@@ -37,6 +37,57 @@ def build_model(size: str, cache: Path = DEFAULT_CACHE) -> Path:
     return out
 
 
+# Mixtures of experts (issue 33), Qwen3-MoE-shaped: (hidden, layers, experts, top-k, expert intermediate, heads,
+# kv heads, vocab). "moe100m": ~114M parameters in all, ~26M active per token (2 of 16 experts).
+MOE_SHAPES = {
+    "moe100m": (512, 8, 16, 2, 512, 8, 2, 16384),
+}
+
+
+def build_moe_model(size: str, cache: Path = DEFAULT_CACHE) -> Path:
+    """A random Qwen3-MoE of MOE_SHAPES[size] with the tiny model's tokenizer (what build_model is for dense)."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from orchestrator.tiny import ensure_tiny_model
+
+    out = cache / f"qwen3-moe-random-{size}"
+    if (out / "config.json").exists():
+        return out
+    h, layers, experts, top_k, inter, heads, kv, vocab = MOE_SHAPES[size]
+    cfg = Qwen3MoeConfig(hidden_size=h, num_hidden_layers=layers, num_experts=experts, num_experts_per_tok=top_k,
+                         moe_intermediate_size=inter, intermediate_size=inter * top_k, num_attention_heads=heads,
+                         num_key_value_heads=kv, head_dim=h // heads, vocab_size=vocab, tie_word_embeddings=True,
+                         max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                         decoder_sparse_step=1, norm_topk_prob=True)
+    torch.manual_seed(0)
+    Qwen3MoeForCausalLM(cfg).save_pretrained(out)
+    copy_tokenizer(ensure_tiny_model(), out)
+    return out
+
+
+def build_active_twin(size: str, cache: Path = DEFAULT_CACHE) -> Path:
+    """The dense Qwen3 of the MoE's active size: the same attention, embeddings and layers, one MLP as wide as the
+    top-k experts together."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from orchestrator.tiny import ensure_tiny_model
+
+    out = cache / f"qwen3-dense-active-{size}"
+    if (out / "config.json").exists():
+        return out
+    h, layers, _, top_k, inter, heads, kv, vocab = MOE_SHAPES[size]
+    cfg = Qwen3Config(hidden_size=h, num_hidden_layers=layers, intermediate_size=inter * top_k,
+                      num_attention_heads=heads, num_key_value_heads=kv, head_dim=h // heads, vocab_size=vocab,
+                      tie_word_embeddings=True, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0)
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(cfg).save_pretrained(out)
+    copy_tokenizer(ensure_tiny_model(), out)
+    return out
+
+
 def copy_tokenizer(src: Path, out: Path) -> None:
     """The tokenizer files (and chat template) of the model at `src`, into the model directory `out`."""
     import shutil

@@ -5,6 +5,7 @@ rayward pipelined (CPU).
     python bench/trl_vs_rayward.py --workload 100m --steps 6 --warmup 1    # a 100M-parameter random Qwen2
     python bench/trl_vs_rayward.py --workload varlen --which trl-threaded,sync,pipelined --steps 6 --warmup 1 \
         --variant padded:pipelined:grpo.padding_free=false    # variable lengths: packed against TRL and padded
+    python bench/trl_vs_rayward.py --workload moe --which trl,sync,pipelined --steps 6 --warmup 1   # MoE ~114M
     python bench/trl_vs_rayward.py --which sync,pipelined --steps 16 \
         --variant pipe-s2:pipelined:loop.max_staleness=2   # + runs with other knobs
 
@@ -66,11 +67,13 @@ class Workload:
     max_model_len: int | None = None  # rayward generation.max_model_len, where the default cannot hold a completion
 
     def model_path(self) -> str:
-        from bench.models import build_model, build_varlen_model
+        from bench.models import MOE_SHAPES, build_model, build_moe_model, build_varlen_model
         from orchestrator.tiny import ensure_tiny_model
 
         if self.model == "tiny":
             return str(ensure_tiny_model())
+        if self.model in MOE_SHAPES:
+            return str(build_moe_model(self.model))
         if self.mean_length is not None:
             return str(build_varlen_model(self.model, self.mean_length))
         return str(build_model(self.model))
@@ -89,9 +92,12 @@ WORKLOADS = {
     # Variable lengths (issue 26): geometric with mean ~64 tokens up to 512; a small learning rate, as real RL runs
     # use, so the lengths the EOS row sets stay put over the run.
     "varlen": Workload("100m", 16, 16, 512, mean_length=64, learning_rate=1e-6, max_model_len=1024),
+    # A mixture of experts (issue 33): ~114M parameters, 16 experts, top-2 (bench/models.py MOE_SHAPES); as 100m
+    # otherwise. Both trainers add the load-balancing loss by TRL's rule (the config's coefficient).
+    "moe": Workload("moe100m", 16, 16, 32),
 }
 # Goals (issue: rayward on one machine against a well-written TRL script): {workload: {vs system: ratio}}
-GOALS = {"tiny": {"trl": 4.0, "trl-threaded": 1.5}, "100m": {"trl-threaded": 1.4}, "varlen": {}}
+GOALS = {"tiny": {"trl": 4.0, "trl-threaded": 1.5}, "100m": {"trl-threaded": 1.4}, "varlen": {}, "moe": {"trl": 3.0}}
 
 
 def _median(xs: list[float]) -> float | None:

@@ -88,6 +88,7 @@ FIELDS: dict[str, Mapped | Ignored | Refused] = {
     "gradient_checkpointing_kwargs": Mapped("grpo.gradient_checkpointing_kwargs"),
     # --- the loss ---------------------------------------------------------------------------------------------
     "beta": Mapped("grpo.beta"),
+    "router_aux_loss_coef": Mapped("grpo.router_aux_loss_coef"),
     "num_iterations": Mapped("grpo.num_iterations"),
     "epsilon": Mapped("grpo.epsilon"),
     "epsilon_high": Mapped("grpo.epsilon_high"),
@@ -175,7 +176,7 @@ FIELDS: dict[str, Mapped | Ignored | Refused] = {
     "metric_for_best_model": Refused("rayward=dict(grpo=dict(save_best='eval/reward')) keeps checkpoint-best"),
     "greater_is_better": Refused("rayward=dict(grpo=dict(save_best_mode='max' or 'min'))"),
     "eval_delay": Refused("eval_on_start and eval_steps"),
-    "router_aux_loss_coef": Refused(_DEFAULT_ONLY), "disable_dropout": Refused(_DEFAULT_ONLY),
+    "disable_dropout": Refused(_DEFAULT_ONLY),
     "cast_lm_head_to_fp32": Refused(_DEFAULT_ONLY), "min_p": Refused("top_p or top_k"),
     "generation_kwargs": Refused("temperature, top_p, top_k and max_completion_length"),
     "repetition_penalty": Refused(_DEFAULT_ONLY),
@@ -350,6 +351,7 @@ def run_tree(args: Any, *, train_rows: int | None, has_eval: bool, model_max_len
         "vllm_importance_sampling_clip_min": a("vllm_importance_sampling_clip_min"),
         "save_steps": save_every, "gradient_checkpointing": a("gradient_checkpointing"),
         "gradient_checkpointing_kwargs": a("gradient_checkpointing_kwargs"),
+        "router_aux_loss_coef": a("router_aux_loss_coef"),
     }
 
     report = [r for r in (a("report_to") or []) if r != "none"]

@@ -30,6 +30,7 @@ from actors.envs.client import Environments
 from actors.generation import chat
 from actors.generation.agent import AgentLoop, AgentSettings, TurnSettings
 from actors.generation.engine import EngineLoop, FinishedQueue, Request, token_versions
+from actors.generation.vllm_compat import decode_routes
 from actors.generation.vllm_plugin import SPIN_ENV
 from actors.types import FinishedGroups, Sample, Sampling
 
@@ -136,6 +137,9 @@ class Generator:
             # prompt is computed whole (docs/moe.md).
             kwargs["enable_prefix_caching"] = False
         kwargs.update(extra_engine_kwargs or {})
+        if record_routes and not kwargs["enforce_eager"]:
+            raise ValueError("grpo.router_replay R3 records routing in eager mode only (a CUDA graph replays its "
+                             "kernels without the recording hook): drop enforce_eager=False")
 
         def build() -> Any:  # on the loop's thread, which then computes every step and weight load
             self.llm = LLM(**kwargs)
@@ -199,7 +203,7 @@ class Generator:
 
         keys = [(out.request_id, len(out.outputs) > 1, comp.index) for comp in out.outputs]
         routes = self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_take_routes", args=(keys,)))[0]
-        for s, r in zip(samples, routes, strict=True):
+        for s, r in zip(samples, map(decode_routes, routes), strict=True):
             length = len(prompt_ids) + len(s.completion_ids)
             if r is None:
                 continue
@@ -211,7 +215,8 @@ class Generator:
     def _turn_routes(self, request: Any) -> Any:
         """One finished agent turn's routes (its request asked for one sample)."""
         key = [(request.request_id, False, 0)]
-        return self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_take_routes", args=(key,)))[0][0]
+        return decode_routes(
+            self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_take_routes", args=(key,)))[0][0])
 
     def ping(self) -> None:
         """The driver's hang check (called in the actor's health concurrency group, so it answers while a batch

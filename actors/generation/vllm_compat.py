@@ -130,3 +130,19 @@ class RoutingCapture:
         for p, rows in chunks:
             out[p] = rows
         return out
+
+
+def encode_routes(routes: Any) -> tuple[list[int], bytes] | None:
+    """Routes for the trip back from an engine worker: collective_rpc serialises results through msgspec when the
+    engine core runs in its own process, where a numpy array arrives as nested lists; raw bytes arrive intact."""
+    return None if routes is None else (list(routes.shape), routes.tobytes())
+
+
+def decode_routes(encoded: Any) -> Any:
+    """`encode_routes`' inverse: numpy int16 [positions, layers, top_k], or None."""
+    if encoded is None:
+        return None
+    import numpy as np
+
+    shape, data = encoded
+    return np.frombuffer(data, dtype=np.int16).reshape(shape).copy()

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from actors.learner.lora import adapter_keys, load_adapter_file, save_adapter
+from actors.weights.sender import from_checkpoint_layout
 
 STATE_FILE = "rayward_state.json"
 # Where a checkpoint being replaced (the same step saved again after a recovery, checkpoint-best) waits until its
@@ -245,7 +246,9 @@ def _read(st: TrainState, p: Path) -> tuple[dict[str, torch.Tensor], dict[str, A
             raise FileNotFoundError(
                 f"{p} holds no model.safetensors: it was written by a LoRA learner (model.lora), so it resumes one"
             )
-        weights = load_file(str(p / "model.safetensors"))
+        # The file is in the checkpoint's layout (save_pretrained's: an MoE's experts one by one), the model's
+        # state_dict in its in-memory one (fused experts).
+        weights = from_checkpoint_layout(st.model, load_file(str(p / "model.safetensors")))
         for alias, source in st.tied.items():  # the file holds a tied weight once
             weights.setdefault(alias, weights[source])
     opt = torch.load(p / "optimizer.pt", map_location="cpu", weights_only=False)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from actors.generation.vllm_compat import RoutingCapture, fix_cpu_moe_reload
+from actors.generation.vllm_compat import RoutingCapture, encode_routes, fix_cpu_moe_reload
 from actors.weights.collective import Bucket, WeightGroup, bucket_tensors, plan_from_wire, receive_buffers
 
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -62,11 +62,11 @@ class WeightSyncExtension:
 
     def rayward_take_routes(self, keys: list[tuple[str, bool, int]]) -> list[Any]:
         """Each completion's recorded routes ([positions, layers, top_k] int16, -1 where none; RoutingCapture.take
-        says what a key is), forgotten here."""
+        says what a key is), forgotten here; as `encode_routes` sends them."""
         capture = getattr(self, "_rayward_routing", None)
         if capture is None:
             raise RuntimeError("routes asked for, but this engine worker does not record routing")
-        return [capture.take(tuple(k)) for k in keys]
+        return [encode_routes(capture.take(tuple(k))) for k in keys]
 
     # --- object-store backend ---------------------------------------------------------------------------
 

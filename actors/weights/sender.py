@@ -95,17 +95,20 @@ def checkpoint_view(model: torch.nn.Module, view: dict[str, Source], hf_model: A
 
 
 def _recipe(revert: Any, model: torch.nn.Module, name: str, whole: tuple[int, ...]) -> list[tuple[str, Any]]:
-    """[(checkpoint name template, part or None)] of the tensor `name` of shape `whole`, found by converting a
-    tensor of element indices (float64: exact below 2**53)."""
-    numel = math.prod(whole)
-    index = torch.arange(numel, dtype=torch.float64).reshape(whole)
-    converted = revert(model, {name: index})
-    if list(converted) == [name] and converted[name] is index:
-        return [(_template(name), None)]
+    """[(checkpoint name template, part or None)] of the tensor `name` of shape `whole`. A tensor the conversions
+    pass through (or only rename) is found so on the meta device, at no cost; a re-laid-out one by converting a
+    tensor of its element indices (int64, the tensor's size, once per distinct name pattern and shape)."""
     numbers = re.findall(r"\.(\d+)\.", name)
+    probe = torch.empty(whole, device="meta")
+    converted = revert(model, {name: probe})
+    if len(converted) == 1 and next(iter(converted.values())) is probe:
+        return [(_template(next(iter(converted)), numbers), None)]
+    numel = math.prod(whole)
+    index = torch.arange(numel, dtype=torch.int64).reshape(whole)
+    converted = revert(model, {name: index})
     recipe = []
     for target, t in converted.items():
-        flat = t.contiguous().reshape(-1).to(torch.int64)
+        flat = t.contiguous().reshape(-1)
         if t.numel() == numel and torch.equal(flat, torch.arange(numel)) and tuple(t.shape) == whole:
             recipe.append((_template(target, numbers), None))
             continue
@@ -115,6 +118,27 @@ def _recipe(revert: Any, model: torch.nn.Module, name: str, whole: tuple[int, ..
                              "this model's checkpoint conversion is not supported")
         recipe.append((_template(target, numbers), part))
     return recipe
+
+
+def from_checkpoint_layout(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`checkpoint_view`'s inverse: tensors under the checkpoint's names (a file `save_pretrained` wrote) as the
+    model's state_dict holds them (an MoE's experts fused again). Names the model does not convert pass as they are."""
+    view = checkpoint_view(model, {k: Source(k) for k in model.state_dict()})
+    state = model.state_dict()
+    out: dict[str, torch.Tensor] = {}
+    for name, src in view.items():
+        if name not in weights:
+            continue
+        if src.part is None:
+            out[src.key] = weights[name]
+            continue
+        whole = out.get(src.key)
+        if whole is None:
+            whole = out[src.key] = torch.empty(tuple(state[src.key].shape), dtype=weights[name].dtype)
+        offset, shape, stride = src.part
+        torch.as_strided(whole, shape, stride, offset).copy_(weights[name])
+    out.update({k: v for k, v in weights.items() if k not in view})  # what the view does not name (tied aliases)
+    return out
 
 
 def _as_strided(flat: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:

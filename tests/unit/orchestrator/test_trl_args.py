@@ -57,6 +57,10 @@ def test_fractions_and_spellings_map_as_transformers_reads_them():
     assert tree["logging"]["report_to"] == ["jsonl", "tensorboard", "wandb"]
     assert trl_args.run_tree(args(max_steps=4, save_strategy="no"), train_rows=10, has_eval=False,
                              model_max_len=None)["grpo"]["save_steps"] == 4  # only the final checkpoint
+    # an MoE's load-balancing loss: TRL's field and rule (None: the model config's coefficient), as rayward's
+    for coef in (None, 0.0, 0.02):
+        assert trl_args.run_tree(args(max_steps=4, router_aux_loss_coef=coef), train_rows=10, has_eval=False,
+                                 model_max_len=None)["grpo"]["router_aux_loss_coef"] == coef
 
 
 @pytest.mark.parametrize("kw, named", [

@@ -74,3 +74,17 @@ def test_routing_replay_on_near_tied_routers_brings_the_gap_to_the_dense_level()
     assert replayed < 1e-5, "with the engine's routes the learner still computes other log-probs"
     plain = Learner(spec(path, learning_rate=0.0)).train_step(dataclasses.replace(batch, routes=None)).metrics
     assert plain["sampling/sampling_logp_difference/mean"] == pytest.approx(without, rel=1e-3)
+
+
+def test_routes_come_back_from_an_engine_core_in_its_own_process(monkeypatch):
+    """vLLM's multiprocess engine core (the GPU layout): the workers' routes cross the process boundary intact."""
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    gen = Generator(str(ensure_tiny_moe("qwen3_moe")), max_model_len=256, kv_cache_gib=1, record_routes=True)
+    try:
+        (group,) = gen.generate([[5, 17, 42, 8]], [1], Sampling(n=2, max_tokens=8, temperature=1.0))
+    finally:
+        close(gen)
+        gen.llm.llm_engine.engine_core.shutdown()
+    for s in group:
+        assert s.routes.dtype.name == "int16" and s.routes.shape == (4 + len(s.completion_ids), 2, 2)
+        assert (s.routes[:-1] >= 0).all() and (s.routes[:-1] < 8).all()

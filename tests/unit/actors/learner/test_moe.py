@@ -232,3 +232,21 @@ def test_two_fsdp_ranks_train_an_moe_as_one(tmp_path, qwen3_moe_path):
     for k in sent:
         torch.testing.assert_close(sent[k], want_sent[k], rtol=0, atol=ATOL, msg=k)
     assert not math.isnan(m1["routing/agreement"])
+
+
+def test_an_moe_checkpoint_resumes_exactly_and_is_a_plain_hf_checkpoint(tmp_path, qwen3_moe_path):
+    from transformers import AutoModelForCausalLM
+
+    lr = make(qwen3_moe_path, router_replay="R2", num_iterations=2, optim="adamw_torch")
+    lr.train_step(make_batch(8))
+    path = lr.save_checkpoint(str(tmp_path / "ckpt"), extra={"note": "moe"})
+    again = make(qwen3_moe_path, router_replay="R2", num_iterations=2, optim="adamw_torch")
+    assert again.load_checkpoint(path)["note"] == "moe"
+    assert again.export_weights() == lr.export_weights()
+    hf = AutoModelForCausalLM.from_pretrained(path)  # what any HF user loads: the checkpoint layout on disk
+    assert "model.layers.0.mlp.experts.3.gate_proj.weight" in load_file(f"{path}/model.safetensors")
+    for k, v in hf.state_dict().items():
+        torch.testing.assert_close(v, again.model.state_dict()[k], rtol=0, atol=0, msg=k)
+    b = make_batch(12)
+    m1, m2 = lr.train_step(b).metrics, again.train_step(b).metrics  # the optimizer's moments came back too
+    assert {k: m1[k] for k in m1.keys() - TIMED_METRICS} == {k: m2[k] for k in m2.keys() - TIMED_METRICS}
