@@ -1,7 +1,11 @@
 """A mixture-of-experts policy end to end, as a user runs it: `rayward run configs/moe.yaml` (the tiny Qwen3-MoE with
 rollout routing replay), its own embedded Ray, real vLLM (its CPU MoE backend), reward pool and learner. The letter
-task learns, the routing and parity numbers are in metrics.jsonl and on the terminal. The scenario tier adds the
-near-tie model without and with replay, and a parity gap above the limit stopping the run."""
+task learns, with a held-out eval, and the routing and parity numbers are in metrics.jsonl and on the terminal; the
+near-tie model without and with replay; no replay; a parity gap above the limit stopping the run.
+
+Scenario tier (whole runs, about two minutes of 2 cores each): CI covers MoE with the real engine and learner
+(tests/integration/actors/generation/test_moe_engine.py), through Ray's weight transfer
+(tests/integration/actors/weights/test_transfer.py) and the learner's paths (tests/unit/actors/learner/test_moe.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.scenario]
 
 PARITY = re.compile(r"logprob parity after sync: max abs diff ([0-9.e+-]+)")
 
@@ -38,8 +42,12 @@ def mean(rows: list[dict], key: str) -> float:
 
 
 def test_the_moe_config_learns_with_rollout_routing_replay(tmp_path):
-    r, rows = run(tmp_path, "moe", "grpo.max_steps=20")
+    r, all_rows = run(tmp_path, "moe", "grpo.max_steps=20",
+                      "eval={data: {path: toy}, every_n_steps: 10, at_start: true, max_samples: 32, num_generations: 2}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = [x for x in all_rows if "eval/reward" not in x]
+    evals = [x for x in all_rows if "eval/reward" in x]
+    assert [e["step"] for e in evals] == [0, 10, 20] and evals[-1]["eval/reward"] > evals[0]["eval/reward"]
     gap = float(PARITY.search(r.stdout + r.stderr).group(1))
     assert gap <= 1e-4  # float32: the engine's MoE and the learner's agree as the dense model's do
     assert len(rows) == 20
@@ -51,7 +59,6 @@ def test_the_moe_config_learns_with_rollout_routing_replay(tmp_path):
     assert max(row["sampling/sampling_logp_difference/mean"] for row in rows) < 1e-4
 
 
-@pytest.mark.scenario
 def test_near_tied_routers_without_and_with_replay(tmp_path):
     """The near-tie model: without replay the per-step logprob gap is far above rounding and the run still learns;
     with R3 the learner routes as the engine did and the gap is at the dense model's level."""
@@ -70,7 +77,6 @@ def test_near_tied_routers_without_and_with_replay(tmp_path):
     assert mean(replayed, "routing/logp_difference_without_replay/mean") > 1e-2
 
 
-@pytest.mark.scenario
 def test_an_moe_learns_without_replay_and_a_parity_gap_above_the_limit_stops_the_run(tmp_path):
     r, rows = run(tmp_path, "moe-plain", "grpo.router_replay=null", "grpo.max_steps=24")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
