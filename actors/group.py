@@ -385,6 +385,11 @@ class GeneratorGroup(ActorGroup):
     def sequence_logprobs(self, token_ids: list[int], temperature: float) -> list[list[float]]:
         return [p.result() for p in self.submit_sequence_logprobs(token_ids, temperature)]
 
+    def sequence_logprobs_and_routes(self, token_ids: list[int], temperature: float) -> list[tuple[list[float], Any]]:
+        """Every member's engine logprobs of token_ids[1:] and the routes its MoE layers took (None where it records
+        none): the parity check of a run that replays routing."""
+        return [p.result() for p in self._submit("sequence_logprobs_and_routes", token_ids, temperature)]
+
     def cpu_threads(self) -> list[str]:
         """How each member's engine computes, for the start-up log."""
         return self._call("cpu_threads")
@@ -564,8 +569,9 @@ class LearnerGroup:
     def cpu_threads(self) -> str:
         return self._submit("cpu_threads").result()
 
-    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
-        return self._submit("sequence_logprobs", token_ids).result()
+    def sequence_logprobs(self, token_ids: list[int], routes: Any = None) -> list[float]:
+        """routes: replay these (numpy int16 [len(token_ids), layers, top_k]; a learner built with routing replay)."""
+        return self._submit("sequence_logprobs", token_ids, routes).result()
 
     # --- weight transfer ----------------------------------------------------------------------------------------
 

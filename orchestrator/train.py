@@ -246,8 +246,9 @@ def check_parity(gap: float, cfg: RunConfig) -> None:
             f"generator-learner logprob parity after the first weight sync is {gap:.2e} nats, above "
             f"logging.max_logprob_parity_gap = {limit:g} ({cfg.model.dtype}): the engines do not compute what the "
             "learner computes with the same weights (a sync that did not land, a layer the engine loads "
-            "differently, or routing that differs on a mixture of experts). Training on it trains on a mismatch. "
-            "Raise the limit, or set logging.check_logprob_parity: false, only if you know why they differ."
+            "differently, or, on a mixture of experts, routers that the two implementations break differently: "
+            "grpo.router_replay: R3 replays the engine's routing, docs/moe.md). Training on it trains on a "
+            "mismatch. Raise the limit, or set logging.check_logprob_parity: false, only if you know why they differ."
         )
 
 

@@ -357,6 +357,12 @@ class Generator:
 
         For learner <-> generator parity checks; returns len(token_ids) - 1 values.
         """
+        return self.sequence_logprobs_and_routes(token_ids, temperature)[0]
+
+    def sequence_logprobs_and_routes(self, token_ids: list[int], temperature: float = 1.0) -> tuple[list[float], Any]:
+        """`sequence_logprobs`, and the experts the engine's MoE layers chose at each position (numpy int16
+        [len(token_ids), layers, top_k]; None where this engine records no routes): the parity check replays them
+        in the learner when the run replays routing (grpo.router_replay R3), as training does."""
         from vllm import SamplingParams
 
         token_ids = list(token_ids)
@@ -367,17 +373,20 @@ class Generator:
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=-1 if full_vocab else 0)
         out = self.loop.submit(token_ids, params).result()
         assert out.prompt_logprobs is not None
+        # The prefill computed every position of token_ids (the one token sampled after them, none).
+        (sample,) = self.routes(out, token_ids, [Sample(list(out.outputs[0].token_ids), [], "", "length")])
+        routes = None if sample.routes is None else sample.routes[: len(token_ids)]
         # Entry 0 is None: the first token has no prefix to condition on.
         steps = out.prompt_logprobs[1:]
         if not full_vocab:
-            return [step[tok].logprob for tok, step in zip(token_ids[1:], steps, strict=True)]
+            return [step[tok].logprob for tok, step in zip(token_ids[1:], steps, strict=True)], routes
         result = []
         for tok, step in zip(token_ids[1:], steps, strict=True):
             scaled = {t: lp.logprob / temperature for t, lp in step.items()}
             m = max(scaled.values())
             log_z = m + math.log(sum(math.exp(v - m) for v in scaled.values()))
             result.append(scaled[tok] - log_z)
-        return result
+        return result, routes
 
 
 def _no_routes(out: Any, prompt_ids: list[int], samples: list[Sample]) -> list[Sample]:

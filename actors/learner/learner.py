@@ -340,11 +340,18 @@ class Learner:
         return rows.unflatten(logps), entropy
 
     @torch.no_grad()
-    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
+    def sequence_logprobs(self, token_ids: list[int], routes: Any = None) -> list[float]:
         """Log-probs of tokens 1..end of a fixed sequence (for the generator-learner parity check), in this
-        learner's layout."""
-        with _eval(self.model):
-            logps, _ = self._forward_logps(self.model, self.layout([token_ids[:1]], [token_ids[1:]]), False)
+        learner's layout. routes: the engine's routing of the sequence ([len(token_ids), layers, top_k]), replayed
+        where this learner replays routing (grpo.router_replay R3), as its train steps do."""
+        rows = self.layout([token_ids[:1]], [token_ids[1:]])
+        replayed = None
+        if routes is not None and self.replay is not None:
+            replayed = layout_routes(rows.source, [routes], [len(token_ids)], self.replay.num_layers,
+                                     self.replay.top_k)
+        replaying = self.replay.replaying(replayed) if self.replay is not None else contextlib.nullcontext()
+        with _eval(self.model), replaying:
+            logps, _ = self._forward_logps(self.model, rows, False)
         return logps[0].tolist()
 
     # --- the update -----------------------------------------------------------------------------------

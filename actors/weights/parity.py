@@ -12,8 +12,12 @@ def logprob_parity(
     learner: LearnerGroup, generators: GeneratorGroup, temperature: float, token_ids: list[int] | None = None
 ) -> float:
     """The max |logp_generator - logp_learner| over the tokens of a fixed sequence, taken over every generator.
-    Call it after a sync: a partial or stale sync shows as a gap far above float noise."""
+    Call it after a sync: a partial or stale sync shows as a gap far above float noise. Engines that record
+    routing (grpo.router_replay R3) hand theirs over and the learner replays each one, as training does: what is
+    checked is the weights, not which side of a near-tied router each implementation falls."""
     ids = token_ids or PARITY_TOKENS
-    engines = generators.submit_sequence_logprobs(ids, temperature)
-    want = learner.sequence_logprobs(ids)  # every rank (FSDP forwards are collectives); rank 0's answer
-    return max(abs(a - b) for p in engines for a, b in zip(p.result(), want, strict=True))
+    gaps = []
+    for got, routes in generators.sequence_logprobs_and_routes(ids, temperature):
+        want = learner.sequence_logprobs(ids, routes)  # every rank (FSDP forwards are collectives); rank 0's answer
+        gaps.append(max(abs(a - b) for a, b in zip(got, want, strict=True)))
+    return max(gaps)

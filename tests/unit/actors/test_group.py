@@ -74,9 +74,11 @@ def test_every_generator_group_method_calls_a_generator_method_with_arguments_it
     group.submit_join_weight_group("h", 1, rank_offsets=[1], world_size=2, generation=0, timeout_s=1.0, plan=[])
     group.submit_receive_weights(3)
     group.sequence_logprobs([1, 2], 1.0)
+    group.sequence_logprobs_and_routes([1, 2], 1.0)
     group.cpu_threads()
     called = [method for method, _, _ in group.calls]
     assert called == ["generate", "generate", "generate_stream", "rollout", "rollout", "rollout_stream",
-                      "load_weights", "join_weight_group", "receive_weights", "sequence_logprobs", "cpu_threads"]
+                      "load_weights", "join_weight_group", "receive_weights", "sequence_logprobs",
+                      "sequence_logprobs_and_routes", "cpu_threads"]
     for method, args, kwargs in group.calls:
         inspect.signature(getattr(Generator, method)).bind(None, *args, **kwargs)  # TypeError if it does not bind

@@ -57,8 +57,16 @@ def test_routing_replay_on_near_tied_routers_brings_the_gap_to_the_dense_level()
     try:
         prompts = [[5, 17, 42, 8], [99, 23, 61, 7, 150], [8, 9, 10], [200, 300, 400, 33]]
         groups = gen.generate(prompts, [1, 2, 3, 4], Sampling(n=4, max_tokens=32, temperature=1.0))
+        engine_lps, engine_routes = gen.sequence_logprobs_and_routes(PARITY_TOKENS)
     finally:
         close(gen)
+    # The parity check on this model: a near tie on the fixed sequence is a nat away unless the learner replays the
+    # engine's routes, as a run with R3 does (actors/weights/parity.py).
+    replaying = Learner(spec(path, router_replay="R3"))
+    assert engine_routes.shape == (len(PARITY_TOKENS), 2, 2) and (engine_routes >= 0).all()
+    plain_gap = max(abs(a - b) for a, b in zip(engine_lps, replaying.sequence_logprobs(PARITY_TOKENS), strict=True))
+    replayed = replaying.sequence_logprobs(PARITY_TOKENS, engine_routes)
+    assert plain_gap > 1e-2 and max(abs(a - b) for a, b in zip(engine_lps, replayed, strict=True)) <= PARITY_TOL
     samples = [(p, s) for p, group in zip(prompts, groups, strict=True) for s in group]
     assert all(s.routes is not None and s.routes.shape == (len(p) + len(s.completion_ids), 2, 2) for p, s in samples)
     assert all((s.routes[:-1] >= 0).all() and (s.routes[-1] < 0).all() for _, s in samples)  # the last: never computed
