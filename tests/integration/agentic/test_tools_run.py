@@ -174,6 +174,10 @@ def test_the_completions_log_holds_the_conversations(tools_run):
     assert {"stop_reason", "turns", "tool_failures", "rewards/BoxEnv", "advantage"} <= set(rows[0])
 
 
+# Scenario tier (CI time, issue 30): a second whole agentic run. CI's tier keeps the training run above, agentic evals
+# in the loop (tests/unit/orchestrator/test_agentic_loop.py, on fakes) and `rayward eval` of a one-turn checkpoint
+# (tests/integration/orchestrator/test_eval.py).
+@pytest.mark.scenario
 def test_rayward_eval_runs_the_tools(tools_run, tmp_path):
     """`rayward eval` on the config: its own environment pool, the environment's reward, conversations reported."""
     from orchestrator.train import evaluate

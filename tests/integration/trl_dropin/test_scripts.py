@@ -2,10 +2,11 @@
 for `from trl import` -> `from rayward import` on their one import line: each its own `python script.py`, on an
 embedded Ray cluster, the tiny models and data built in the script.
 
-CI's tier runs two: the quick start, which must learn as it does in TRL, and the weighted rewards, whose functions
-(a lambda and a closure among them) are defined under `if __name__ == "__main__":`. The scenario tier runs the
-other five through rayward (an environment_factory class defined in its script among them), and all seven through
-TRL itself, which proves them valid TRL usage."""
+CI's tier runs the quick start, which must learn as it does in TRL (its functions pickled by value: the unit tier's
+tests/unit/orchestrator/test_trainer.py covers lambdas, closures and `__main__` functions). The scenario tier runs
+the weighted rewards (functions defined under `if __name__ == "__main__":`, a lambda and a closure among them) and
+the other five through rayward (an environment_factory class defined in its script among them), and all seven
+through TRL itself, which proves them valid TRL usage."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def test_the_quickstart_learns_with_the_rayward_import(tmp_path):
     assert r["last5_reward"] > 2 * r["first5_reward"] and r["last5_reward"] > r["first5_reward"] + RISE, r
 
 
+@pytest.mark.scenario
 def test_weighted_rewards_defined_in_the_main_block_lambda_and_closure_included(tmp_path):
     r = rayward("weighted_rewards.py", tmp_path)
     assert r["global_step"] == 4

@@ -20,6 +20,18 @@ NOISE = 0.05
 CLOSE_WAIT_S = 120
 
 
+@pytest.fixture(autouse=True)
+def fresh_vllm_parallel_state():
+    """vLLM sets its process-wide parallel groups up once, for the first model the process builds: an MoE built
+    after a dense model in the same pytest worker finds no expert-parallel group (a generator actor builds one
+    engine per process, so a run never does). Each test here starts its engines from no groups."""
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    yield
+
+
 def close(gen: Generator) -> None:
     gen.loop.close(CLOSE_WAIT_S)
 
@@ -84,6 +96,7 @@ def test_routing_replay_on_near_tied_routers_brings_the_gap_to_the_dense_level()
     assert plain["sampling/sampling_logp_difference/mean"] == pytest.approx(without, rel=1e-3)
 
 
+@pytest.mark.scenario  # CI time: the unit tier sends routes through msgspec as collective_rpc does (test_moe.py)
 def test_routes_come_back_from_an_engine_core_in_its_own_process(monkeypatch):
     """vLLM's multiprocess engine core (the GPU layout): the workers' routes cross the process boundary intact."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")

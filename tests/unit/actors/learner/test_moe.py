@@ -250,3 +250,16 @@ def test_an_moe_checkpoint_resumes_exactly_and_is_a_plain_hf_checkpoint(tmp_path
     b = make_batch(12)
     m1, m2 = lr.train_step(b).metrics, again.train_step(b).metrics  # the optimizer's moments came back too
     assert {k: m1[k] for k in m1.keys() - TIMED_METRICS} == {k: m2[k] for k in m2.keys() - TIMED_METRICS}
+
+
+def test_routes_survive_collective_rpcs_serialisation():
+    """An engine core in its own process hands worker results back through msgspec, where a numpy array would arrive
+    as nested lists: routes travel as (shape, bytes) and come back as the same int16 array."""
+    import msgspec
+
+    from actors.generation.vllm_compat import decode_routes, encode_routes
+
+    routes = np.arange(2 * 3 * 2, dtype=np.int16).reshape(2, 3, 2) - 1
+    wire = msgspec.msgpack.decode(msgspec.msgpack.encode([encode_routes(routes), encode_routes(None)]))
+    back = [decode_routes(x) for x in wire]
+    assert back[1] is None and back[0].dtype == np.int16 and np.array_equal(back[0], routes)
