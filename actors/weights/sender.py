@@ -104,15 +104,17 @@ def _recipe(revert: Any, model: torch.nn.Module, name: str, whole: tuple[int, ..
     if len(converted) == 1 and next(iter(converted.values())) is probe:
         return [(_template(next(iter(converted)), numbers), None)]
     numel = math.prod(whole)
-    index = torch.arange(numel, dtype=torch.int64).reshape(whole)
-    converted = revert(model, {name: index})
+    # int32 where it holds every index: half the transient memory of the probe.
+    dtype = torch.int32 if numel < 2**31 else torch.int64
+    flat_index = torch.arange(numel, dtype=dtype)
+    converted = revert(model, {name: flat_index.reshape(whole)})
     recipe = []
     for target, t in converted.items():
         flat = t.contiguous().reshape(-1)
-        if t.numel() == numel and torch.equal(flat, torch.arange(numel)) and tuple(t.shape) == whole:
+        if t.numel() == numel and tuple(t.shape) == whole and torch.equal(flat, flat_index):
             recipe.append((_template(target, numbers), None))
             continue
-        part = _as_strided(flat, tuple(t.shape))
+        part = _as_strided(flat, tuple(t.shape), flat_index)
         if part is None:
             raise ValueError(f"weight transfer: {name} -> {target} is not a strided part of {name}; "
                              "this model's checkpoint conversion is not supported")
@@ -141,9 +143,10 @@ def from_checkpoint_layout(model: torch.nn.Module, weights: dict[str, torch.Tens
     return out
 
 
-def _as_strided(flat: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
+def _as_strided(flat: torch.Tensor, shape: tuple[int, ...], index: torch.Tensor
+                ) -> tuple[int, tuple[int, ...], tuple[int, ...]] | None:
     """(offset, shape, stride) such that as_strided over the whole tensor gives the elements `flat` (in order), or
-    None if no strided pattern does."""
+    None if no strided pattern does. index: the whole tensor's element indices, flat (the guess is a view of it)."""
     if flat.numel() == 0:
         return None
     idx = flat.reshape(shape)
@@ -155,7 +158,10 @@ def _as_strided(flat: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, tuple[
             continue
         step = idx.narrow(d, 1, 1) - idx.narrow(d, 0, 1)
         stride.append(int(step.reshape(-1)[0]))
-    guess = torch.as_strided(torch.arange(int(flat.max()) + 1), shape, tuple(stride), offset)
+    if offset < 0 or any(s < 0 for s in stride) or offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)
+                                                                 ) >= index.numel():
+        return None
+    guess = torch.as_strided(index, shape, tuple(stride), offset)
     return (offset, shape, tuple(stride)) if torch.equal(guess, idx) else None
 
 

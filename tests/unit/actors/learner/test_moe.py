@@ -263,3 +263,16 @@ def test_routes_survive_collective_rpcs_serialisation():
     wire = msgspec.msgpack.decode(msgspec.msgpack.encode([encode_routes(routes), encode_routes(None)]))
     back = [decode_routes(x) for x in wire]
     assert back[1] is None and back[0].dtype == np.int16 and np.array_equal(back[0], routes)
+
+
+def test_a_part_is_found_only_where_it_is_a_strided_view_of_the_whole():
+    from actors.weights.sender import _as_strided
+
+    index = torch.arange(4 * 6 * 5, dtype=torch.int32)
+    whole = index.reshape(4, 6, 5)
+    gate = whole[2, :3]  # one expert's gate rows out of a fused gate_up: a strided part
+    assert _as_strided(gate.contiguous().reshape(-1), (3, 5), index) == (2 * 30, (3, 5), (5, 1))
+    transposed = whole[1].T  # a transpose is a strided view too
+    assert _as_strided(transposed.contiguous().reshape(-1), (5, 6), index) == (30, (5, 6), (1, 5))
+    shuffled = whole[0].reshape(-1)[torch.randperm(30, generator=torch.Generator().manual_seed(0))]
+    assert _as_strided(shuffled, (30,), index) is None  # not a re-layout: refused, never sent wrong
