@@ -150,10 +150,13 @@ class Generator:
         if agent is not None:  # set up as TRL's trainer sets up its tokenizer for a tool run (the driver checked it)
             chat.prepare_tokenizer(self.tokenizer, dict(agent.chat_template_kwargs))
         self.tensor_parallel_size = tensor_parallel_size
+        # Routing replay (R3): how a finished request's samples, and an agent turn, get their routes; chosen here.
         self.routes = _no_routes
+        self.turn_routes: Callable[[Any], Any] | None = None
         if record_routes:
             self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_capture_routing"))
             self.routes = self._take_routes
+            self.turn_routes = self._turn_routes
 
     def cpu_threads(self) -> str:
         """How this engine computes, for the start-up log."""
@@ -289,7 +292,7 @@ class Generator:
 
         turns = TurnSettings(
             n=sampling["n"], max_tokens=sampling["max_tokens"], max_model_len=self.max_model_len, params=params,
-            min_version=min_version, pin=pin, routes=self._turn_routes if self.routes is not _no_routes else None,
+            min_version=min_version, pin=pin, routes=self.turn_routes,
         )
         return AgentLoop(self.loop, self.environments, self.tokenizer, self.agent, turns)
 
