@@ -329,19 +329,25 @@ class GeneratorGroup(ActorGroup):
     # --- sampling -----------------------------------------------------------------------------------------------
 
     def submit_generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, *,
-                        min_version: int | None, pin: bool = False) -> list[Pending[list[list[Sample]]]]:
-        """Generator.generate on each member's shard of the prompts (seeds: one per prompt)."""
-        return self._submit_sharded("generate", prompt_ids, aligned={"seeds": seeds}, sampling=sampling,
+                        min_version: int | None, pin: bool = False, images: list[tuple[Any, ...]] | None = None,
+                        ) -> list[Pending[list[list[Sample]]]]:
+        """Generator.generate on each member's shard of the prompts (seeds, images: one per prompt)."""
+        aligned: dict[str, list[Any]] = {"seeds": seeds} if images is None else {"seeds": seeds, "images": images}
+        return self._submit_sharded("generate", prompt_ids, aligned=aligned, sampling=sampling,
                                     min_version=min_version, pin=pin)
 
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, *,
-                 min_version: int | None, pin: bool = False) -> list[list[Sample]]:
-        return joined(self.submit_generate(prompt_ids, seeds, sampling, min_version=min_version, pin=pin))
+                 min_version: int | None, pin: bool = False, images: list[tuple[Any, ...]] | None = None,
+                 ) -> list[list[Sample]]:
+        return joined(self.submit_generate(prompt_ids, seeds, sampling, min_version=min_version, pin=pin,
+                                           images=images))
 
     def stream_generate(self, member: int, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling,
-                        *, min_version: int | None) -> Stream[FinishedGroups]:
+                        *, min_version: int | None, images: list[tuple[Any, ...]] | None = None,
+                        ) -> Stream[FinishedGroups]:
         """Generator.generate_stream on one member: its groups as they finish."""
-        return self._stream(member, "generate_stream", prompt_ids, seeds, sampling, min_version=min_version)
+        return self._stream(member, "generate_stream", prompt_ids, seeds, sampling, min_version=min_version,
+                            images=images)
 
     def submit_rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
                        min_version: int | None, pin: bool = False) -> list[Pending[list[list[Sample]]]]:
@@ -378,17 +384,21 @@ class GeneratorGroup(ActorGroup):
 
     # --- checks -------------------------------------------------------------------------------------------------
 
-    def submit_sequence_logprobs(self, token_ids: list[int], temperature: float) -> list[Pending[list[float]]]:
-        """Every member's engine logprobs of token_ids[1:] (the parity check, actors/weights/parity.py)."""
-        return self._submit("sequence_logprobs", token_ids, temperature)
+    def submit_sequence_logprobs(self, token_ids: list[int], temperature: float,
+                                 images: tuple[Any, ...] | None = None) -> list[Pending[list[float]]]:
+        """Every member's engine logprobs of token_ids[1:] (the parity check, actors/weights/parity.py); images:
+        those the ids' placeholders stand for (a vision-language model)."""
+        return self._submit("sequence_logprobs", token_ids, temperature, images)
 
-    def sequence_logprobs(self, token_ids: list[int], temperature: float) -> list[list[float]]:
-        return [p.result() for p in self.submit_sequence_logprobs(token_ids, temperature)]
+    def sequence_logprobs(self, token_ids: list[int], temperature: float,
+                          images: tuple[Any, ...] | None = None) -> list[list[float]]:
+        return [p.result() for p in self.submit_sequence_logprobs(token_ids, temperature, images)]
 
-    def sequence_logprobs_and_routes(self, token_ids: list[int], temperature: float) -> list[tuple[list[float], Any]]:
+    def sequence_logprobs_and_routes(self, token_ids: list[int], temperature: float,
+                                     images: tuple[Any, ...] | None = None) -> list[tuple[list[float], Any]]:
         """Every member's engine logprobs of token_ids[1:] and the routes its MoE layers took (None where it records
-        none): the parity check of a run that replays routing."""
-        return [p.result() for p in self._submit("sequence_logprobs_and_routes", token_ids, temperature)]
+        none): the parity check of a run that replays routing. images: as in sequence_logprobs."""
+        return [p.result() for p in self._submit("sequence_logprobs_and_routes", token_ids, temperature, images)]
 
     def cpu_threads(self) -> list[str]:
         """How each member's engine computes, for the start-up log."""
@@ -569,9 +579,11 @@ class LearnerGroup:
     def cpu_threads(self) -> str:
         return self._submit("cpu_threads").result()
 
-    def sequence_logprobs(self, token_ids: list[int], routes: Any = None) -> list[float]:
-        """routes: replay these (numpy int16 [len(token_ids), layers, top_k]; a learner built with routing replay)."""
-        return self._submit("sequence_logprobs", token_ids, routes).result()
+    def sequence_logprobs(self, token_ids: list[int], routes: Any = None,
+                          images: tuple[Any, ...] | None = None) -> list[float]:
+        """routes: replay these (numpy int16 [len(token_ids), layers, top_k]; a learner built with routing replay).
+        images: the images the ids' placeholders stand for (a vision-language model)."""
+        return self._submit("sequence_logprobs", token_ids, routes, images).result()
 
     # --- weight transfer ----------------------------------------------------------------------------------------
 

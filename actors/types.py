@@ -183,6 +183,9 @@ class Rollouts:
     # routing replay (grpo.router_replay R3), per completion: Sample.routes (numpy int16 [prompt + completion
     # tokens, layers, top_k]). None: not recorded
     routes: list[Any] | None = None
+    # vision-language models, per completion: the images its prompt ids hold (RGB PIL, in placeholder order; the
+    # samples of a prompt share one tuple). None: a text-only batch
+    images: list[tuple[Any, ...]] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -208,6 +211,7 @@ class Rollouts:
             versions=pick(self.versions),
             prompt_index=pick(self.prompt_index),
             routes=pick(self.routes),
+            images=pick(self.images),
         )
 
     def concat(self, other: Rollouts) -> Rollouts:
@@ -222,6 +226,7 @@ class Rollouts:
             versions=join(self.versions, other.versions),
             prompt_index=join(self.prompt_index, other.prompt_index),
             routes=join(self.routes, other.routes),
+            images=join(self.images, other.images),
         )
 
     def reward_batch(self) -> RewardBatch:
@@ -363,6 +368,9 @@ class TrainBatch:
     # Routing replay (grpo.router_replay R3), per completion: numpy int16 [prompt + completion tokens, layers,
     # top_k], the experts the engine chose at each position (-1: none recorded). None: not recorded.
     routes: list[Any] | None = None
+    # Vision-language models, per completion: the images its ids hold (Rollouts.images), which the learner's
+    # processor turns into the forward's pixel inputs. None: text only.
+    images: list[tuple[Any, ...]] | None = None
 
     def __post_init__(self) -> None:
         if self.routes is not None:

@@ -33,6 +33,7 @@ from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
 from actors.rewards.builtin import BUILTIN_REWARDS, builtin_target
 from actors.rewards.worker import RewardFunctionError, RewardSpec, declares_environments, load_reward_function
 from actors.types import Sampling, TrainerState
+from actors.vision import ImageError, Images, is_vision_model
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
@@ -40,6 +41,7 @@ from orchestrator.config import (
     TINY_MODEL,
     TINY_MOE_MODELS,
     TINY_TOOLS_MODEL,
+    TINY_VLM_MODEL,
     ConfigError,
     RewardConfig,
     RunConfig,
@@ -70,6 +72,10 @@ def resolve_model(cfg: RunConfig) -> str:
         from orchestrator.tiny_tools import ensure_tiny_tool_model
 
         return str(ensure_tiny_tool_model())
+    if cfg.model.name_or_path == TINY_VLM_MODEL:
+        from orchestrator.tiny_vlm import ensure_tiny_vlm
+
+        return str(ensure_tiny_vlm())
     if cfg.model.name_or_path in TINY_MOE_MODELS:
         from orchestrator.tiny_moe import ensure_tiny_moe
 
@@ -167,6 +173,7 @@ def learner_spec(cfg: RunConfig, model_path: str) -> LearnerSpec:
         gradient_checkpointing_kwargs=g.gradient_checkpointing_kwargs,
         lora=lora_kwargs(cfg),
         attn_implementation=cfg.model.attn_implementation,
+        processor_kwargs=dict(cfg.model.processor_kwargs) or None,
     )
     optim = OptimSpec(
         optim=g.optim,
@@ -274,6 +281,7 @@ class Prepared:
     agent: AgentSetup | None = None  # tools and environments (None: a one-turn run)
     rewards: list[RewardConfig] = field(default_factory=list)  # cfg.rewards + the environments' unnamed get_reward()s,
     # in `specs` order: what the aggregator weights and gates
+    vision: bool = False  # a vision-language model: prompts carry images to the generators and the learner
 
 
 def load_tokenizer(cfg: RunConfig, model_path: str) -> Any:
@@ -285,14 +293,34 @@ def load_tokenizer(cfg: RunConfig, model_path: str) -> Any:
         raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r}: cannot load tokenizer ({err})") from None
 
 
-def prepare_eval(cfg: RunConfig, tokenizer: Any) -> tuple[list[Prompt] | None, list[RewardSpec] | None]:
-    """The eval block's checks: its rewards import, its dataset has the prompt column. (None, None) without one."""
+def load_images(cfg: RunConfig, model_path: str) -> Images | None:
+    """A vision-language model's processor (its images' sizes and placeholder token; model.processor_kwargs
+    applied); None for a text-only model."""
+    try:
+        if not is_vision_model(model_path, cfg.model.trust_remote_code):
+            if cfg.model.processor_kwargs:
+                raise ConfigError(f"model.processor_kwargs: {cfg.model.name_or_path!r} is not a vision-language "
+                                  "model (its config has no vision_config)")
+            return None
+        return Images(model_path, cfg.model.processor_kwargs, cfg.model.trust_remote_code)
+    except ImageError as err:
+        raise ConfigError(f"model.name_or_path: {err}") from None
+
+
+def prepare_eval(cfg: RunConfig, tokenizer: Any, images: Images | None = None
+                 ) -> tuple[list[Prompt] | None, list[RewardSpec] | None]:
+    """The eval block's checks: its rewards import, its dataset has the prompt column (and decodable images). (None,
+    None) without one."""
     if cfg.eval is None:
         return None, None
     kw = cfg.generation.chat_template_kwargs
     specs = reward_specs(cfg.eval.rewards, "eval.rewards", kw) if cfg.eval.rewards is not None else None
-    held_out = eval_prompts(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, seed=cfg.seed,
-                            prompt_optional=agentic(cfg), template_kwargs=cfg.generation.chat_template_kwargs)
+    try:
+        held_out = eval_prompts(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, seed=cfg.seed,
+                                prompt_optional=agentic(cfg), template_kwargs=cfg.generation.chat_template_kwargs,
+                                images=images)
+    except ImageError as err:
+        raise ConfigError(str(err)) from None
     return held_out, specs
 
 
@@ -305,18 +333,27 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
             raise ConfigError(f"logging.report_to: {sink!r} needs the `{module}` package (pip install {module})")
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg, model_path)
+    images = load_images(cfg, model_path)
     check_learner_model(cfg, model_path)
     rows = training_rows(cfg)
     prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed,
-                           template_kwargs=cfg.generation.chat_template_kwargs)
-    held_out, eval_specs = prepare_eval(cfg, tokenizer)
+                           template_kwargs=cfg.generation.chat_template_kwargs, images=images)
+    try:  # images decode, and the chat template keeps their parts
+        prompts.encode.check(rows, "data")
+    except ImageError as err:
+        raise ConfigError(str(err)) from None
+    if images is not None and agentic(cfg):
+        raise ConfigError("tools / environment_factory: agentic runs of a vision-language model are not supported "
+                          "yet (one-turn image prompts are); docs/vision.md")
+    held_out, eval_specs = prepare_eval(cfg, tokenizer, images)
     agent = prepare_agent(cfg, tokenizer, rows, specs, None if held_out is None else [p.row for p in held_out])
     if agent is not None and cfg.eval is not None and cfg.eval.data.prompt_column != cfg.data.prompt_column:
         raise ConfigError(f"eval.data.prompt_column {cfg.eval.data.prompt_column!r}: with tools, evals read the "
                           f"training data's prompt column ({cfg.data.prompt_column!r}); rename the column")
     extra = agent.env_rewards if agent else []
     return Prepared(cfg, name, model_path, specs + (agent.env_reward_specs if agent else []), prompts,
-                    Path(cfg.logging.dir) / name, held_out, eval_specs, agent, [*cfg.rewards, *extra])
+                    Path(cfg.logging.dir) / name, held_out, eval_specs, agent, [*cfg.rewards, *extra],
+                    vision=images is not None)
 
 
 def selector(cfg: RunConfig, aggregator: RewardAggregator) -> Selector:
@@ -412,12 +449,12 @@ def start_env_pool(cfg: RunConfig, name: str, spec: EnvSpec, *, num_workers: int
     ))
 
 
-def rollout_kind(agent: AgentSetup | None) -> Sampler:
-    """The run's Sampler, how its samples are made: one-turn completions, or agentic rollouts when it has tools
-    (the environments' rewards routed by class name; the pickled environments kept for reward functions that
-    ask)."""
+def rollout_kind(agent: AgentSetup | None, vision: bool = False) -> Sampler:
+    """The run's Sampler, how its samples are made: one-turn completions (vision: with the prompts' images), or
+    agentic rollouts when it has tools (the environments' rewards routed by class name; the pickled environments
+    kept for reward functions that ask)."""
     if agent is None:
-        return OneTurn()
+        return OneTurn(vision=vision)
     return Agentic(env_classes=agent.env_classes, keep_state=agent.keep_state)
 
 
@@ -470,6 +507,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
             cpu_share=generator_cpu_share(cfg),
             extra_engine_kwargs=engine or None,
             record_routes=cfg.grpo.router_replay == "R3",
+            processor_kwargs=dict(cfg.model.processor_kwargs) or None,
             **(agent or {}),
         ),
         per_actor_kwargs=[{"seed": cfg.seed + i} for i in range(c.num_generators)],
@@ -566,7 +604,7 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
         aggregator=aggregator, select=selector(cfg, aggregator), sampling=training_sampling(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
         faults=FaultLog(p.run_dir, logger.display.message), eval_pool=groups.eval_pool,
-        sampler=rollout_kind(p.agent), env_pool=groups.env_pool,
+        sampler=rollout_kind(p.agent, p.vision), env_pool=groups.env_pool,
         tool_watch=ToolCallWatch(logger.display.message) if p.agent is not None else None,
     )
     run.evaluate = run_evaluator(run, p)

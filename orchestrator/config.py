@@ -112,6 +112,7 @@ TINY_TOOLS_MODEL = "tiny-tools"  # the tiny model warmed up to call tools (orche
 # The tiny mixtures of experts (orchestrator/tiny_moe.py): name -> (family, near_ties)
 TINY_MOE_MODELS = {"tiny-moe": ("qwen3_moe", False), "tiny-qwen2-moe": ("qwen2_moe", False),
                    "tiny-moe-ties": ("qwen3_moe", True)}
+TINY_VLM_MODEL = "tiny-vlm"  # a random Qwen2.5-VL of the tiny model's size (orchestrator/tiny_vlm.py)
 # Run names become Ray namespaces, actor names and directory names: lower-case DNS-label characters only.
 RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9\-]{0,62}$"
 
@@ -161,7 +162,8 @@ class ModelConfig(_Section):
     Qwen2-style, head_dim 64) into the cache on first use; `tiny-tools` the same model warmed up to call the box
     task's tools (configs/tools.yaml); `tiny-moe` and `tiny-qwen2-moe` random mixtures of experts of its size
     (Qwen3-MoE, Qwen2-MoE: 8 experts, top-2; configs/moe.yaml), `tiny-moe-ties` a Qwen3-MoE whose routers are
-    near ties (docs/moe.md)."""
+    near ties (docs/moe.md); `tiny-vlm` a random Qwen2.5-VL vision-language model of its size
+    (configs/vlm.yaml, docs/vision.md)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype in the learner and the generators. float32 on CPU (vLLM-CPU and the learner then agree in
     logprobs to rounding: the parity check after the first sync prints the gap); bfloat16 is the usual choice on
@@ -175,6 +177,11 @@ class ModelConfig(_Section):
     transformers' default for the model (sdpa where the model has it). flash_attention_2 / _3 need a GPU and the
     flash-attn package; packed micro-batches are then one row each, with no pad at all. flex_attention trains on
     GPUs only (torch has no backward for it on CPU)."""
+    processor_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Vision-language models: keyword arguments of the model's processor, under the processor's own names, as a
+    TRL script passes them to `AutoProcessor.from_pretrained` (Qwen-VL: `{min_pixels: 3136, max_pixels: 200704}`
+    bounds each image's size and so its vision tokens). The learner's processor and the generators' (vLLM's
+    `mm_processor_kwargs`) get the same, so both expand an image into the same tokens."""
     lora: LoraSettings | None = None
     """Train LoRA adapters (PEFT) instead of every weight: e.g. {r: 8, alpha: 16, target_modules: all-linear}.
     The optimizer holds the adapters only, the KL reference is the base with adapters disabled (no second
@@ -186,7 +193,8 @@ class DataSource(_Section):
     path: str | None = None
     """A local `.jsonl`/`.json`/`.parquet`/`.csv` file, a directory saved with `datasets.save_to_disk`, a hub
     dataset id, or a built-in task: `toy` (the letter task the tiny model learns in a few dozen steps), `code`
-    (45 function-writing problems with assert tests, for the `code_tests` reward) or `boxes` (the tool task).
+    (45 function-writing problems with assert tests, for the `code_tests` reward), `boxes` (the tool task) or
+    `colors` (the letter task shown as a colour, for vision-language models: an `image` column).
     null: `toy`; but for the training data of a run whose `environment_factory` is one environment, the
     environment owns the data (TRL's GRPOTrainer without a train_dataset): generation_batch_size /
     num_generations placeholder rows, each an empty user message, to which reset()'s text is appended."""
@@ -196,7 +204,10 @@ class DataSource(_Section):
     """Column holding the prompt: plain text, or chat messages (list of {role, content}) to which the
     model's chat template is applied. Every other column travels with the sample to the reward functions.
     With `tools` or `environment_factory` the prompt is chat messages, and rows may lack the column (as TRL's
-    rows with only an `environment` column): the prompt is then an empty user message for reset()'s text."""
+    rows with only an `environment` column): the prompt is then an empty user message for reset()'s text.
+    Images (vision-language models) come as TRL takes them: an `image` column (one per row) or `images` (a list),
+    each a PIL image, encoded bytes, a `{bytes, path}` dict or a file path, put before the first user message's
+    text (TRL's `prepare_multimodal_messages`); or image parts in the messages themselves."""
 
 
 class DataConfig(DataSource):

@@ -11,13 +11,21 @@ from pathlib import Path
 from typing import Any
 
 from actors.types import EMPTY_PROMPT, Rollouts, Sample
+from actors.vision import ImageError, Images, to_image
 from orchestrator.config import ConfigError, DataConfig, DataSource, RunConfig
 from orchestrator.tasks.boxes import boxes_dataset
 from orchestrator.tasks.code import code_dataset
+from orchestrator.tasks.colors import colors_dataset
 from orchestrator.tasks.letters import toy_dataset
 
-# data.path names of the built-in tasks (boxes: the tool task, with environment_factory BoxEnv)
-BUILTIN_DATASETS = {"toy": toy_dataset, "code": code_dataset, "boxes": boxes_dataset}
+# data.path names of the built-in tasks (boxes: the tool task, with environment_factory BoxEnv; colors: the
+# vision task, with an `image` column)
+BUILTIN_DATASETS = {"toy": toy_dataset, "code": code_dataset, "boxes": boxes_dataset, "colors": colors_dataset}
+# TRL's image columns (GRPOTrainer): `images`, a list per row, or `image`, one per row (None: none).
+IMAGE_COLUMNS = ("images", "image")
+# Rows whose images are decoded when the run starts (a broken one stops it there, named); later rows' images are
+# decoded as they are drawn, and a broken one is named then.
+CHECKED_IMAGE_ROWS = 1000
 # data.path null (but for an environment that owns its data: `training_rows`)
 DEFAULT_DATASET = "toy"
 # The draw index of a held-out prompt: it is no part of the run's prompt stream (Rollouts.prompt_index says so).
@@ -33,6 +41,10 @@ class Prompt:
     prompt_ids: list[int]  # the prompt column's token ids (through the chat template for chat prompts)
     draw: int = EVAL_DRAW  # its place in the run's prompt stream (0, 1, ... across epochs): it names the prompt's
     # samples (Rollouts.prompt_index) and seeds them (request_seed); EVAL_DRAW for a held-out prompt
+    images: tuple[Any, ...] = ()  # vision-language models: its images (RGB PIL), in the order of their
+    # placeholders in prompt_ids (each placeholder repeated its image's vision tokens times: actors/vision.py)
+    messages: Any = None  # with images: the prompt as TRL passes it to reward functions (`prompts`), its messages
+    # with image parts holding the images (prepare_multimodal_messages); None: the row's prompt column as it is
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,9 @@ def to_rollouts(
     (assistant and tool messages, as TRL passes them to reward functions)."""
     cols = [c for c in prompts[0].row if c != prompt_column]
     out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, group_size, prompt_index=[])
+    vision = any(p.images for p in prompts)
+    if vision:
+        out.images = []
     samples = [s for group in groups for s in group]
     agentic = any(s.trajectory is not None for s in samples)
     if agentic and not all(s.trajectory is not None for s in samples):
@@ -161,7 +176,12 @@ def to_rollouts(
         chat = is_conversational(row.get(prompt_column))
         for s in group:
             t = s.trajectory
-            out.prompts.append(row[prompt_column] if t is None else t.prompt)
+            if vision:  # one tuple per prompt, shared by its samples (pickled once)
+                out.images.append(prompt.images)
+            if t is not None:
+                out.prompts.append(t.prompt)
+            else:  # with images, the messages holding them (what TRL passes)
+                out.prompts.append(row[prompt_column] if prompt.messages is None else prompt.messages)
             out.prompt_ids.append(prompt.prompt_ids if t is None else t.prompt_ids)
             out.completion_ids.append(s.completion_ids)
             if t is not None:
@@ -199,6 +219,92 @@ def encode_prompt(tokenizer: Any, prompt: Any, template_kwargs: dict[str, Any] |
     return list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
 
+def row_images(row: dict[str, Any], where: str) -> list[Any]:
+    """A row's images from TRL's columns (`images`: a list; `image`: one, or None), decoded (actors/vision.py
+    to_image); [] for a row without them. where: the row, named in errors."""
+    if "images" in row and row["images"] is not None:
+        values = row["images"] if isinstance(row["images"], (list, tuple)) else [row["images"]]
+        return [to_image(v, f"{where} column 'images'[{i}]") for i, v in enumerate(values)]
+    if row.get("image") is not None:
+        return [to_image(row["image"], f"{where} column 'image'")]
+    return []
+
+
+def multimodal_prompt(prompt: Any, images: list[Any], where: str) -> tuple[list[dict[str, Any]], list[Any]]:
+    """The prompt's messages with image parts (TRL's prepare_multimodal_messages: the column's images go before the
+    first user message's text, or fill its `{"type": "image"}` parts), and every image they hold, in order."""
+    from trl.data_utils import prepare_multimodal_messages
+
+    if not is_conversational(prompt):
+        raise ImageError(f"{where}: a row with images needs a conversational prompt (a list of messages), as TRL's "
+                         "GRPOTrainer does; got plain text")
+    try:
+        messages = prepare_multimodal_messages(list(prompt), images=images)
+    except ValueError as err:
+        raise ImageError(f"{where}: {err}") from err
+    found = []
+    for m, msg in enumerate(messages):  # the images decoded, in place of what the row held (paths, bytes)
+        if not isinstance(msg.get("content"), list):
+            continue
+        parts = []
+        for part in msg["content"]:
+            if isinstance(part, dict) and part.get("type") == "image":
+                part = {**part, "image": to_image(part.get("image"), f"{where} message {m} image part")}
+                found.append(part["image"])
+            parts.append(part)
+        messages[m] = {**msg, "content": parts}
+    return messages, found
+
+
+class PromptEncoder:
+    """Turns a dataset row into its Prompt: the prompt column through the chat template (chat prompts, with
+    generation.chat_template_kwargs and the generation prompt) or as text; with a vision-language model
+    (`images`, the model's processor) the row's images too, their placeholders expanded to their vision tokens."""
+
+    def __init__(self, tokenizer: Any, column: str, template_kwargs: dict[str, Any] | None = None,
+                 images: Images | None = None):
+        self.tokenizer, self.column, self.template_kwargs, self.images = tokenizer, column, template_kwargs, images
+
+    def __call__(self, row: dict[str, Any], draw: int = EVAL_DRAW, where: str = "row") -> Prompt:
+        prompt = row_prompt(row, self.column)
+        pictures = row_images(row, where) if self.images is not None or _has_images(row) else []
+        if not pictures and not _image_parts(prompt):
+            return Prompt(row, encode_prompt(self.tokenizer, prompt, self.template_kwargs), draw)
+        if self.images is None:
+            raise ImageError(f"{where}: the row has images but the model has no image processor (not a "
+                             "vision-language model)")
+        messages, pictures = multimodal_prompt(prompt, pictures, where)
+        try:
+            ids = encode_prompt(self.tokenizer, messages, self.template_kwargs)
+        except Exception as err:  # noqa: BLE001 - a template error, named with the row and what it means
+            raise ImageError(f"{where}: the chat template cannot render a message with image parts "
+                             f"({type(err).__name__}: {err}); a vision-language model's template (its processor's "
+                             "chat_template) renders them as image placeholders") from err
+        try:
+            ids = self.images.expand(ids, pictures)
+        except ImageError as err:
+            raise ImageError(f"{where}: {err}") from err
+        return Prompt(row, ids, draw, tuple(pictures), messages)
+
+    def check(self, rows: list[dict[str, Any]], field: str) -> None:
+        """Decode the first CHECKED_IMAGE_ROWS rows' images and render them, so a broken image or a chat template
+        that drops image parts stops the run before anything starts (the error names the row)."""
+        if self.images is None and not any(_has_images(r) for r in rows[:CHECKED_IMAGE_ROWS]):
+            return
+        for i, row in enumerate(rows[:CHECKED_IMAGE_ROWS]):
+            self(row, where=f"{field} row {i}")
+
+
+def _has_images(row: dict[str, Any]) -> bool:
+    return any(row.get(c) is not None for c in IMAGE_COLUMNS)
+
+
+def _image_parts(prompt: Any) -> bool:
+    return is_conversational(prompt) and any(
+        isinstance(m.get("content"), list) and any(isinstance(p, dict) and p.get("type") == "image"
+                                                   for p in m["content"]) for m in prompt)
+
+
 def row_prompt(row: dict[str, Any], column: str) -> Any:
     """A row's prompt; EMPTY_PROMPT for a row without the column (allowed only where an environment supplies it:
     load_rows' prompt_optional)."""
@@ -206,11 +312,13 @@ def row_prompt(row: dict[str, Any], column: str) -> Any:
 
 
 def eval_prompts(cfg: DataSource, tokenizer: Any, *, max_samples: int | None, seed: int = 0,
-                 prompt_optional: bool = False, template_kwargs: dict[str, Any] | None = None) -> list[Prompt]:
-    """The held-out prompts: the first `max_samples` rows (file order, all if None), tokenized. The same prompts
-    every eval, so the evals of a run are comparable."""
+                 prompt_optional: bool = False, template_kwargs: dict[str, Any] | None = None,
+                 images: Images | None = None) -> list[Prompt]:
+    """The held-out prompts: the first `max_samples` rows (file order, all if None), tokenized (images: the vision
+    model's processor). The same prompts every eval, so the evals of a run are comparable."""
     rows = load_rows(cfg, seed=seed, field="eval.data", prompt_optional=prompt_optional)[:max_samples]
-    return [Prompt(r, encode_prompt(tokenizer, row_prompt(r, cfg.prompt_column), template_kwargs)) for r in rows]
+    encode = PromptEncoder(tokenizer, cfg.prompt_column, template_kwargs, images)
+    return [encode(r, where=f"eval.data row {i}") for i, r in enumerate(rows)]
 
 
 class PromptSource:
@@ -223,9 +331,11 @@ class PromptSource:
     position."""
 
     def __init__(self, rows: list[dict[str, Any]], tokenizer: Any, cfg: DataConfig, seed: int = 0,
-                 template_kwargs: dict[str, Any] | None = None):
-        """template_kwargs: generation.chat_template_kwargs, for chat prompts."""
+                 template_kwargs: dict[str, Any] | None = None, images: Images | None = None):
+        """template_kwargs: generation.chat_template_kwargs, for chat prompts; images: a vision-language model's
+        processor (rows with images: actors/vision.py)."""
         self.rows, self.cfg, self.tokenizer, self.template_kwargs = rows, cfg, tokenizer, template_kwargs
+        self.encode = PromptEncoder(tokenizer, cfg.prompt_column, template_kwargs, images)
         self._rng = random.Random(seed)
         self._order: list[int] = []
         self._cursor = 0
@@ -259,9 +369,7 @@ class PromptSource:
             if draw in self._skip:
                 self._skip.discard(draw)
                 continue
-            row = self.rows[i]
-            ids = encode_prompt(self.tokenizer, row_prompt(row, self.cfg.prompt_column), self.template_kwargs)
-            out.append(Prompt(row, ids, draw))
+            out.append(self.encode(self.rows[i], draw, where=f"data row {i}"))
         return out
 
     def state(self) -> DataPosition:

@@ -50,23 +50,30 @@ class Sampler(Protocol):
         """What the reward pool scores."""
 
 
+@dataclass(frozen=True)
 class OneTurn:
     """One-turn completions of the prompts' token ids, one seed per prompt (vLLM seeds sample j of a prompt with
-    its seed + j)."""
+    its seed + j). vision: the prompts' images travel with them (a vision-language model)."""
+
+    vision: bool = False
+
+    def _images(self, prompts: list[Prompt]) -> list[tuple] | None:
+        return [p.images for p in prompts] if self.vision else None
 
     def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
                  sampling: Sampling, min_version: int) -> list[list[Sample]]:
-        return generators.generate([p.prompt_ids for p in prompts], seeds, sampling, min_version=min_version)
+        return generators.generate([p.prompt_ids for p in prompts], seeds, sampling, min_version=min_version,
+                                   images=self._images(prompts))
 
     def submit(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
                sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
         return generators.submit_generate([p.prompt_ids for p in prompts], seeds, sampling, min_version=min_version,
-                                          pin=True)
+                                          pin=True, images=self._images(prompts))
 
     def stream(self, generators: Generators, member: int, prompts: list[Prompt], seeds: list[int],
                sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
         return generators.stream_generate(member, [p.prompt_ids for p in prompts], seeds, sampling,
-                                          min_version=min_version)
+                                          min_version=min_version, images=self._images(prompts))
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
         return rollouts.reward_batch()

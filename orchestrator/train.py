@@ -212,7 +212,7 @@ class _Session:
 
 def _resume(run: Run, found: list[Path], mode: str | None) -> None:
     """The compute line, the checkpoint to continue from (if any), and the generator-learner parity check."""
-    from actors.weights.parity import logprob_parity
+    from actors.weights.parity import PARITY_TOKENS, logprob_parity
 
     cfg, say = run.cfg, run.display.message
     threads = [f"learner {run.learner.cpu_threads()}"]
@@ -225,7 +225,11 @@ def _resume(run: Run, found: list[Path], mode: str | None) -> None:
         raise ConfigError(f"--resume: none of the checkpoints in {run.run_dir} could be loaded")
     if cfg.logging.check_logprob_parity:
         stats = run.weights.push(run.progress.global_step)
-        gap = logprob_parity(run.learner, run.generators, cfg.generation.temperature)
+        # A vision-language model's check runs on the first training prompt with its images (the vision tower
+        # and projector synced too), followed by the fixed tokens.
+        first = run.prompts.encode(run.prompts.rows[0], where="data row 0")
+        ids = first.prompt_ids + PARITY_TOKENS if first.images else None
+        gap = logprob_parity(run.learner, run.generators, cfg.generation.temperature, ids, first.images or None)
         say(
             f"rayward: weight sync {stats.bytes / 1e6:.0f} MB in {stats.seconds:.2f}s; generator-learner "
             f"logprob parity after sync: max abs diff {gap:.2e}"
@@ -284,6 +288,7 @@ def evaluate(
     from orchestrator.build import (
         agent_kwargs,
         eval_set,
+        load_images,
         load_tokenizer,
         prepare_eval,
         resolve_model,
@@ -311,8 +316,9 @@ def evaluate(
         policy = str(ckpt)
         step = checkpoints.saved_step(ckpt) or 0
     tokenizer = load_tokenizer(cfg, model_path)
+    images = load_images(cfg, model_path)
     try:
-        rows, eval_specs = prepare_eval(cfg, tokenizer)
+        rows, eval_specs = prepare_eval(cfg, tokenizer, images)
     except DataError as err:
         raise ConfigError(str(err)) from None
     train_specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs)
@@ -334,7 +340,7 @@ def evaluate(
             agent_args = agent_kwargs(cfg, agent, env_pool, cfg.eval.data.prompt_column)
         generators = start_generators(cfg, name, policy, agent=agent_args)
         groups.append(generators)
-        es = eval_set(cfg, rows, pool, [*cfg.rewards, *env_rewards], rollout_kind(agent))
+        es = eval_set(cfg, rows, pool, [*cfg.rewards, *env_rewards], rollout_kind(agent, images is not None))
         result = finish_eval(es, submit_eval(es, generators, step))
     finally:
         for group in reversed(groups):

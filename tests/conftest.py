@@ -32,6 +32,14 @@ def tiny_model_path():
 
 
 @pytest.fixture(scope="session")
+def tiny_vlm_path():
+    """rayward's tiny random Qwen2.5-VL (orchestrator/tiny_vlm.py), built once into the cache."""
+    from orchestrator.tiny_vlm import ensure_tiny_vlm
+
+    return str(ensure_tiny_vlm())
+
+
+@pytest.fixture(scope="session")
 def no_checkpointing_model_path(tmp_path_factory, tiny_model_path):
     """A tiny random JetMoe causal LM (transformers declares no gradient checkpointing for it) with the tiny model's
     tokenizer files."""

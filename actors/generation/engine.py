@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 # Turns (prompt ids, sampling params) into what `engine.add_request` takes, on the submitting thread.
-Render = Callable[[Sequence[int], Any], Any]
+Render = Callable[[Sequence[int] | dict[str, Any], Any], Any]
 
 
 class EngineError(RuntimeError):
@@ -461,9 +461,12 @@ def _vllm_render(engine: Any) -> Render:
 
     renderer, model_config = engine.renderer, engine.model_config
 
-    def render(prompt_ids: Sequence[int], params: Any) -> Any:
+    def render(prompt_ids: Sequence[int] | dict[str, Any], params: Any) -> Any:
         params.output_kind = RequestOutputKind.FINAL_ONLY
-        prompt = parse_model_prompt(model_config, TokensPrompt(prompt_token_ids=list(prompt_ids)))
+        # a dict: a token prompt with its multi-modal data (a vision-language model's images)
+        tokens = TokensPrompt(**prompt_ids) if isinstance(prompt_ids, dict) else TokensPrompt(
+            prompt_token_ids=list(prompt_ids))
+        prompt = parse_model_prompt(model_config, tokens)
         (engine_input,) = renderer.render_cmpl([prompt], renderer.default_cmpl_tok_params)
         return engine_input
 

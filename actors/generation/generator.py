@@ -33,6 +33,7 @@ from actors.generation.engine import EngineLoop, FinishedQueue, Request, token_v
 from actors.generation.vllm_compat import decode_routes
 from actors.generation.vllm_plugin import SPIN_ENV
 from actors.types import FinishedGroups, Sample, Sampling
+from actors.vision import ImageError, Images, is_vision_model
 
 # vLLM resolves this by qualified name inside each engine worker process.
 WEIGHT_SYNC_EXTENSION = "actors.weights.receiver.WeightSyncExtension"
@@ -71,10 +72,13 @@ class Generator:
         environments: Environments | None = None,
         agent: AgentSettings | None = None,
         record_routes: bool = False,
+        processor_kwargs: dict[str, Any] | None = None,
     ) -> None:
         """environments, agent: an agentic run's environment pool (actors.envs.client.PoolEnvironments over the
         pool actor's handle) and its settings; both or neither (then `rollout` is unavailable). record_routes:
-        every Sample carries the experts the engine's MoE layers chose for its tokens (grpo.router_replay R3)."""
+        every Sample carries the experts the engine's MoE layers chose for its tokens (grpo.router_replay R3).
+        processor_kwargs: a vision-language model's processor settings (model.processor_kwargs), for vLLM's
+        processor and this generator's (which maps the driver's expanded image placeholders to vLLM's)."""
         import torch
 
         if (environments is None) != (agent is None):
@@ -137,6 +141,15 @@ class Generator:
             # prompt is computed whole (docs/moe.md).
             kwargs["enable_prefix_caching"] = False
         kwargs.update(extra_engine_kwargs or {})
+        # A vision-language model: prompts carry images (actors/vision.py); videos are not taken, so vLLM does not
+        # reserve room for them.
+        self.vision = Images(model, processor_kwargs) if is_vision_model(model) else None
+        # A vision-language model's sampling never draws an image placeholder (actors/vision.py PLACEHOLDER_BIAS).
+        self.logit_bias = self.vision.placeholder_bias if self.vision is not None else None
+        if self.vision is not None:
+            kwargs["limit_mm_per_prompt"] = {"video": 0}
+            if processor_kwargs:
+                kwargs["mm_processor_kwargs"] = dict(processor_kwargs)
         if record_routes and not kwargs["enforce_eager"]:
             raise ValueError("grpo.router_replay R3 records routing in eager mode only (a CUDA graph replays its "
                              "kernels without the recording hook): drop enforce_eager=False")
@@ -176,7 +189,7 @@ class Generator:
 
     def generate(
         self, prompt_token_ids: list[list[int]], seeds: list[int] | None, sampling: Sampling, *,
-        min_version: int | None = None, pin: bool = False,
+        min_version: int | None = None, pin: bool = False, images: list[tuple[Any, ...]] | None = None,
     ) -> list[list[Sample]]:
         """Sample `sampling.n` completions per prompt; result[i][j] is sample j of prompt i.
 
@@ -184,20 +197,46 @@ class Generator:
         get different samples while a repeated call draws the same ones; None: unseeded.
         min_version: sample with weights of at least this policy version (the requests wait for its load);
         pin: no weight load until the call is done (an eval of one version). Sample.versions: per token.
+        images: per prompt, the images its ids' (expanded) placeholders stand for (a vision-language model).
         """
         # One batch, so vLLM schedules all prompts * n samples together.
         params = self._params(sampling, seeds, len(prompt_token_ids))
-        requests = self.loop.submit_batch(prompt_token_ids, params, min_version=min_version, pin=pin)
+        requests = self.loop.submit_batch(self._engine_prompts(prompt_token_ids, images), params,
+                                          min_version=min_version, pin=pin)
         outs = _results(requests)
-        return [self.routes(out, p, _samples(out)) for out, p in zip(outs, prompt_token_ids, strict=True)]
+        return [self.routes(out, p, _samples(self._checked(out, p))) for out, p in zip(outs, prompt_token_ids,
+                                                                                         strict=True)]
+
+    def _engine_prompts(self, prompt_token_ids: list[list[int]], images: list[tuple[Any, ...]] | None
+                        ) -> list[Any]:
+        """What the engine loop submits: the ids as they are, or (with images) vLLM's token prompt with one
+        placeholder per image and the images as its multi-modal data."""
+        if not images or self.vision is None:
+            if images and any(images):
+                raise ImageError(f"generator {self.model!r}: prompts with images for a model without an image "
+                                 "processor")
+            return prompt_token_ids
+        return [{"prompt_token_ids": self.vision.collapse(ids, ims), "multi_modal_data": {"image": list(ims)}}
+                if ims else ids for ids, ims in zip(prompt_token_ids, images, strict=True)]
+
+    def _checked(self, out: Any, prompt_ids: list[int]) -> Any:
+        """A finished request whose prompt the engine ran as given (with images: vLLM expanded every image into
+        as many tokens as the driver's processor did, so the learner trains on what the engine saw)."""
+        ran = out.prompt_token_ids
+        if ran is not None and len(ran) != len(prompt_ids):
+            raise ImageError(
+                f"generator {self.model!r}: vLLM ran a prompt of {len(ran)} tokens where the driver's processor "
+                f"made {len(prompt_ids)}: the two expand an image into different numbers of vision tokens. Give "
+                "the processor's image sizes in model.processor_kwargs (both sides read them)")
+        return out
 
     def _params(self, sampling: Sampling, seeds: list[int] | None, num_prompts: int) -> Any:
         """One SamplingParams for every prompt, or one per prompt with its seed."""
         if seeds is None:
-            return self._sampling_params(**asdict(sampling))
+            return self._sampling_params(**asdict(sampling), logit_bias=self.logit_bias)
         if len(seeds) != num_prompts:
             raise ValueError(f"{len(seeds)} seeds for {num_prompts} prompts")
-        return [self._sampling_params(**asdict(sampling), seed=s) for s in seeds]
+        return [self._sampling_params(**asdict(sampling), seed=s, logit_bias=self.logit_bias) for s in seeds]
 
     def _take_routes(self, out: Any, prompt_ids: list[int], samples: list[Sample]) -> list[Sample]:
         """The samples of one finished request with the routes the engine's workers recorded for each (TP ranks
@@ -227,7 +266,7 @@ class Generator:
 
     def generate_stream(
         self, prompt_token_ids: list[list[int]], seeds: list[int] | None, sampling: Sampling, *,
-        min_version: int | None = None,
+        min_version: int | None = None, images: list[tuple[Any, ...]] | None = None,
     ) -> Iterator[FinishedGroups]:
         """`generate`, streamed: yields the groups that finished after every engine step in which some did,
         so their rewards can be scored while the rest of the batch is still decoding. One engine batch, so no cost over `generate`.
@@ -238,13 +277,16 @@ class Generator:
         min_version keeps it from sampling with weights older than that version."""
         t0 = time.perf_counter()
         finished = FinishedQueue()
-        requests = self.loop.submit_batch(prompt_token_ids, self._params(sampling, seeds, len(prompt_token_ids)),
+        requests = self.loop.submit_batch(self._engine_prompts(prompt_token_ids, images),
+                                          self._params(sampling, seeds, len(prompt_token_ids)),
                                           finished=finished, min_version=min_version)
         index = {r.request_id: i for i, r in enumerate(requests)}
         try:
             for done in finished:
                 groups = [(index[r.request_id], self.routes(r.result(), prompt_token_ids[index[r.request_id]],
-                                                            _samples(r.result()))) for r in done]
+                                                            _samples(self._checked(
+                                                                r.result(), prompt_token_ids[index[r.request_id]]))))
+                          for r in done]
                 yield FinishedGroups(groups, time.perf_counter() - t0)
         finally:  # a consumer that stops early leaves nothing decoding
             for r in requests:
@@ -305,6 +347,7 @@ class Generator:
         top_p: float = 1.0,
         top_k: int = 0,
         seed: int | None = None,
+        logit_bias: dict[int, float] | None = None,
     ) -> Any:
         from vllm import SamplingParams
 
@@ -317,6 +360,9 @@ class Generator:
             seed=seed,
             # logprobs=0 returns just the sampled token's logprob (no top-k alternatives).
             logprobs=0,
+            # A vision-language model never samples an image placeholder (the learner's forward would take it for
+            # an image); the learner applies the same bias (actors/vision.py PLACEHOLDER_BIAS).
+            logit_bias=logit_bias,
         )
 
     # --- weights (actors.weights: the engine side runs in every worker, see receiver.py) --------------------
@@ -349,20 +395,27 @@ class Generator:
             # in flight are preempted and their KV recomputed, so every token sampled from now on is the new
             # policy's, conditioned on the same ids.
             self.llm.llm_engine.reset_prefix_cache(reset_running_requests=True)
+            if self.vision is not None:
+                # vLLM keeps images' vision-tower outputs by image hash across requests: the old weights' would
+                # stand in for the new ones' (vLLM: "call this when model weights are updated").
+                self.llm.llm_engine.reset_encoder_cache()
             return result
 
         if version is None:
             version = self.loop.version + 1
         return self.loop.exclusive(load_and_reset, version=version)
 
-    def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0) -> list[float]:
-        """Engine logprob of tokens[1:] given their prefixes, under softmax(logits / temperature).
+    def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0,
+                          images: tuple[Any, ...] | None = None) -> list[float]:
+        """Engine logprob of tokens[1:] given their prefixes, under softmax(logits / temperature); images: those
+        the ids' placeholders stand for (a vision-language model).
 
         For learner <-> generator parity checks; returns len(token_ids) - 1 values.
         """
-        return self.sequence_logprobs_and_routes(token_ids, temperature)[0]
+        return self.sequence_logprobs_and_routes(token_ids, temperature, images)[0]
 
-    def sequence_logprobs_and_routes(self, token_ids: list[int], temperature: float = 1.0) -> tuple[list[float], Any]:
+    def sequence_logprobs_and_routes(self, token_ids: list[int], temperature: float = 1.0,
+                                     images: tuple[Any, ...] | None = None) -> tuple[list[float], Any]:
         """`sequence_logprobs`, and the experts the engine's MoE layers chose at each position (numpy int16
         [len(token_ids), layers, top_k]; None where this engine records no routes): the parity check replays them
         in the learner when the run replays routing (grpo.router_replay R3), as training does."""
@@ -374,7 +427,8 @@ class Generator:
         # renormalise: log_softmax(logprobs / T) == log_softmax(logits / T).
         full_vocab = not math.isclose(temperature, 1.0)
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=-1 if full_vocab else 0)
-        out = self.loop.submit(token_ids, params).result()
+        (prompt,) = self._engine_prompts([token_ids], [images] if images else None)
+        out = self._checked(self.loop.submit(prompt, params).result(), token_ids)
         assert out.prompt_logprobs is not None
         # The prefill computed every position of token_ids (the one token sampled after them, none).
         (sample,) = self.routes(out, token_ids, [Sample(list(out.outputs[0].token_ids), [], "", "length")])

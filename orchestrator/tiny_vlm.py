@@ -1,0 +1,185 @@
+"""A tiny vision-language model (Qwen2.5-VL), built locally like the tiny dense model, for tests and CPU runs.
+
+Its language model is the tiny dense model's shape (orchestrator/tiny.py: 2 layers, 128 wide, 2 heads of 64) and
+tokenizer, plus Qwen's four vision tokens; its vision tower is a 2-block Qwen2.5-VL ViT (14-pixel patches merged
+2 x 2, window attention in block 0, full attention in block 1) whose merger projects into the language model.
+Qwen2.5-VL's real chat template (TRL's `qwen2_5_vl.jinja`) and processor (Qwen2VLImageProcessor, with its
+min_pixels / max_pixels) are saved with it, so transformers, vLLM and TRL all run their own code on it: its
+multimodal rotary positions (mrope), the placeholder expansion, the vision tower's windows.
+
+Warmed up so that GRPO has signal (`warm_up`): a few supervised steps on `colors` rows teach the answer's form (one
+letter of abcd, then the end of the turn) and a first, weak link from colour to letter. A random model's 16-token
+completions give GRPO groups with almost no reward spread on this task; so does a warm-up on answers drawn
+independently of the colour, which teaches the model to ignore the image altogether (its letter probabilities
+then agree across images to 1e-6).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from orchestrator.tiny import (
+    HIDDEN_SIZE,
+    IM_END,
+    INTERMEDIATE_SIZE,
+    MAX_POSITIONS,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    NUM_LAYERS,
+    PAD_TOKEN,
+    TIE_WORD_EMBEDDINGS,
+    _build_tokenizer,
+    ensure_cached,
+)
+
+# Bump when anything below changes the files written, so stale caches are not reused.
+CACHE_NAME = "tiny-vlm-v2"
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# The tokenizer's 512 + 4 vision tokens, rounded up to a multiple of 8.
+VOCAB_SIZE = 520
+# mrope: the rotary half-dimension (head_dim 64 / 2 = 32) split over (time, height, width), as Qwen's [16, 24, 24]
+# splits 64.
+MROPE_SECTION = [8, 12, 12]
+VISION_DEPTH = 2
+VISION_HIDDEN = 64
+VISION_HEADS = 2
+VISION_INTERMEDIATE = 128
+PATCH_SIZE = 14
+MERGE_SIZE = 2
+# 2 x 2 merged patches per window: block 0 attends within windows of 56 pixels, block 1 over the whole image.
+WINDOW_SIZE = 56
+FULL_ATTENTION_BLOCKS = [1]
+# Images between 56 x 56 (4 vision tokens) and 112 x 112 pixels (16): a CPU budget (Qwen's defaults are 4 to
+# 16384 tokens per image).
+MIN_PIXELS = 56 * 56
+MAX_PIXELS = 112 * 112
+# Init scale of the weight matrices: the language model's as the tiny model's (visible logprobs); the vision
+# tower's smaller, so its 2 blocks keep the patch colours distinguishable at the output.
+LM_INIT_STD = 0.2
+VISION_INIT_STD = 0.05
+# The warm-up: WARMUP_STEPS supervised steps of WARMUP_BATCH `colors` rows (image -> its letter, <|im_end|>) at
+# WARMUP_LR (Adam). Deliberately short: the model leaves it answering a letter most of the time and the right one
+# about 4 times in 10 (above the blind 1 in 4: some signal in every group), far from solved, so GRPO has the rest to
+# learn, from the image. (Twenty steps of the same nearly solve the task.)
+WARMUP_STEPS = 40
+WARMUP_CORRECT = 0.2
+WARMUP_BATCH = 16
+WARMUP_LR = 3e-3
+WARMUP_SEED = 1
+# The warm-up's torch threads (2 cores here), restored after.
+WARMUP_THREADS = 2
+
+
+def chat_template() -> str:
+    """Qwen2.5-VL's chat template as TRL ships it."""
+    import trl
+
+    return (Path(trl.__file__).parent / "chat_templates" / "qwen2_5_vl.jinja").read_text()
+
+
+def vlm_config(ids: dict[str, int]) -> Any:
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=VOCAB_SIZE, hidden_size=HIDDEN_SIZE, intermediate_size=INTERMEDIATE_SIZE,
+            num_hidden_layers=NUM_LAYERS, num_attention_heads=NUM_HEADS, num_key_value_heads=NUM_KV_HEADS,
+            max_position_embeddings=MAX_POSITIONS,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": MROPE_SECTION},
+            bos_token_id=None, eos_token_id=ids[IM_END], pad_token_id=ids[PAD_TOKEN],
+        ),
+        vision_config=dict(
+            depth=VISION_DEPTH, hidden_size=VISION_HIDDEN, intermediate_size=VISION_INTERMEDIATE,
+            num_heads=VISION_HEADS, out_hidden_size=HIDDEN_SIZE, patch_size=PATCH_SIZE,
+            spatial_merge_size=MERGE_SIZE, temporal_patch_size=2, window_size=WINDOW_SIZE,
+            fullatt_block_indexes=FULL_ATTENTION_BLOCKS,
+        ),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=TIE_WORD_EMBEDDINGS, dtype="float32",
+    )
+
+
+def build_tiny_vlm(path: str | Path, seed: int = 0, warm: bool = True) -> Path:
+    """Write the tiny Qwen2_5_VLForConditionalGeneration (float32; warmed up unless `warm` is False), its tokenizer
+    and processor to `path`."""
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+    )
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    _build_tokenizer(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    template = chat_template()
+    tokenizer.chat_template = template
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in [*VISION_TOKENS, IM_END, PAD_TOKEN]}
+    config = vlm_config(ids)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, VISION_INIT_STD if ".visual." in f".{name}" else LM_INIT_STD)
+    processor = Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS),
+        tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(), chat_template=template,
+    )
+    if warm:
+        warm_up(model, processor)
+    model.generation_config = GenerationConfig(eos_token_id=ids[IM_END], pad_token_id=ids[PAD_TOKEN])
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def warm_up(model: Any, processor: Any, steps: int = WARMUP_STEPS, seed: int = WARMUP_SEED) -> None:
+    """Teach the answer's form on `colors` images with random answers (see the module docstring)."""
+    import random
+
+    import torch
+
+    from orchestrator.tasks.colors import PROMPT, color_image
+    from orchestrator.tasks.letters import LETTERS
+
+    rng = random.Random(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(WARMUP_THREADS)
+    opt = torch.optim.Adam(model.parameters(), lr=WARMUP_LR)
+    end = processor.tokenizer.convert_tokens_to_ids(IM_END)
+    image_token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    model.train()
+    try:
+        for _ in range(steps):
+            letters = [rng.choice(LETTERS) for _ in range(WARMUP_BATCH)]
+            pictures = [color_image(a, rng) for a in letters]
+            answers = [a if rng.random() < WARMUP_CORRECT else rng.choice(LETTERS) for a in letters]
+            chats = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]] * len(answers)
+            texts = processor.apply_chat_template(chats, add_generation_prompt=True, tokenize=False)
+            inputs = processor(text=texts, images=pictures, return_tensors="pt")  # its mm_token_type_ids: the prompt's
+            prompt = inputs["input_ids"]  # [B, P]: every image the same size, so no padding
+            answer = torch.tensor([processor.tokenizer.encode(a, add_special_tokens=False) + [end] for a in answers])
+            input_ids = torch.cat([prompt, answer], dim=1)
+            labels = torch.cat([torch.full_like(prompt, -100), answer], dim=1)
+            loss = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=labels,
+                         pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
+                         mm_token_type_ids=(input_ids == image_token).int()).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+
+
+def ensure_tiny_vlm(cache_dir: str | Path | None = None) -> Path:
+    """Build the tiny VLM once into the cache dir (as orchestrator/tiny.py: ensure_tiny_model)."""
+    return ensure_cached(CACHE_NAME, build_tiny_vlm, cache_dir)
