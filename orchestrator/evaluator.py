@@ -38,7 +38,7 @@ from orchestrator.eval_metrics import EvalSchedule, eval_metrics
 from orchestrator.groups import Generators, RewardScorer
 from orchestrator.grpo import nan_to_none
 from orchestrator.rollout import OneTurn, Sampler, agent_metrics, row_seeds
-from orchestrator.telemetry.metrics import MetricsLogger
+from orchestrator.telemetry.metrics import MetricsLogger, image_files
 from orchestrator.telemetry.progress import Display
 
 
@@ -192,7 +192,7 @@ class _Evaluator:
         if self.log_completions:
             with open(self.logger.run_dir / "eval_completions.jsonl", "a") as f:
                 for row in result.samples():
-                    f.write(json.dumps(row, default=str) + "\n")
+                    f.write(json.dumps(image_files(row, self.logger.run_dir), default=str) + "\n")
         keeper = self.best_checkpoint
         if keeper is not None and keeper.offer(result.step, result.metrics, candidate):
             self.display.message(

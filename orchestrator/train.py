@@ -27,6 +27,7 @@ from orchestrator.errors import RunFailed, RunStopped
 from orchestrator.run import Run
 from orchestrator.signals import Signals
 from orchestrator.telemetry.actor_logs import ActorOutput
+from orchestrator.telemetry.metrics import image_files
 from orchestrator.telemetry.progress import Display, open_display, summary_footer, summary_table
 
 # Every line the run's actors wrote, in the run directory (the terminal shows only rayward's own).
@@ -350,7 +351,8 @@ def evaluate(
     out = Path(output) if output is not None else Path(cfg.logging.dir) / name / "eval.json"
     report = {
         "model": policy, "checkpoint": None if checkpoint is None else str(checkpoint), "step": step,
-        "eval": cfg.eval.model_dump(mode="json"), "metrics": result.metrics, "samples": result.samples(),
+        "eval": cfg.eval.model_dump(mode="json"), "metrics": result.metrics,
+        "samples": image_files(result.samples(), out.parent),  # images: files beside the report
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))

@@ -46,6 +46,9 @@ def visible(text: Any, limit: int = CELL_CHARS) -> str:
     writes them; a terminal would act on them), cut at `limit` characters."""
     if isinstance(text, list) and text and isinstance(text[-1], dict):
         text = text[-1].get("content", "")
+    if isinstance(text, list):  # content parts (a vision-language prompt): its text, each image as <image FILE>
+        text = " ".join(f"<image {p.get('image')}>" if p.get("type") == "image" else str(p.get("text", ""))
+                        for p in text if isinstance(p, dict))
     text = text if isinstance(text, str) else json.dumps(text, default=str)
     out = "".join(
         c if c == "\n" or not unicodedata.category(c).startswith("C") else c.encode("unicode_escape").decode()

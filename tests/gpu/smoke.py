@@ -6,7 +6,8 @@ dry run the unit tier makes: tests/unit/actors/learner/test_gpu_smoke.py).
 Each check is a function of the device that raises on a failure and returns a one-line detail, or raises `Skip`;
 `main` runs them in order, prints each row as it ends (a hang leaves the rows before it on screen) and the whole
 table at the end, and exits 1 when a check failed. Imports: torch, transformers, accelerate (peft for the LoRA row,
-flash_attn for the flash row) and rayward's learner modules, which import nothing else on these paths.
+flash_attn for the flash row, torchvision and Pillow for the vision row) and rayward's learner modules, which import
+nothing else on these paths.
 
 Tolerances (tests/fixtures/tolerance.py): float32 as in the unit tier (the longest sum's rounding, relative to the
 compared tensor's size). bfloat16 keeps 8 significant bits, and a deep stack of its roundings has no useful
@@ -48,6 +49,14 @@ LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 BUCKET_MB = 0.05  # small buckets: the tiny model's tensors spread over several, some packed, some direct
 GROUP_TIMEOUT_S = 120.0  # the one-rank weight group's ops (a first NCCL op builds its communicator)
 BF16_EPS = torch.finfo(torch.bfloat16).eps
+# The vision row's images, (width, height): two sizes, so its padded micro-batch holds two image grids (4 and 6
+# vision tokens: the tiny VLM's merged patch is 28 pixels).
+VLM_SIZES = ((56, 56), (84, 56))
+# Qwen2.5-VL's chat template's rendering of a user turn of one image and a text, with the generation prompt: the
+# tiny VLM's template is read from trl (orchestrator/tiny_vlm.py: chat_template), which a bare GPU host lacks, so
+# the vision row writes its prompts itself, one placeholder per image (`Images.expand` expands it).
+VLM_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
+              "<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n")
 
 
 class Skip(Exception):
@@ -73,6 +82,19 @@ def tiny_moe() -> str:
     from orchestrator.tiny_moe import ensure_tiny_moe
 
     return str(ensure_tiny_moe("qwen3_moe"))
+
+
+def tiny_vlm() -> str:
+    """The tiny Qwen2.5-VL (orchestrator/tiny_vlm.py) in the cache dir (the kit's scratch dir), not warmed up (the
+    rows need no skill, and the warm-up takes a while on a CPU) and without a chat template (trl has it; VLM_PROMPT):
+    under a name of its own, so it never stands in for the full tiny VLM in a cache that other tests share."""
+    from unittest import mock
+
+    from orchestrator import tiny_vlm as vlm
+    from orchestrator.tiny import ensure_cached
+
+    with mock.patch.object(vlm, "chat_template", lambda: None):
+        return str(ensure_cached(f"{vlm.CACHE_NAME}-smoke", lambda d: vlm.build_tiny_vlm(d, warm=False)))
 
 
 def make(device: str, model: str | None = None, **kw: Any) -> Any:
@@ -143,13 +165,14 @@ def close(got: float, want: float, rel: float) -> bool:
     return abs(got - want) <= rel * max(abs(want), 1.0)
 
 
-def within_bf16_rounding(triples: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
+def within_bf16_rounding(triples: list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]],
+                         layouts: tuple[str, str] = ("padded", "packed")) -> tuple[float, float]:
     """Each (name, padded, packed, float32) triple: the bfloat16 packed value as far from float32 on the same weights
     as the padded layout's values are, twice over, norm-wise, relative to the float32 value's size. The padded
     layout's largest relative gap over every compared value (the loss, the entropy, each gradient tensor) is
     bfloat16's rounding on this device; two layouts of the same maths round differently but as much, and a layout
     that computes something else (samples that see each other, a wrong position) is nats away. Returns (the
-    padded gap, the packed one), both relative."""
+    padded gap, the packed one), both relative. layouts: the two layouts' names, for the message."""
     def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
         size = ref.norm().item()
         return (x - ref).norm().item() / size if size else (x - ref).norm().item()
@@ -160,8 +183,8 @@ def within_bf16_rounding(triples: list[tuple[str, torch.Tensor, torch.Tensor, to
     for name, _, pack, ref in triples:
         gap = rel(pack, ref)
         if not gap <= allowed:
-            raise AssertionError(f"{name}: packed bfloat16 is {gap:.3g} from float32 (relative), padded at most "
-                                 f"{rounding_here:.3g}")
+            raise AssertionError(f"{name}: {layouts[1]} bfloat16 is {gap:.3g} from float32 (relative), "
+                                 f"{layouts[0]} at most {rounding_here:.3g}")
         worst = max(worst, gap)
     return rounding_here, worst
 
@@ -497,6 +520,63 @@ def check_routing_replay(device: str) -> str:
             f"{len(sent)} tensors sent in the checkpoint layout")
 
 
+def check_vlm_bf16(device: str) -> str:
+    """The vision-language learner (the tiny Qwen2.5-VL: its vision tower, expanded image placeholders, multimodal
+    rotary positions) in bfloat16: a train step on one padded micro-batch of images of two sizes (two image grids)
+    is finite and trains the vision tower, and each sample's log-probs in that padded layout are its own forward's
+    (`sequence_logprobs`) within bfloat16's rounding (`within_bf16_rounding`: float32 on the same weights)."""
+    if torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise Skip("this GPU has no bfloat16")
+    for module, why in (("PIL", "Pillow is not installed (the images, and transformers' image processor)"),
+                        ("torchvision", "torchvision is not installed (transformers' Qwen2.5-VL processor loads its "
+                                        "video processor, which needs it)")):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise Skip(why) from None
+    from actors.learner.learner import _eval
+    from actors.types import TrainBatch
+    from orchestrator.tasks.colors import PROMPT, colors_dataset
+
+    n, kw = 8, dict(loss_type="grpo", beta=0.1, micro_batch_size=8)  # one micro-batch: both image sizes in it
+    lr = make(device, model=tiny_vlm(), dtype="bfloat16", optim="adamw_torch", learning_rate=1e-2, **kw)
+    assert lr.vision is not None, "the learner loaded no image processor for a vision-language model"
+    text = lr.vision.processor.tokenizer.encode(VLM_PROMPT.format(PROMPT), add_special_tokens=False)
+    g = torch.Generator().manual_seed(0)
+    images = [(row["image"].resize(VLM_SIZES[i % 2]),) for i, row in enumerate(colors_dataset(n))]
+    prompts = [lr.vision.expand(text, im) for im in images]
+    comps = [torch.randint(3, 500, (int(torch.randint(1, MAX_LEN + 1, (1,), generator=g)),), generator=g).tolist()
+             for _ in range(n)]
+    b = TrainBatch(prompt_ids=prompts, completion_ids=comps, sampling_logprobs=[[math.nan] * len(c) for c in comps],
+                   advantages=torch.randn(n, generator=g).tolist(), truncated=[False] * n, images=images)
+    vision = {k: p.detach().clone() for k, p in lr.model.named_parameters() if ".visual." in f".{k}"}
+    m = lr.train_step(b).metrics
+    assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0, m
+    params = dict(lr.model.named_parameters())
+    still = [k for k, was in vision.items() if params[k].grad is None or not torch.isfinite(params[k].grad).all()
+             or torch.equal(params[k].detach(), was)]
+    assert vision and not still, f"{len(still)} of {len(vision)} vision tower tensors did not train: {still[:3]}"
+    # Each sample's log-probs in the step's padded layout (left-padded prompts of 4 and 6 vision tokens, every
+    # image's patches in one pixel_values) against its forward alone, both bfloat16. The tolerance is packing's:
+    # bfloat16's rounding has no useful bound, so each is measured against float32 on the same weights, and the
+    # padded one may be twice as far as the worst sample alone, plus one bfloat16 eps (about 0.02 to 0.05 relative
+    # here). Another image of the same size moves a sample's log-probs on this cold model by 1% to 33% (most over 9%).
+    twin = _float32_twin(device, lr, **kw)
+    rows = lr.layout(prompts, comps, list(images))
+    with torch.no_grad(), _eval(lr.model):
+        padded, _ = lr._forward_logps(lr.model, rows, False, sampled=False)
+    triples = []
+    for i, (p, c, im) in enumerate(zip(prompts, comps, images, strict=True)):
+        alone, ref = (torch.tensor(x.sequence_logprobs(p + c, None, im)[-len(c):]) for x in (lr, twin))
+        triples.append((f"sample {i} ({im[0].width}x{im[0].height})", alone, padded[i, : len(c)].float().cpu(), ref))
+    one, batched = within_bf16_rounding(triples, ("one sample alone", "in the padded batch"))
+    nats = max((pad - alone).abs().max().item() for _, alone, pad, _ in triples)
+    tokens = sorted({p.count(lr.vision.image_token_id) for p in prompts})
+    return (f"loss {m['loss']:.3g}, grad norm {m['grad_norm']:.3g}, {len(vision)} vision tensors trained; "
+            f"{n} samples ({' and '.join(map(str, tokens))} vision tokens) padded vs alone: at most {nats:.2g} nats "
+            f"apart; gap to fp32 {batched:.2g}, alone {one:.2g} (relative; at most 2x alone's + bf16 eps)")
+
+
 CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("loss", check_loss),
     ("packing fp32", check_packing_fp32),
@@ -509,6 +589,7 @@ CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("weight group 1 rank", check_weight_group),
     ("moe bf16 + replay", check_moe_bf16),
     ("moe routing replay", check_routing_replay),
+    ("vlm bf16 step", check_vlm_bf16),
 ]
 
 
