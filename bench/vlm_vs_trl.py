@@ -67,6 +67,20 @@ MICRO_BATCH = 32
 MAX_COMPLETION_LENGTH = 16
 LEARNING_RATE = 3e-4
 GOAL = 3.0  # rayward's steps/s over TRL's
+# --model: `warm` (ensure_tiny_vlm: warmed up, it answers one letter and stops, so a step is nearly all training) or
+# `random` (the same model without the warm-up: every completion runs to max_completion_length, as early RL on a
+# real model's long answers does, so a step is mostly generation). Passed to the workers in this variable.
+MODEL_ENV = "RAYWARD_BENCH_VLM_MODEL"
+
+
+def bench_model() -> str:
+    """The model directory of this run's --model (built into the cache once)."""
+    from orchestrator.tiny import ensure_cached
+    from orchestrator.tiny_vlm import CACHE_NAME, build_tiny_vlm, ensure_tiny_vlm
+
+    if os.environ.get(MODEL_ENV, "warm") == "random":
+        return str(ensure_cached(f"{CACHE_NAME}-random", lambda p: build_tiny_vlm(p, warm=False)))
+    return str(ensure_tiny_vlm())
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -82,12 +96,11 @@ def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
 
     from actors.rewards.builtin import letter_fraction
     from orchestrator.tasks.colors import colors_dataset
-    from orchestrator.tiny_vlm import ensure_tiny_vlm
 
     torch.manual_seed(SEED)
     if threads:  # else torch's default (a thread per core), as bench/trl_vs_rayward.py runs TRL
         torch.set_num_threads(threads)
-    model_dir = str(ensure_tiny_vlm())
+    model_dir = bench_model()
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
@@ -171,7 +184,6 @@ def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
 def run_rayward(mode: str, steps: int, reward_workers: int, workdir: Path, extra: list[str]) -> dict[str, Any]:
     from orchestrator.config import load_config
     from orchestrator.telemetry.metrics import MetricsLogger
-    from orchestrator.tiny_vlm import ensure_tiny_vlm
     from orchestrator.train import train
 
     # CPU accounting per step (this subprocess only): after each step is logged, the CPU seconds every process of
@@ -187,7 +199,7 @@ def run_rayward(mode: str, steps: int, reward_workers: int, workdir: Path, extra
 
     overrides = [
         f"name=vlm-bench-{mode}-{os.getpid()}",
-        f"model.name_or_path={ensure_tiny_vlm()}",  # what `tiny-vlm` resolves to; the directory TRL loads
+        f"model.name_or_path={bench_model()}",  # `tiny-vlm` (or its unwarmed twin): the directory TRL loads
         f"grpo.max_steps={steps}",
         f"cluster.num_reward_workers={reward_workers}",
         f"loop.mode={mode}",
@@ -318,6 +330,8 @@ def main() -> None:
                     help="TRL's torch threads (default 0: torch's default, a thread per core; rayward's learner "
                     "picks its own, one for a model this small)")
     ap.add_argument("--which", default=",".join(SYSTEMS), help="comma list of trl,sync,pipelined (default: all)")
+    ap.add_argument("--model", choices=("warm", "random"), default="warm",
+                    help="warm: the warmed-up tiny VLM (2-token answers); random: without warm-up (16-token answers)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra rayward config override for both rayward runs (repeatable)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per system before it is killed")
@@ -343,9 +357,8 @@ def main() -> None:
     unknown = sorted(set(which) - set(SYSTEMS))
     if unknown or not which:
         ap.error(f"--which: unknown {unknown} (choose from {list(SYSTEMS)})")
-    from orchestrator.tiny_vlm import ensure_tiny_vlm
-
-    ensure_tiny_vlm()  # built (and warmed up) once here, not inside the first timed system
+    os.environ[MODEL_ENV] = ns.model  # the workers inherit it
+    bench_model()  # built (and warmed up) once here, not inside the first timed system
     t0 = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="rayward-vlm-bench-"))
     results = {}

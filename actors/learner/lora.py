@@ -41,6 +41,21 @@ def lora_config(settings: dict[str, Any]) -> Any:
     return LoraConfig(task_type="CAUSAL_LM", **settings)
 
 
+# A vision-language model's vision side (tower and projector), under the names transformers' VLMs give it
+# (Qwen-VL: model.visual, its merger inside; LLaVA-likes: vision_tower, multi_modal_projector; Idefics/SmolVLM:
+# vision_model, connector): `all-linear` leaves it out, so LoRA adapts the language model by default.
+VISION_MODULES = r".*\.(visual|vision_tower|vision_model|multi_modal_projector|connector)(\..*)?"
+
+
+def vision_default(model: torch.nn.Module, settings: dict[str, Any]) -> dict[str, Any]:
+    """settings, with PEFT's exclude_modules set to the vision side where the model is a vision-language model, the
+    targets are `all-linear` and the user named no exclusions of their own."""
+    if (getattr(model.config, "vision_config", None) is None or settings.get("target_modules") != "all-linear"
+            or settings.get("exclude_modules") is not None):
+        return settings
+    return {**settings, "exclude_modules": VISION_MODULES}
+
+
 def linear_names(model: torch.nn.Module) -> list[str]:
     """The distinct (last-part) names of the model's linear layers, for error messages."""
     return sorted({name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
@@ -60,7 +75,7 @@ def apply_lora(model: torch.nn.Module, settings: dict[str, Any]) -> Any:
     head = model.get_output_embeddings()
     linears = linear_names(model)
     try:
-        peft_model = get_peft_model(model, lora_config(settings))
+        peft_model = get_peft_model(model, lora_config(vision_default(model, settings)))
     except NoMatchingPeftModuleError as err:
         raise LoraError(
             f"target_modules {settings.get('target_modules')!r}: match no layer of {kind} ({err}); its linear "

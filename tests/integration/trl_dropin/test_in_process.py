@@ -52,3 +52,34 @@ def test_a_trainer_built_in_a_test_module_trains_and_saves(ray_cluster, tmp_path
     out = again.train(resume_from_checkpoint=True)
     assert out.global_step == 4
     assert [r["step"] for r in again.state.log_history if "reward" in r] == [3, 4]
+
+
+def test_trls_documented_vlm_example_runs_unchanged_but_for_the_import(ray_cluster, tmp_path):
+    """TRL's GRPO trainer page's vision-language example (a conversational prompt and an `image` column, a reward on
+    conversational completions), with rayward's tiny Qwen2.5-VL, its processor as processing_class and the built-in
+    colours as the dataset: the images reach the engines and the learner, and the reward functions see TRL's
+    arguments (the prompts' image parts, the `image` column)."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from orchestrator.tasks.colors import colors_dataset
+    from orchestrator.tiny_vlm import ensure_tiny_vlm
+    from rayward import GRPOConfig, GRPOTrainer
+
+    def reward_num_unique_chars(completions, **kwargs):  # TRL's own example reward
+        return [len(set(c[0]["content"])) for c in completions]
+
+    def saw_the_image(prompts, image, **kwargs):
+        return [float(isinstance(p[-1]["content"][0]["image"], Image.Image) and isinstance(im, Image.Image))
+                for p, im in zip(prompts, image, strict=True)]
+
+    model = str(ensure_tiny_vlm())
+    dataset = datasets.Dataset.from_list(colors_dataset(16))
+    args = GRPOConfig(output_dir=str(tmp_path / "vlm"), use_cpu=True, per_device_train_batch_size=16,
+                      num_generations=4, max_completion_length=8, report_to="none", save_strategy="no",
+                      disable_tqdm=True, max_steps=2)
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward_num_unique_chars, saw_the_image], args=args,
+                          train_dataset=dataset, processing_class=AutoProcessor.from_pretrained(model))
+    assert trainer.train().global_step == 2
+    rows = [r for r in trainer.state.log_history if "reward" in r]
+    assert all(r["rewards/saw_the_image/mean"] == 1.0 for r in rows)

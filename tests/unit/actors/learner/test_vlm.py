@@ -64,3 +64,16 @@ def test_placeholders_are_biased_out_as_the_engines_do_and_the_vision_tower_trai
     assert torch.isfinite(torch.tensor(result.metrics["loss"]))
     moved = [n for n, w in lr.model.named_parameters() if n in vision and not torch.equal(w, vision[n])]
     assert len(moved) == len(vision)  # every vision-tower tensor trained
+
+
+def test_lora_all_linear_adapts_the_language_model_and_named_modules_reach_the_vision_tower(tiny_vlm_path):
+    """PEFT's `all-linear` would adapt the vision tower's linear layers too; on a VLM rayward's default leaves the
+    vision side out (actors/learner/lora.py VISION_MODULES). Modules named by the user are adapted where they are:
+    Qwen2.5-VL's vision attention is `qkv`."""
+    lm = Learner(spec(tiny_vlm_path, lora={"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}))
+    trained = [n for n, p in lm.model.named_parameters() if p.requires_grad]
+    assert trained and not [n for n in trained if ".visual." in n]
+    assert any("language_model" in n and "mlp" in n for n in trained)
+    named = Learner(spec(tiny_vlm_path, lora={"r": 4, "lora_alpha": 8, "target_modules": ["qkv", "q_proj"]}))
+    trained = [n for n, p in named.model.named_parameters() if p.requires_grad]
+    assert any(".visual." in n for n in trained) and any("language_model" in n for n in trained)
