@@ -285,6 +285,11 @@ class ActorGroup:
         self._seen_restarts = [actor_info(h).get("NumRestarts", 0) for h in self._handles]
         self.restarts += 1
 
+    def wait_started(self, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> None:
+        """Return once every member has run its constructor (a generator: its engine loaded); `on_wait` hears what
+        they wait for; RuntimeError after timeout_s."""
+        wait_started(self._handles, self.names, self.options, timeout_s, on_wait)
+
     def restarted(self) -> bool:
         """Whether Ray restarted a member since the last `recover` (one that died while idle comes back with a
         fresh engine and no call of the driver's failed: the caller must recover before using it)."""
@@ -346,8 +351,8 @@ class GeneratorGroup(ActorGroup):
                         *, min_version: int | None, images: list[tuple[Any, ...]] | None = None,
                         ) -> Stream[FinishedGroups]:
         """Generator.generate_stream on one member: its groups as they finish."""
-        return self._stream(member, "generate_stream", prompt_ids, seeds, sampling, min_version=min_version,
-                            images=images)
+        extra = {} if images is None else {"images": images}
+        return self._stream(member, "generate_stream", prompt_ids, seeds, sampling, min_version=min_version, **extra)
 
     def submit_rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
                        min_version: int | None, pin: bool = False) -> list[Pending[list[list[Sample]]]]:

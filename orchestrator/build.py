@@ -581,6 +581,9 @@ def start_groups(p: Prepared) -> Groups:
     agent = agent_kwargs(cfg, p.agent, env_pool) if p.agent is not None else None
     generators = start_generators(cfg, p.name, p.model_path, agent=agent)
     learner = start_learner(p, reward_pool)
+    # The engines load while the learner does; the weight group's deadline (weight_sync.timeout_s) is for forming
+    # the group, not for loading a model.
+    generators.wait_started(PLACEMENT_TIMEOUT_S)
     return Groups(generators, learner, reward_pool, weight_transfer(cfg, learner, generators), eval_pool, env_pool)
 
 
