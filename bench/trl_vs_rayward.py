@@ -109,20 +109,11 @@ def _median(xs: list[float]) -> float | None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def run_trl(steps: int, workdir: Path, w: Workload, threads: int) -> dict[str, Any]:
-    import torch
-    from datasets import Dataset
+
+def step_timer() -> Any:
+    """A TrainerCallback timing each optimizer step (on_step_begin -> on_step_end), with the CPU seconds of every
+    process role after it and TRL's logged rows that carry completions/mean_length."""
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    sys.path.insert(0, str(REWARDS_FILE.parent))
-    from bench_rewards import letter_fraction, sandbox_reward, threaded
-
-    from orchestrator.tasks.letters import toy_dataset
-
-    torch.manual_seed(SEED)
-    model_path = w.model_path()
-    sandbox = threaded(sandbox_reward, threads) if threads > 1 else sandbox_reward
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
@@ -141,6 +132,53 @@ def run_trl(steps: int, workdir: Path, w: Workload, threads: int) -> dict[str, A
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
                 self.logs.append(dict(logs))
+
+    return StepTimer()
+
+
+def timed_train(trainer: Any, timer: Any) -> tuple[list[dict[str, float]], float]:
+    """trainer.train() with its generation and reward phases timed (the two methods TRL's generation step calls,
+    wrapped on this instance only); per step {time/step, time/generate, time/reward, time/train}, and the wall time."""
+    phase: dict[str, list[float]] = {"generate": [], "reward": []}
+
+    def timed(name: str, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                phase[name].append(time.perf_counter() - t0)
+
+        return wrapper
+
+    trainer._generate_single_turn = timed("generate", trainer._generate_single_turn)
+    trainer._calculate_rewards = timed("reward", trainer._calculate_rewards)
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    step_s = [e - b for b, e in zip(timer.begin, timer.end, strict=True)]
+    per_step = []
+    for i, s in enumerate(step_s):
+        g = phase["generate"][i] if i < len(phase["generate"]) else 0.0
+        r = phase["reward"][i] if i < len(phase["reward"]) else 0.0
+        per_step.append({"time/step": s, "time/generate": g, "time/reward": r, "time/train": s - g - r})
+    return per_step, wall
+
+def run_trl(steps: int, workdir: Path, w: Workload, threads: int) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    sys.path.insert(0, str(REWARDS_FILE.parent))
+    from bench_rewards import letter_fraction, sandbox_reward, threaded
+
+    from orchestrator.tasks.letters import toy_dataset
+
+    torch.manual_seed(SEED)
+    model_path = w.model_path()
+    sandbox = threaded(sandbox_reward, threads) if threads > 1 else sandbox_reward
+
+    timer = step_timer()
 
     args = GRPOConfig(
         output_dir=str(workdir / "trl-out"),
@@ -166,7 +204,6 @@ def run_trl(steps: int, workdir: Path, w: Workload, threads: int) -> dict[str, A
         seed=SEED,
         dataloader_num_workers=0,
     )
-    timer = StepTimer()
     trainer = GRPOTrainer(
         model=model_path,
         reward_funcs=[letter_fraction, sandbox],
@@ -174,30 +211,7 @@ def run_trl(steps: int, workdir: Path, w: Workload, threads: int) -> dict[str, A
         train_dataset=Dataset.from_list(toy_dataset()),
         callbacks=[timer],
     )
-    # Phase timing: wrap (on this instance only) the two methods the generation step calls.
-    phase: dict[str, list[float]] = {"generate": [], "reward": []}
-
-    def timed(name: str, fn):
-        def wrapper(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                phase[name].append(time.perf_counter() - t0)
-
-        return wrapper
-
-    trainer._generate_single_turn = timed("generate", trainer._generate_single_turn)
-    trainer._calculate_rewards = timed("reward", trainer._calculate_rewards)
-    t0 = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - t0
-    step_s = [e - b for b, e in zip(timer.begin, timer.end, strict=True)]
-    per_step = []
-    for i, s in enumerate(step_s):
-        g = phase["generate"][i] if i < len(phase["generate"]) else 0.0
-        r = phase["reward"][i] if i < len(phase["reward"]) else 0.0
-        per_step.append({"time/step": s, "time/generate": g, "time/reward": r, "time/train": s - g - r})
+    per_step, wall = timed_train(trainer, timer)
     lengths = [lg["completions/mean_length"] for lg in timer.logs]
     rewards = [lg.get("reward") for lg in timer.logs]
     return {"system": "trl-threaded" if threads > 1 else "trl", "per_step": per_step, "mean_length": lengths, "reward": rewards, "wall_s": wall,

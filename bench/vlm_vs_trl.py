@@ -56,7 +56,9 @@ from bench.trl_vs_rayward import (  # noqa: E402
     TEMPERATURE,
     _cpu_by_role,
     _fmt,
+    step_timer,
     summarize,
+    timed_train,
 )
 
 CONFIG = ROOT / "configs" / "vlm.yaml"
@@ -91,7 +93,7 @@ def bench_model() -> str:
 def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
     import torch
     from datasets import Dataset
-    from transformers import AutoProcessor, TrainerCallback
+    from transformers import AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
 
     from actors.rewards.builtin import letter_fraction
@@ -102,23 +104,7 @@ def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
         torch.set_num_threads(threads)
     model_dir = bench_model()
 
-    class StepTimer(TrainerCallback):
-        def __init__(self) -> None:
-            self.begin: list[float] = []
-            self.end: list[float] = []
-            self.logs: list[dict[str, Any]] = []
-            self.cpu: list[dict[str, float]] = []
-
-        def on_step_begin(self, args, state, control, **kw):
-            self.begin.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kw):
-            self.end.append(time.perf_counter())
-            self.cpu.append({**_cpu_by_role(), "wall": self.end[-1]})
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "completions/mean_length" in logs:
-                self.logs.append(dict(logs))
+    timer = step_timer()
 
     args = GRPOConfig(
         output_dir=str(workdir / "trl-out"),
@@ -144,7 +130,6 @@ def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
         seed=SEED,
         dataloader_num_workers=0,
     )
-    timer = StepTimer()
     trainer = GRPOTrainer(
         model=model_dir,
         reward_funcs=[letter_fraction],
@@ -153,30 +138,7 @@ def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
         processing_class=AutoProcessor.from_pretrained(model_dir),
         callbacks=[timer],
     )
-    # Phase timing: wrap (on this instance only) the two methods the generation step calls.
-    phase: dict[str, list[float]] = {"generate": [], "reward": []}
-
-    def timed(name: str, fn):
-        def wrapper(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                phase[name].append(time.perf_counter() - t0)
-
-        return wrapper
-
-    trainer._generate_single_turn = timed("generate", trainer._generate_single_turn)
-    trainer._calculate_rewards = timed("reward", trainer._calculate_rewards)
-    t0 = time.perf_counter()
-    trainer.train()
-    wall = time.perf_counter() - t0
-    step_s = [e - b for b, e in zip(timer.begin, timer.end, strict=True)]
-    per_step = []
-    for i, s in enumerate(step_s):
-        g = phase["generate"][i] if i < len(phase["generate"]) else 0.0
-        r = phase["reward"][i] if i < len(phase["reward"]) else 0.0
-        per_step.append({"time/step": s, "time/generate": g, "time/reward": r, "time/train": s - g - r})
+    per_step, wall = timed_train(trainer, timer)
     return {"system": "trl", "torch_threads": torch.get_num_threads(), "per_step": per_step, "mean_length": [lg["completions/mean_length"] for lg in timer.logs],
             "reward": [lg.get("reward") for lg in timer.logs], "wall_s": wall, "cpu_marks": timer.cpu}
 
