@@ -18,10 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# The model inputs the learner's forward takes besides input_ids, by name: what transformers' image processors
-# return for the families checked here (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: pixel_values [patches, C * T * P * P] and
-# image_grid_thw [images, 3]). Any other key a processor returns is passed through as it comes, concatenated over
-# the micro-batch's images.
+# The image input the learner casts to the model's dtype. What transformers' image processor returns goes to the
+# forward as it comes, for the micro-batch's images together (Qwen2.5-VL, the family checked: pixel_values
+# [patches, C * T * P * P] float and image_grid_thw [images, 3] int).
 PIXEL_VALUES = "pixel_values"
 # Added to the logits of the image and video placeholder tokens before sampling (vLLM's logit_bias, applied before
 # temperature; its processed logprobs include it) and in the learner's log-softmax alike, so neither side samples

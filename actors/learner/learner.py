@@ -54,7 +54,7 @@ from actors.learner.micro_batches import MicroBatchPlan, plan_micro_batches
 from actors.learner.routing import Replay, agreement, aux_loss_coef, layout_flags, layout_routes
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, ParallelSpec
 from actors.types import TrainBatch, TrainerState, TrainResult
-from actors.vision import PLACEHOLDER_BIAS, Images
+from actors.vision import PIXEL_VALUES, PLACEHOLDER_BIAS, Images
 from actors.weights.sender import WeightSender, checkpoint_view, plain_view
 
 logger = logging.getLogger("rayward.learner")
@@ -349,8 +349,8 @@ class Learner:
         assert self.vision is not None
         extra = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v
                  for k, v in self.vision.model_inputs(images).items()}
-        if "pixel_values" in extra and extra["pixel_values"].is_floating_point():
-            extra["pixel_values"] = extra["pixel_values"].to(self.dtype)
+        if PIXEL_VALUES in extra and extra[PIXEL_VALUES].is_floating_point():
+            extra[PIXEL_VALUES] = extra[PIXEL_VALUES].to(self.dtype)
         if self._takes_token_types:
             extra["mm_token_type_ids"] = (rows.input_ids == self.vision.image_token_id).int()
         return dataclasses.replace(rows, position_ids=None, extra=extra)
