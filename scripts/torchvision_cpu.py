@@ -16,6 +16,7 @@ it, or moved it: then check by hand). The GPU install keeps the real torchvision
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import sys
 
@@ -48,7 +49,11 @@ def main() -> int:
             lines[i] = guarded(line.rstrip("\n")) + "\n"
             changed += 1
     if changed:
-        meta.write_text("".join(lines))
+        # A new file in place of the old, never a write into it: an installer that hard-links packages from its
+        # cache (uv's default) would otherwise patch the cache, and every environment linked to it, too.
+        staged = meta.with_name(meta.name + ".rayward")
+        staged.write_text("".join(lines))
+        os.replace(staged, meta)
     elif not all(guarded(u) in text for u in UNGUARDED):
         print(f"torchvision_cpu: {meta} no longer has the expected decorators; check the patch by hand")
         return 1
