@@ -97,10 +97,17 @@ def _pickled_by_reference_is_unsafe(module: Any) -> bool:
     file = getattr(module, "__file__", None)
     if name == "__main__" or file is None or name.split(".")[0] in ("actors", "orchestrator", "rayward"):
         return False
+    path = str(Path(file).resolve())
+    return not path.startswith(_installed_roots())
+
+
+@functools.cache
+def _installed_roots() -> tuple[str, ...]:
+    """Where the interpreter and the installed libraries live (resolved once: by_value checks every module of the
+    process, thousands, and sysconfig.get_paths() re-expands its scheme on each call)."""
     roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     roots |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    path = str(Path(file).resolve())
-    return not any(path.startswith(str(Path(r).resolve())) for r in roots)
+    return tuple(str(Path(r).resolve()) for r in roots)
 
 
 def by_value(obj: Any, label: str | None = None) -> str:
