@@ -6,8 +6,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# CI's tier's two whole runs, its longest files: collected first, so that pytest-xdist (--dist loadfile hands out
+# files in collection order) starts them first and the other worker takes the short files meanwhile. Collected in
+# directory order they came last, and the suite waited for them alone on one core.
+LONGEST_FIRST = ("tests/integration/orchestrator/test_e2e.py", "tests/integration/agentic/test_tools_run.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """GPU-marked tests skip without CUDA; integration tests are marked by directory."""
+    """GPU-marked tests skip without CUDA; integration tests are marked by directory; LONGEST_FIRST go first."""
+    def rank(item) -> int:
+        return next((i for i, f in enumerate(LONGEST_FIRST) if item.nodeid.startswith(f)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: the rest keep their order
     try:
         import torch
 

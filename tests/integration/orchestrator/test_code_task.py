@@ -12,6 +12,7 @@ from orchestrator.train import train
 from tests.conftest import ROOT
 
 
+@pytest.mark.scenario  # a run of its own (CI time); CI's tier: the sandbox and code_tests in the unit tier
 def test_code_config_trains_with_sandboxed_rewards(ray_cluster, tmp_path):
     cfg = load_config(ROOT / "configs" / "code.yaml", [
         "grpo.max_steps=2", "generation.generation_batch_size=16", "grpo.per_device_train_batch_size=16",

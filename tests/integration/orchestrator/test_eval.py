@@ -19,6 +19,7 @@ def evals_of(history):
     return [h for h in history if "eval/reward" in h]
 
 
+@pytest.mark.scenario  # a 10-step run and an eval run (CI time); CI's tier: the demo's eval (test_e2e.py), the schedule on fakes
 def test_pipelined_eval_overlaps_and_rayward_eval_reproduces_checkpoint_best(ray_cluster, tmp_path, capsys):
     """Pipelined, with eval rewards of its own (scored by NAME/eval-reward-pool, not trained on): checkpoint-best,
     saved as a candidate when its eval was submitted (queued on the real learner before its next train step),

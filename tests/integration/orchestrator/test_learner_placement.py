@@ -26,6 +26,7 @@ def test_spread_on_one_node_fails_before_any_actor(ray_cluster, tmp_path):
     assert not [a for a in named if a["name"].startswith("spread-one-node/")], named
 
 
+@pytest.mark.scenario  # a `rayward run` with its own cluster (CI time)
 def test_spread_on_the_embedded_cluster_is_one_line_from_the_cli(tmp_path):
     p = subprocess.run(
         [sys.executable, "-m", "orchestrator", "run", "configs/demo.yaml", *SPREAD, f"logging.dir={tmp_path}"],

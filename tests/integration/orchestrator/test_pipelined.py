@@ -2,11 +2,14 @@
 generated ahead. (Its accounting and the max_staleness rule: tests/unit/orchestrator/test_loop.py, on fakes; its
 on-policy parity with max_staleness 0: the pipelined generator-kill run in tests/integration/actors/weights.)"""
 
+import pytest
+
 from orchestrator.config import load_config
 from orchestrator.train import train
 from tests.conftest import ROOT
 
 
+@pytest.mark.scenario  # a learning run (CI time): CI runs the pipelined loop in the agentic tools run
 def test_pipelined_learns(ray_cluster, tmp_path):
     cfg = load_config(ROOT / "configs" / "pipelined.yaml", [f"logging.dir={tmp_path}"])
     history = train(cfg, name="pipe-learn", show_progress=False)

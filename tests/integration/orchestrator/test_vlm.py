@@ -3,8 +3,9 @@
 learner; a held-out eval on image prompts; the completions log and `rayward samples` naming each sample's image; a
 broken image named before anything starts.
 
-The learning run is in the scenario tier (about two minutes of 2 cores); CI runs the short one and the bad input,
-with the engine and learner paths in tests/integration/actors/generation/test_vlm_engine.py."""
+The runs (the short one and the learning run) are in the scenario tier (CI time: minutes of 2 cores each); CI runs
+the bad input, the engine with images (tests/integration/actors/generation/test_vlm_engine.py) and the learner (unit
+tier)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def mean(rows: list[dict], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows)
 
 
+@pytest.mark.scenario  # a VLM run (CI time); CI's tier: the engine with images (generation/test_vlm_engine.py), the learner (unit)
 def test_a_short_vlm_run_evaluates_and_logs_which_image_each_sample_saw(tmp_path):
     r, rows = run(tmp_path, "vlm", "grpo.max_steps=3", EVAL % (3, 8))
     out = r.stdout + r.stderr

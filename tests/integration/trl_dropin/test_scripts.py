@@ -2,9 +2,9 @@
 for `from trl import` -> `from rayward import` on their one import line: each its own `python script.py`, on an
 embedded Ray cluster, the tiny models and data built in the script.
 
-CI's tier runs the quick start, which must learn as it does in TRL (its functions pickled by value: the unit tier's
-tests/unit/orchestrator/test_trainer.py covers lambdas, closures and `__main__` functions). The scenario tier runs
-the weighted rewards (functions defined under `if __name__ == "__main__":`, a lambda and a closure among them) and
+Every script is a run of its own with its own Ray cluster: the scenario tier (CI time). The quick start must learn
+as it does in TRL (its functions pickled by value: CI's unit tier, tests/unit/orchestrator/test_trainer.py, covers
+the constructor with lambdas, closures and `__main__` functions); the scenario tier also runs the weighted rewards (functions defined under `if __name__ == "__main__":`, a lambda and a closure among them) and
 the other five through rayward (an environment_factory class defined in its script among them), and all seven
 through TRL itself, which proves them valid TRL usage."""
 
@@ -26,6 +26,7 @@ def rayward(name: str, tmp_path, **kw) -> dict:
                timeout=SCRIPT_TIMEOUT_S, **kw)
 
 
+@pytest.mark.scenario  # a 30-step learning run of its own (CI time); CI's tier: the constructor (unit test_trainer.py)
 def test_the_quickstart_learns_with_the_rayward_import(tmp_path):
     r = rayward("quickstart.py", tmp_path)
     assert r["global_step"] == 30

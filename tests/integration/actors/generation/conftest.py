@@ -1,6 +1,7 @@
-"""One freshly built tiny model and one Generator on vLLM's engine core in its own process (GPU's layout) for the
-generation tests: an engine start is the slow part, so test_engine.py's engine-core-process case and
-test_generator.py share this one. A test that loads other weights into it loads the original ones back."""
+"""One freshly built tiny model and the Generator of test_engine.py and test_generator.py, in two layouts: the
+engine in process (the CPU generators' default), in CI's tier, and vLLM's engine core in its own process (GPU's
+layout), in the scenario tier (CI time: its engine start), shared by both modules. A test that loads other weights
+into a generator loads the original ones back."""
 
 from __future__ import annotations
 
@@ -33,4 +34,19 @@ def engine_core_generator(tiny_model: Path):
         gen.loop.close(CLOSE_WAIT_S)
         # Shut the engine core down now rather than at interpreter exit, so its processes do not outlive the
         # package (and later tests get the CPU cores back).
+        gen.llm.llm_engine.engine_core.shutdown()
+
+
+@pytest.fixture(scope="module", params=["in-process", pytest.param("engine-core-process", marks=pytest.mark.scenario)])
+def generator(request: pytest.FixtureRequest, tiny_model: Path):
+    if request.param == "engine-core-process":
+        yield request.getfixturevalue("engine_core_generator")
+        return
+    from actors.generation.generator import Generator
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        gen = Generator(str(tiny_model), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0)
+        yield gen
+        gen.loop.close(CLOSE_WAIT_S)
         gen.llm.llm_engine.engine_core.shutdown()

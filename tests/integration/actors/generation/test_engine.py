@@ -34,7 +34,6 @@ from vllm.inputs import TokensPrompt  # noqa: E402
 from actors.generation.engine import token_versions  # noqa: E402
 from actors.generation.generator import Generator, _samples  # noqa: E402
 from actors.types import Sampling  # noqa: E402
-from tests.integration.actors.generation.conftest import MAX_MODEL_LEN  # noqa: E402
 
 # Engine vs transformers, both float32: kernel summation orders differ by ~1e-5; the other weights' logprobs
 # are > 0.1 away (NOISE_STD), so 1e-3 tells the two apart.
@@ -45,19 +44,6 @@ NOISE_STD = 0.05
 LONG_TOKENS = 900
 # Bounds polling on the engine, so a loop that stopped fails the test instead of hanging it.
 WAIT_S = 120
-
-
-@pytest.fixture(scope="module", params=["in-process", "engine-core-process"])
-def generator(request: pytest.FixtureRequest, tiny_model):
-    if request.param == "engine-core-process":  # the package's, shared with test_generator.py (conftest.py)
-        yield request.getfixturevalue("engine_core_generator")
-        return
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        gen = Generator(str(tiny_model), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0)
-        yield gen
-        gen.loop.close(WAIT_S)
-        gen.llm.llm_engine.engine_core.shutdown()
 
 
 @pytest.fixture(scope="module")

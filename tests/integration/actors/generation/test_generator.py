@@ -32,14 +32,6 @@ NOISE_STD = 0.05
 
 
 @pytest.fixture(scope="module")
-def generator(engine_core_generator: Generator) -> Generator:
-    """vLLM's multiprocess engine (engine core + worker processes), the layout GPU generators use, shared with
-    test_engine.py (conftest.py); on CPU the Generator defaults to the in-process engine, which the Ray tests
-    (test_e2e, ...) exercise."""
-    return engine_core_generator
-
-
-@pytest.fixture(scope="module")
 def engine_weights(tiny_model: Path):
     """A transformers copy of the weights the engine holds (updated by the sync test)."""
     return transformers.AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()

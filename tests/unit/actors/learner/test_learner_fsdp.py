@@ -23,7 +23,9 @@ from actors.learner.learner import Learner
 from actors.net import free_port
 from tests.fixtures.learner import SCENARIOS, TIMED_METRICS, make_batch, scenario_spec
 
-pytestmark = pytest.mark.slow  # spawns two ranks (and builds a dozen learners)
+# Scenario tier (CI time): spawns two gloo rank processes and builds a dozen learners; CI's tier keeps the one-rank
+# learner, and the cross-node FSDP run is in tests/integration/cluster/test_multinode_learner.py.
+pytestmark = [pytest.mark.slow, pytest.mark.scenario]
 
 WORLD = 2
 # fp32, the same micro-batches through the same kernels: only the sums over the ranks and the micro-batches (a
