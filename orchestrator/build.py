@@ -325,17 +325,18 @@ def prepare_eval(cfg: RunConfig, tokenizer: Any, images: Images | None = None
 
 
 def prepare(cfg: RunConfig, name: str) -> Prepared:
-    """The cheap checks, in order: reward functions import, model and tokenizer load, the learner's model options
-    fit the architecture, datasets have prompts, tools and environments (schemas, template, routing column)."""
+    """The cheap checks, in order: reward functions import, the training data loads (before the tokenizer, whose
+    import alone takes seconds), model and tokenizer load, the learner's model options fit the architecture,
+    datasets have prompts, tools and environments (schemas, template, routing column)."""
     specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs)
     for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
         if sink in cfg.logging.report_to and importlib.util.find_spec(module) is None:
             raise ConfigError(f"logging.report_to: {sink!r} needs the `{module}` package (pip install {module})")
+    rows = training_rows(cfg)
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg, model_path)
     images = load_images(cfg, model_path)
     check_learner_model(cfg, model_path)
-    rows = training_rows(cfg)
     prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed,
                            template_kwargs=cfg.generation.chat_template_kwargs, images=images)
     try:  # images decode, and the chat template keeps their parts

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fixtures.collective import plan_of, run_members, tensors
+from tests.fixtures.collective import JOIN_TIMEOUT_S, plan_of, run_members, tensors
 
 needs_two = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (one NCCL rank per GPU)")
 
 
 @needs_two
 def test_nccl_group_moves_buckets_exactly(tmp_path):
-    results = run_members(tmp_path, world=2, started=2, mode="ok", device_type="cuda")
+    results = run_members(tmp_path, world=2, started=2, mode="ok", device_type="cuda", timeout_s=JOIN_TIMEOUT_S)
     assert all(r.get("equal") for r in results), results
 
 

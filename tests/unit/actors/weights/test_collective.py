@@ -17,7 +17,7 @@ from actors.weights.collective import (
     receive_buffers,
     wire_tensors,
 )
-from tests.fixtures.collective import plan_of, run_members, tensors
+from tests.fixtures.collective import JOIN_TIMEOUT_S, plan_of, run_members, tensors
 
 
 def test_plan_cuts_buckets_at_the_size_and_keeps_every_tensor_in_order():
@@ -49,7 +49,7 @@ def test_wire_then_views_are_exact_for_mixed_dtypes_and_direct_tensors_are_not_c
 
 @pytest.mark.slow  # spawns the group's processes
 def test_gloo_group_moves_buckets_exactly(tmp_path):
-    results = run_members(tmp_path, world=3, started=3, mode="ok")
+    results = run_members(tmp_path, world=3, started=3, mode="ok", timeout_s=JOIN_TIMEOUT_S)
     assert all(r.get("equal") for r in results), results
 
 
