@@ -14,12 +14,12 @@ TARGET=${RAYWARD_TARGET:-cpu}
 PY=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-# The installer: uv (RAYWARD_INSTALLER=uv, the default) resolves the same versions as pip in a fraction of the time
-# (a fresh CPU install: ~40 s against ~190 s), with pip's configuration handed over (scripts/pip_to_uv.py); pip where
-# asked (RAYWARD_INSTALLER=pip) or where uv cannot be installed or fails. uv compiles the packages' bytecode as pip
-# does (--compile-bytecode; uv's default is not to): without the .pyc files, every process of a run (each Ray actor)
-# compiles torch's, transformers' and vLLM's sources again on import, and under PYTHONDONTWRITEBYTECODE (set on CI)
-# never keeps them: CI's test run took 1.8x as long.
+# The installer: uv (RAYWARD_INSTALLER=uv, the default) resolves the same versions as pip in less time (a fresh CPU
+# install: ~115 s against ~190 s, bytecode compiled by both), with pip's configuration handed over
+# (scripts/pip_to_uv.py); pip where asked (RAYWARD_INSTALLER=pip) or where uv cannot be installed or fails. uv
+# compiles the packages' bytecode as pip does (--compile-bytecode; uv's default is not to): without the .pyc files,
+# every process of a run (each Ray actor) compiles torch's, transformers' and vLLM's sources again on import, and
+# under PYTHONDONTWRITEBYTECODE (set on CI) never keeps them: CI's test run took 1.8x as long.
 pip_install() { "$VENV/bin/python" -m pip install -q "$@"; }
 pip_uninstall() { "$VENV/bin/python" -m pip uninstall -q -y "$@" 2>/dev/null || true; }
 install() { pip_install "$@"; }
