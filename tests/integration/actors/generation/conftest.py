@@ -5,7 +5,10 @@ into a generator loads the original ones back."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,18 +26,24 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
 
 
-@pytest.fixture(scope="package")
-def engine_core_generator(tiny_model: Path):
+@contextmanager
+def started_generator(tiny_model: Path, multiprocessing: bool) -> Iterator[Any]:
+    """A Generator on the tiny model, its engine in process or in an engine core process of its own; shut down on
+    exit rather than at interpreter exit, so its processes do not outlive the tests (later ones get the cores back)."""
     from actors.generation.generator import Generator
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if multiprocessing else "0")
         gen = Generator(str(tiny_model), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0)
         yield gen
         gen.loop.close(CLOSE_WAIT_S)
-        # Shut the engine core down now rather than at interpreter exit, so its processes do not outlive the
-        # package (and later tests get the CPU cores back).
         gen.llm.llm_engine.engine_core.shutdown()
+
+
+@pytest.fixture(scope="package")
+def engine_core_generator(tiny_model: Path):
+    with started_generator(tiny_model, multiprocessing=True) as gen:
+        yield gen
 
 
 @pytest.fixture(scope="module", params=["in-process", pytest.param("engine-core-process", marks=pytest.mark.scenario)])
@@ -42,11 +51,5 @@ def generator(request: pytest.FixtureRequest, tiny_model: Path):
     if request.param == "engine-core-process":
         yield request.getfixturevalue("engine_core_generator")
         return
-    from actors.generation.generator import Generator
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        gen = Generator(str(tiny_model), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0)
+    with started_generator(tiny_model, multiprocessing=False) as gen:
         yield gen
-        gen.loop.close(CLOSE_WAIT_S)
-        gen.llm.llm_engine.engine_core.shutdown()
