@@ -68,6 +68,11 @@ TOLERANCE = 0.25
 QUESTION = re.compile("^" + re.escape(PROMPT_TEMPLATE).replace(r"\{box\}", r"(\d)") + "$")
 
 
+# Scenario tier: two rayward runs and two TRL runs (CI time); CI's tier: a stock template's tool turn, the tools
+# run.
+whole_runs = pytest.mark.scenario
+
+
 # --- what both sides produced, read alike -------------------------------------------------------------------
 
 
@@ -271,7 +276,7 @@ def test_every_pattern_shows_the_model_the_box_tasks_tools():
         assert [get_json_schema(fn) for fn in tools] == expected
 
 
-@pytest.mark.scenario  # two rayward runs and two TRL runs (CI time); CI's tier: a stock template's tool turn, the tools run
+@whole_runs
 def test_rayward_trains_on_a_dataset_with_only_an_environment_column(routed_run):
     history, ours = routed_run
     assert [h["step"] for h in history] == list(range(1, STEPS + 1))
@@ -282,7 +287,7 @@ def test_rayward_trains_on_a_dataset_with_only_an_environment_column(routed_run)
 
 
 @pytest.mark.parametrize("group", ["sql", "game", "own"])
-@pytest.mark.scenario  # two rayward runs and two TRL runs (CI time); CI's tier: a stock template's tool turn, the tools run
+@whole_runs
 def test_tools_answer_in_rayward_as_often_as_in_trl(group, request):
     """Per pattern, the share of tool calls that answered without error. rayward answers a call it cannot parse
     with an error message of its own (TRL leaves it as text and ends the episode): those are left out, so both
@@ -301,7 +306,7 @@ def test_tools_answer_in_rayward_as_often_as_in_trl(group, request):
 
 
 @pytest.mark.parametrize("side", ["routed_run", "trl_routed"])
-@pytest.mark.scenario  # two rayward runs and two TRL runs (CI time); CI's tier: a stock template's tool turn, the tools run
+@whole_runs
 def test_the_reward_function_reads_each_games_own_state(side, request):
     """BoxGameEnv's moves are the calls its conversation made that answered; game_won read that instance."""
     _, sampled = request.getfixturevalue(side)
@@ -317,7 +322,7 @@ def test_the_reward_function_reads_each_games_own_state(side, request):
 
 
 @pytest.mark.parametrize("side", ["routed_run", "trl_routed"])
-@pytest.mark.scenario  # two rayward runs and two TRL runs (CI time); CI's tier: a stock template's tool turn, the tools run
+@whole_runs
 def test_the_sql_environments_reward_is_its_get_reward(side, request):
     """SqlBoxEnv's get_reward() scores its samples (read from each instance's state), and only its samples."""
     _, sampled = request.getfixturevalue(side)
@@ -329,7 +334,7 @@ def test_the_sql_environments_reward_is_its_get_reward(side, request):
 
 
 @pytest.mark.parametrize("side", ["own_data_run", "trl_own_data"])
-@pytest.mark.scenario  # two rayward runs and two TRL runs (CI time); CI's tier: a stock template's tool turn, the tools run
+@whole_runs
 def test_an_environment_that_owns_its_data_writes_the_prompts(side, request):
     """No dataset: each prompt is a placeholder row's empty user message with reset's question appended, and reset
     received that row's one column by name."""
@@ -342,7 +347,7 @@ def test_an_environment_that_owns_its_data_writes_the_prompts(side, request):
     assert boxes <= set(range(1, NUM_BOXES + 1)) and len(boxes) > 1  # the environment draws its questions
 
 
-@pytest.mark.scenario  # two rayward runs and two TRL runs (CI time); CI's tier: a stock template's tool turn, the tools run
+@whole_runs
 def test_rayward_trains_without_a_dataset(own_data_run):
     history, ours = own_data_run
     assert [h["step"] for h in history] == list(range(1, STEPS + 1))
@@ -352,7 +357,7 @@ def test_rayward_trains_without_a_dataset(own_data_run):
     assert submits and all(m["content"] == "Submitted." for m in submits)  # the async standalone tool answered
 
 
-@pytest.mark.scenario  # two rayward runs and two TRL runs (CI time); CI's tier: a stock template's tool turn, the tools run
+@whole_runs
 def test_the_alarm_tools_own_timeout_reads_the_same_in_both(database, trl_routed):
     """One call made slow on purpose (SlowSqlBoxEnv: a query that never ends, its own alarm): the message the model
     reads, from rayward's environment worker (the class the pool runs, on this main thread as on the worker's)

@@ -24,6 +24,11 @@ BOXES = EnvSpec(environments={None: "orchestrator.tasks.boxes:BoxEnv"})
 COUNTER = EnvSpec(environments={None: "tests.fixtures.envs:CounterEnv"})
 
 
+# Scenario tier: a fault or scaling case (CI time); a SIGKILLed worker mid-run stays in CI
+# (agentic/test_tools_run.py).
+fault_case = pytest.mark.scenario
+
+
 def make_pool(ray, name, spec, n=2, namespace=None, **kw):
     options = {"namespace": namespace} if namespace else {}
     return ray.remote(EnvPool).options(name=f"{name}/env-pool", num_cpus=0, max_concurrency=1000, **options).remote(
@@ -120,7 +125,7 @@ def test_trl_tools_bound_by_their_own_sigalrm_and_reused_instances_in_a_real_wor
     kill_pool(ray, pool)
 
 
-@pytest.mark.scenario  # a fault or scaling case (CI time); a SIGKILLed worker mid-run stays in CI (agentic/test_tools_run.py)
+@fault_case
 def test_sigkilled_worker_loses_exactly_its_sessions_and_is_replaced(ray_cluster, tmp_path):
     ray = ray_cluster
     pool = make_pool(ray, "e-kill", COUNTER)
@@ -154,7 +159,7 @@ def test_sigkilled_worker_loses_exactly_its_sessions_and_is_replaced(ray_cluster
     kill_pool(ray, pool)
 
 
-@pytest.mark.scenario  # a fault or scaling case (CI time); a SIGKILLed worker mid-run stays in CI (agentic/test_tools_run.py)
+@fault_case
 def test_sigstopped_worker_is_detected_at_its_deadline_and_replaced(ray_cluster):
     """A stopped worker answers nothing: the call's deadline (tool timeout + grace) kills and replaces it."""
     ray = ray_cluster
@@ -180,7 +185,7 @@ def test_sigstopped_worker_is_detected_at_its_deadline_and_replaced(ray_cluster)
     kill_pool(ray, pool)
 
 
-@pytest.mark.scenario  # a fault or scaling case (CI time); a SIGKILLed worker mid-run stays in CI (agentic/test_tools_run.py)
+@fault_case
 def test_retiring_workers_finish_their_sessions(ray_cluster):
     """Scaling down never cuts a trajectory: a retiring worker takes no new session and goes once its open ones
     have closed (with their rewards)."""
@@ -203,7 +208,7 @@ def test_retiring_workers_finish_their_sessions(ray_cluster):
     kill_pool(ray, pool)
 
 
-@pytest.mark.scenario  # a fault or scaling case (CI time); a SIGKILLed worker mid-run stays in CI (agentic/test_tools_run.py)
+@fault_case
 def test_rayward_scale_env_workers(ray_cluster):
     """What a user types, in a process of its own, against a running run's environment pool."""
     from orchestrator.cluster import namespace
@@ -233,7 +238,7 @@ def test_rayward_scale_env_workers(ray_cluster):
     kill_pool(ray, pool)
 
 
-@pytest.mark.scenario  # a fault or scaling case (CI time); a SIGKILLed worker mid-run stays in CI (agentic/test_tools_run.py)
+@fault_case
 def test_start_env_pool_from_the_config(ray_cluster):
     """orchestrator.build.start_env_pool: the named pool `NAME/env-pool` in the run's namespace, its workers
     `NAME/env-<i>` with the config's resources, the spec from the config."""

@@ -23,6 +23,10 @@ WAIT_S = 180.0
 HUNG_S = 600.0  # a hung reward call's sleep: far beyond the test (its worker is killed at the end)
 
 
+# Scenario tier: a fault or scaling case (CI time); the policies on fakes in the unit tier.
+fault_case = pytest.mark.scenario
+
+
 def gated_index(completions, idx, gate, **kw):
     """Returns each sample's `idx`; a sample whose `gate` names a file first waits until that file exists."""
     for path in set(gate):
@@ -111,7 +115,7 @@ def test_scale_up_and_down_mid_batch_scores_every_sample_once(ray_cluster, tmp_p
     kill_pool(ray, pool)
 
 
-@pytest.mark.scenario  # a fault or scaling case (CI time); the policies on fakes in the unit tier
+@fault_case
 def test_sigkilled_worker_is_replaced_and_its_chunks_rerun(ray_cluster, tmp_path):
     ray = ray_cluster
     pool = make_pool(ray, "t-kill", [GATED], n=2)
@@ -131,7 +135,7 @@ def test_sigkilled_worker_is_replaced_and_its_chunks_rerun(ray_cluster, tmp_path
     kill_pool(ray, pool)
 
 
-@pytest.mark.scenario  # a fault or scaling case (CI time); the policies on fakes in the unit tier
+@fault_case
 def test_a_stopped_worker_does_not_hold_up_the_learners_state_push(ray_cluster):
     """The learner waits for `set_state` after every optimizer step: a worker that answers nothing (SIGSTOPped,
     idle) must not hang it. The chunk path finds such a worker (test_recovery's chaos run)."""
@@ -147,7 +151,7 @@ def test_a_stopped_worker_does_not_hold_up_the_learners_state_push(ray_cluster):
         kill_pool(ray, pool)  # SIGKILL ends a stopped process too
 
 
-@pytest.mark.scenario  # a fault or scaling case (CI time); the policies on fakes in the unit tier
+@fault_case
 def test_hung_reward_is_cut_at_its_timeout(ray_cluster):
     """The odd samples' calls sleep far longer than the test: the batch returns with their fallback at the
     reward's timeout while they still hang."""
@@ -170,7 +174,7 @@ def test_failing_reward_propagates_a_named_error(ray_cluster):
     kill_pool(ray, pool)
 
 
-@pytest.mark.scenario  # a fault or scaling case (CI time); the policies on fakes in the unit tier
+@fault_case
 def test_a_worker_that_cannot_be_placed_does_not_hold_up_scoring(ray_cluster):
     """Workers asking for more CPUs than are free wait (on an autoscaling cluster: for a new node); scoring goes
     on on the live ones, and shrinking retires a waiting worker first."""
@@ -195,7 +199,7 @@ def test_a_worker_that_cannot_be_placed_does_not_hold_up_scoring(ray_cluster):
 # --- autoscaling -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.scenario  # a fault or scaling case (CI time); the policies on fakes in the unit tier
+@fault_case
 def test_rayward_scale_pins_the_count_and_min_max_resume_autoscaling(ray_cluster):
     """What `rayward scale NAME --reward-workers N` and `--min/--max` call on a running pool."""
     ray = ray_cluster

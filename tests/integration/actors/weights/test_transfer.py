@@ -28,6 +28,11 @@ PARITY_TOL = 1e-5
 NOISE = 0.05  # added to every learner weight: moves logprobs by far more than PARITY_TOL
 
 
+# Scenario tier: engines and learners of their own (CI time); CI's tier: the demo's parity after every sync
+# (test_e2e.py).
+own_engines = pytest.mark.scenario
+
+
 def build(name: str, *overrides: str):
     cfg = load_config(ROOT / "configs" / "demo.yaml", [
         "cluster.num_reward_workers=1", "logging.progress=false", f"logging.dir={tempfile.mkdtemp()}",
@@ -60,7 +65,7 @@ def engine_threads(run) -> list[int]:
     return run.generators.on_each(lambda self: torch.get_num_threads())
 
 
-@pytest.mark.scenario  # engines and learners of their own (CI time); CI's tier: the demo's parity after every sync (test_e2e.py)
+@own_engines
 def test_sync_into_two_engines_then_a_group_that_cannot_form_then_reform(ray_cluster):
     run = build("wt-two", "cluster.num_generators=2")
     try:
@@ -106,7 +111,7 @@ def test_a_mixture_of_experts_syncs_expert_by_expert(ray_cluster):
         shutdown_run(run)
 
 
-@pytest.mark.scenario  # engines and learners of their own (CI time); CI's tier: the demo's parity after every sync (test_e2e.py)
+@own_engines
 def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_was_started_with(ray_cluster):
     """The pipelined loop's sync: the learner sends in the background and its next train step runs meanwhile. The
     engine is kept busy generating, so the send is still on the wire when the step reaches its optimizer: the step
