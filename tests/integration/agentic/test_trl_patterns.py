@@ -68,8 +68,8 @@ TOLERANCE = 0.25
 QUESTION = re.compile("^" + re.escape(PROMPT_TEMPLATE).replace(r"\{box\}", r"(\d)") + "$")
 
 
-# Scenario tier: two rayward runs and two TRL runs (CI time); CI's tier: a stock template's tool turn, the tools
-# run.
+# Scenario tier: two rayward runs and two TRL runs (CI time); CI's tier: a stock template's tool turn,
+# the tools run.
 whole_runs = pytest.mark.scenario
 
 
