@@ -97,6 +97,8 @@ class Trajectory:
     # `environments` (None unless one does)
     template_match: bool | None = None  # the ids trained on agree with the chat template's rendering of the
     # conversation at every special-token boundary (chat.template_check); None: not checked
+    images: tuple[Any, ...] = ()  # vision-language models: every image its ids hold (RGB PIL), in placeholder
+    # order: the first prompt's, then each tool result's (TRL's multimodal tool responses)
 
     @property
     def mask(self) -> list[int]:
@@ -138,7 +140,10 @@ class ToolCall:
 
 @dataclass
 class ToolResult:
-    content: str  # the tool message the model reads next: the result, or what went wrong
+    # The tool message the model reads next: the result, or what went wrong. A tool that returns TRL's multimodal
+    # content blocks ([{"type": "image", "image": ...}, {"type": "text", "text": ...}]) keeps them as a list, its
+    # images RGB PIL (actors/envs/worker.py tool_content).
+    content: str | list[dict[str, Any]]
     status: Literal["ok", "error", "timeout", "unknown_tool"]  # error: the tool raised
     seconds: float = 0.0
 

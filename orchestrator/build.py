@@ -40,6 +40,7 @@ from orchestrator.checkpoints import BestCheckpoint
 from orchestrator.config import (
     TINY_MODEL,
     TINY_MOE_MODELS,
+    TINY_TOOL_VLM_MODEL,
     TINY_TOOLS_MODEL,
     TINY_VLM_MODEL,
     ConfigError,
@@ -76,6 +77,10 @@ def resolve_model(cfg: RunConfig) -> str:
         from orchestrator.tiny_vlm import ensure_tiny_vlm
 
         return str(ensure_tiny_vlm())
+    if cfg.model.name_or_path == TINY_TOOL_VLM_MODEL:
+        from orchestrator.tiny_vlm import ensure_tiny_tool_vlm
+
+        return str(ensure_tiny_tool_vlm())
     if cfg.model.name_or_path in TINY_MOE_MODELS:
         from orchestrator.tiny_moe import ensure_tiny_moe
 
@@ -343,11 +348,9 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
         prompts.encode.check(rows, "data")
     except ImageError as err:
         raise ConfigError(str(err)) from None
-    if images is not None and agentic(cfg):
-        raise ConfigError("tools / environment_factory: agentic runs of a vision-language model are not supported "
-                          "yet (one-turn image prompts are); docs/vision.md")
     held_out, eval_specs = prepare_eval(cfg, tokenizer, images)
-    agent = prepare_agent(cfg, tokenizer, rows, specs, None if held_out is None else [p.row for p in held_out])
+    agent = prepare_agent(cfg, tokenizer, rows, specs, None if held_out is None else [p.row for p in held_out],
+                          image_token_id=None if images is None else images.image_token_id)
     if agent is not None and cfg.eval is not None and cfg.eval.data.prompt_column != cfg.data.prompt_column:
         raise ConfigError(f"eval.data.prompt_column {cfg.eval.data.prompt_column!r}: with tools, evals read the "
                           f"training data's prompt column ({cfg.data.prompt_column!r}); rename the column")
@@ -450,13 +453,14 @@ def start_env_pool(cfg: RunConfig, name: str, spec: EnvSpec, *, num_workers: int
     ))
 
 
-def rollout_kind(agent: AgentSetup | None, vision: bool = False) -> Sampler:
+def rollout_kind(agent: AgentSetup | None, vision: bool = False, prompt_column: str = "prompt") -> Sampler:
     """The run's Sampler, how its samples are made: one-turn completions (vision: with the prompts' images), or
     agentic rollouts when it has tools (the environments' rewards routed by class name; the pickled environments
-    kept for reward functions that ask)."""
+    kept for reward functions that ask; prompts with images as their messages in the generators' prompt
+    column)."""
     if agent is None:
         return OneTurn(vision=vision)
-    return Agentic(env_classes=agent.env_classes, keep_state=agent.keep_state)
+    return Agentic(env_classes=agent.env_classes, keep_state=agent.keep_state, prompt_column=prompt_column)
 
 
 def agent_kwargs(cfg: RunConfig, agent: AgentSetup, env_pool: EnvPoolGroup, prompt_column: str | None = None
@@ -608,7 +612,7 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
         aggregator=aggregator, select=selector(cfg, aggregator), sampling=training_sampling(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
         faults=FaultLog(p.run_dir, logger.display.message), eval_pool=groups.eval_pool,
-        sampler=rollout_kind(p.agent, p.vision), env_pool=groups.env_pool,
+        sampler=rollout_kind(p.agent, p.vision, p.cfg.data.prompt_column), env_pool=groups.env_pool,
         tool_watch=ToolCallWatch(logger.display.message) if p.agent is not None else None,
     )
     run.evaluate = run_evaluator(run, p)

@@ -113,6 +113,7 @@ TINY_TOOLS_MODEL = "tiny-tools"  # the tiny model warmed up to call tools (orche
 TINY_MOE_MODELS = {"tiny-moe": ("qwen3_moe", False), "tiny-qwen2-moe": ("qwen2_moe", False),
                    "tiny-moe-ties": ("qwen3_moe", True)}
 TINY_VLM_MODEL = "tiny-vlm"  # a random Qwen2.5-VL of the tiny model's size (orchestrator/tiny_vlm.py)
+TINY_TOOL_VLM_MODEL = "tiny-vlm-tools"  # the same, warmed up on the cards task (orchestrator/tasks/cards.py)
 # Run names become Ray namespaces, actor names and directory names: lower-case DNS-label characters only.
 RUN_NAME_PATTERN = r"^[a-z0-9][a-z0-9\-]{0,62}$"
 
@@ -163,7 +164,8 @@ class ModelConfig(_Section):
     task's tools (configs/tools.yaml); `tiny-moe` and `tiny-qwen2-moe` random mixtures of experts of its size
     (Qwen3-MoE, Qwen2-MoE: 8 experts, top-2; configs/moe.yaml), `tiny-moe-ties` a Qwen3-MoE whose routers are
     near ties (docs/moe.md); `tiny-vlm` a random Qwen2.5-VL vision-language model of its size
-    (configs/vlm.yaml, docs/vision.md)."""
+    (configs/vlm.yaml, docs/vision.md), `tiny-vlm-tools` one with Qwen3-VL's chat template warmed up to call the
+    cards task's tool, which returns an image (configs/vlm-tools.yaml)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype in the learner and the generators. float32 on CPU (vLLM-CPU and the learner then agree in
     logprobs to rounding: the parity check after the first sync prints the gap); bfloat16 is the usual choice on

@@ -14,13 +14,16 @@ from actors.types import EMPTY_PROMPT, Rollouts, Sample
 from actors.vision import ImageError, Images, to_image
 from orchestrator.config import ConfigError, DataConfig, DataSource, RunConfig
 from orchestrator.tasks.boxes import boxes_dataset
+from orchestrator.tasks.cards import cards_dataset
 from orchestrator.tasks.code import code_dataset
 from orchestrator.tasks.colors import colors_dataset
 from orchestrator.tasks.letters import toy_dataset
 
 # data.path names of the built-in tasks (boxes: the tool task, with environment_factory BoxEnv; colors: the
-# vision task, with an `image` column)
-BUILTIN_DATASETS = {"toy": toy_dataset, "code": code_dataset, "boxes": boxes_dataset, "colors": colors_dataset}
+# vision task, with an `image` column; cards: the vision tool task, with environment_factory CardEnv, whose tool
+# returns the image)
+BUILTIN_DATASETS = {"toy": toy_dataset, "code": code_dataset, "boxes": boxes_dataset, "colors": colors_dataset,
+                    "cards": cards_dataset}
 # TRL's image columns (GRPOTrainer): `images`, a list per row, or `image`, one per row (None: none).
 IMAGE_COLUMNS = ("images", "image")
 # Rows whose images are decoded when the run starts (a broken one stops it there, named); later rows' images are
@@ -164,20 +167,22 @@ def to_rollouts(
     (assistant and tool messages, as TRL passes them to reward functions)."""
     cols = [c for c in prompts[0].row if c != prompt_column]
     out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, group_size, prompt_index=[])
-    vision = any(p.images for p in prompts)
-    if vision:
-        out.images = []
     samples = [s for group in groups for s in group]
     agentic = any(s.trajectory is not None for s in samples)
     if agentic and not all(s.trajectory is not None for s in samples):
         raise ValueError("to_rollouts: a batch mixes agentic samples with one-turn samples")
+    # images: a prompt's (one-turn), or all that a trajectory's ids hold (its prompt's and its tools')
+    vision = any(p.images for p in prompts) or any(s.trajectory is not None and s.trajectory.images
+                                                   for s in samples)
+    if vision:
+        out.images = []
     for prompt, group in zip(prompts, groups, strict=True):
         row = prompt.row
         chat = is_conversational(row.get(prompt_column))
         for s in group:
             t = s.trajectory
-            if vision:  # one tuple per prompt, shared by its samples (pickled once)
-                out.images.append(prompt.images)
+            if vision:  # one-turn: one tuple per prompt, shared by its samples (pickled once)
+                out.images.append(prompt.images if t is None else t.images)
             if t is not None:
                 out.prompts.append(t.prompt)
             else:  # with images, the messages holding them (what TRL passes)

@@ -33,6 +33,7 @@ from actors.generation.chat import (
     extension_note,
     prepare_tokenizer,
     template_family,
+    tool_images_problem,
     tool_template_problem,
 )
 from actors.rewards.worker import RewardSpec
@@ -53,6 +54,8 @@ class AgentSetup:
     env_reward_specs: list[RewardSpec]  # the same, as reward-worker specs
     keep_state: bool  # a reward function declares `environments`: sessions close with keep_state
     template_note: str | None = None  # the chat template is not prefix-preserving: what that means (start-up note)
+    images_note: str | None = None  # a vision-language model whose template drops images in tool messages: a tool
+    # that returns one is answered with an error (start-up note)
 
     @property
     def routed(self) -> bool:
@@ -83,9 +86,11 @@ def prepare_agent(
     rows: list[dict[str, Any]],
     specs: list[RewardSpec],
     eval_rows: list[dict[str, Any]] | None = None,
+    image_token_id: int | None = None,
 ) -> AgentSetup | None:
     """The checks above, for a run with `tools` or `environment_factory` (None for a one-turn run). specs: the
-    run's reward specs as `reward_specs` built them (which functions declare `environments`)."""
+    run's reward specs as `reward_specs` built them (which functions declare `environments`); image_token_id: a
+    vision-language model's image placeholder (tools may return images: TRL's multimodal tool responses)."""
     if not cfg.tools and cfg.environment_factory is None:
         return None
     spec = env_spec(cfg)
@@ -101,7 +106,19 @@ def prepare_agent(
         spec=spec, schemas=schemas, env_classes=env_classes, env_rewards=implicit,
         env_reward_specs=[env_reward_spec(r) for r in implicit], keep_state=any(s.takes_environments for s in specs),
         template_note=extension_note(tokenizer),
+        images_note=None if image_token_id is None else _images_note(tokenizer, image_token_id),
     )
+
+
+def _images_note(tokenizer: Any, image_token_id: int) -> str | None:
+    problem = tool_images_problem(tokenizer, image_token_id)
+    if problem is None:
+        return None
+    family = template_family(tokenizer)
+    which = f"TRL's {family} chat template" if family else "its chat template"
+    return (f"the model's {which}: {problem.removeprefix('its chat template ')}; a tool that returns an image "
+            "(TRL's multimodal tool responses) is answered with an error the model reads, counted in "
+            "tools/failure_frequency (docs/vision.md)")
 
 
 def _read_environments(

@@ -83,22 +83,29 @@ class OneTurn:
 class Agentic:
     """Multi-turn rollouts with tools (see the module docstring). env_classes: environment_factory name (None:
     the only one) -> class name, for the environments' own rewards; keep_state: a reward function declares
-    `environments` (the pickled environments travel to the pool only then)."""
+    `environments` (the pickled environments travel to the pool only then); prompt_column: data.prompt_column
+    (a prompt with images travels as its messages with image parts)."""
 
     env_classes: dict[str | None, str] = field(default_factory=dict)
     keep_state: bool = False
+    prompt_column: str = "prompt"
+
+    def _rows(self, prompts: list[Prompt]) -> list[dict]:
+        """The rows the generators render: as the dataset has them, but a prompt with images as its messages with
+        image parts holding them (Prompt.messages, TRL's prepare_multimodal_messages)."""
+        return [p.row if p.messages is None else {**p.row, self.prompt_column: p.messages} for p in prompts]
 
     def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
                  sampling: Sampling, min_version: int) -> list[list[Sample]]:
-        return generators.rollout([p.row for p in prompts], seeds, sampling, min_version=min_version)
+        return generators.rollout(self._rows(prompts), seeds, sampling, min_version=min_version)
 
     def submit(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
                sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
-        return generators.submit_rollout([p.row for p in prompts], seeds, sampling, min_version=min_version, pin=True)
+        return generators.submit_rollout(self._rows(prompts), seeds, sampling, min_version=min_version, pin=True)
 
     def stream(self, generators: Generators, member: int, prompts: list[Prompt], seeds: list[int],
                sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
-        return generators.stream_rollout(member, [p.row for p in prompts], seeds, sampling, min_version=min_version)
+        return generators.stream_rollout(member, self._rows(prompts), seeds, sampling, min_version=min_version)
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
         if rollouts.trajectories is None:

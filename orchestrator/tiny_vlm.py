@@ -183,3 +183,175 @@ def warm_up(model: Any, processor: Any, steps: int = WARMUP_STEPS, seed: int = W
 def ensure_tiny_vlm(cache_dir: str | Path | None = None) -> Path:
     """Build the tiny VLM once into the cache dir (as orchestrator/tiny.py: ensure_tiny_model)."""
     return ensure_cached(CACHE_NAME, build_tiny_vlm, cache_dir)
+
+
+# --- the tiny tool-calling VLM: the cards task (orchestrator/tasks/cards.py) ---------------------------------
+
+# Bump when anything below changes the files written, so stale caches are not reused.
+TOOLS_CACHE_NAME = "tiny-vlm-tools-v1"
+# Its warm-up: whole episodes (the prompt with the tool list, the `look` call, the card's picture as the tool's
+# result, one letter) at TOOLS_WARMUP_LR. The call is always the same, so it is learned exactly; the letter is the
+# card's TOOLS_WARMUP_CORRECT of the time, else a random one: a partial link from the picture to the letter, for
+# GRPO to strengthen (as the one-turn warm-up above). The link appears abruptly with that share: at 0.4 the model
+# leaves 60 steps (or 120) ignoring the picture, at 0.6 it leaves them answering right 2 times in 3; at 0.5 it
+# answers right about 4 times in 10.
+TOOLS_WARMUP_STEPS = 60
+TOOLS_WARMUP_CORRECT = 0.5
+TOOLS_WARMUP_BATCH = 16
+TOOLS_WARMUP_LR = 3e-3
+TOOLS_CORPUS_ROWS = 64
+
+
+def tool_chat_template() -> str:
+    """Qwen3-VL's chat template as TRL ships it: tool calls, and images in tool messages (Qwen2.5-VL's has
+    neither)."""
+    import trl
+
+    return (Path(trl.__file__).parent / "chat_templates" / "qwen3_vl.jinja").read_text()
+
+
+def card_tools() -> list[Any]:
+    """The cards task's tools as TRL sees them: the public methods of a CardEnv."""
+    from orchestrator.tasks.cards import CardEnv
+
+    return [CardEnv().look]
+
+
+def card_episode(row: dict[str, Any], answer: str) -> list[dict[str, Any]]:
+    """The assistant and tool messages of an episode that looks at the card and answers `answer`."""
+    from orchestrator.tasks.cards import CardEnv
+
+    env = CardEnv()
+    env.reset(**row)
+    return [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "look", "arguments": {}}}]},
+        {"role": "tool", "name": "look", "content": env.look()},
+        {"role": "assistant", "content": answer},
+    ]
+
+
+def _tool_tokenizer(out: Path) -> Any:
+    """A BPE trained on the cards task's episodes (the tool list, the call, the tool's text) as tiny_tools trains
+    the box task's, plus Qwen's vision tokens, with Qwen3-VL's template and TRL's response template for it."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import add_response_schema
+
+    from orchestrator.tasks.cards import cards_dataset
+    from orchestrator.tiny_tools import train_tokenizer
+
+    template = tool_chat_template()
+    scratch = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), chat_template=template)
+    tools = card_tools()
+    corpus = []
+    for k, row in enumerate(cards_dataset(TOOLS_CORPUS_ROWS, seed=WARMUP_SEED + 1)):
+        episode = card_episode(row, row["letter"])
+        episode[1] = {**episode[1], "content": episode[1]["content"][1]["text"]}  # text only: no vision tokens
+        corpus.append(scratch.apply_chat_template(row["prompt"] + episode, tools=tools if k % 2 else None,
+                                                  tokenize=False))
+    tokenizer = train_tokenizer(corpus)
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tokenizer.chat_template = template
+    add_response_schema(tokenizer)
+    tokenizer.save_pretrained(out)
+    return tokenizer
+
+
+def build_tiny_tool_vlm(path: str | Path, seed: int = 0, warm: bool = True) -> Path:
+    """Write the tiny VLM warmed up on the cards task (float32), its tokenizer and processor, to `path`."""
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+    )
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    _tool_tokenizer(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in [*VISION_TOKENS, IM_END, PAD_TOKEN]}
+    config = vlm_config(ids)
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, VISION_INIT_STD if ".visual." in f".{name}" else LM_INIT_STD)
+    processor = Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS),
+        tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(), chat_template=tool_chat_template(),
+    )
+    if warm:
+        warm_up_tools(model, processor)
+    model.generation_config = GenerationConfig(eos_token_id=ids[IM_END], pad_token_id=ids[PAD_TOKEN])
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def tool_episode_ids(processor: Any, row: dict[str, Any], answer: str) -> tuple[list[int], list[int], Any]:
+    """(ids, mask, picture) of a cards episode as a token-in-token-out rollout builds it (the prompt with the tool
+    list, the call, the tool result's suffix with the picture's placeholders expanded, the answer): mask 1 on the
+    model's two turns."""
+    from actors.generation.chat import tool_suffix_ids
+    from orchestrator.tiny_tools import completion_ids
+
+    tokenizer = processor.tokenizer
+    call, result, reply = card_episode(row, answer)
+    prompt = tokenizer.apply_chat_template(row["prompt"], tools=card_tools(), add_generation_prompt=True,
+                                           tokenize=True, return_dict=False)
+    picture = result["content"][0]["image"]
+    count = processor._get_num_multimodal_tokens(image_sizes=[(picture.height, picture.width)]).num_image_tokens[0]
+    image_token = tokenizer.convert_tokens_to_ids(processor.image_token)
+    suffix = []
+    for t in tool_suffix_ids(tokenizer, [result]):
+        suffix += [t] * (count if t == image_token else 1)
+    first, last = completion_ids(tokenizer, call), completion_ids(tokenizer, reply)
+    ids = prompt + first + suffix + last
+    mask = [0] * len(prompt) + [1] * len(first) + [0] * len(suffix) + [1] * len(last)
+    return ids, mask, picture
+
+
+def warm_up_tools(model: Any, processor: Any, steps: int = TOOLS_WARMUP_STEPS, seed: int = WARMUP_SEED) -> None:
+    """Teach the cards episode's form (see TOOLS_WARMUP_STEPS), in place."""
+    import random
+
+    import torch
+
+    from orchestrator.tasks.cards import cards_dataset
+    from orchestrator.tasks.letters import LETTERS
+
+    rng = random.Random(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(WARMUP_THREADS)
+    opt = torch.optim.Adam(model.parameters(), lr=TOOLS_WARMUP_LR)
+    image_token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    model.train()
+    try:
+        for _ in range(steps):
+            rows = cards_dataset(TOOLS_WARMUP_BATCH, seed=rng.randrange(2**31))
+            episodes = [tool_episode_ids(processor, r, r["letter"] if rng.random() < TOOLS_WARMUP_CORRECT
+                                         else rng.choice(LETTERS)) for r in rows]
+            input_ids = torch.tensor([ids for ids, _, _ in episodes])  # every episode the same length
+            labels = torch.tensor([[t if m else -100 for t, m in zip(ids, mask, strict=True)]
+                                   for ids, mask, _ in episodes])
+            pixels = processor.image_processor(images=[p for _, _, p in episodes], return_tensors="pt")
+            loss = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=labels,
+                         pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
+                         mm_token_type_ids=(input_ids == image_token).int()).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+
+
+def ensure_tiny_tool_vlm(cache_dir: str | Path | None = None) -> Path:
+    """Build the tiny tool-calling VLM once into the cache dir (as ensure_tiny_vlm)."""
+    return ensure_cached(TOOLS_CACHE_NAME, build_tiny_tool_vlm, cache_dir)

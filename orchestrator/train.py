@@ -97,6 +97,8 @@ def _announce(p: Prepared, mode: str | None, say: Any) -> list[Path]:
     say(f"rayward run {p.name!r}: logs and checkpoints in {p.run_dir}{joins}")
     if p.agent is not None and p.agent.template_note is not None:
         say(f"rayward: note: {p.agent.template_note}")
+    if p.agent is not None and p.agent.images_note is not None:
+        say(f"rayward: note: {p.agent.images_note}")
     found = checkpoints.find(p.run_dir, mode, cfg.grpo.max_steps, say)
     # Only a budget the user asked for: by default a run without checkpoints recovers from the initial model,
     # as documented (docs/faults.md), and says nothing about it.

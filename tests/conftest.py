@@ -50,6 +50,15 @@ def tiny_vlm_path():
 
 
 @pytest.fixture(scope="session")
+def tiny_tool_vlm_path():
+    """The tiny VLM warmed up on the cards task, its tool returning an image (orchestrator/tiny_vlm.py), built once
+    into the cache."""
+    from orchestrator.tiny_vlm import ensure_tiny_tool_vlm
+
+    return str(ensure_tiny_tool_vlm())
+
+
+@pytest.fixture(scope="session")
 def no_checkpointing_model_path(tmp_path_factory, tiny_model_path):
     """A tiny random JetMoe causal LM (transformers declares no gradient checkpointing for it) with the tiny model's
     tokenizer files."""

@@ -42,8 +42,11 @@ its class, and that instance is dropped: actors/envs/spec.py).
                         passes Python's TypeError on)
       timed out        {'error': 'Tool <name> timed out after <t> s.'}   (TRL has no timeout)
 
-  A result is passed on whole, as `str(result)` (TRL: the same, but for multimodal content lists, which rayward
-  does not support); the agent loop budgets tool-result tokens.
+  A result is passed on whole (`tool_content`): as `str(result)`, or, for TRL's multimodal tool responses (a
+  list of content blocks, `{"type": "image", "image": ...}` and `{"type": "text", "text": ...}`), as that list,
+  its images decoded to RGB PIL (an image that cannot be decoded is an error result naming the tool). TRL passes
+  any list on as content; rayward passes a list of anything else on as its `str`, as any other value. The agent
+  loop budgets tool-result tokens, the images' vision tokens included.
 * **close**: `get_reward()` (sync or async, within the environment reward's timeout; None where the environment
   has none, NaN where it returned None, None and an error when it raised, timed out or returned a non-number),
   and when asked the instance pickled with cloudpickle (for reward functions that declare `environments`). The
@@ -87,6 +90,7 @@ from actors.envs.spec import (
 )
 from actors.types import ENVIRONMENT_COLUMN, EnvClosed, EnvOpened, EnvRequest, ToolCall, ToolResult
 from actors.user_code import Outcome, Pending, Raised, SyncOn, TimedOut, UserCalls
+from actors.vision import ImageError, to_image
 
 # Threads for sync calls with sync_on="threads" only (a worker run off its process's main thread): one turn's or
 # one group's calls at once, with room for calls abandoned at their deadline. The main-thread mode uses none.
@@ -121,6 +125,29 @@ class _Opening:
 def tool_error(message: str) -> str:
     """The tool message for a failed call, as TRL writes it."""
     return str({"error": message})
+
+
+# The content-block types of TRL's multimodal tool responses (GRPOTrainer._tool_call_loop).
+CONTENT_BLOCK_TYPES = ("text", "image")
+
+
+def tool_content(value: Any, tool: str) -> str | list[dict[str, Any]]:
+    """A tool's return value as the tool message's content: a list of content blocks (every item a dict whose
+    `type` is text or image) as blocks, `{"type": "text", "text": str}` and `{"type": "image", "image": RGB PIL}`;
+    anything else as `str(value)`. Raises ImageError (naming the tool and the block) for an image that cannot be
+    decoded."""
+    if isinstance(value, str):
+        return value
+    if not (isinstance(value, list) and value and all(
+            isinstance(b, dict) and b.get("type") in CONTENT_BLOCK_TYPES for b in value)):
+        return str(value)
+    blocks: list[dict[str, Any]] = []
+    for i, b in enumerate(value):
+        if b["type"] == "image":
+            blocks.append({"type": "image", "image": to_image(b.get("image"), f"tool {tool} result block {i}")})
+        else:
+            blocks.append({"type": "text", "text": str(b.get("text", ""))})
+    return blocks
 
 
 class EnvWorker:
@@ -300,8 +327,11 @@ class EnvWorker:
                               outcome.seconds)
         if isinstance(outcome, Raised):  # the user's own TimeoutError too: an error like any other
             return ToolResult(tool_error(str(outcome.error)), "error", outcome.seconds)
-        value = outcome.value
-        return ToolResult(value if isinstance(value, str) else str(value), "ok", outcome.seconds)
+        try:
+            content = tool_content(outcome.value, c.name)
+        except ImageError as err:
+            return ToolResult(tool_error(str(err)), "error", outcome.seconds)
+        return ToolResult(content, "ok", outcome.seconds)
 
     # --- close -----------------------------------------------------------------------------------------------
 
@@ -365,4 +395,4 @@ def _bad_arguments(fn: Callable[..., Any], c: ToolCall) -> str | None:
     return None
 
 
-__all__ = ["ENV_CALL_THREADS", "EnvWorker", "tool_error"]
+__all__ = ["ENV_CALL_THREADS", "EnvWorker", "tool_content", "tool_error"]

@@ -82,6 +82,7 @@ from actors.types import (
     ToolResult,
     Trajectory,
 )
+from actors.vision import ImageError
 
 # After a trajectory ends, how long its session's close (get_reward, the pickled state) may take past the
 # trajectory's deadline. The environment pool bounds its own calls (a hung worker is replaced and its futures
@@ -203,15 +204,18 @@ class SampledTurn:
     versions: list[int]
     finish_reason: str | None  # vLLM's: "length" when max_tokens cut it
     routes: Any = None  # TurnSettings.routes of its request: positions of the whole conversation so far
+    prompt_len: int | None = None  # the tokens of the prompt the engine ran (its images expanded by vLLM)
 
     @classmethod
     def of(cls, request: Request, routes: Callable[[Request], Any] | None = None) -> SampledTurn:
         """The turn of a finished request (n=1; raises CancelledError for an aborted one)."""
-        completion = request.result().outputs[0]
+        out = request.result()
+        completion = out.outputs[0]
         ids = list(completion.token_ids)
         logprobs = [step[tok].logprob for tok, step in zip(ids, completion.logprobs, strict=True)]
+        ran = getattr(out, "prompt_token_ids", None)
         return cls(ids, logprobs, token_versions(completion), completion.finish_reason,
-                   routes(request) if routes is not None else None)
+                   routes(request) if routes is not None else None, None if ran is None else len(ran))
 
 
 @dataclass
@@ -237,19 +241,45 @@ class TrajectoryRecord:
     # token: the turn that sampled it; a prompt, tool or scaffold token: the prefill of the first turn whose
     # prompt held it); -1 where none did. None: not recorded.
     routes: Any = None
+    # A vision-language model's processor (actors/vision.py Images): `ids` hold each image as its placeholder
+    # repeated once per vision token, as the learner trains on them; the engine gets one placeholder per image
+    # (`engine_prompt`). None: a text model.
+    vision: Any = None
+    images: list[Any] = field(default_factory=list)  # every image `ids` hold, in placeholder order: the first
+    # prompt's, then the tool results'
 
     @property
     def started(self) -> bool:
         return bool(self.prompt_ids)
 
     def start(self, prompt: list[dict[str, Any]]) -> None:
-        """Render the first prompt (the chat template, the tools' schemas): the first turn's ids."""
+        """Render the first prompt (the chat template, the tools' schemas; its image parts' placeholders
+        expanded): the first turn's ids."""
         self.prompt = prompt
-        self.prompt_ids = chat.render_prompt(self.tokenizer, prompt, self.tools)
-        self.ids = list(self.prompt_ids)
+        ids = chat.render_prompt(self.tokenizer, prompt, self.tools)
+        self.images = chat.message_images(prompt)
+        if self.images:
+            if self.vision is None:
+                raise ImageError("an agentic prompt with images for a model without an image processor")
+            ids = self.vision.expand(ids, self.images)
+        self.prompt_ids = ids
+        self.ids = list(ids)
+
+    def engine_prompt(self) -> list[int] | dict[str, Any]:
+        """The next turn's prompt as the engine takes it: the ids, or (with images) vLLM's token prompt with one
+        placeholder per image and the images as its multi-modal data (vLLM expands them again)."""
+        if not self.images:
+            return self.ids
+        return {"prompt_token_ids": self.vision.collapse(self.ids, self.images),
+                "multi_modal_data": {"image": list(self.images)}}
 
     def append_turn(self, sampled: SampledTurn) -> chat.Turn:
         """Append one model turn (sampled after `ids`); returns it as the model wrote it: message, calls."""
+        if self.images and sampled.prompt_len is not None and sampled.prompt_len != len(self.ids):
+            raise ImageError(
+                f"vLLM ran a turn's prompt of {sampled.prompt_len} tokens where the generator's processor made "
+                f"{len(self.ids)}: the two expand an image into different numbers of vision tokens; give the "
+                "processor's image sizes in model.processor_kwargs (both sides read them)")
         turn = chat.parse_turn(self.tokenizer, sampled.ids, self.ids, self.tools)
         if sampled.routes is not None:
             self.routes = merge_routes(self.routes, sampled.routes)
@@ -259,10 +289,12 @@ class TrajectoryRecord:
         self.counts.model_tokens += len(sampled.ids)
         return turn
 
-    def append_scaffold(self, ids: list[int], messages: list[dict[str, Any]]) -> None:
-        """Append what the model did not sample (out of the loss): messages and their rendered suffix ids."""
+    def append_scaffold(self, ids: list[int], messages: list[dict[str, Any]], images: list[Any] = ()) -> None:
+        """Append what the model did not sample (out of the loss): messages and their rendered suffix ids (images:
+        those the ids' placeholders stand for, in order)."""
         self._append(ids, [math.nan] * len(ids), [-1] * len(ids), -1)
         self.messages += messages
+        self.images += images
         self.counts.tool_tokens += len(ids)
 
     def to_sample(
@@ -276,7 +308,7 @@ class TrajectoryRecord:
             tool_tokens=c.tool_tokens, truncated_tool_results=c.truncated, env_s=c.env_s,
             env_reward=closed.reward if closed is not None else None,
             env_state=closed.state if closed is not None else None,
-            template_match=self.template_match(),
+            template_match=self.template_match(), images=tuple(self.images),
         )
         text = self.tokenizer.decode(self.completion, skip_special_tokens=True)
         routes = None if self.routes is None else merge_routes(None, self.routes, len(self.prompt_ids) +
@@ -289,6 +321,8 @@ class TrajectoryRecord:
         cannot render at all counts as a mismatch."""
         try:
             ids = self.prompt_ids + self.completion
+            if self.images:
+                ids = self.vision.collapse(ids, self.images)
             return chat.template_check(self.tokenizer, self.prompt, self.messages, self.tools, ids).match
         except Exception:  # noqa: BLE001 - the template's own error: it cannot reproduce what was trained on
             return False
@@ -336,7 +370,7 @@ def submit_turn(
     budget = turn_budget(turns, record)
     if budget <= 0:
         return None
-    return engine.submit(record.ids, turns.params(budget, seed), min_version=turns.min_version)
+    return engine.submit(record.engine_prompt(), turns.params(budget, seed), min_version=turns.min_version)
 
 
 # --- the environment-class driver: the state machine -------------------------------------------------------
@@ -437,9 +471,15 @@ class AgentLoop:
         turns: TurnSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
+        vision: Any = None,
+        tool_images: str | None = None,
     ) -> None:
         self.engine, self.envs, self.tokenizer, self.agent, self.turns = engine, envs, tokenizer, agent, turns
         self.clock = clock
+        self.vision = vision  # a vision-language model's Images (actors/vision.py); None: a text model
+        # Why images in tool results cannot reach the model (chat.tool_images_problem); None: they can.
+        self.no_tool_images = tool_images if vision is not None else "this model reads no images (not a " \
+            "vision-language model)"
         self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
         self._groups: dict[int, list[_Trajectory]] = {}
 
@@ -525,7 +565,7 @@ class AgentLoop:
         deadline = self.clock() + agent.trajectory_timeout_s
         messages = agent.messages(row)
         group = [_Trajectory(g, j, seed, env, messages, deadline,
-                             TrajectoryRecord(self.tokenizer, list(agent.tools[env])))
+                             TrajectoryRecord(self.tokenizer, list(agent.tools[env]), vision=self.vision))
                  for j in range(self.turns.n)]
         self._groups[g] = group
         request = EnvRequest(env, agent.reset_row(row), seed)
@@ -602,21 +642,32 @@ class AgentLoop:
         except Exception:  # noqa: BLE001 - the session is gone (EnvSessionLost) or the pool failed
             self._session_lost(t)
             return
+        results = [self._readable(name, r) for name, r in zip(t.calling, results, strict=True)]
         t.counts.tool_failures += sum(r.status != "ok" for r in results)
         self._append_results(t, [{"role": "tool", "name": name, "content": r.content}
                                  for name, r in zip(t.calling, results, strict=True)])
+
+    def _readable(self, name: str, result: ToolResult) -> ToolResult:
+        """The result, or, for an image the model cannot be shown (a text model, a template that drops images in
+        tool messages), an error result the model reads instead, counted as a failed call."""
+        if self.no_tool_images is not None and isinstance(result.content, list) and chat.message_images(
+                [{"content": result.content}]):
+            return ToolResult(str({"error": f"Tool {name} returned an image, and {self.no_tool_images}"}), "error",
+                              result.seconds)
+        return result
 
     def _append_results(self, t: _Trajectory, messages: list[dict[str, Any]]) -> None:
         """The tool messages' suffix ids appended (contents cut to the tool-token budget and to the context,
         leaving room for one more token), then the next turn; nothing fits: `length`."""
         budget = scaffold_budget(self.agent.max_tool_tokens, self.turns.max_model_len, t.record)
-        fitted = chat.fit_tool_results(self.tokenizer, messages, budget) if budget > 0 else None
+        expand = self.vision.expand if self.vision is not None else None
+        fitted = chat.fit_tool_results(self.tokenizer, messages, budget, expand) if budget > 0 else None
         if fitted is None:
             t.counts.truncated += len(messages)
             self._end(t, "length")
             return
         t.counts.truncated += fitted.truncated
-        t.record.append_scaffold(fitted.suffix_ids, fitted.messages)
+        t.record.append_scaffold(fitted.suffix_ids, fitted.messages, fitted.images)
         self._submit_turn(t)
 
     # --- CLOSING ------------------------------------------------------------------------------------------

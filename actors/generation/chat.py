@@ -25,7 +25,8 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.types import Sample, ToolCall
@@ -195,11 +196,21 @@ def _no_response_template(tokenizer: Any) -> str:
 
 def prompt_messages(messages: list[dict[str, Any]], observation: str | None) -> list[dict[str, Any]]:
     """The first prompt's messages: reset's text appended to the content of the last message, as TRL does (a
-    new list; the row's messages are left as they are)."""
+    new list; the row's messages are left as they are). Content parts (a prompt with images) get it as a text
+    part at their end."""
     if not observation:
         return list(messages)
     last = messages[-1]
-    return [*messages[:-1], {**last, "content": last["content"] + observation}]
+    content = last["content"]
+    content = [*content, {"type": "text", "text": observation}] if isinstance(content, list) else content + observation
+    return [*messages[:-1], {**last, "content": content}]
+
+
+def message_images(messages: list[dict[str, Any]]) -> list[Any]:
+    """The images the messages' content parts hold, in order (TRL's `{"type": "image", "image": PIL}` parts): the
+    order a chat template writes their placeholders in."""
+    return [part["image"] for m in messages if isinstance(m.get("content"), list)
+            for part in m["content"] if isinstance(part, dict) and part.get("type") == "image"]
 
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
@@ -228,6 +239,22 @@ def tool_suffix_ids(tokenizer: Any, tool_messages: list[dict[str, Any]]) -> list
         raise ValueError("tool_suffix_ids: the chat template renders the assistant turn differently once tool "
                          "messages follow, and no end-of-turn token marks where it ends")
     return full[full_ends[len(ends) - 1] + 1 :]
+
+
+def tool_images_problem(tokenizer: Any, image_token_id: int) -> str | None:
+    """Why the chat template cannot show the model an image a tool returned (TRL's multimodal tool responses: a
+    tool message whose content parts hold an image), or None when it renders that image as one placeholder."""
+    messages = [*_dummy_call("look"), {"role": "tool", "name": "look", "content": [
+        {"type": "image", "image": None}, {"type": "text", "text": "dummy"}]}]
+    try:
+        rendered = _render(tokenizer, messages, [], add_generation_prompt=True)
+    except Exception as err:  # noqa: BLE001 - the template's own error says what it rejects
+        return f"its chat template cannot render a tool message with an image part ({type(err).__name__}: {err})"
+    found = rendered.count(image_token_id)
+    if found == 1:
+        return None
+    return (f"its chat template renders a tool message's image part as {found} image placeholders, not one "
+            "(it drops images in tool messages)")
 
 
 def extension_note(tokenizer: Any) -> str | None:
@@ -285,37 +312,51 @@ def malformed_result(why: str) -> dict[str, Any]:
 @dataclass
 class FittedResults:
     messages: list[dict[str, Any]]  # the tool messages, contents cut where needed
-    suffix_ids: list[int]  # their `tool_suffix_ids`, at most the budget
+    suffix_ids: list[int]  # their `tool_suffix_ids`, at most the budget (images' placeholders expanded)
     truncated: int  # messages whose content was cut
+    images: list[Any] = field(default_factory=list)  # the images their content parts hold, in order
 
 
-def fit_tool_results(tokenizer: Any, messages: list[dict[str, Any]], budget: int) -> FittedResults | None:
-    """The tool messages with their suffix ids within `budget` tokens: the longest content cut first (to the
-    token, TRUNCATION_MARK appended), re-rendered until the suffix fits. None if even the template's scaffold
-    around empty results does not fit."""
+# ids with one placeholder per image, the images -> the ids with each placeholder expanded to its image's vision
+# tokens (actors/vision.py Images.expand): what a vision-language model reads.
+Expand = Callable[[list[int], list[Any]], list[int]]
+
+
+def fit_tool_results(tokenizer: Any, messages: list[dict[str, Any]], budget: int,
+                     expand: Expand | None = None) -> FittedResults | None:
+    """The tool messages with their suffix ids within `budget` tokens: the longest text cut first (to the token,
+    TRUNCATION_MARK appended), re-rendered until the suffix fits. None if even the template's scaffold around empty
+    results (and their images) does not fit: an image is never cut. expand: for results with images (TRL's
+    multimodal tool responses), how their placeholders become the model's ids; their vision tokens count."""
     messages = [dict(m) for m in messages]
+    images = message_images(messages)
+    if images and expand is None:
+        raise ValueError("fit_tool_results: tool results with images need `expand` (a vision-language model)")
     truncated: set[int] = set()
     # A result longer than the whole budget could hold is cut by characters first, so a many-megabyte result is
     # not tokenized whole (and again each round); the token cut below still decides where it ends.
     longest = max(budget, 0) * MAX_CHARS_PER_TOKEN
     for i, m in enumerate(messages):
-        if len(str(m["content"])) > longest:
-            m["content"] = str(m["content"])[:longest] + TRUNCATION_MARK
+        if len(_text(m)) > longest:
+            messages[i] = _with_text(m, _text(m)[:longest] + TRUNCATION_MARK)
             truncated.add(i)
     mark = len(_ids(tokenizer, TRUNCATION_MARK))
     # Each round cuts the longest content by what the last rendering is over; a cut that re-tokenizes longer at
     # its seam is cut again in the next round.
     for _ in range(_FIT_ROUNDS_PER_MESSAGE * len(messages)):
         suffix = tool_suffix_ids(tokenizer, messages)
+        if images:
+            assert expand is not None
+            suffix = expand(suffix, images)
         over = len(suffix) - budget
         if over <= 0:
-            return FittedResults(messages, suffix, len(truncated))
+            return FittedResults(messages, suffix, len(truncated), images)
         bodies = [_ids(tokenizer, _body(m, i in truncated)) for i, m in enumerate(messages)]
         i = max(range(len(messages)), key=lambda k: len(bodies[k]))
         if not bodies[i]:
-            return None  # only the scaffold and marks left, still over
+            return None  # only the scaffold, images and marks left, still over
         keep = max(len(bodies[i]) - over - (0 if i in truncated else mark), 0)
-        messages[i]["content"] = tokenizer.decode(bodies[i][:keep]) + TRUNCATION_MARK
+        messages[i] = _with_text(messages[i], tokenizer.decode(bodies[i][:keep]) + TRUNCATION_MARK)
         truncated.add(i)
     return None
 
@@ -327,8 +368,35 @@ MAX_CHARS_PER_TOKEN = 64
 _FIT_ROUNDS_PER_MESSAGE = 8
 
 
+def _text(message: dict[str, Any]) -> str:
+    """A message's text: its content, or its content parts' text joined."""
+    content = message["content"]
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return str(content)
+
+
+def _with_text(message: dict[str, Any], text: str) -> dict[str, Any]:
+    """The message with its text replaced: the content, or (content parts) the first text part, the other text
+    parts dropped and the images kept where they are."""
+    content = message["content"]
+    if not isinstance(content, list):
+        return {**message, "content": text}
+    parts, placed = [], False
+    for p in content:
+        if isinstance(p, dict) and p.get("type") == "text":
+            if not placed:
+                parts.append({**p, "text": text})
+                placed = True
+        else:
+            parts.append(p)
+    if not placed:
+        parts.append({"type": "text", "text": text})
+    return {**message, "content": parts}
+
+
 def _body(message: dict[str, Any], marked: bool) -> str:
-    content = str(message["content"])
+    content = _text(message)
     return content.removesuffix(TRUNCATION_MARK) if marked else content
 
 
@@ -374,12 +442,20 @@ def template_check(
     return TemplateCheck(position is None, position, len(b_ours), len(b_theirs), drift)
 
 
-def check_sample(tokenizer: Any, sample: Sample, tools: list[dict[str, Any]]) -> TemplateCheck:
-    """`template_check` of an agentic sample (its trajectory's prompt, messages and ids)."""
+def check_sample(tokenizer: Any, sample: Sample, tools: list[dict[str, Any]],
+                 collapse: Expand | None = None) -> TemplateCheck:
+    """`template_check` of an agentic sample (its trajectory's prompt, messages and ids). collapse: for a sample
+    with images, its ids' placeholder runs -> one placeholder per image, as the template writes them
+    (actors/vision.py Images.collapse)."""
     t = sample.trajectory
     if t is None:
         raise ValueError("check_sample: not an agentic sample (no trajectory)")
-    return template_check(tokenizer, t.prompt, t.messages, tools, t.prompt_ids + sample.completion_ids)
+    ids = t.prompt_ids + sample.completion_ids
+    if t.images:
+        if collapse is None:
+            raise ValueError("check_sample: a sample with images needs `collapse` (a vision-language model)")
+        ids = collapse(ids, list(t.images))
+    return template_check(tokenizer, t.prompt, t.messages, tools, ids)
 
 
 # --- helpers ------------------------------------------------------------------------------------------------

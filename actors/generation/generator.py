@@ -160,8 +160,13 @@ class Generator:
 
         self.loop = EngineLoop(build, on_thread_start=_omp_threads(len(self._cores)) if self._cores else None)
         self.tokenizer = self.llm.get_tokenizer()
+        # Why a tool's image cannot reach the model (actors/generation/agent.py: the call is answered with an error
+        # instead); None: it can.
+        self._tool_images_problem: str | None = None
         if agent is not None:  # set up as TRL's trainer sets up its tokenizer for a tool run (the driver checked it)
             chat.prepare_tokenizer(self.tokenizer, dict(agent.chat_template_kwargs))
+            if self.vision is not None:
+                self._tool_images_problem = chat.tool_images_problem(self.tokenizer, self.vision.image_token_id)
         self.tensor_parallel_size = tensor_parallel_size
         # Routing replay (R3): how a finished request's samples, and an agent turn, get their routes; chosen here.
         self.routes = _no_routes
@@ -330,13 +335,15 @@ class Generator:
         self._sampling_params(**{**turn, "max_tokens": 1})  # bad sampling arguments fail here, before any open
 
         def params(max_tokens: int, seed: int) -> Any:
-            return self._sampling_params(**{**turn, "max_tokens": max_tokens, "seed": seed})
+            return self._sampling_params(**{**turn, "max_tokens": max_tokens, "seed": seed},
+                                         logit_bias=self.logit_bias)
 
         turns = TurnSettings(
             n=sampling["n"], max_tokens=sampling["max_tokens"], max_model_len=self.max_model_len, params=params,
             min_version=min_version, pin=pin, routes=self.turn_routes,
         )
-        return AgentLoop(self.loop, self.environments, self.tokenizer, self.agent, turns)
+        return AgentLoop(self.loop, self.environments, self.tokenizer, self.agent, turns, vision=self.vision,
+                         tool_images=self._tool_images_problem)
 
     @staticmethod
     def _sampling_params(

@@ -29,8 +29,8 @@ def conversation(messages: list[dict[str, Any]]) -> str:
     lines = []
     for msg in messages:
         content = msg.get("content") or ""
-        if msg.get("role") == "tool":
-            lines.append(f"← {msg.get('name', 'tool')}: {content}")
+        if msg.get("role") == "tool":  # a multimodal result's blocks: its text, each image as <image FILE>
+            lines.append(f"← {msg.get('name', 'tool')}: {parts_text(content) if isinstance(content, list) else content}")
             continue
         if content:
             lines.append(content if isinstance(content, str) else json.dumps(content, default=str))
@@ -41,14 +41,20 @@ def conversation(messages: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def parts_text(parts: list[Any]) -> str:
+    """Content parts (a vision-language prompt, a tool's multimodal result) as text: their text, each image as
+    <image FILE> (the completions log names each image's file under the run dir)."""
+    return " ".join(f"<image {p.get('image')}>" if p.get("type") == "image" else str(p.get("text", ""))
+                    for p in parts if isinstance(p, dict))
+
+
 def visible(text: Any, limit: int = CELL_CHARS) -> str:
     """A cell's text: prompts (chat messages) as their last message, control characters escaped (a tiny model
     writes them; a terminal would act on them), cut at `limit` characters."""
     if isinstance(text, list) and text and isinstance(text[-1], dict):
         text = text[-1].get("content", "")
-    if isinstance(text, list):  # content parts (a vision-language prompt): its text, each image as <image FILE>
-        text = " ".join(f"<image {p.get('image')}>" if p.get("type") == "image" else str(p.get("text", ""))
-                        for p in text if isinstance(p, dict))
+    if isinstance(text, list):  # content parts (a vision-language prompt)
+        text = parts_text(text)
     text = text if isinstance(text, str) else json.dumps(text, default=str)
     out = "".join(
         c if c == "\n" or not unicodedata.category(c).startswith("C") else c.encode("unicode_escape").decode()

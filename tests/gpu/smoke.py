@@ -522,8 +522,9 @@ def check_routing_replay(device: str) -> str:
 
 def check_vlm_bf16(device: str) -> str:
     """The vision-language learner (the tiny Qwen2.5-VL: its vision tower, expanded image placeholders, multimodal
-    rotary positions) in bfloat16: a train step on one padded micro-batch of images of two sizes (two image grids)
-    is finite and trains the vision tower, and each sample's log-probs in that padded layout are its own forward's
+    rotary positions) in bfloat16: a train step on one padded micro-batch of images of two sizes (two image grids),
+    half the samples with a second image inside the completion (a tool's, out of the loss), is finite and trains the
+    vision tower, and each sample's log-probs in that padded layout are its own forward's
     (`sequence_logprobs`) within bfloat16's rounding (`within_bf16_rounding`: float32 on the same weights)."""
     if torch.device(device).type == "cuda" and not torch.cuda.is_bf16_supported():
         raise Skip("this GPU has no bfloat16")
@@ -547,8 +548,19 @@ def check_vlm_bf16(device: str) -> str:
     prompts = [lr.vision.expand(text, im) for im in images]
     comps = [torch.randint(3, 500, (int(torch.randint(1, MAX_LEN + 1, (1,), generator=g)),), generator=g).tolist()
              for _ in range(n)]
+    # Every other sample is a tool round (TRL's multimodal tool responses): the model's turn, then a tool's image
+    # inside the completion (its placeholders expanded, out of the loss: mask 0), then the model's next turn.
+    masks = [[1] * len(c) for c in comps]
+    for i in range(1, n, 2):
+        tool_image = images[i - 1][0]
+        placeholders = lr.vision.expand([lr.vision.image_token_id], [tool_image])
+        turn, next_turn = comps[i], comps[i][:2]
+        comps[i] = turn + placeholders + next_turn
+        masks[i] = [1] * len(turn) + [0] * len(placeholders) + [1] * len(next_turn)
+        images[i] = (*images[i], tool_image)
     b = TrainBatch(prompt_ids=prompts, completion_ids=comps, sampling_logprobs=[[math.nan] * len(c) for c in comps],
-                   advantages=torch.randn(n, generator=g).tolist(), truncated=[False] * n, images=images)
+                   advantages=torch.randn(n, generator=g).tolist(), truncated=[False] * n, images=images,
+                   completion_mask=masks)
     vision = {k: p.detach().clone() for k, p in lr.model.named_parameters() if ".visual." in f".{k}"}
     m = lr.train_step(b).metrics
     assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0, m
@@ -573,7 +585,8 @@ def check_vlm_bf16(device: str) -> str:
     nats = max((pad - alone).abs().max().item() for _, alone, pad, _ in triples)
     tokens = sorted({p.count(lr.vision.image_token_id) for p in prompts})
     return (f"loss {m['loss']:.3g}, grad norm {m['grad_norm']:.3g}, {len(vision)} vision tensors trained; "
-            f"{n} samples ({' and '.join(map(str, tokens))} vision tokens) padded vs alone: at most {nats:.2g} nats "
+            f"{n} samples ({' and '.join(map(str, tokens))} vision tokens, {n // 2} with a tool's image in the "
+            f"completion) padded vs alone: at most {nats:.2g} nats "
             f"apart; gap to fp32 {batched:.2g}, alone {one:.2g} (relative; at most 2x alone's + bf16 eps)")
 
 

@@ -1,11 +1,12 @@
 """A vision-language model end to end, as a user runs it: `rayward run configs/vlm.yaml` (the tiny Qwen2.5-VL on the
 `colors` task, TRL's `image` column), its own embedded Ray, real vLLM (its Qwen2.5-VL with images), reward pool and
 learner; a held-out eval on image prompts; the completions log and `rayward samples` naming each sample's image; a
-broken image named before anything starts.
+broken image named before anything starts. And `rayward run configs/vlm-tools.yaml`: a TRL environment class whose
+tool returns the image (TRL's multimodal tool responses), multi-turn, with its eval, logs and learning run.
 
-The runs (the short one and the learning run) are in the scenario tier (CI time: minutes of 2 cores each); CI runs
-the bad input, the engine with images (tests/integration/actors/generation/test_vlm_engine.py) and the learner (unit
-tier)."""
+The runs (the short ones and the learning runs) are in the scenario tier (CI time: minutes of 2 cores each); CI runs
+the bad input, the engine with images (tests/integration/actors/generation/test_vlm_engine.py), with a tool's images
+(test_vlm_agent_engine.py) and the learner (unit tier)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.tasks.cards import CARDS_BLIND_BOUND
 from orchestrator.tasks.colors import COLORS_BLIND_BOUND, colors_dataset
 from tests.conftest import ROOT
 
@@ -33,8 +35,9 @@ def cli(*args: str, timeout: int = 800) -> subprocess.CompletedProcess:
                           timeout=timeout, env={**os.environ, "RAY_ADDRESS": ""})
 
 
-def run(tmp_path: Path, name: str, *overrides: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    r = cli("run", "configs/vlm.yaml", f"logging.dir={tmp_path}", "logging.progress=false", *overrides, "--name", name)
+def run(tmp_path: Path, name: str, *overrides: str, config: str = "configs/vlm.yaml"
+        ) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    r = cli("run", config, f"logging.dir={tmp_path}", "logging.progress=false", *overrides, "--name", name)
     metrics = tmp_path / name / "metrics.jsonl"
     rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
     return r, rows
@@ -94,4 +97,42 @@ def test_the_vlm_config_learns_what_only_the_image_tells(tmp_path):
           f"eval {[round(e['eval/reward'], 3) for e in evals]}")
     assert len(rows) == 40 and last >= first + 0.15 and last >= 2 * COLORS_BLIND_BOUND
     assert evals[-1]["eval/reward"] > max(evals[0]["eval/reward"], 2 * COLORS_BLIND_BOUND)
+    assert max(row["sampling/sampling_logp_difference/mean"] for row in rows) < 1e-3
+
+
+TOOLS = "configs/vlm-tools.yaml"
+CARDS_EVAL = "eval={data: {path: cards}, every_n_steps: %d, at_start: true, max_samples: %d, num_generations: 2}"
+
+
+@pytest.mark.scenario  # a VLM agentic run (CI time); CI's tier: generation/test_vlm_agent_engine.py
+def test_a_short_run_whose_tool_returns_images_evaluates_and_logs_each_image(tmp_path):
+    r, rows = run(tmp_path, "cards", "grpo.max_steps=3", CARDS_EVAL % (3, 8), config=TOOLS)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert float(PARITY.search(out).group(1)) <= PARITY_TOL
+    train = [x for x in rows if "eval/reward" not in x]
+    assert [x["step"] for x in rows if "eval/reward" in x] == [0, 3] and len(train) == 3
+    # The whole trajectory (the tool's image inside it) scored by the learner as the engine sampled it.
+    assert max(x["sampling/sampling_logp_difference/mean"] for x in train) < 1e-3
+    assert min(x["tools/call_frequency"] for x in train) > 0.9 and max(x["tools/failure_frequency"] for x in train) < 0.1
+    run_dir = tmp_path / "cards"
+    for log in ("completions.jsonl", "eval_completions.jsonl"):
+        samples = [json.loads(x) for x in (run_dir / log).read_text().splitlines()]
+        results = [m for s in samples for m in s["completion"] if m["role"] == "tool"]
+        images = [p["image"] for m in results if isinstance(m["content"], list)  # (a malformed call's error: text)
+                  for p in m["content"] if p["type"] == "image"]
+        assert len(images) >= len(samples) - 1 and all((run_dir / i).is_file() for i in images)
+    shown = cli("samples", str(run_dir), "--limit", "4", timeout=120)
+    assert shown.returncode == 0 and "← look: <image" in shown.stdout, shown.stdout + shown.stderr
+
+
+@pytest.mark.scenario
+def test_the_vlm_tools_config_learns_what_only_the_tools_image_tells(tmp_path):
+    """configs/vlm-tools.yaml: the picture is only in the `look` tool's result, so a policy past CARDS_BLIND_BOUND
+    (0.25: always one letter) reads the image a tool returned; the reward rises over the run and ends well past it."""
+    r, rows = run(tmp_path, "cards-learn", config=TOOLS)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    first, last = mean(rows[:5], "rewards/card/mean"), mean(rows[-5:], "rewards/card/mean")
+    print(f"cards reward: first 5 steps {first:.3f}, last 5 steps {last:.3f} (blind bound {CARDS_BLIND_BOUND})")
+    assert len(rows) == 40 and last >= first + 0.15 and last >= 2 * CARDS_BLIND_BOUND
     assert max(row["sampling/sampling_logp_difference/mean"] for row in rows) < 1e-3

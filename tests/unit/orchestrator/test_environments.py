@@ -199,6 +199,24 @@ def test_a_template_that_rewrites_the_last_turn_passes_with_a_note(tokenizer):
     assert "not prefix-preserving" in setup.template_note and "multiturn/template_mismatch_frac" in setup.template_note
 
 
+def test_a_vlm_run_is_told_when_its_template_drops_the_images_tools_return(tokenizer):
+    """A vision-language run takes tools that return images (TRL's multimodal tool responses) where its template
+    renders a tool message's image part as the model's placeholder (TRL's Qwen3-VL template); one that renders tool
+    calls but writes the image part as text (TRL's Qwen2.5 text template) is told at start what that means."""
+    from orchestrator.tiny_vlm import VISION_TOKENS, tool_chat_template
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    image = tok.convert_tokens_to_ids("<|image_pad|>")
+    assert prepare(cfg(environment_factory=BOXES), tok).images_note is None  # a text run: no image token to check
+    setup = prepare_agent(cfg(environment_factory=BOXES), tok, ROWS, [], None, image_token_id=image)
+    assert "renders a tool message's image part as 0 image placeholders" in setup.images_note
+    assert "TRL's qwen2_5 chat template" in setup.images_note and "tools/failure_frequency" in setup.images_note
+    tok.chat_template = tool_chat_template()
+    tok.response_template = None
+    assert prepare_agent(cfg(environment_factory=BOXES), tok, ROWS, [], None, image_token_id=image).images_note is None
+
+
 # --- the dataset's environment column ----------------------------------------------------------------------------
 
 

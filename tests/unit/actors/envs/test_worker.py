@@ -198,6 +198,19 @@ def test_a_huge_result_is_passed_on_whole():
     assert r.status == "ok" and len(r.content) == 5_000_000  # the agent loop budgets tool tokens, not the worker
 
 
+def test_a_tool_returning_trls_content_blocks_keeps_them_with_its_images_decoded():
+    """TRL's multimodal tool responses: the blocks pass on as a list, each image an RGB PIL image (pickled to the
+    generator as it is), an image that cannot be decoded is an error result naming the tool."""
+    w = worker(env=None, tools=("picture", "broken_picture"))
+    open_one(w, 0)
+    ok, broken = call(w, 0, ("picture", {"color": "red"}), ("broken_picture", {}))
+    assert ok.status == "ok" and ok.content[0] == {"type": "text", "text": "A red picture:"}
+    image = pickle.loads(pickle.dumps(ok.content))[1]["image"]
+    assert (image.mode, image.size, image.getpixel((0, 0))) == ("RGB", (28, 14), (255, 0, 0))
+    assert broken.status == "error" and broken.content.startswith("{'error': 'tool broken_picture result block 0: "
+                                                                  "cannot decode the image")
+
+
 def test_calls_on_a_session_that_is_not_open_raise():
     with pytest.raises(KeyError):
         worker().call(3, [ToolCall("add", {"n": 1})])

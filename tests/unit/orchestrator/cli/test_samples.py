@@ -57,3 +57,20 @@ def test_a_conversation_shows_its_tool_calls_and_results():
     ]
     assert conversation(messages) == 'open_box({"box": 2})'.join(["→ ", ""]) + "\n← open_box: 417\nDone."
     assert conversation([{"role": "assistant", "content": "hi"}]) == "hi"  # one plain turn: as before tools
+
+
+def test_a_tools_image_shows_as_the_file_the_log_wrote_it_to(tmp_path):
+    """A multimodal tool result as the completions log holds it (orchestrator/telemetry/metrics.py image_files: each
+    image written once, named by its file) shows which picture the model was shown."""
+    from PIL import Image
+
+    from orchestrator.cli.samples import conversation
+    from orchestrator.telemetry.metrics import image_files
+
+    picture = Image.new("RGB", (8, 8), (220, 30, 30))
+    messages = [{"role": "tool", "name": "look", "content": [{"type": "image", "image": picture},
+                                                             {"type": "text", "text": "The card."}]}]
+    logged = image_files(messages, tmp_path)
+    (path,) = [p["image"] for p in logged[0]["content"] if p["type"] == "image"]
+    assert (tmp_path / path).exists() and path.startswith("images/") and path.endswith(".png")
+    assert conversation(logged) == f"← look: <image {path}> The card."
