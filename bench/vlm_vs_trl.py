@@ -4,6 +4,7 @@ counts and settings.
     python bench/vlm_vs_trl.py                           # trl, sync, pipelined; 8 steps each (first 2 excluded)
     python bench/vlm_vs_trl.py --steps 3 --warmup 1      # a short look
     python bench/vlm_vs_trl.py --which trl,pipelined --json out.json --keep-logs
+    python bench/vlm_vs_trl.py --task cards              # the image returned by a tool (TRL's environment_factory)
 
 The shared workload: rayward's tiny Qwen2.5-VL (`orchestrator/tiny_vlm.py` `ensure_tiny_vlm()`, warmed up; its saved
 processor gives 4 vision tokens per 56-pixel image on both sides) on the built-in `colors` task
@@ -61,13 +62,27 @@ from bench.trl_vs_rayward import (  # noqa: E402
     timed_train,
 )
 
-CONFIG = ROOT / "configs" / "vlm.yaml"
 SYSTEMS = ("trl", "sync", "pipelined")
-# What every system does per optimizer step (configs/vlm.yaml holds the same; run_rayward asserts it).
+# What every system does per optimizer step (the task's config holds the same; run_rayward asserts it).
 GENERATION_BATCH = 64  # 8 prompts x 8 completions
 MICRO_BATCH = 32
-MAX_COMPLETION_LENGTH = 16
 LEARNING_RATE = 3e-4
+# --task: `colors` (one-turn prompts with their image, configs/vlm.yaml) or `cards` (the image is what a tool
+# returns: TRL's environment_factory=CardEnv, TRL's multimodal tool responses, two turns per trajectory, on the tiny
+# tool VLM; configs/vlm-tools.yaml). Passed to the workers in TASK_ENV. max_len: max_completion_length (TRL counts a
+# trajectory's tool tokens in it too; rayward only the model's, its tool tokens have agent.max_tool_tokens: a cards
+# trajectory is about 37 tokens in all, under both bounds).
+TASK_ENV = "RAYWARD_BENCH_VLM_TASK"
+TASKS = {
+    "colors": {"config": "vlm.yaml", "max_len": 16, "reward": "letter_fraction", "env": None, "tool_rounds": None},
+    "cards": {"config": "vlm-tools.yaml", "max_len": 48, "reward": "orchestrator.tasks.cards:card_letter",
+              "env": "orchestrator.tasks.cards:CardEnv", "tool_rounds": 2},
+}
+
+
+def task() -> tuple[str, dict[str, Any]]:
+    name = os.environ.get(TASK_ENV, "colors")
+    return name, TASKS[name]
 GOAL = 3.0  # rayward's steps/s over TRL's
 # --model: `warm` (ensure_tiny_vlm: warmed up, it answers one letter and stops, so a step is nearly all training) or
 # `random` (the same model without the warm-up: every completion runs to max_completion_length, as early RL on a
@@ -78,8 +93,10 @@ MODEL_ENV = "RAYWARD_BENCH_VLM_MODEL"
 def bench_model() -> str:
     """The model directory of this run's --model (built into the cache once)."""
     from orchestrator.tiny import ensure_cached
-    from orchestrator.tiny_vlm import CACHE_NAME, build_tiny_vlm, ensure_tiny_vlm
+    from orchestrator.tiny_vlm import CACHE_NAME, build_tiny_vlm, ensure_tiny_tool_vlm, ensure_tiny_vlm
 
+    if task()[0] == "cards":
+        return str(ensure_tiny_tool_vlm())
     if os.environ.get(MODEL_ENV, "warm") == "random":
         return str(ensure_cached(f"{CACHE_NAME}-random", lambda p: build_tiny_vlm(p, warm=False)))
     return str(ensure_tiny_vlm())
@@ -96,8 +113,11 @@ def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
     from transformers import AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
 
-    from actors.rewards.builtin import letter_fraction
-    from orchestrator.tasks.colors import colors_dataset
+    from actors.rewards.builtin import BUILTIN_REWARDS
+    from actors.user_code import import_object
+    from orchestrator.data import BUILTIN_DATASETS
+
+    name, t = task()
 
     torch.manual_seed(SEED)
     if threads:  # else torch's default (a thread per core), as bench/trl_vs_rayward.py runs TRL
@@ -112,7 +132,7 @@ def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
         gradient_accumulation_steps=GENERATION_BATCH // MICRO_BATCH,
         generation_batch_size=GENERATION_BATCH,  # -> steps_per_generation = GA: one generation per optimizer step
         num_generations=NUM_GENERATIONS,
-        max_completion_length=MAX_COMPLETION_LENGTH,
+        max_completion_length=t["max_len"],
         temperature=TEMPERATURE,
         learning_rate=LEARNING_RATE,
         lr_scheduler_type="constant",
@@ -129,14 +149,17 @@ def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
         save_strategy="no",
         seed=SEED,
         dataloader_num_workers=0,
+        **({"max_tool_calling_iterations": t["tool_rounds"]} if t["tool_rounds"] else {}),
     )
     trainer = GRPOTrainer(
         model=model_dir,
-        reward_funcs=[letter_fraction],
+        reward_funcs=[import_object(BUILTIN_REWARDS.get(t["reward"], t["reward"]), "reward")],
         args=args,
-        train_dataset=Dataset.from_list(colors_dataset()),  # prompt (messages), image (PIL), letter
+        # colors: prompt (messages), image (PIL), letter; cards: prompt, letter, seed (CardEnv.reset draws the card)
+        train_dataset=Dataset.from_list(BUILTIN_DATASETS[name]()),
         processing_class=AutoProcessor.from_pretrained(model_dir),
         callbacks=[timer],
+        **({"environment_factory": import_object(t["env"], "environment_factory")} if t["env"] else {}),
     )
     per_step, wall = timed_train(trainer, timer)
     return {"system": "trl", "torch_threads": torch.get_num_threads(), "per_step": per_step, "mean_length": [lg["completions/mean_length"] for lg in timer.logs],
@@ -171,15 +194,17 @@ def run_rayward(mode: str, steps: int, reward_workers: int, workdir: Path, extra
         "logging.log_completions=false",
         *extra,  # --set: knobs for experiments (printed with the results)
     ]
-    cfg = load_config(CONFIG, overrides)
-    # The workload must be the one TRL gets (configs/vlm.yaml is the source of the numbers).
+    name, t = task()
+    cfg = load_config(ROOT / "configs" / t["config"], overrides)
+    # The workload must be the one TRL gets (the task's config is the source of the numbers).
     g, o = cfg.generation, cfg.grpo
-    assert (g.num_generations, g.generation_batch_size, g.max_completion_length, g.temperature) == (
-        NUM_GENERATIONS, GENERATION_BATCH, MAX_COMPLETION_LENGTH, TEMPERATURE
-    ), g
+    assert (g.num_generations, g.generation_batch_size, g.max_completion_length, g.temperature,
+            g.max_tool_calling_iterations) == (NUM_GENERATIONS, GENERATION_BATCH, t["max_len"], TEMPERATURE,
+                                               t["tool_rounds"]), g
     assert (o.learning_rate, o.lr_scheduler_type, o.loss_type, o.beta, o.per_device_train_batch_size,
             o.num_iterations) == (LEARNING_RATE, "constant", "dapo", 0.0, MICRO_BATCH, 1), o
-    assert (cfg.data.path, cfg.seed, [r.function for r in cfg.rewards]) == ("colors", SEED, ["letter_fraction"]), cfg
+    assert (cfg.data.path, cfg.seed, [r.function for r in cfg.rewards]) == (name, SEED, [t["reward"]]), cfg
+    assert cfg.environment_factory == t["env"], cfg.environment_factory
     t0 = time.perf_counter()
     history = train(cfg, show_progress=True)
     wall = time.perf_counter() - t0
@@ -237,7 +262,7 @@ def report(results: dict[str, dict[str, Any]], warmup: int, reward_workers: int)
     trl = s["trl"]["median"]["time/step"] if "trl" in s else None
     last = max(len(v["steps"]) for v in s.values())
     print()
-    print(f"vision-language GRPO, tiny Qwen2.5-VL on colors: median wall seconds per optimizer step (steps "
+    print(f"vision-language GRPO, tiny Qwen2.5-VL on {task()[0]}: median wall seconds per optimizer step (steps "
           f"{warmup + 1}..{last}; rayward: {reward_workers} reward workers)")
     print(f"{'system':<10} {'s/step':>8} {'(mean)':>8} {'steps/s':>8} {'mean len':>9} {'reward':>7} {'TRL/this':>9}"
           f"   every step (s)")
@@ -294,6 +319,9 @@ def main() -> None:
     ap.add_argument("--which", default=",".join(SYSTEMS), help="comma list of trl,sync,pipelined (default: all)")
     ap.add_argument("--model", choices=("warm", "random"), default="warm",
                     help="warm: the warmed-up tiny VLM (2-token answers); random: without warm-up (16-token answers)")
+    ap.add_argument("--task", choices=tuple(TASKS), default="colors",
+                    help="colors: one-turn image prompts (configs/vlm.yaml); cards: the image returned by a tool, "
+                    "TRL's environment_factory (configs/vlm-tools.yaml, the tiny tool VLM)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra rayward config override for both rayward runs (repeatable)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per system before it is killed")
@@ -319,7 +347,10 @@ def main() -> None:
     unknown = sorted(set(which) - set(SYSTEMS))
     if unknown or not which:
         ap.error(f"--which: unknown {unknown} (choose from {list(SYSTEMS)})")
+    if ns.task == "cards" and ns.model != "warm":
+        ap.error("--task cards runs the tiny tool VLM (warmed up to call its tool): --model does not apply")
     os.environ[MODEL_ENV] = ns.model  # the workers inherit it
+    os.environ[TASK_ENV] = ns.task
     bench_model()  # built (and warmed up) once here, not inside the first timed system
     t0 = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="rayward-vlm-bench-"))

@@ -83,3 +83,30 @@ def test_trls_documented_vlm_example_runs_unchanged_but_for_the_import(ray_clust
     assert trainer.train().global_step == 2
     rows = [r for r in trainer.state.log_history if "reward" in r]
     assert all(r["rewards/saw_the_image/mean"] == 1.0 for r in rows)
+
+
+def test_a_trl_vlm_script_whose_tool_returns_images_runs_unchanged_but_for_the_import(ray_cluster, tmp_path):
+    """TRL's environment_factory with a VLM, the tool returning TRL's multimodal tool response (the cards task's
+    CardEnv, which TRL's own GRPOTrainer runs as it is: bench/vlm_vs_trl.py --task cards), under `from rayward
+    import`: the reward functions see the conversation as TRL passes it (the tool message's image a PIL image)."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    from orchestrator.tasks.cards import CardEnv, card_letter, cards_dataset
+    from orchestrator.tiny_vlm import ensure_tiny_tool_vlm
+    from rayward import GRPOConfig, GRPOTrainer
+
+    def saw_the_card(completions, **kwargs):
+        return [float(any(m["role"] == "tool" and isinstance(m["content"], list)
+                          and isinstance(m["content"][0]["image"], Image.Image) for m in c)) for c in completions]
+
+    model = str(ensure_tiny_tool_vlm())
+    args = GRPOConfig(output_dir=str(tmp_path / "cards"), use_cpu=True, per_device_train_batch_size=16,
+                      num_generations=4, max_completion_length=48, max_tool_calling_iterations=2,
+                      report_to="none", save_strategy="no", disable_tqdm=True, max_steps=2)
+    trainer = GRPOTrainer(model=model, reward_funcs=[card_letter, saw_the_card], args=args,
+                          train_dataset=datasets.Dataset.from_list(cards_dataset(16)),
+                          processing_class=AutoProcessor.from_pretrained(model), environment_factory=CardEnv)
+    assert trainer.train().global_step == 2
+    rows = [r for r in trainer.state.log_history if "reward" in r]
+    assert rows and all(r["rewards/saw_the_card/mean"] >= 0.9 for r in rows)
