@@ -16,6 +16,7 @@ then agree across images to 1e-6).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,15 +105,7 @@ def vlm_config(ids: dict[str, int]) -> Any:
 def build_tiny_vlm(path: str | Path, seed: int = 0, warm: bool = True) -> Path:
     """Write the tiny Qwen2_5_VLForConditionalGeneration (float32; warmed up unless `warm` is False), its tokenizer
     and processor to `path`."""
-    import torch
-    from transformers import (
-        AutoTokenizer,
-        GenerationConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2_5_VLProcessor,
-        Qwen2VLImageProcessor,
-    )
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers import AutoTokenizer
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -121,10 +114,25 @@ def build_tiny_vlm(path: str | Path, seed: int = 0, warm: bool = True) -> Path:
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
     template = chat_template()
     tokenizer.chat_template = template
+    return _write_vlm(out, tokenizer, template, seed, warm_up if warm else None)
+
+
+def _write_vlm(out: Path, tokenizer: Any, template: str | None, seed: int,
+               warm: Callable[[Any, Any], None] | None) -> Path:
+    """A tiny Qwen2.5-VL for `tokenizer` (its vision tokens added), initialized from `seed`, warmed up by
+    `warm(model, processor)` if given, written to `out` with its processor (`template` its chat template)."""
+    import torch
+    from transformers import (
+        GenerationConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+    )
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in [*VISION_TOKENS, IM_END, PAD_TOKEN]}
-    config = vlm_config(ids)
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+    model = Qwen2_5_VLForConditionalGeneration(vlm_config(ids)).to(torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() > 1:
@@ -133,44 +141,36 @@ def build_tiny_vlm(path: str | Path, seed: int = 0, warm: bool = True) -> Path:
         image_processor=Qwen2VLImageProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS),
         tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(), chat_template=template,
     )
-    if warm:
-        warm_up(model, processor)
+    if warm is not None:
+        warm(model, processor)
     model.generation_config = GenerationConfig(eos_token_id=ids[IM_END], pad_token_id=ids[PAD_TOKEN])
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return out
 
 
-def warm_up(model: Any, processor: Any, steps: int = WARMUP_STEPS, seed: int = WARMUP_SEED) -> None:
-    """Teach the answer's form on `colors` images with random answers (see the module docstring)."""
+# One supervised batch of a warm-up, from its random generator: input_ids [B, L] and labels [B, L] (-100 off the
+# answer), every row the same length (no padding), and the image processor's output for the batch's images.
+Batch = Callable[[Any], tuple[Any, Any, dict[str, Any]]]
+
+
+def _supervised(model: Any, processor: Any, batch: Batch, steps: int, lr: float, seed: int) -> None:
+    """`steps` Adam steps at `lr` on `batch(rng)`, at WARMUP_THREADS torch threads (restored after), in place."""
     import random
 
     import torch
 
-    from orchestrator.tasks.colors import PROMPT, color_image
-    from orchestrator.tasks.letters import LETTERS
-
     rng = random.Random(seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(WARMUP_THREADS)
-    opt = torch.optim.Adam(model.parameters(), lr=WARMUP_LR)
-    end = processor.tokenizer.convert_tokens_to_ids(IM_END)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
     image_token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
     model.train()
     try:
         for _ in range(steps):
-            letters = [rng.choice(LETTERS) for _ in range(WARMUP_BATCH)]
-            pictures = [color_image(a, rng) for a in letters]
-            answers = [a if rng.random() < WARMUP_CORRECT else rng.choice(LETTERS) for a in letters]
-            chats = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]] * len(answers)
-            texts = processor.apply_chat_template(chats, add_generation_prompt=True, tokenize=False)
-            inputs = processor(text=texts, images=pictures, return_tensors="pt")  # its mm_token_type_ids: the prompt's
-            prompt = inputs["input_ids"]  # [B, P]: every image the same size, so no padding
-            answer = torch.tensor([processor.tokenizer.encode(a, add_special_tokens=False) + [end] for a in answers])
-            input_ids = torch.cat([prompt, answer], dim=1)
-            labels = torch.cat([torch.full_like(prompt, -100), answer], dim=1)
+            input_ids, labels, pixels = batch(rng)
             loss = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=labels,
-                         pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"],
+                         pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
                          mm_token_type_ids=(input_ids == image_token).int()).loss
             opt.zero_grad()
             loss.backward()
@@ -178,6 +178,30 @@ def warm_up(model: Any, processor: Any, steps: int = WARMUP_STEPS, seed: int = W
     finally:
         torch.set_num_threads(threads)
     model.eval()
+
+
+def warm_up(model: Any, processor: Any, steps: int = WARMUP_STEPS, seed: int = WARMUP_SEED) -> None:
+    """Teach the answer's form on `colors` images with random answers (see the module docstring)."""
+    import torch
+
+    from orchestrator.tasks.colors import PROMPT, color_image
+    from orchestrator.tasks.letters import LETTERS
+
+    end = processor.tokenizer.convert_tokens_to_ids(IM_END)
+
+    def batch(rng: Any) -> tuple[Any, Any, dict[str, Any]]:
+        letters = [rng.choice(LETTERS) for _ in range(WARMUP_BATCH)]
+        pictures = [color_image(a, rng) for a in letters]
+        answers = [a if rng.random() < WARMUP_CORRECT else rng.choice(LETTERS) for a in letters]
+        chats = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]] * len(answers)
+        texts = processor.apply_chat_template(chats, add_generation_prompt=True, tokenize=False)
+        inputs = processor(text=texts, images=pictures, return_tensors="pt")
+        prompt = inputs["input_ids"]  # [B, P]: every image the same size, so no padding
+        answer = torch.tensor([processor.tokenizer.encode(a, add_special_tokens=False) + [end] for a in answers])
+        labels = torch.cat([torch.full_like(prompt, -100), answer], dim=1)
+        return torch.cat([prompt, answer], dim=1), labels, inputs
+
+    _supervised(model, processor, batch, steps, WARMUP_LR, seed)
 
 
 def ensure_tiny_vlm(cache_dir: str | Path | None = None) -> Path:
@@ -260,38 +284,13 @@ def _tool_tokenizer(out: Path) -> Any:
 
 def build_tiny_tool_vlm(path: str | Path, seed: int = 0, warm: bool = True) -> Path:
     """Write the tiny VLM warmed up on the cards task (float32), its tokenizer and processor, to `path`."""
-    import torch
-    from transformers import (
-        AutoTokenizer,
-        GenerationConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2_5_VLProcessor,
-        Qwen2VLImageProcessor,
-    )
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers import AutoTokenizer
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     _tool_tokenizer(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in [*VISION_TOKENS, IM_END, PAD_TOKEN]}
-    config = vlm_config(ids)
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, VISION_INIT_STD if ".visual." in f".{name}" else LM_INIT_STD)
-    processor = Qwen2_5_VLProcessor(
-        image_processor=Qwen2VLImageProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS),
-        tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(), chat_template=tool_chat_template(),
-    )
-    if warm:
-        warm_up_tools(model, processor)
-    model.generation_config = GenerationConfig(eos_token_id=ids[IM_END], pad_token_id=ids[PAD_TOKEN])
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
+    return _write_vlm(out, tokenizer, tool_chat_template(), seed, warm_up_tools if warm else None)
 
 
 def tool_episode_ids(processor: Any, row: dict[str, Any], answer: str) -> tuple[list[int], list[int], Any]:
@@ -319,37 +318,20 @@ def tool_episode_ids(processor: Any, row: dict[str, Any], answer: str) -> tuple[
 
 def warm_up_tools(model: Any, processor: Any, steps: int = TOOLS_WARMUP_STEPS, seed: int = WARMUP_SEED) -> None:
     """Teach the cards episode's form (see TOOLS_WARMUP_STEPS), in place."""
-    import random
-
     import torch
 
     from orchestrator.tasks.cards import cards_dataset
     from orchestrator.tasks.letters import LETTERS
 
-    rng = random.Random(seed)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(WARMUP_THREADS)
-    opt = torch.optim.Adam(model.parameters(), lr=TOOLS_WARMUP_LR)
-    image_token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
-    model.train()
-    try:
-        for _ in range(steps):
-            rows = cards_dataset(TOOLS_WARMUP_BATCH, seed=rng.randrange(2**31))
-            episodes = [tool_episode_ids(processor, r, r["letter"] if rng.random() < TOOLS_WARMUP_CORRECT
-                                         else rng.choice(LETTERS)) for r in rows]
-            input_ids = torch.tensor([ids for ids, _, _ in episodes])  # every episode the same length
-            labels = torch.tensor([[t if m else -100 for t, m in zip(ids, mask, strict=True)]
-                                   for ids, mask, _ in episodes])
-            pixels = processor.image_processor(images=[p for _, _, p in episodes], return_tensors="pt")
-            loss = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=labels,
-                         pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"],
-                         mm_token_type_ids=(input_ids == image_token).int()).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    finally:
-        torch.set_num_threads(threads)
-    model.eval()
+    def batch(rng: Any) -> tuple[Any, Any, dict[str, Any]]:
+        rows = cards_dataset(TOOLS_WARMUP_BATCH, seed=rng.randrange(2**31))
+        episodes = [tool_episode_ids(processor, r, r["letter"] if rng.random() < TOOLS_WARMUP_CORRECT
+                                     else rng.choice(LETTERS)) for r in rows]
+        input_ids = torch.tensor([ids for ids, _, _ in episodes])  # every episode the same length
+        labels = torch.tensor([[t if m else -100 for t, m in zip(ids, mask, strict=True)] for ids, mask, _ in episodes])
+        return input_ids, labels, processor.image_processor(images=[p for _, _, p in episodes], return_tensors="pt")
+
+    _supervised(model, processor, batch, steps, TOOLS_WARMUP_LR, seed)
 
 
 def ensure_tiny_tool_vlm(cache_dir: str | Path | None = None) -> Path:
