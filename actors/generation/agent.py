@@ -89,6 +89,9 @@ from actors.vision import ImageError
 # fail); this only keeps a pool that never answers from holding the rollout forever.
 CLOSE_GRACE_S = 60.0
 
+# Why a text model's tool results cannot carry images (the error result a model reads instead of one).
+NOT_A_VISION_MODEL = "this model reads no images (not a vision-language model)"
+
 # Makes the sampling params of one turn: (max_tokens, seed) -> vLLM SamplingParams (n=1, logprobs=0).
 TurnParams = Callable[[int, int], Any]
 
@@ -472,14 +475,13 @@ class AgentLoop:
         *,
         clock: Callable[[], float] = time.monotonic,
         vision: Any = None,
-        tool_images: str | None = None,
+        tool_images_problem: str | None = None,
     ) -> None:
         self.engine, self.envs, self.tokenizer, self.agent, self.turns = engine, envs, tokenizer, agent, turns
         self.clock = clock
         self.vision = vision  # a vision-language model's Images (actors/vision.py); None: a text model
         # Why images in tool results cannot reach the model (chat.tool_images_problem); None: they can.
-        self.no_tool_images = tool_images if vision is not None else "this model reads no images (not a " \
-            "vision-language model)"
+        self.no_tool_images = tool_images_problem if vision is not None else NOT_A_VISION_MODEL
         self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()
         self._groups: dict[int, list[_Trajectory]] = {}
 

@@ -343,7 +343,7 @@ class Generator:
             min_version=min_version, pin=pin, routes=self.turn_routes,
         )
         return AgentLoop(self.loop, self.environments, self.tokenizer, self.agent, turns, vision=self.vision,
-                         tool_images=self._tool_images_problem)
+                         tool_images_problem=self._tool_images_problem)
 
     @staticmethod
     def _sampling_params(

@@ -113,12 +113,13 @@ def call(name: str, **arguments: Any) -> str:
 
 
 def rollout(tokenizer: Any, envs: Any, replies: list[str], rows: list[dict[str, Any]], *, vision: Any,
-            max_tool_tokens: int = 200, tool_images: str | None = None) -> tuple[list[Sample], Any]:
+            max_tool_tokens: int = 200, tool_images_problem: str | None = None) -> tuple[list[Sample], Any]:
     loop, engine = scripted_loop(by_turn(tokenizer, replies))
     try:
         agent = AgentSettings(tools={None: SCHEMAS}, max_tool_tokens=max_tool_tokens, trajectory_timeout_s=WAIT_S)
         turns = TurnSettings(n=1, max_tokens=200, max_model_len=2048, params=turn_params)
-        agent_loop = AgentLoop(loop, envs, tokenizer, agent, turns, vision=vision, tool_images=tool_images)
+        agent_loop = AgentLoop(loop, envs, tokenizer, agent, turns, vision=vision,
+                               tool_images_problem=tool_images_problem)
         out = {g: samples for piece in agent_loop.run(rows, list(range(len(rows)))) for g, samples in piece}
         return [out[g][0] for g in range(len(rows))], engine
     finally:
@@ -193,7 +194,7 @@ def test_an_image_the_model_cannot_see_is_an_error_it_reads(tokenizer, vision, e
     finally:
         tokenizer.chat_template = saved
     assert problem is not None and "0 image placeholders" in problem
-    (s,), _ = rollout(tokenizer, envs, [call("look"), ANSWER], [row()], vision=vision, tool_images=problem)
+    (s,), _ = rollout(tokenizer, envs, [call("look"), ANSWER], [row()], vision=vision, tool_images_problem=problem)
     assert s.trajectory.tool_failures == 1 and problem in s.trajectory.messages[1]["content"]
     # An image that cannot be decoded: named by the tool and the block.
     (s,), _ = rollout(tokenizer, envs, [call("look_broken"), ANSWER], [row()], vision=vision)
