@@ -255,10 +255,14 @@ class TrajectoryRecord:
     def started(self) -> bool:
         return bool(self.prompt_ids)
 
-    def start(self, prompt: list[dict[str, Any]]) -> None:
+    def start(self, prompt: list[dict[str, Any]], like: TrajectoryRecord | None = None) -> None:
         """Render the first prompt (the chat template, the tools' schemas; its image parts' placeholders
-        expanded): the first turn's ids."""
+        expanded): the first turn's ids. like: a record started already whose prompt and tools may be the same (its
+        group's first): its ids are taken instead of rendering them again."""
         self.prompt = prompt
+        if like is not None and like.started and like.tools == self.tools and like.prompt == prompt:
+            self.prompt_ids, self.ids, self.images = list(like.prompt_ids), list(like.prompt_ids), list(like.images)
+            return
         ids = chat.render_prompt(self.tokenizer, prompt, self.tools)
         self.images = chat.message_images(prompt)
         if self.images:
@@ -581,6 +585,7 @@ class AgentLoop:
             opened: list[EnvOpened] | None = event.future.result()
         except Exception:  # noqa: BLE001 - the pool could not open them
             opened = None
+        first: TrajectoryRecord | None = None  # the group's first record started: its prompt is usually theirs
         for j, t in enumerate(self._groups.get(event.group, [])):
             if t.waiting is not event:  # given up on (its deadline and grace, the run's end)
                 continue
@@ -593,7 +598,8 @@ class AgentLoop:
             elif session is None or session.error is not None:
                 self._end(t, "env_error")
             else:
-                t.record.start(chat.prompt_messages(t.row_messages, session.observation))
+                t.record.start(chat.prompt_messages(t.row_messages, session.observation), like=first)
+                first = first or t.record
                 self._submit_turn(t)
 
     # --- SAMPLING -----------------------------------------------------------------------------------------

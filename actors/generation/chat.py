@@ -226,8 +226,9 @@ def tool_suffix_ids(tokenizer: Any, tool_messages: list[dict[str, Any]]) -> list
     A template that renders the assistant turn differently once tool messages follow it (not prefix-preserving,
     see `extension_note`) gets the suffix after the same count of end-of-turn tokens (NeMo-RL's splice): the
     ids stay what the model sampled, and `template_check` measures how far they are from a full rendering."""
-    prefix_messages = _dummy_call(tool_messages[0].get("name") or MALFORMED_CALL_NAME)
-    prefix = _render(tokenizer, prefix_messages, [], add_generation_prompt=False)
+    name = tool_messages[0].get("name") or MALFORMED_CALL_NAME
+    prefix_messages = _dummy_call(name)
+    prefix = _dummy_prefix(tokenizer, name)
     full = _render(tokenizer, prefix_messages + tool_messages, [], add_generation_prompt=True)
     eos = tokenizer.eos_token_id
     ends = [i for i, t in enumerate(prefix) if t == eos]
@@ -472,6 +473,25 @@ def _render(
         messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False,
         chat_template=template, **template_kwargs(tokenizer),
     ))
+
+
+# Where a tokenizer keeps its rendered dummy calls (`_dummy_prefix`), by (chat template, its keyword arguments, the
+# tool's name): the same for every result of a tool, so rendered once rather than once per tool result.
+_PREFIX_CACHE_ATTR = "rayward_dummy_prefixes"
+
+
+def _dummy_prefix(tokenizer: Any, name: str) -> list[int]:
+    """The ids of `_dummy_call(name)` rendered without a generation prompt (tool_suffix_ids' prefix), cached on the
+    tokenizer."""
+    cache = getattr(tokenizer, _PREFIX_CACHE_ATTR, None)
+    if cache is None:
+        cache = {}
+        setattr(tokenizer, _PREFIX_CACHE_ATTR, cache)
+    key = (tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None,
+           json.dumps(template_kwargs(tokenizer), sort_keys=True, default=str), name)
+    if key not in cache:
+        cache[key] = _render(tokenizer, _dummy_call(name), [], add_generation_prompt=False)
+    return list(cache[key])
 
 
 def _dummy_call(name: str) -> list[dict[str, Any]]:

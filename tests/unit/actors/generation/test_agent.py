@@ -708,3 +708,37 @@ def test_the_budgets_of_a_turn_and_of_a_scaffold_and_submit_turn(rig) -> None:
     assert sampled.logprobs == [TOKEN_LOGPROB] * 2 and sampled.versions == [0, 0]
     ((_, prompt_ids, params, _),) = r.engine.added
     assert prompt_ids == record.ids and (params.max_tokens, params.seed) == (2, 1)
+
+
+def test_a_groups_records_share_its_first_prompt_rendering_only_when_it_is_theirs(tool_tokenizer) -> None:
+    """A group's G records usually start from the same prompt (reset's text drawn from the group's seed): the first
+    one's ids are taken, copied; a record whose prompt or tools differ renders its own."""
+    first = TrajectoryRecord(tool_tokenizer, SCHEMAS)
+    first.start(row("Echo hi.")["prompt"])
+    same, other, fewer_tools = (TrajectoryRecord(tool_tokenizer, SCHEMAS), TrajectoryRecord(tool_tokenizer, SCHEMAS),
+                                TrajectoryRecord(tool_tokenizer, SCHEMAS[:1]))
+    same.start(row("Echo hi.")["prompt"], like=first)
+    other.start(row("Echo ho.")["prompt"], like=first)
+    fewer_tools.start(row("Echo hi.")["prompt"], like=first)
+    assert same.prompt_ids == same.ids == first.prompt_ids and same.ids is not first.ids
+    for r in (other, fewer_tools):
+        assert r.prompt_ids == chat.render_prompt(tool_tokenizer, r.prompt, r.tools) != first.prompt_ids
+    same.ids.append(5)  # its own list: the first record's ids are untouched
+    assert first.ids == first.prompt_ids
+
+
+def test_the_tool_suffix_prefix_is_rendered_once_per_tool_and_template(tool_tokenizer, monkeypatch) -> None:
+    import copy
+
+    tok = copy.deepcopy(tool_tokenizer)
+    message = {"role": "tool", "name": "echo", "content": "hi"}
+    want = chat.tool_suffix_ids(tok, [message])
+    renders: list[int] = []
+    render = chat._render
+    monkeypatch.setattr(chat, "_render", lambda *a, **kw: renders.append(1) or render(*a, **kw))
+    assert chat.tool_suffix_ids(tok, [message]) == want and len(renders) == 1  # the full rendering only
+    # Another template: its own prefix, not the cached one.
+    tok.chat_template = tok.chat_template.replace("<|im_start|>", "<|im_start|> ")
+    renders.clear()
+    fresh = chat.tool_suffix_ids(tok, [message])
+    assert len(renders) == 2 and fresh != want
