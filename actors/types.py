@@ -19,7 +19,7 @@ K reward functions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal
 
 # The dataset column that picks a row's environment when environment_factory maps names to classes (TRL's name);
@@ -318,6 +318,9 @@ class Scores:
     busy_s: float = 0.0  # the pool's wall time on it
     queue_wait_s: float = 0.0  # mean seconds its chunks waited for a worker (in the pool or behind another chunk)
     pool: RewardPoolStats | None = None  # the pool's state after it (workers, retries, ...)
+    # Lazily gated rewards (gate.lazy), per completion: not called, its gate closed (its score NaN here, `fill`
+    # once gated). Rewards that are not lazily gated have no entry.
+    skipped: dict[str, list[bool]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.scores[0]) if self.scores else 0
@@ -328,6 +331,7 @@ class Scores:
             self,
             scores=[[col[i] for i in idx] for col in self.scores],
             extra={c: [v[i] for i in idx] for c, v in self.extra.items()},
+            skipped={r: [v[i] for i in idx] for r, v in self.skipped.items()},
         )
 
     def concat(self, other: Scores) -> Scores:
@@ -349,6 +353,8 @@ class Scores:
             busy_s=self.busy_s + other.busy_s,
             queue_wait_s=(self.queue_wait_s * n + other.queue_wait_s * m) / (n + m) if n + m else 0.0,
             pool=other.pool or self.pool,
+            skipped={r: self.skipped.get(r, [False] * n) + other.skipped.get(r, [False] * m)
+                     for r in {*self.skipped, *other.skipped}},
         )
 
     def metric_means(self) -> dict[str, float]:

@@ -31,7 +31,13 @@ from actors.group import (
 from actors.learner.loss import ImportanceSampling, LossConfig
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
 from actors.rewards.builtin import BUILTIN_REWARDS, builtin_target
-from actors.rewards.worker import RewardFunctionError, RewardSpec, declares_environments, load_reward_function
+from actors.rewards.worker import (
+    LazyGate,
+    RewardFunctionError,
+    RewardSpec,
+    declares_environments,
+    load_reward_function,
+)
 from actors.types import Sampling, TrainerState
 from actors.vision import ImageError, Images, is_vision_model
 from actors.weights.transfer import WeightTransfer
@@ -112,6 +118,7 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards",
             name=r.name, function=fn, model=r.model, timeout_s=r.timeout_s, on_error=r.on_error,
             fallback=r.fallback, batched=r.batched, kwargs=dict(r.kwargs),
             chat_template_kwargs=dict(chat_template_kwargs or {}),
+            lazy_gate=LazyGate(r.gate.reward, float(r.gate.threshold)) if r.gate is not None and r.gate.lazy else None,
         )
         if spec.function:
             try:

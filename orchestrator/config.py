@@ -392,6 +392,15 @@ class GateConfig(_Section):
     A number or a schedule over steps."""
     fill: float = 0.0
     """Value the gated reward takes when the gate is closed."""
+    lazy: bool = False
+    """Do not call this reward for a sample whose gate is closed (its value would be replaced by `fill`): the
+    gating reward is scored first, then this one on the open samples only. Saves the calls of an expensive reward
+    (a program run, a judge) behind a cheap primary one. Advantages, totals and gated values are those of calling
+    it everywhere; its raw value is None (no opinion) on a skipped sample, so `rewards/<name>/mean` and the
+    completions log's raw column cover the samples it scored, and `rewards/<name>/skipped` counts the rest per
+    step. Opt-in: a function with side effects is then not called for every sample. Needs a per-sample function
+    (not `batched`, not a reward model or an environment's reward), a number as `threshold`, and a gating reward
+    that is not itself gated."""
 
 
 class RewardConfig(_Section):
@@ -428,6 +437,14 @@ class RewardConfig(_Section):
     def _one_source(self) -> RewardConfig:
         if self.function is not None and self.model is not None:
             raise ValueError("give one of `function` or `model`, not both (neither: an environment's get_reward())")
+        if self.gate is not None and self.gate.lazy:
+            if self.function is None or self.batched:
+                what = "a reward model" if self.model else "batched" if self.batched else "an environment's reward"
+                raise ValueError(f"gate.lazy: {self.name!r} is {what}; lazy gating skips per-sample calls of a "
+                                 "function (batched: false)")
+            if not isinstance(self.gate.threshold, (int, float)):
+                raise ValueError("gate.lazy: the threshold must be a number (a scheduled threshold with lazy gating "
+                                 "is not supported yet)")
         if self.function is not None and ":" not in self.function and not self.function.isidentifier():
             raise ValueError(f"function {self.function!r} is neither `module:callable` nor a built-in name")
         if self.fallback is not None and not math.isfinite(self.fallback):
@@ -498,6 +515,11 @@ def check_rewards(rewards: list[RewardConfig]) -> None:
                 raise ValueError(f"reward {r.name!r}: gate names unknown reward {r.gate.reward!r} (have {names})")
             if r.gate.reward == r.name:
                 raise ValueError(f"reward {r.name!r}: a reward cannot gate itself")
+    gated = {r.name for r in rewards if r.gate is not None}
+    for r in rewards:
+        if r.gate is not None and r.gate.lazy and r.gate.reward in gated:
+            raise ValueError(f"reward {r.name!r}: gate.lazy: its gating reward {r.gate.reward!r} is itself gated; "
+                             "lazy gating takes an ungated gating reward")
     cycle = _gate_cycle({r.name: r.gate.reward for r in rewards if r.gate})
     if cycle:
         raise ValueError(f"gates form a cycle: {' -> '.join(cycle)}")

@@ -152,6 +152,8 @@ def step_metrics(rollouts: Rollouts, scores: Scores) -> dict[str, float]:
         m[f"rewards/{name}/timeouts"] = scores.timeouts[name]
         m[f"rewards/{name}/errors"] = scores.errors[name]
         m[f"rewards/{name}/latency_s"] = scores.latency_s[name]
+    for name, skipped in scores.skipped.items():  # gate.lazy: the calls its closed gates saved
+        m[f"rewards/{name}/skipped"] = sum(skipped)
     m.update({f"reward_fn/{k}": v for k, v in scores.metric_means().items()})  # users' log_metric values
     m.update(scores.pool.step_metrics())
     m["reward_pool/queue_wait_s"] = scores.queue_wait_s

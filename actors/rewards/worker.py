@@ -92,6 +92,21 @@ class RewardSpec:
     # the generators then keep each environment's state at close); the worker reads the signature itself
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # a reward model's chat template's
     # (generation.chat_template_kwargs: the template renders prompt + completion as the policy's rendered them)
+    lazy_gate: LazyGate | None = None  # gate.lazy: called only on the samples whose gate is open
+
+
+@dataclass(frozen=True)
+class LazyGate:
+    """A lazily gated reward's gate (gate.lazy): closed where the gating reward is below the threshold, compared
+    as the driver's gates compare (orchestrator/aggregation.py apply_gates: float32, NaN leaves it open)."""
+
+    reward: str  # the gating reward (not itself gated)
+    threshold: float
+
+    def closed(self, gating: list[float]) -> list[bool]:
+        import torch
+
+        return (torch.tensor(gating, dtype=torch.float32) < self.threshold).tolist()
 
 
 @dataclass
@@ -258,9 +273,19 @@ class RewardWorker:
         ctx = _Chunk(chunk, self.state.to_transformers())
         self._check_env_inputs(ctx)
         ks = range(len(self.specs))
-        started = [self._start(k, ctx) for k in ks]  # every call of every reward at once
-        per_reward = [self._collect(k, calls, ctx) for k, calls in zip(ks, started, strict=True)]
         names = [s.name for s in self.specs]
+        eager = [k for k in ks if self.specs[k].lazy_gate is None]
+        started = {k: self._start(k, ctx) for k in eager}  # every call of every eager reward at once
+        per_reward = {k: self._collect(k, started[k], ctx) for k in eager}
+        # Lazily gated rewards after their gating rewards (ungated, so eager): on the open samples only.
+        skipped: dict[str, list[bool]] = {}
+        lazy = [k for k in ks if self.specs[k].lazy_gate is not None]
+        for k in lazy:
+            gate = self.specs[k].lazy_gate
+            assert gate is not None
+            skipped[names[k]] = gate.closed(per_reward[names.index(gate.reward)].scores)
+        started = {k: self._start(k, ctx, skip=skipped[names[k]]) for k in lazy}
+        per_reward.update({k: self._collect(k, started[k], ctx) for k in lazy})
         return Scores(
             names=names,
             scores=[per_reward[k].scores for k in ks],  # [K][n]
@@ -271,6 +296,7 @@ class RewardWorker:
             extra=dict(ctx.extra),
             global_step=self.state.global_step,
             workers=[self.index],
+            skipped=skipped,
         )
 
     def _check_env_inputs(self, ctx: _Chunk) -> None:
@@ -290,21 +316,23 @@ class RewardWorker:
         """Score several chunks one after another in one call (the pool batches chunks to save Ray calls)."""
         return [self.score(c, state) for c in chunks]
 
-    def _start(self, k: int, ctx: _Chunk) -> list[tuple[int, int, Pending]]:
-        """Start every call of reward k on the chunk: (lo, hi, the call) per span of samples."""
+    def _start(self, k: int, ctx: _Chunk, skip: list[bool] | None = None) -> list[tuple[int, int, Pending]]:
+        """Start every call of reward k on the chunk: (lo, hi, the call) per span of samples; skip: per sample,
+        not called (a lazily gated reward's closed samples; its spans are single samples)."""
         fn, spec, extras = self.functions[k], self.specs[k], self.extras[k]
         return [(lo, hi, self.calls.start(fn, ctx.kwargs(lo, hi, extras), spec.timeout_s))
-                for lo, hi in ctx.spans(spec)]
+                for lo, hi in ctx.spans(spec) if skip is None or not skip[lo]]
 
     def _collect(self, k: int, calls: list[tuple[int, int, Pending]], ctx: _Chunk) -> RewardResult:
-        """Wait for each call up to its own deadline (its start + the reward's timeout)."""
-        scores: list[float] = []
+        """Wait for each call up to its own deadline (its start + the reward's timeout); samples no call covers
+        (skipped) score NaN."""
+        scores = [math.nan] * ctx.n
         timeouts = errors = 0
         t0, t_end = calls[0][2].started if calls else time.monotonic(), 0.0
         for lo, hi, pending in calls:
             outcome = self.calls.outcome(pending)
             vals, status = self._values(k, outcome, ctx, lo, hi)
-            scores.extend(vals)
+            scores[lo:hi] = vals
             timeouts += status == "timeout"
             errors += status == "error"
             t_end = max(t_end, outcome.ended)

@@ -54,3 +54,12 @@ def test_a_samples_policy_version_is_its_oldest_model_tokens():
     assert Sample([1, 2], [nan, -0.1], "", "stop", versions=[-1, 7]).policy_version == 7  # tool tokens carry none
     assert Sample([1], [-0.1], "", "stop").policy_version is None  # no versions recorded
     assert Sample([1], [nan], "", "env_error", versions=[-1]).policy_version is None  # no model token
+
+
+def test_lazily_skipped_samples_follow_their_rows_through_take_groups_and_concat():
+    a, b = scores(4), scores(2, start=4)
+    a.skipped = {"b": [True, False, False, True]}  # b lazily gated; the other chunk had no entry for it
+    s = a.concat(b)
+    assert s.skipped == {"b": [True, False, False, True, False, False]}
+    assert s.take_groups([1, 0], group_size=2).skipped == {"b": [False, True, True, False]}
+

@@ -67,6 +67,27 @@ def test_gate_errors():
     assert ok.rewards[2].gate.reward == "b"
 
 
+def test_lazy_gate_errors_name_the_reward_and_why():
+    lazy = {"reward": "a", "threshold": 0.5, "lazy": True}
+    a = {"name": "a", "function": "letter_fraction"}
+    ok = parse_config({"rewards": [a, {"name": "b", "function": "brevity", "gate": lazy}]})
+    assert ok.rewards[1].gate.lazy and not parse_config({"rewards": [a]}).rewards[0].gate
+    for b, message in [
+        ({"name": "b", "function": "brevity", "batched": True, "gate": lazy}, "gate.lazy: 'b' is batched"),
+        ({"name": "b", "model": "some/rm", "gate": lazy}, "gate.lazy: 'b' is a reward model"),
+        ({"name": "b", "gate": lazy}, "gate.lazy: 'b' is an environment's reward"),
+        ({"name": "b", "function": "brevity", "gate": {**lazy, "threshold": {"type": "linear", "start": 0, "end": 1,
+                                                                             "start_step": 0, "end_step": 5}}},
+         "the threshold must be a number"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_config({"rewards": [a, b]})
+    chained = [{**a, "gate": {"reward": "c", "threshold": 0.5}}, {"name": "b", "function": "brevity", "gate": lazy},
+               {"name": "c", "function": "letter_fraction"}]
+    with pytest.raises(ConfigError, match="its gating reward 'a' is itself gated"):
+        parse_config({"rewards": chained})
+
+
 def test_schedule_validation():
     with pytest.raises(ConfigError, match="end_step"):
         parse_config({"rewards": [{"name": "r", "function": "f", "schedule": {"type": "linear", "start": 1, "end": 0, "start_step": 5, "end_step": 5}}]})

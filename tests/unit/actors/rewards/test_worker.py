@@ -202,3 +202,61 @@ def test_worker_is_a_threaded_actor_not_an_async_one():
     from ray._private.async_compat import has_async_methods
 
     assert not has_async_methods(RewardWorker)
+
+
+# --- gate.lazy ---------------------------------------------------------------------------------------------------
+
+CALLED: list[str] = []  # the completions `counted_length` was called on
+
+
+def starts_with_a(completions, **kwargs):
+    """The cheap primary reward: 1 if the completion starts with "a", 0 otherwise, no opinion on "?"."""
+    return [None if c == "?" else float(c.startswith("a")) for c in completions]
+
+
+def counted_length(completions, **kwargs):
+    """The expensive reward behind the gate: counts its calls."""
+    CALLED.extend(completions)
+    return [float(len(c)) for c in completions]
+
+
+def test_a_lazy_gate_calls_only_the_open_samples_and_the_advantages_are_the_eager_ones():
+    """Lazy gating (gate.lazy) against calling everywhere, on the same chunk: the expensive reward runs on the
+    samples whose gate is open (the gating reward at or above the threshold, or no opinion: NaN leaves a gate open,
+    as the driver's gates do), and after the driver's gates the totals and advantages are equal to the bit."""
+    import torch
+
+    from actors.rewards.worker import LazyGate
+    from actors.types import Rollouts
+    from orchestrator.aggregation import RewardAggregator, advantage_batch
+    from orchestrator.config import RewardConfig
+
+    def rollouts_for(completions, group_size):
+        n = len(completions)
+        return Rollouts(["p"] * n, [[1]] * n, [[2]] * n, completions, [[-0.1]] * n, [False] * n, {}, 0, group_size)
+
+    here = "tests.unit.actors.rewards.test_worker"
+    completions = ["abc", "b", "ax", "?", "bb", "a", "ba", "aaaa"]  # 2 groups of 4
+    gated = [RewardConfig(name="a", function=f"{here}:starts_with_a"),
+             RewardConfig(name="len", function=f"{here}:counted_length", weight=0.5,
+                          gate={"reward": "a", "threshold": 0.5, "fill": -1.0, "lazy": True})]
+    results = {}
+    for lazy in (False, True):
+        CALLED.clear()
+        w = worker(RewardSpec("a", f"{here}:starts_with_a"),
+                   RewardSpec("len", f"{here}:counted_length", lazy_gate=LazyGate("a", 0.5) if lazy else None))
+        results[lazy] = (w.score(chunk(completions, n_groups=2)), list(CALLED))
+    (eager, eager_calls), (lazy, lazy_calls) = results[False], results[True]
+    open_ = [c for c in completions if c.startswith("a") or c == "?"]
+    assert eager_calls == completions and lazy_calls == open_ and len(lazy_calls) < len(completions)
+    assert lazy.skipped == {"len": [c not in open_ for c in completions]} and eager.skipped == {}
+    assert all(math.isnan(v) for v, c in zip(lazy.scores[1], completions, strict=True) if c not in open_)
+    agg = RewardAggregator(gated)
+    batches = [advantage_batch(agg, rollouts_for(completions, group_size=4), s, scale_rewards="group",
+                               aggregation="sum_then_normalize") for s in (eager, lazy)]
+    a, b = (torch.tensor(x.batch.advantages) for x in batches)
+    assert torch.equal(a, b) and a.abs().sum() > 0
+    assert batches[0].table["total"] == batches[1].table["total"]
+    assert batches[0].table["gated/len"] == batches[1].table["gated/len"]
+    # Both the gating reward's spread (a vs not) and the gated one's (lengths) reach the advantages.
+    assert len({round(x, 6) for x in a.tolist()}) > 2
