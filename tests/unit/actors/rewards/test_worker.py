@@ -260,3 +260,17 @@ def test_a_lazy_gate_calls_only_the_open_samples_and_the_advantages_are_the_eage
     assert batches[0].table["gated/len"] == batches[1].table["gated/len"]
     # Both the gating reward's spread (a vs not) and the gated one's (lengths) reach the advantages.
     assert len({round(x, 6) for x in a.tolist()}) > 2
+
+
+def test_trls_own_format_reward_gates_a_trl_doc_reward_lazily():
+    """TRL's shipped `think_format_reward` (trl.rewards) as the gate of a reward from TRL's docs, lazily: the
+    gated reward is not called where the think format is missing (its raw None there), and is where it holds."""
+    from actors.rewards.worker import LazyGate
+
+    think = [{"role": "assistant", "content": "<think>hm</think><answer>4</answer>"}]
+    plain = [{"role": "assistant", "content": "<answer>4</answer>"}]
+    w = worker(RewardSpec("think", "trl.rewards:think_format_reward"),
+               RewardSpec("fmt", f"{F}:format_reward_func", lazy_gate=LazyGate("think", 1.0)))
+    out = w.score(chunk([think, plain, plain, think], n_groups=2))
+    assert out.scores[0] == [1.0, 0.0, 0.0, 1.0] and out.skipped == {"fmt": [False, True, True, False]}
+    assert out.scores[1][0] == out.scores[1][3] == 1.0 and all(math.isnan(v) for v in out.scores[1][1:3])
