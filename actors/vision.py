@@ -132,6 +132,11 @@ class Images:
             raise ImageError(f"the ids hold {k} image(s) for {len(counts)} given")
         return out
 
+    def engine_prompt(self, ids: Sequence[int], images: Sequence[Any]) -> dict[str, Any]:
+        """vLLM's token prompt for ids holding these images (expanded placeholders): one placeholder per image and
+        the images as its multi-modal data (vLLM expands each placeholder itself)."""
+        return {"prompt_token_ids": self.collapse(ids, images), "multi_modal_data": {"image": list(images)}}
+
     def model_inputs(self, images: Sequence[Sequence[Any]]) -> dict[str, Any]:
         """The forward's image inputs for a micro-batch whose samples have these images (in row order):
         the image processor's output over all of them, concatenated (pixel_values [patches, ...],

@@ -275,10 +275,7 @@ class TrajectoryRecord:
     def engine_prompt(self) -> list[int] | dict[str, Any]:
         """The next turn's prompt as the engine takes it: the ids, or (with images) vLLM's token prompt with one
         placeholder per image and the images as its multi-modal data (vLLM expands them again)."""
-        if not self.images:
-            return self.ids
-        return {"prompt_token_ids": self.vision.collapse(self.ids, self.images),
-                "multi_modal_data": {"image": list(self.images)}}
+        return self.vision.engine_prompt(self.ids, self.images) if self.images else self.ids
 
     def append_turn(self, sampled: SampledTurn) -> chat.Turn:
         """Append one model turn (sampled after `ids`); returns it as the model wrote it: message, calls."""

@@ -221,8 +221,8 @@ class Generator:
                 raise ImageError(f"generator {self.model!r}: prompts with images for a model without an image "
                                  "processor")
             return prompt_token_ids
-        return [{"prompt_token_ids": self.vision.collapse(ids, ims), "multi_modal_data": {"image": list(ims)}}
-                if ims else ids for ids, ims in zip(prompt_token_ids, images, strict=True)]
+        return [self.vision.engine_prompt(ids, ims) if ims else ids
+                for ids, ims in zip(prompt_token_ids, images, strict=True)]
 
     def _checked(self, out: Any, prompt_ids: list[int]) -> Any:
         """A finished request whose prompt the engine ran as given (with images: vLLM expanded every image into
