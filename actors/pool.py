@@ -238,6 +238,8 @@ class WorkerPool(Generic[S, St]):
         self._busy = 0  # live workers that _is_busy
         self.worker_s = 0.0  # integral of _alive
         self.busy_s = 0.0  # integral of _busy
+        self.idle_s = 0.0  # integral of the time with nothing to do (no unit outstanding, no worker busy)
+        self._arrived_idle = False  # the latest batch found the pool with nothing to do
         self.batches = 0  # arrivals of work: the autoscaling policy's windows start at them
         self._peak = 0  # most units outstanding at once since the policy's last sample
         self.policy = AutoscalePolicy(autoscale) if autoscale else None
@@ -300,6 +302,8 @@ class WorkerPool(Generic[S, St]):
         dt, self._t_account = now - self._t_account, now
         self.worker_s += self._alive * dt
         self.busy_s += self._busy * dt
+        if self._busy == 0 and self._outstanding() == 0:
+            self.idle_s += dt
 
     @contextmanager
     def _load(self, slot: S) -> Iterator[S]:
@@ -473,8 +477,11 @@ class WorkerPool(Generic[S, St]):
 
     # --- autoscaling --------------------------------------------------------------------------------------
 
-    def _arrived(self) -> None:
-        """A batch of work arrived (already counted in `queued`): the policy samples at arrivals."""
+    def _arrived(self, units: int) -> None:
+        """A batch of `units` units of work arrived: counted in `queued`, and the policy samples at arrivals."""
+        self._account()  # the time up to now, idle or not, before the queue changes
+        self._arrived_idle = self._busy == 0 and self._outstanding() == 0
+        self.queued += units
         self.batches += 1
         self._peak = max(self._peak, self._outstanding())
         self._autoscale()  # a sample at the arrival itself: the policy's windows start at batch arrivals
@@ -483,7 +490,7 @@ class WorkerPool(Generic[S, St]):
     def _sample(self) -> PoolSample:
         self._account()
         s = PoolSample(time.monotonic(), self.batches, self.worker_s, self.busy_s, self._peak, self.target(),
-                       self.size())
+                       self.size(), self.idle_s, self._outstanding(), self._arrived_idle)
         self._peak = self._outstanding()
         return s
 

@@ -556,13 +556,15 @@ class RewardAutoscaleConfig(_Section):
     max_workers: int = Field(ge=1)
     """Most reward workers; the pool adds workers up to this many while work waits."""
     target_utilization: float = Field(DEFAULT_TARGET_UTILIZATION, gt=0, le=1)
-    """Fraction of the time each worker should be busy (scoring at least one chunk); the pool sizes itself to
-    busy workers / target, averaged over whole batches. In the synchronous loop the reward phase then settles at
+    """Fraction of the time each worker should be busy (scoring at least one chunk); the pool sizes itself so
+    that each batch keeps its workers busy that fraction of the batch cycle (pipelined: busy workers / target). In the synchronous loop the reward phase then settles at
     about target / (1 - target) of the rest of the step (0.5: as long as generate + train + sync; 0.2: a quarter
     of it, with more workers). Like Ray Serve's target_ongoing_requests."""
     look_back_s: float = Field(DEFAULT_LOOK_BACK_S, gt=0)
     """Seconds of history each decision averages over (Serve's look_back_period_s), stretched to whole batch
-    cycles: in the synchronous loop the window always holds at least one whole step."""
+    cycles (in the synchronous loop the window always holds at least one whole step) and cut at the newest
+    regime: cycles of more than 2x or less than half the newest one's work are left out, so the pool follows a
+    reward that became slower or faster at once."""
     upscale_delay_s: float = Field(DEFAULT_UPSCALE_DELAY_S, ge=0)
     """The load must call for more workers this long before the pool grows (Ray Serve's default: 30 s)."""
     downscale_delay_s: float = Field(DEFAULT_DOWNSCALE_DELAY_S, ge=0)

@@ -186,8 +186,7 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
         results in request order. A session whose reset failed has its error in EnvOpened.error (and is not
         open); an open whose worker died is re-sent to another."""
         t0 = time.monotonic()
-        self.queued += len(requests)
-        self._arrived()
+        self._arrived(len(requests))
         out: dict[int, EnvOpened] = {}
         pending = list(range(len(requests)))  # request indices still to open
         first = True

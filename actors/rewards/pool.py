@@ -210,8 +210,7 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         state: the trainer_state the reward functions see (an eval: the evaluated step); default the pool's."""
         # Every chunk of this batch sees the step current at dispatch.
         b = _Batch(batch.chunks(batch.group_size * chunk_groups), state or self.state, time.monotonic())
-        self.queued += len(b.chunks)
-        self._arrived()
+        self._arrived(len(b.chunks))
         # One sender per chunk at most; senders that find the queue empty stop (each holds a worker slot only
         # while its call runs).
         await asyncio.gather(*(self._send(b) for _ in b.chunks))

@@ -39,7 +39,8 @@ def simulate(
     """Run len(chunk_s) steps; step k's chunks each take chunk_s[k] seconds. settings None = a fixed pool."""
     pool = [_Worker(0.0) for _ in range(workers)]
     policy = AutoscalePolicy(settings) if settings else None
-    t = worker_s = busy_s = 0.0
+    t = worker_s = busy_s = idle_s = 0.0
+    arrived_idle = False
     batches = peak = 0
     next_tick = tick_s
     res = SimResult([], [], [], 0.0, 0.0)
@@ -55,7 +56,7 @@ def simulate(
         if policy is None:
             return
         d = policy.observe(PoolSample(t, batches, worker_s, busy_s, peak, target(),
-                                      sum(not w.retiring for w in live())))
+                                      sum(not w.retiring for w in live()), idle_s, outstanding(), arrived_idle))
         peak = outstanding()
         if d is None:
             return
@@ -73,7 +74,7 @@ def simulate(
         return len(queue) + sum(len(w.held) for w in pool)
 
     def advance(step: int) -> None:
-        nonlocal t, worker_s, busy_s, next_tick
+        nonlocal t, worker_s, busy_s, idle_s, next_tick
         while queue:  # dispatch to the least loaded live worker with room
             room = [w for w in live() if not w.retiring and len(w.held) < SLOTS]
             if not room:
@@ -82,6 +83,7 @@ def simulate(
         lv = live()
         worker_s += len(lv) * dt
         busy_s += sum(bool(w.held) for w in lv) * dt
+        idle_s += dt * (outstanding() == 0)
         for w in lv:
             if w.held:
                 w.held[0] -= dt
@@ -96,6 +98,7 @@ def simulate(
     for step, cs in enumerate(chunk_s):
         res.workers.append(target())
         t0 = t
+        arrived_idle = outstanding() == 0
         queue.extend([cs] * chunks)
         batches += 1
         peak = max(peak, outstanding())

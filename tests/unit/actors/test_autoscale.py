@@ -195,3 +195,30 @@ def test_simulated_hour_long_run_with_the_default_delays():
     lat = [1.5] * 20 + [12.0] * 40 + [1.5] * 40
     st = AutoscaleSettings(**RewardAutoscaleConfig(min_workers=3, max_workers=32).model_dump())
     check_slowdown_run(lat, 20, 60, st, chunks=64, rest_s=40.0, start_s=20.0, dt=0.1, tick_s=1.0)
+
+
+def test_a_burst_grows_the_pool_to_what_it_needs_in_one_decision_and_it_shrinks_once_the_burst_is_over():
+    """Issue 35's case: bench/reward_autoscale.py's shape with Serve's 30 s look-back, longer than the whole slow
+    spell's tail. The pool used to grow 1 -> 2 -> 3 (reward time 0.37x) and hold 3 to the end; now the first slow
+    batch's finished chunks say how much work a batch is, and the pool moves to the workers that work needs."""
+    lat = [0.08] * 4 + [0.64] * 10 + [0.08] * 10
+    st = settings(max_workers=4, look_back_s=30, upscale_delay_s=1, downscale_delay_s=3)
+    check_slowdown_run(lat, 4, 14, st, chunks=8, rest_s=1.5, start_s=4.0)
+    auto = simulate(lat, settings=st, workers=1, chunks=8, rest_s=1.5, start_s=4.0)
+    (up_step, up), (down_step, down) = auto.decisions
+    # W = 8 x 0.64 = 5.12 worker-s per batch, R = 1.5 s idle: n = W (1 - u) / (u R) = 3.4 -> 4, while the first
+    # slow batch runs; back to 1 two fast steps after the drop (downscale_delay_s 3 s).
+    assert (up_step, up.before, up.after) == (4, 1, 4) and "batches of" in up.reason
+    assert (down_step, down.after) == (16, 1) and "below 4 live" in down.reason
+    slow = auto.reward_s[4:14]
+    assert min(slow[-3:]) <= 0.3 * slow[0]  # 4 workers: 2 chunks each
+
+
+def test_overlapping_arrivals_size_by_busy_workers():
+    """Batches that arrive while earlier work runs (the pipelined loop) are not bursts: no idle time tells how
+    long the rest of a step is, so the pool sizes by busy workers / target (Serve's rule)."""
+    pool = FakePool(settings(upscale_delay_s=0), workers=2)
+    for _ in range(6):
+        pool.arrive(4)
+        pool.run(1, busy=2, outstanding=4)  # never idle, never a burst: 2 busy workers want 4
+    assert pool.policy.load.phase is None and pool.policy.load.wanted == 4 and pool.target == 4

@@ -64,8 +64,9 @@ class _Accounting(RewardPool):
     """Just the load accounting: no workers, no event loop."""
 
     def __init__(self):
-        self._busy, self._alive, self.worker_s, self.busy_s = 0, 1, 0.0, 0.0
+        self._busy, self._alive, self.worker_s, self.busy_s, self.idle_s = 0, 1, 0.0, 0.0, 0.0
         self._t_account = 0.0
+        self.queued = self.inflight_chunks = 0
 
 
 def test_a_load_block_keeps_the_busy_count_however_it_ends():
