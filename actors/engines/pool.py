@@ -1,0 +1,217 @@
+"""JudgePool: the named actor that owns one judge model's engines and spreads judge requests over them.
+
+One per judge model of a run, named `<run>/judge-<reward>-pool` (the first judge reward using that model),
+its engines `<run>/judge-<reward>-<i>`. The reward pool sends it the samples of a chunk whose judge rewards
+must be computed (a lazily gated judge's open samples only) as soon as the chunk's functions are scored, so
+requests of many chunks and groups arrive while others run; each engine call carries a slice of the queue
+to the least-loaded live engine with room (at most `max_inflight` requests per engine), and the engine batches
+it with what it already runs. An engine that dies or hangs is killed and replaced, and the requests of its
+call go back to the front of the queue: every request is answered exactly once (a dead engine's late answer
+never arrives). Requests that find no live engine for `queue_timeout_s` (every engine failing to start) are
+answered "timeout", and the reward's error policy takes over.
+
+Sizing is the pool base's (actors/pool.py): `scale(n)` pins the engine count (`rayward scale RUN
+--judge-engines N`), `set_bounds` autoscales it from its load like the reward pool. A request is the unit of
+work of its metrics (`rayward_judge_*`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from actors.autoscale import AutoscaleSettings
+from actors.engines.judge import JudgeAnswer, JudgeEngine, JudgeRequest, JudgeSpec
+from actors.pool import PoolKind, PoolUnits, Slot, WorkerPool
+from actors.types import JudgePoolStats
+
+# Engine calls running at once on one engine actor (its Ray max_concurrency): each call's requests are added to
+# the engine's batch on arrival, so a few calls keep it fed while earlier ones finish.
+CALLS_PER_ENGINE = 4
+# Engine calls per engine slot a batch of requests is cut into (as the reward pool's CALLS_PER_SLOT): the last
+# round balances load, a call per request would cost a Ray call each.
+CALLS_PER_SLOT = 2
+# Beyond the judge's own timeout_s, how long an engine call may take before the engine is presumed hung.
+CALL_GRACE_S = 120.0
+
+JUDGE_POOL = PoolKind(
+    noun="judge pool", pin_flag="--judge-engines", bounds_flag="--judge-min/--judge-max", metrics="judge",
+    units=PoolUnits(
+        unit="request", workers="judge engines", queued="judge requests waiting for an engine",
+        inflight="judge requests being answered", latency="seconds to answer one judge request (its engine call)",
+        events="timeouts, errors, retries", wait="seconds a judge request waited for an engine",
+    ),
+)
+
+
+@dataclass
+class EngineSlot(Slot):
+    """One engine as its pool sees it: `calls` engine calls carrying `requests` requests."""
+
+    requests: int = 0
+
+
+class JudgePool(WorkerPool[EngineSlot, JudgePoolStats]):
+    KIND = JUDGE_POOL
+    STATS = JudgePoolStats
+
+    def __init__(
+        self,
+        spec: JudgeSpec,
+        *,
+        run_name: str,
+        role: str,
+        num_engines: int,
+        engine_options: dict[str, Any],
+        engine_kwargs: dict[str, Any] | None = None,
+        autoscale: AutoscaleSettings | None = None,
+        max_inflight: int = 64,
+        queue_timeout_s: float = 600.0,
+        call_grace_s: float = CALL_GRACE_S,
+        sys_path: list[str] | None = None,
+        engine_cls: Any = JudgeEngine,
+    ):
+        """engine_options: Ray options of an engine actor (num_cpus, num_gpus, resources); engine_kwargs: the
+        JudgeEngine's (dtype, max_model_len, kv_cache_gib, ...). max_inflight: requests one engine holds at once.
+        engine_cls: what an engine is (tests: a JudgeEngine over a scripted engine)."""
+        self.spec = spec
+        self.engine_kwargs = dict(engine_kwargs or {})
+        self.max_inflight = max_inflight
+        self.queue_timeout_s = queue_timeout_s
+        self.call_timeout_s = spec.timeout_s + call_grace_s
+        self.sys_path = sys_path or []
+        self.engine_cls = engine_cls
+        self.inflight_requests = 0
+        super().__init__(run_name=run_name, role=role, num_workers=num_engines, worker_options=engine_options,
+                         autoscale=autoscale, counters=("requests", "retries", "timeouts", "errors"))
+
+    def __repr__(self) -> str:
+        return f"JudgePool(run={self.run_name!r}, role={self.role!r}, model={self.spec.model!r})"
+
+    def _new_worker(self, index: int, name: str) -> Any:
+        return (
+            ray.remote(self.engine_cls)
+            .options(name=name, max_concurrency=CALLS_PER_ENGINE, max_restarts=0, **self.worker_options)
+            .remote(self.spec, sys_path=self.sys_path, **self.engine_kwargs)
+        )
+
+    def _new_slot(self, i: int, handle: Any) -> EngineSlot:
+        return EngineSlot(i, handle, time.monotonic())
+
+    def _is_busy(self, slot: EngineSlot) -> bool:
+        return slot.requests > 0
+
+    def _holding(self, slot: EngineSlot) -> int:
+        return slot.requests
+
+    def _drained(self, slot: EngineSlot) -> bool:
+        return slot.calls == 0
+
+    def _inflight_units(self) -> int:
+        return self.inflight_requests
+
+    def _stats_fields(self) -> dict[str, Any]:
+        return {"requests_inflight": self.inflight_requests}
+
+    # --- judging ------------------------------------------------------------------------------------------
+
+    def _room(self, slot: EngineSlot) -> int:
+        return min(self.max_inflight - slot.requests, (CALLS_PER_ENGINE - slot.calls) * self.max_inflight)
+
+    async def _acquire(self, wanted: Any, deadline: float) -> EngineSlot | None:
+        """The least-loaded live engine with room, or None once `wanted()` turns false or the deadline passes."""
+        cond = self._cond()
+        async with cond:
+            try:
+                await asyncio.wait_for(
+                    cond.wait_for(lambda: not wanted() or any(self._room(s) > 0 for s in self._live())),
+                    max(deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                return None
+            if not wanted():
+                return None
+            return min((s for s in self._live() if self._room(s) > 0), key=lambda s: s.requests)
+
+    def per_call(self, remaining: int) -> int:
+        """Requests the next engine call carries: about remaining / (engines x CALLS_PER_SLOT)."""
+        return max(1, math.ceil(remaining / (max(self.target(), 1) * CALLS_PER_SLOT)))
+
+    async def _send(self, requests: list[JudgeRequest], queue: deque[int], answers: list[JudgeAnswer | None],
+                    deadline: float) -> None:
+        while queue:
+            slot = await self._acquire(lambda: bool(queue), deadline)
+            if slot is None:
+                return
+            take = [queue.popleft() for _ in range(min(self.per_call(len(queue)), len(queue), self._room(slot)))]
+            self.queued -= len(take)
+            self.inflight_requests += len(take)
+            with self._load(slot):
+                slot.calls += 1
+                slot.requests += len(take)
+            self._publish()
+            if not queue:
+                await self._notify()
+            t0 = time.monotonic()
+            try:
+                out = await asyncio.wait_for(slot.handle.judge.remote([requests[i] for i in take]),
+                                             self.call_timeout_s)
+            except (RayActorError, asyncio.TimeoutError, GetTimeoutError) as err:
+                why = "died" if isinstance(err, RayActorError) else (
+                    f"did not answer {len(take)} request(s) within {self.call_timeout_s:g} s (hung)")
+                self.counters["retries"] += 1
+                self.metrics.event("retry")
+                queue.extendleft(reversed(take))
+                self.queued += len(take)
+                self._release(slot, len(take))
+                self._drop(slot, replace=not slot.retiring, why=why)
+                await self._notify()
+                continue
+            self._release(slot, len(take))
+            await self._notify(1)
+            self.metrics.latency.observe(time.monotonic() - t0)
+            for i, a in zip(take, out, strict=True):
+                answers[i] = a
+
+    def _release(self, slot: EngineSlot, n: int) -> None:
+        self.inflight_requests -= n
+        with self._load(slot):
+            slot.calls -= 1
+            slot.requests -= n
+        self._publish()
+
+    async def judge(self, requests: list[JudgeRequest]) -> list[JudgeAnswer]:
+        """Answer every request once (in order): ok with a score, or timeout / error with the reason."""
+        if not requests:
+            return []
+        t0 = time.monotonic()
+        queue: deque[int] = deque(range(len(requests)))
+        answers: list[JudgeAnswer | None] = [None] * len(requests)
+        self._arrived(len(requests))
+        deadline = t0 + self.queue_timeout_s
+        await asyncio.gather(*(self._send(requests, queue, answers, deadline) for _ in requests))
+        if queue:  # no engine took them before the deadline
+            self.queued -= len(queue)
+            for i in queue:
+                answers[i] = JudgeAnswer("timeout", error=f"no judge engine took the request within "
+                                         f"{self.queue_timeout_s:g} s ({self.size()} live)")
+            queue.clear()
+        done = [a for a in answers if a is not None]
+        assert len(done) == len(requests)
+        self.metrics.wait.observe(time.monotonic() - t0 - max((a.seconds for a in done), default=0.0))
+        self.counters["requests"] += len(done)
+        for kind in ("timeout", "error"):
+            n = sum(a.status == kind for a in done)
+            self.counters[f"{kind}s"] += n
+            if n:
+                self.metrics.event(kind, n)
+        return done
+
+
+__all__ = ["JUDGE_POOL", "JudgePool"]
