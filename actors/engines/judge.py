@@ -206,7 +206,8 @@ class JudgeEngine:
             return holder["llm"].llm_engine
 
         loop = EngineLoop(build, on_thread_start=omp_threads(len(cores)) if cores else None)
-        self._setup(spec, loop, holder["llm"].get_tokenizer(), max_model_len)
+        self.llm = holder["llm"]
+        self._setup(spec, loop, self.llm.get_tokenizer(), max_model_len)
 
     @classmethod
     def from_loop(cls, spec: JudgeSpec, loop: Any, tokenizer: Any, max_model_len: int = 1024) -> JudgeEngine:
@@ -225,6 +226,13 @@ class JudgeEngine:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the engine loop (requests in flight fail) and the engine (in-process use: tests, scripts)."""
+        self.loop.close(timeout_s)
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
 
     def render(self, request: JudgeRequest) -> list[int]:
         """The token ids the judge reads for one request: its template filled in, as the user's message of a chat
