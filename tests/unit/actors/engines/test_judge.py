@@ -105,3 +105,27 @@ def test_a_request_past_the_timeout_is_aborted_in_the_engine(tokenizer):
     while len(engine.aborted) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(engine.aborted) == 2
+
+
+@pytest.mark.parametrize(("family", "user_marker", "generation_prompt"), [
+    ("llama3_1", "<|start_header_id|>user<|end_header_id|>", "<|start_header_id|>assistant<|end_header_id|>\n\n"),
+    ("gemma3", "<start_of_turn>user\n", "<start_of_turn>model\n"),
+    ("deepseekv3", "<｜User｜>", "<｜Assistant｜><think>\n"),  # its generation prompt opens a thought
+])
+def test_a_judge_with_a_trl_shipped_chat_template_reads_system_and_template(tokenizer, family, user_marker,
+                                                                             generation_prompt):
+    """Judges are other model families than the policy: the prompt goes through the judge's own chat template
+    (TRL's shipped ones here, set on a copy of the tiny tokenizer), system message included, ending in that
+    family's generation prompt."""
+    from copy import deepcopy
+    from importlib import resources
+
+    tok = deepcopy(tokenizer)
+    tok.chat_template = resources.files("trl").joinpath(f"chat_templates/{family}.jinja").read_text()
+    j, engine = judge(tok, lambda p: " yes", system="You grade answers.")
+    (a,) = j.judge([sample("aaa")])
+    assert a.status == "ok" and a.value == 1.0
+    text = tok.decode(engine.added[0][1])
+    assert "You grade answers." in text and user_marker in text
+    assert text.index("You grade answers.") < text.index("Letter: a\nAnswer: aaa\nCorrect?")
+    assert text.endswith(generation_prompt)
