@@ -47,10 +47,6 @@ class JudgeSpec:
     timeout_s: float = 60.0
     seed: int = 0
 
-    def fields(self) -> list[str]:
-        """The names the template uses, in order of first use."""
-        return template_fields(self.template)
-
 
 @dataclass(frozen=True)
 class JudgeRequest:

@@ -111,9 +111,6 @@ class JudgePool(WorkerPool[EngineSlot, JudgePoolStats]):
     def _holding(self, slot: EngineSlot) -> int:
         return slot.requests
 
-    def _drained(self, slot: EngineSlot) -> bool:
-        return slot.calls == 0
-
     def _inflight_units(self) -> int:
         return self.inflight_requests
 
