@@ -38,6 +38,7 @@ from actors.net import free_port, node_ip
 from actors.types import (
     EnvPoolStats,
     FinishedGroups,
+    JudgePoolStats,
     RewardBatch,
     Sample,
     Sampling,
@@ -657,9 +658,43 @@ class PoolGroup:
         ray.kill(self.handle, no_restart=True)
 
 
+class JudgePoolGroup(PoolGroup):
+    """The named judge pool `<run>/judge-<reward>-pool` of one judge reward (actors/engines/pool.py): the reward
+    pool sends it the samples to judge, never the driver."""
+
+    def stats(self) -> JudgePoolStats:
+        return ray.get(self.handle.stats.remote())
+
+
 class RewardPoolGroup(PoolGroup):
     """The named reward pool `<run>/<role>-pool` (actors/rewards/pool.py). The learner pushes TrainerState to its
-    `handle`."""
+    `handle`. It owns its judge rewards' pools (`judges`): their sizes go into checkpoints with its own, and they
+    go with it."""
+
+    def __init__(self, cls: type, *, judges: dict[str, JudgePoolGroup] | None = None, **kwargs: Any):
+        """judges: per judge reward, its judge pool (already started; the reward pool gets their handles)."""
+        self.judges = dict(judges or {})
+        kwargs["kwargs"] = {**kwargs["kwargs"], "judges": {n: g.handle for n, g in self.judges.items()}}
+        super().__init__(cls, **kwargs)
+
+    def scaling(self) -> dict[str, Any]:
+        state = super().scaling()
+        if self.judges:
+            state["judges"] = {n: g.scaling() for n, g in self.judges.items()}
+        return state
+
+    def restore_scaling(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        judges = state.pop("judges", {})
+        super().restore_scaling(state)
+        for n, s in judges.items():
+            if n in self.judges:  # a judge the resumed config no longer has keeps nothing
+                self.judges[n].restore_scaling(s)
+
+    def kill(self) -> None:
+        for g in self.judges.values():
+            g.kill()
+        super().kill()
 
     def submit_score(self, batch: RewardBatch, chunk_groups: int, state: TrainerState | None = None) -> Pending[Scores]:
         """Score a batch in chunks of `chunk_groups` groups; state: the trainer_state the rewards see (default: the

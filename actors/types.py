@@ -321,6 +321,7 @@ class Scores:
     # Lazily gated rewards (gate.lazy), per completion: not called, its gate closed (its score NaN here, `fill`
     # once gated). Rewards that are not lazily gated have no entry.
     skipped: dict[str, list[bool]] = field(default_factory=dict)
+    judge_pools: dict[str, JudgePoolStats] = field(default_factory=dict)  # per judge reward: its pool after it
 
     def __len__(self) -> int:
         return len(self.scores[0]) if self.scores else 0
@@ -355,6 +356,7 @@ class Scores:
             pool=other.pool or self.pool,
             skipped={r: self.skipped.get(r, [False] * n) + other.skipped.get(r, [False] * m)
                      for r in {*self.skipped, *other.skipped}},
+            judge_pools={**self.judge_pools, **other.judge_pools},
         )
 
     def metric_means(self) -> dict[str, float]:

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from actors import cpus
+from actors import cpus, user_code
 from actors.autoscale import AutoscaleSettings
 from actors.cpus import Share
+from actors.engines.judge import SAMPLE_FIELDS, JudgeSpec, template_fields
 from actors.envs.spec import EnvSpec
 from actors.group import (
     HEALTH_GROUP,
@@ -25,6 +26,7 @@ from actors.group import (
     SEND_GROUP,
     EnvPoolGroup,
     GeneratorGroup,
+    JudgePoolGroup,
     LearnerGroup,
     RewardPoolGroup,
 )
@@ -44,6 +46,7 @@ from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
 from orchestrator.checkpoints import BestCheckpoint
 from orchestrator.config import (
+    TINY_JUDGE_MODEL,
     TINY_MODEL,
     TINY_MOE_MODELS,
     TINY_TOOL_VLM_MODEL,
@@ -71,39 +74,88 @@ EVAL_REWARD_WORKERS = 1
 
 def resolve_model(cfg: RunConfig) -> str:
     """The policy's directory: the built-in tiny models built into the cache on first use, else the path as given."""
-    if cfg.model.name_or_path == TINY_MODEL:
+    return resolve_path(cfg.model.name_or_path)
+
+
+def resolve_path(name: str) -> str:
+    """A model field's directory (the policy's, a judge's): a built-in tiny model's, built into the cache on first
+    use, else the path as given."""
+    if name == TINY_JUDGE_MODEL:
+        from orchestrator.tiny_judge import ensure_tiny_judge
+
+        return str(ensure_tiny_judge())
+    if name == TINY_MODEL:
         from orchestrator.tiny import ensure_tiny_model
 
         return str(ensure_tiny_model())
-    if cfg.model.name_or_path == TINY_TOOLS_MODEL:
+    if name == TINY_TOOLS_MODEL:
         from orchestrator.tiny_tools import ensure_tiny_tool_model
 
         return str(ensure_tiny_tool_model())
-    if cfg.model.name_or_path == TINY_VLM_MODEL:
+    if name == TINY_VLM_MODEL:
         from orchestrator.tiny_vlm import ensure_tiny_vlm
 
         return str(ensure_tiny_vlm())
-    if cfg.model.name_or_path == TINY_TOOL_VLM_MODEL:
+    if name == TINY_TOOL_VLM_MODEL:
         from orchestrator.tiny_vlm import ensure_tiny_tool_vlm
 
         return str(ensure_tiny_tool_vlm())
-    if cfg.model.name_or_path in TINY_MOE_MODELS:
+    if name in TINY_MOE_MODELS:
         from orchestrator.tiny_moe import ensure_tiny_moe
 
-        family, near_ties = TINY_MOE_MODELS[cfg.model.name_or_path]
+        family, near_ties = TINY_MOE_MODELS[name]
         return str(ensure_tiny_moe(family, near_ties=near_ties))
-    return cfg.model.name_or_path
+    return name
+
+
+def judge_spec(r: RewardConfig, field: str, seed: int = 0) -> JudgeSpec:
+    """A judge reward's JudgeSpec: its model resolved (a built-in tiny judge built), its parser imported (a
+    typo fails now, naming the field)."""
+    j = r.judge
+    assert j is not None
+    if j.parser is not None:
+        try:
+            user_code.import_object(j.parser, f"{field}[{r.name}].judge.parser")
+        except user_code.UserCodeError as err:
+            raise ConfigError(str(err)) from None
+    try:
+        fields = template_fields(j.template)
+    except ValueError as err:
+        raise ConfigError(f"{field}[{r.name}].judge.template: {err}") from None
+    del fields  # the dataset's columns are checked against them in `check_judge_templates`
+    return JudgeSpec(
+        reward=r.name, model=resolve_path(j.model), template=j.template, system=j.system, temperature=j.temperature,
+        top_p=j.top_p, top_k=j.top_k, max_tokens=j.max_completion_length, stop=tuple(j.stop), regex=j.regex,
+        labels=dict(j.labels) if j.labels else None, parser=j.parser, timeout_s=r.timeout_s, seed=seed,
+        chat_template_kwargs=dict(j.chat_template_kwargs),
+    )
+
+
+def check_judge_templates(rewards: list[RewardConfig], columns: list[str], field: str = "rewards") -> None:
+    """Every field a judge's template names is a sample's (prompt, completion, conversation) or a dataset column."""
+    for r in rewards:
+        if r.judge is None:
+            continue
+        unknown = [f for f in template_fields(r.judge.template) if f not in SAMPLE_FIELDS and f not in columns]
+        if unknown:
+            raise ConfigError(f"{field}[{r.name}].judge.template: fields {unknown} are neither {list(SAMPLE_FIELDS)} "
+                              f"nor dataset columns (the dataset has {columns})")
 
 
 def reward_specs(rewards: list[RewardConfig], field: str = "rewards",
-                 chat_template_kwargs: dict[str, Any] | None = None) -> list[RewardSpec]:
+                 chat_template_kwargs: dict[str, Any] | None = None, seed: int = 0) -> list[RewardSpec]:
     """The rewards as worker specs, built-in names resolved; each function imported once here so a typo
     fails now, naming the reward (`field`: `rewards` or `eval.rewards`), instead of inside a worker after Ray
-    and vLLM have started. A reward with neither function nor model is an environment's get_reward()
+    and vLLM have started. A reward with no function, model or judge is an environment's get_reward()
     (checked against the environment classes in orchestrator/environments.py)."""
     specs = []
     for r in rewards:
-        if r.function is None and r.model is None:
+        lazy = LazyGate(r.gate.reward, float(r.gate.threshold)) if r.gate is not None and r.lazy else None
+        if r.judge is not None:
+            specs.append(RewardSpec(name=r.name, timeout_s=r.timeout_s, on_error=r.on_error, fallback=r.fallback,
+                                    lazy_gate=lazy, judge=judge_spec(r, field, seed)))
+            continue
+        if not r.has_source:
             specs.append(env_reward_spec(r))
             continue
         fn = r.function
@@ -118,7 +170,7 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards",
             name=r.name, function=fn, model=r.model, timeout_s=r.timeout_s, on_error=r.on_error,
             fallback=r.fallback, batched=r.batched, kwargs=dict(r.kwargs),
             chat_template_kwargs=dict(chat_template_kwargs or {}),
-            lazy_gate=LazyGate(r.gate.reward, float(r.gate.threshold)) if r.gate is not None and r.gate.lazy else None,
+            lazy_gate=lazy,
         )
         if spec.function:
             try:
@@ -326,13 +378,15 @@ def prepare_eval(cfg: RunConfig, tokenizer: Any, images: Images | None = None
     if cfg.eval is None:
         return None, None
     kw = cfg.generation.chat_template_kwargs
-    specs = reward_specs(cfg.eval.rewards, "eval.rewards", kw) if cfg.eval.rewards is not None else None
+    specs = reward_specs(cfg.eval.rewards, "eval.rewards", kw, cfg.seed) if cfg.eval.rewards is not None else None
     try:
         held_out = eval_prompts(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, seed=cfg.seed,
                                 prompt_optional=agentic(cfg), template_kwargs=cfg.generation.chat_template_kwargs,
                                 images=images)
     except ImageError as err:
         raise ConfigError(str(err)) from None
+    if cfg.eval.rewards is not None and held_out:
+        check_judge_templates(cfg.eval.rewards, sorted(held_out[0].row), "eval.rewards")
     return held_out, specs
 
 
@@ -340,11 +394,12 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     """The cheap checks, in order: reward functions import, the training data loads (before the tokenizer, whose
     import alone takes seconds), model and tokenizer load, the learner's model options fit the architecture,
     datasets have prompts, tools and environments (schemas, template, routing column)."""
-    specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs)
+    specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs, seed=cfg.seed)
     for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
         if sink in cfg.logging.report_to and importlib.util.find_spec(module) is None:
             raise ConfigError(f"logging.report_to: {sink!r} needs the `{module}` package (pip install {module})")
     rows = training_rows(cfg)
+    check_judge_templates(cfg.rewards, sorted(rows[0]) if rows else [])
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg, model_path)
     images = load_images(cfg, model_path)
@@ -406,8 +461,44 @@ def weight_transfer(cfg: RunConfig, learner: LearnerGroup, generators: Generator
     return transfer
 
 
+def start_judge_pools(cfg: RunConfig, name: str, rewards: list[RewardConfig], specs: list[RewardSpec], *,
+                      role: str = "judge") -> dict[str, JudgePoolGroup]:
+    """Per judge reward, its named judge pool `NAME/<role>-<reward>-pool` and engines `NAME/<role>-<reward>-<i>`
+    (Ray must be initialised), beside the driver as the reward pool is."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from actors.engines.pool import JudgePool
+    from orchestrator.cluster import actor_options, namespace, run_sys_path
+
+    ns = namespace(name)
+    by_name = {r.name: r for r in rewards}
+    pools = {}
+    for spec in specs:
+        if spec.judge is None:
+            continue
+        e = by_name[spec.name].judge.engines  # type: ignore[union-attr]
+        a = e.autoscale
+        pools[spec.name] = JudgePoolGroup(
+            JudgePool, run_name=name, role=f"{role}-{spec.name}", namespace=ns,
+            options={"scheduling_strategy": NodeAffinitySchedulingStrategy(ray_node_id(), soft=False)},
+            kwargs=dict(
+                spec=spec.judge, run_name=name, role=f"{role}-{spec.name}", num_engines=e.num_engines,
+                engine_options=actor_options(e, namespace=ns),
+                engine_kwargs=dict(dtype=e.dtype or cfg.model.dtype, max_model_len=e.max_model_len,
+                                   kv_cache_gib=e.kv_cache_gib, gpu_memory_utilization=e.gpu_memory_utilization,
+                                   engine_kwargs=dict(e.engine_kwargs)),
+                autoscale=None if a is None else AutoscaleSettings(**a.model_dump()),
+                max_inflight=e.max_inflight,
+                queue_timeout_s=e.queue_timeout_s or cfg.cluster.hang_timeout_s,
+                call_grace_s=cfg.cluster.hang_timeout_s,
+                sys_path=run_sys_path(),
+            ))
+    return pools
+
+
 def start_reward_pool(
-    cfg: RunConfig, name: str, specs: list[RewardSpec], *, role: str = "reward", num_workers: int | None = None
+    cfg: RunConfig, name: str, specs: list[RewardSpec], *, role: str = "reward", num_workers: int | None = None,
+    judges: dict[str, JudgePoolGroup] | None = None,
 ) -> RewardPoolGroup:
     """The named reward pool `NAME/<role>-pool` and its workers (Ray must be initialised). The pool is not restarted
     (it holds the scoring in flight): it runs beside the driver, whose node the run cannot outlive anyway."""
@@ -420,7 +511,7 @@ def start_reward_pool(
     # Hard: a soft affinity lets a busy raylet spill the pool over to another node, whose loss would then end the
     # run (it needs no resources, so the driver's node can always hold it).
     beside_driver = NodeAffinitySchedulingStrategy(ray_node_id(), soft=False)
-    return RewardPoolGroup(RewardPool, run_name=name, role=role, namespace=ns,
+    return RewardPoolGroup(RewardPool, run_name=name, role=role, namespace=ns, judges=judges,
                            options={"scheduling_strategy": beside_driver}, kwargs=dict(
         specs=specs,
         run_name=name,
@@ -585,10 +676,13 @@ class Groups:
 def start_groups(p: Prepared) -> Groups:
     """Start the run's actor groups and form the weight transfer (Ray must be initialised)."""
     cfg = p.cfg
-    reward_pool = start_reward_pool(cfg, p.name, p.specs)
+    reward_pool = start_reward_pool(cfg, p.name, p.specs, judges=start_judge_pools(cfg, p.name, p.rewards, p.specs))
     eval_pool = None
     if p.eval_specs is not None:
-        eval_pool = start_reward_pool(cfg, p.name, p.eval_specs, role="eval-reward", num_workers=EVAL_REWARD_WORKERS)
+        assert cfg.eval is not None and cfg.eval.rewards is not None
+        judges = start_judge_pools(cfg, p.name, cfg.eval.rewards, p.eval_specs, role="eval-judge")
+        eval_pool = start_reward_pool(cfg, p.name, p.eval_specs, role="eval-reward", num_workers=EVAL_REWARD_WORKERS,
+                                      judges=judges)
     env_pool = start_env_pool(cfg, p.name, p.agent.spec) if p.agent is not None else None
     agent = agent_kwargs(cfg, p.agent, env_pool) if p.agent is not None else None
     generators = start_generators(cfg, p.name, p.model_path, agent=agent)

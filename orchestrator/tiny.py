@@ -99,8 +99,9 @@ def _build_tokenizer(out: Path) -> None:
     fast.save_pretrained(out)
 
 
-def qwen2_config() -> Any:
-    """The tiny model's transformers Qwen2Config (float32; eos = <|im_end|>, pad = <|endoftext|>)."""
+def qwen2_config(num_layers: int = NUM_LAYERS) -> Any:
+    """The tiny model's transformers Qwen2Config (float32; eos = <|im_end|>, pad = <|endoftext|>); num_layers: a
+    deeper model of the same width (the tiny judge)."""
     from transformers import Qwen2Config
 
     pad_id, eos_id = SPECIAL_TOKENS.index(PAD_TOKEN), SPECIAL_TOKENS.index(IM_END)
@@ -109,7 +110,7 @@ def qwen2_config() -> Any:
         hidden_size=HIDDEN_SIZE,
         num_attention_heads=NUM_HEADS,
         num_key_value_heads=NUM_KV_HEADS,
-        num_hidden_layers=NUM_LAYERS,
+        num_hidden_layers=num_layers,
         intermediate_size=INTERMEDIATE_SIZE,
         max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=TIE_WORD_EMBEDDINGS,

@@ -299,6 +299,7 @@ def evaluate(
         rollout_kind,
         start_env_pool,
         start_generators,
+        start_judge_pools,
         start_reward_pool,
     )
     from orchestrator.environments import prepare_agent
@@ -324,7 +325,7 @@ def evaluate(
         rows, eval_specs = prepare_eval(cfg, tokenizer, images)
     except DataError as err:
         raise ConfigError(str(err)) from None
-    train_specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs)
+    train_specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs, seed=cfg.seed)
     dataset = [p.row for p in rows]
     agent = prepare_agent(cfg, tokenizer, dataset, train_specs, dataset)  # tools: checked as a run checks them
     env_specs, env_rewards = (agent.env_reward_specs, agent.env_rewards) if agent is not None else ([], [])
@@ -334,7 +335,10 @@ def evaluate(
         init_ray(cfg.cluster, name)
     groups: list[Any] = []  # started so far, killed at the end
     try:
-        pool = start_reward_pool(cfg, name, specs, role="eval-reward")
+        scored = cfg.eval.rewards if eval_specs is not None and cfg.eval.rewards is not None else [*cfg.rewards,
+                                                                                                    *env_rewards]
+        pool = start_reward_pool(cfg, name, specs, role="eval-reward",
+                                 judges=start_judge_pools(cfg, name, scored, specs, role="eval-judge"))
         groups.append(pool)
         agent_args = None
         if agent is not None:  # the environments the eval's trajectories run their tools in

@@ -46,6 +46,7 @@ class JudgeSpec:
     parser: str | None = None  # `module:function`, text -> float | None
     timeout_s: float = 60.0
     seed: int = 0
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # the judge's chat template's arguments
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,8 @@ class JudgeEngine:
             return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
         messages = ([{"role": "system", "content": self.spec.system}] if self.spec.system else []) + [
             {"role": "user", "content": text}]
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                 **self.spec.chat_template_kwargs)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def judge(self, requests: list[JudgeRequest]) -> list[JudgeAnswer]:

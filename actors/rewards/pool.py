@@ -32,8 +32,9 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.autoscale import AutoscaleSettings
+from actors.engines.judge import JudgeAnswer, JudgeRequest, request_fields, template_fields
 from actors.pool import PoolKind, PoolUnits, Slot, WorkerPool
-from actors.rewards.worker import RewardSpec, RewardWorker
+from actors.rewards.worker import RewardFunctionError, RewardSpec, RewardWorker, preview
 from actors.types import RewardBatch, RewardPoolStats, Scores, TrainerState
 
 # Chunks a worker holds at once: 2 hides the dispatch round-trip without hoarding work a new worker could take.
@@ -67,6 +68,7 @@ class _Batch:
     queue: deque[int] = field(init=False)
     results: list[Scores | None] = field(init=False)
     waits: list[float] = field(init=False)
+    judging: list[asyncio.Task[None]] = field(default_factory=list)  # per scored chunk: its judge stage
 
     def __post_init__(self) -> None:
         self.queue = deque(range(len(self.chunks)))
@@ -90,17 +92,30 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         autoscale: AutoscaleSettings | None = None,
         role: str = "reward",
         chunk_grace_s: float = CHUNK_GRACE_S,
+        judges: dict[str, Any] | None = None,
     ):
         """`num_workers` at start (clamped to the autoscaling bounds when `autoscale` is given). role: the
         workers are named `<run_name>/<role>-<i>`, and the pool's Ray metrics carry it as the `pool` tag, so
         two pools of one run stay apart. chunk_grace_s: how long past its rewards' timeouts a chunk may take
-        before its worker counts as hung (the run's cluster.hang_timeout_s)."""
+        before its worker counts as hung (the run's cluster.hang_timeout_s). judges: per judge reward (a spec
+        with `judge`), the handle of its judge pool (actors/engines/pool.py)."""
         self.specs = specs
         self.sys_path = sys_path or []
         self.state = trainer_state or TrainerState()
         self.inflight_chunks = 0
-        # The chunk timeout: every reward's own bound (they run concurrently) plus grace.
-        self.chunk_timeout_s = max(s.timeout_s for s in specs) + chunk_grace_s
+        self.judges = dict(judges or {})
+        judged = [s for s in specs if s.judge is not None]
+        missing = [s.name for s in judged if s.name not in self.judges]
+        if missing:
+            raise ValueError(f"judge rewards {missing} have no judge pool")
+        # The judge stage's order: a judge lazily gated on another judge waits for that one (gating rewards are
+        # ungated, so two waves cover every chain).
+        names = {s.name for s in judged}
+        later = [s for s in judged if s.lazy_gate is not None and s.lazy_gate.reward in names]
+        self.judge_waves = [w for w in ([s for s in judged if s not in later], later) if w]
+        self.judge_fields = {s.name: template_fields(s.judge.template) for s in judged if s.judge is not None}
+        # The chunk timeout: every worker reward's own bound (they run concurrently) plus grace.
+        self.chunk_timeout_s = max((s.timeout_s for s in specs if s.judge is None), default=0.0) + chunk_grace_s
         super().__init__(run_name=run_name, role=role, num_workers=num_workers, worker_options=worker_options,
                          autoscale=autoscale, counters=("chunks", "retries", "timeouts", "errors"))
 
@@ -203,7 +218,54 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
                 batch.results[i] = r
                 batch.waits[i] = t0 - batch.arrived + before
                 before += max(r.latency_s.values(), default=0.0)
+                if self.judge_waves:  # judged while the batch's other chunks are still being scored
+                    batch.judging.append(asyncio.ensure_future(self._judge_chunk(batch.chunks[i], r)))
             self.metrics.wait.observe(sum(batch.waits[i] for i in take) / len(take))
+
+    # --- judges -------------------------------------------------------------------------------------------
+
+    async def _judge_chunk(self, chunk: RewardBatch, scores: Scores) -> None:
+        """A scored chunk's judge stage: each judge reward's column filled in place, wave after wave."""
+        for wave in self.judge_waves:
+            await asyncio.gather(*(self._judge_reward(spec, chunk, scores) for spec in wave))
+
+    async def _judge_reward(self, spec: RewardSpec, chunk: RewardBatch, scores: Scores) -> None:
+        """One judge reward on one chunk: its judge pool answers the chunk's samples (a lazily gated judge's open
+        samples only: the gate reads the chunk's gating column as the driver will); an answer's score, or by
+        the reward's policy for a timeout (fallback) or an error (on_error). The judge's text goes to the
+        completions log as `judge/<reward>`."""
+        n, name = len(chunk), spec.name
+        gate = spec.lazy_gate
+        closed = gate.closed(scores.scores[scores.names.index(gate.reward)]) if gate is not None else [False] * n
+        rows = [j for j in range(n) if not closed[j]]
+        fields = self.judge_fields[name]
+        requests = [JudgeRequest(request_fields(fields, chunk.prompts[j], chunk.completions[j],
+                                                {c: v[j] for c, v in chunk.columns.items() if c in fields}))
+                    for j in rows]
+        answers: list[JudgeAnswer] = await self.judges[name].judge.remote(requests) if requests else []
+        fallback = math.nan if spec.fallback is None else float(spec.fallback)
+        column, texts = [math.nan] * n, [None] * n
+        for j, a in zip(rows, answers, strict=True):
+            texts[j] = a.text
+            if a.status == "ok":
+                column[j] = math.nan if a.value is None else a.value
+            elif a.status == "timeout":
+                column[j] = fallback
+                scores.timeouts[name] += 1
+            elif spec.on_error == "fallback":
+                column[j] = fallback
+                scores.errors[name] += 1
+            else:
+                err = RewardFunctionError(f"reward {name!r} (judge {spec.judge.model if spec.judge else '?'}) on sample "
+                                          f"{chunk.offset + j}: {a.error}", reward=name, sample=chunk.offset + j,
+                                          error=a.error)
+                err.prompt, err.completion = preview(chunk.prompts[j]), preview(chunk.completions[j])
+                raise err
+        scores.scores[scores.names.index(name)] = column
+        scores.latency_s[name] = max((a.seconds for a in answers), default=0.0)
+        scores.extra[f"judge/{name}"] = texts
+        if gate is not None:
+            scores.skipped[name] = closed
 
     async def score(self, batch: RewardBatch, chunk_groups: int = 1, state: TrainerState | None = None) -> Scores:
         """Score a batch in chunks of `chunk_groups` whole groups; the scores come back in batch order.
@@ -213,9 +275,17 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         self._arrived(len(b.chunks))
         # One sender per chunk at most; senders that find the queue empty stop (each holds a worker slot only
         # while its call runs).
-        await asyncio.gather(*(self._send(b) for _ in b.chunks))
+        try:
+            await asyncio.gather(*(self._send(b) for _ in b.chunks))
+            await asyncio.gather(*b.judging)
+        finally:
+            for t in b.judging:  # a judge that raised (on_error: raise): the others' answers are not awaited
+                t.cancel()
         self.counters["chunks"] += len(b.chunks)
         merged = functools.reduce(Scores.concat, b.results)
+        if self.judges:
+            stats = await asyncio.gather(*(h.stats.remote() for h in self.judges.values()))
+            merged.judge_pools = dict(zip(self.judges, stats, strict=True))
         merged.queue_wait_s = sum(b.waits) / len(b.waits)
         for name in merged.names:
             for kind, counts in (("timeout", merged.timeouts), ("error", merged.errors)):

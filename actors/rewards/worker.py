@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors import user_code
+from actors.engines.judge import JudgeSpec
 from actors.types import RewardBatch, Scores, TrainerState
 from actors.user_code import Outcome, Pending, Raised, TimedOut, UserCalls
 
@@ -93,6 +94,8 @@ class RewardSpec:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # a reward model's chat template's
     # (generation.chat_template_kwargs: the template renders prompt + completion as the policy's rendered them)
     lazy_gate: LazyGate | None = None  # gate.lazy: called only on the samples whose gate is open
+    judge: JudgeSpec | None = None  # an LLM judge (rewards[].judge): scored by the reward pool's judge stage on
+    # the judge's engines, never by a worker (its column is NaN in a worker's Scores)
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,8 @@ class RewardWorker:
         self.index = index
         self.specs = list(specs)
         self.functions = [
-            _EnvReward(s.name) if s.env_reward else _RewardModel(s.model, s.chat_template_kwargs) if s.model else load_reward_function(s)
+            None if s.judge else _EnvReward(s.name) if s.env_reward
+            else _RewardModel(s.model, s.chat_template_kwargs) if s.model else load_reward_function(s)
             for s in self.specs
         ]
         # What each function gets beyond TRL's arguments: environment instances, or environment rewards.
@@ -274,12 +278,14 @@ class RewardWorker:
         self._check_env_inputs(ctx)
         ks = range(len(self.specs))
         names = [s.name for s in self.specs]
-        eager = [k for k in ks if self.specs[k].lazy_gate is None]
+        judged = [k for k in ks if self.specs[k].judge is not None]  # the pool's judge stage scores them
+        eager = [k for k in ks if self.specs[k].lazy_gate is None and k not in judged]
         started = {k: self._start(k, ctx) for k in eager}  # every call of every eager reward at once
         per_reward = {k: self._collect(k, started[k], ctx) for k in eager}
+        per_reward.update({k: RewardResult([math.nan] * ctx.n, 0, 0, 0.0) for k in judged})
         # Lazily gated rewards after their gating rewards (ungated, so eager): on the open samples only.
         skipped: dict[str, list[bool]] = {}
-        lazy = [k for k in ks if self.specs[k].lazy_gate is not None]
+        lazy = [k for k in ks if self.specs[k].lazy_gate is not None and k not in judged]
         for k in lazy:
             gate = self.specs[k].lazy_gate
             assert gate is not None
@@ -378,12 +384,12 @@ def _explained(spec: RewardSpec, fn: Any, err: Exception, ctx: _Chunk, lo: int, 
         )
     i = (out.sample if out.sample is not None else offset) - ctx.offset
     if 0 <= i < ctx.n:
-        out.prompt = _preview(ctx.chunk.prompts[i])
-        out.completion = _preview(ctx.chunk.completions[i])
+        out.prompt = preview(ctx.chunk.prompts[i])
+        out.completion = preview(ctx.chunk.completions[i])
     return out
 
 
-def _preview(x: Any) -> str:
+def preview(x: Any) -> str:
     """The start of a prompt or completion: plain text, or the last message's content of a conversation."""
     if isinstance(x, list) and x and isinstance(x[-1], dict):
         x = x[-1].get("content", "")

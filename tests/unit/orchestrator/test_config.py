@@ -40,10 +40,12 @@ def test_batch_must_divide_into_groups():
 
 def test_reward_needs_exactly_one_source():
     """Neither source names an environment's get_reward(): only with an environment_factory."""
-    with pytest.raises(ConfigError, match="neither `function` nor `model`, which names an environment's get_reward"):
+    with pytest.raises(ConfigError, match="no `function`, `model` or `judge`, which names an environment's get_reward"):
         parse_config({"rewards": [{"name": "r"}]})
-    with pytest.raises(ConfigError, match="give one of `function` or `model`, not both"):
+    with pytest.raises(ConfigError, match="give one of `function`, `model` or `judge`, not function and model"):
         parse_config({"rewards": [{"name": "r", "function": "letter_fraction", "model": "m"}]})
+    with pytest.raises(ConfigError, match="not model and judge"):
+        parse_config({"rewards": [{"name": "r", "model": "m", "judge": JUDGE}]})
     with pytest.raises(ConfigError, match="rewards: give at least one reward"):
         parse_config({"rewards": []})
     cfg = parse_config({"rewards": [{"name": "BoxEnv", "weight": 2.0}],
@@ -65,6 +67,39 @@ def test_gate_errors():
         parse_config({"rewards": [r("a"), r("a")]})
     ok = parse_config({"rewards": [r("a"), r("b", {"reward": "a", "threshold": 0.5}), r("c", {"reward": "b", "threshold": 1})]})
     assert ok.rewards[2].gate.reward == "b"
+
+
+JUDGE = {"model": "tiny-judge", "template": "Letter: {letter}\nAnswer: {completion}", "labels": {"yes": 1, "no": 0}}
+
+
+def test_judge_reward_config():
+    """A judge is a reward source of its own: one scoring rule, no function-only options; lazily gated by default
+    (a function's gate stays eager unless asked), and a function may not be gated lazily on a judge (judges are
+    scored after the functions)."""
+    a = {"name": "a", "function": "letter_fraction"}
+    gate = {"reward": "a", "threshold": 0.5}
+    cfg = parse_config({"rewards": [a, {"name": "j", "judge": JUDGE, "gate": gate},
+                                    {"name": "b", "function": "brevity", "gate": gate}]})
+    assert cfg.rewards[1].lazy and not cfg.rewards[2].lazy and cfg.rewards[1].has_source
+    assert not parse_config({"rewards": [a, {"name": "j", "judge": JUDGE, "gate": {**gate, "lazy": False}}]}
+                            ).rewards[1].lazy
+    assert cfg.rewards[1].judge.engines.num_engines == 1 and cfg.rewards[1].judge.temperature == 0.0
+    for judge, message in [
+        ({**JUDGE, "regex": "(\\d)"}, "give exactly one of regex, labels, parser.*'regex', 'labels'"),
+        ({k: v for k, v in JUDGE.items() if k != "labels"}, "got none"),
+        ({**JUDGE, "labels": None, "regex": "("}, "regex '\\(':"),
+        ({**JUDGE, "labels": None, "parser": "nocolon"}, "parser 'nocolon' is not of the form module:function"),
+        ({**JUDGE, "temprature": 0.5}, "temprature"),
+        ({**JUDGE, "engines": {"num_engines": 0}}, "num_engines"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_config({"rewards": [a, {"name": "j", "judge": judge}]})
+    with pytest.raises(ConfigError, match="a judge reward takes no `batched` or `kwargs`"):
+        parse_config({"rewards": [{"name": "j", "judge": JUDGE, "batched": True}]})
+    with pytest.raises(ConfigError, match="gate.lazy: its gating reward 'j' is a judge"):
+        parse_config({"rewards": [{"name": "j", "judge": JUDGE},
+                                  {"name": "b", "function": "brevity", "gate": {"reward": "j", "threshold": 1,
+                                                                                "lazy": True}}]})
 
 
 def test_lazy_gate_errors_name_the_reward_and_why():
