@@ -545,12 +545,14 @@ def list_runs(address: str, *, show_all: bool = False, as_json: bool = False, ou
 
 
 def scale(address: str | None, run: str, *, reward_workers: int | None = None, env_workers: int | None = None,
-          min_workers: int | None = None, max_workers: int | None = None, pool: str = "reward") -> PoolStats:
-    """Pin run `run`'s reward pool at `reward_workers` (or its environment pool at `env_workers`), or set the
-    autoscaling bounds of `pool` ("reward" or "env"; with both bounds, a pool without autoscaling turns it on with
-    the config's defaults); returns the pool's state after it. Joins the cluster at the GCS `address` (default:
-    auto). UnreachableError when nothing answers there; ScaleRefused for a run or pool that does not exist or a
-    change the pool refuses (its own message)."""
+          judge_engines: int | None = None, judge: str | None = None, min_workers: int | None = None,
+          max_workers: int | None = None, pool: str = "reward") -> PoolStats:
+    """Pin run `run`'s reward pool at `reward_workers` (or its environment pool at `env_workers`, or the engines of
+    judge reward `judge` at `judge_engines`), or set the autoscaling bounds of `pool` ("reward", "env" or
+    "judge"; with both bounds, a pool without autoscaling turns it on with the config's defaults); returns the
+    pool's state after it. `judge` may be left out when the run has one judge reward. Joins the cluster at the GCS
+    `address` (default: auto). UnreachableError when nothing answers there; ScaleRefused for a run or pool that
+    does not exist or a change the pool refuses (its own message)."""
     fresh = _fresh_autoscale(run, min_workers, max_workers, pool)  # bad bounds fail before Ray starts
     import ray
     from ray.exceptions import RayTaskError
@@ -563,18 +565,36 @@ def scale(address: str | None, run: str, *, reward_workers: int | None = None, e
         ray.init(address=address, namespace=namespace(run), log_to_driver=False)
     except ConnectionError as err:
         raise UnreachableError(f"cannot connect to Ray at {address}: {err}") from None
+    role = _judge_role(run, judge) if pool == "judge" else pool
     try:
-        handle = ray.get_actor(f"{run}/{pool}-pool")
+        handle = ray.get_actor(f"{run}/{role}-pool")
     except ValueError:
-        what = "no run named" if pool == "reward" else "no environment pool (no tools or environment_factory) in run"
-        raise ScaleRefused(f"{what} {run!r} on this cluster (no actor {run}/{pool}-pool)") from None
+        what = {"reward": "no run named", "env": "no environment pool (no tools or environment_factory) in run"}.get(
+            pool, f"no judge reward {judge!r} in run")
+        raise ScaleRefused(f"{what} {run!r} on this cluster (no actor {run}/{role}-pool)") from None
     try:
-        count = reward_workers if pool == "reward" else env_workers
+        count = {"reward": reward_workers, "env": env_workers, "judge": judge_engines}[pool]
         if count is not None:
             return ray.get(handle.scale.remote(count))
         return ray.get(handle.set_bounds.remote(min_workers, max_workers, fresh=fresh))
     except RayTaskError as err:  # the pool refused (e.g. bounds out of order): its message, not a traceback
         raise ScaleRefused(f"{run}: {getattr(err, 'cause', None) or err}") from None
+
+
+def _judge_role(run: str, judge: str | None) -> str:
+    """The pool role of the run's judge reward `judge` (`judge-<reward>`); None: the run's only judge reward's
+    (ScaleRefused when it has none or several). Ray must be initialised in the run's namespace."""
+    if judge is not None:
+        return f"judge-{judge}"
+    from ray.util import list_named_actors
+
+    prefix = f"{run}/judge-"
+    found = sorted(n[len(prefix):-len("-pool")] for n in list_named_actors() if n.startswith(prefix)
+                   and n.endswith("-pool"))
+    if len(found) != 1:
+        raise ScaleRefused(f"{run}: " + ("no judge reward in this run" if not found else
+                                         f"the run has judge rewards {found}: name one with --judge REWARD"))
+    return f"judge-{found[0]}"
 
 
 def _fresh_autoscale(run: str, min_workers: int | None, max_workers: int | None,

@@ -37,8 +37,9 @@ class StandInEngine:
         return [JudgeAnswer("ok", float(r.fields["i"]), text="yes") for r in requests]
 
 
-def make_pool(ray, name, record, n=2, **kw):
-    return ray.remote(JudgePool).options(name=f"{name}/judge-judged-pool", num_cpus=0, max_concurrency=100).remote(
+def make_pool(ray, name, record, n=2, namespace=None, **kw):
+    return ray.remote(JudgePool).options(name=f"{name}/judge-judged-pool", num_cpus=0, max_concurrency=100,
+                                         namespace=namespace).remote(
         SPEC, run_name=name, role="judge-judged", num_engines=n, engine_options={"num_cpus": 0.25},
         engine_kwargs={"record": str(record)}, engine_cls=StandInEngine, **kw)
 
@@ -103,3 +104,33 @@ def test_requests_no_engine_takes_are_answered_timeout(ray_cluster, tmp_path):
     kill_pool(ray, pool)
 
 
+
+
+@pytest.mark.scenario
+def test_rayward_scale_judge_engines(ray_cluster, tmp_path):
+    """What a user types, in a process of its own, against a running run's judge pool: the run's only judge is
+    found without --judge; bounds name it."""
+    import subprocess
+
+    from orchestrator.cluster import namespace
+    from tests.fixtures.cluster import client_env, rayward_exe
+
+    ray = ray_cluster
+    name = "j-cli"
+    pool = make_pool(ray, name, tmp_path / "answered", n=1, namespace=namespace(name))
+    wait_for_stats(ray, pool, lambda s: s.workers == 1, "the first engine", WAIT_S)
+    gcs = ray.get_runtime_context().gcs_address
+
+    def scale(*args, code=0):
+        p = subprocess.run([rayward_exe(), "scale", name, *args, "--address", gcs], env=client_env(),
+                           capture_output=True, text=True, timeout=WAIT_S)
+        assert p.returncode == code, p.stderr[-3000:]
+        return p.stdout.strip() if code == 0 else p.stderr
+
+    assert scale("--judge-engines", "3").startswith(f"rayward scale: {name}: judge engines -> 3 (")
+    wait_for_stats(ray, pool, lambda s: s.workers == 3, "3 live engines", WAIT_S)
+    assert scale("--pool", "judge", "--judge", "judged", "--min", "1", "--max", "2").endswith("autoscaling 1..2")
+    wait_for_stats(ray, pool, lambda s: s.target_workers == 2 and s.retiring == 0, "the pool at its new maximum",
+                   WAIT_S)
+    assert "no judge reward 'nope' in run 'j-cli'" in scale("--judge-engines", "2", "--judge", "nope", code=2)
+    kill_pool(ray, pool)

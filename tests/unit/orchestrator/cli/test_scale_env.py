@@ -21,6 +21,15 @@ def test_one_action_at_a_time(args, capsys):
     assert "for the environment pool --env-workers N, or --pool env --min/--max" in capsys.readouterr().err
 
 
+def test_judge_engines_passes_the_argument_checks_and_judge_needs_a_judge_action(capsys):
+    assert main(["scale", "some-run", "--judge-engines", "2", "--judge", "j", "--address", "127.0.0.1:1"]) == 3
+    assert "cannot reach a Ray cluster at 127.0.0.1:1" in capsys.readouterr().err
+    assert main(["scale", "some-run", "--reward-workers", "2", "--judge", "j", "--address", "127.0.0.1:1"]) == 2
+    assert "--judge names the judge reward whose engines" in capsys.readouterr().err
+    assert main(["scale", "some-run", "--judge-engines", "2", "--env-workers", "1", "--address", "127.0.0.1:1"]) == 2
+    assert "for a judge's engines --judge-engines N (--judge REWARD)" in capsys.readouterr().err
+
+
 def test_env_bounds_are_refused_naming_the_pool_before_connecting(capsys):
     assert main(["scale", "some-run", "--pool", "env", "--min", "5", "--max", "4", "--address", "127.0.0.1:1"]) == 2
     assert "rayward scale: some-run: env autoscaling needs 1 <= min_workers <= max_workers, got 5..4" in (
