@@ -487,6 +487,14 @@ class WorkerPool(Generic[S, St]):
         self._autoscale()  # a sample at the arrival itself: the policy's windows start at batch arrivals
         self._publish()
 
+    def _joined(self, units: int) -> None:
+        """`units` more units of work of the batch that arrived last (a caller that sends one batch in parts, as
+        the reward pool sends its judges each scored chunk): queued, but no new batch for the policy's cycles."""
+        self._account()
+        self.queued += units
+        self._peak = max(self._peak, self._outstanding())
+        self._publish()
+
     def _sample(self) -> PoolSample:
         self._account()
         s = PoolSample(time.monotonic(), self.batches, self.worker_s, self.busy_s, self._peak, self.target(),

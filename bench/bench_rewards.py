@@ -115,3 +115,41 @@ def step_latency(record_dir: str, base_s: float = 0.02, factor: float = 8.0, ris
         return [1.0] * len(completions)
 
     return reward
+
+
+def judge_per_sample(model: str, template: str, max_tokens: int = 3, kv_cache_gib: float = 0.5):
+    """judge_pool.py: an LLM judge as a TRL user writes it, a reward function that holds the judge model (a vLLM
+    engine, built in the reward worker on its first call) and asks it about each completion on its own, one
+    request at a time (vllm.LLM is not thread-safe: a user's loop, or a lock). The same JudgeEngine, template and
+    labels as rayward's judge pool, so the two differ only in how requests reach the engine."""
+    from actors.engines.judge import JudgeEngine, JudgeRequest, JudgeSpec
+
+    lock = threading.Lock()
+    holder: dict[str, Any] = {}
+
+    def judge(completions: list[Any], letter: list[str], **kwargs: Any) -> list[float | None]:
+        with lock:
+            if "engine" not in holder:
+                spec = JudgeSpec(reward="judge", model=model, template=template, max_tokens=max_tokens,
+                                 labels={"yes": 1.0, "no": 0.0}, timeout_s=600.0)
+                holder["engine"] = JudgeEngine(spec, max_model_len=128, kv_cache_gib=kv_cache_gib)
+            out = []
+            for c, want in zip(completions, letter, strict=True):
+                answer = holder["engine"].judge([JudgeRequest({"completion": completion_text(c), "letter": want})])[0]
+                out.append(answer.value)
+            return out
+
+    return judge
+
+
+def slow_judge_labels(text: str) -> float | None:
+    """judge_pool.py's burst: the tiny judge's labels, each answer taking the seconds written in the file
+    $RAYWARD_BENCH_JUDGE_SLOW names (0 or no file: none), as a judge behind a slow service would."""
+    path = os.environ.get("RAYWARD_BENCH_JUDGE_SLOW", "")
+    try:
+        delay = float(open(path).read() or 0) if path else 0.0
+    except FileNotFoundError:
+        delay = 0.0
+    time.sleep(delay)
+    head = text.strip()
+    return 1.0 if head.startswith("yes") else 0.0 if head.startswith("no") else None

@@ -183,14 +183,24 @@ class JudgePool(WorkerPool[EngineSlot, JudgePoolStats]):
             slot.requests -= n
         self._publish()
 
-    async def judge(self, requests: list[JudgeRequest]) -> list[JudgeAnswer]:
-        """Answer every request once (in order): ok with a score, or timeout / error with the reason."""
+    async def begin_batch(self) -> None:
+        """A batch of requests starts (the reward pool's: a step's batch, whose chunks' requests follow with
+        `judge(..., part=True)`): the autoscaler's batch cycles run from one to the next, so a step whose chunks
+        arrive one by one is one cycle, as the reward pool's batch is."""
+        self._arrived(0)
+
+    async def judge(self, requests: list[JudgeRequest], part: bool = False) -> list[JudgeAnswer]:
+        """Answer every request once (in order): ok with a score, or timeout / error with the reason. part: the
+        requests belong to the batch `begin_batch` started (else they are a batch of their own)."""
         if not requests:
             return []
         t0 = time.monotonic()
         queue: deque[int] = deque(range(len(requests)))
         answers: list[JudgeAnswer | None] = [None] * len(requests)
-        self._arrived(len(requests))
+        if part:
+            self._joined(len(requests))
+        else:
+            self._arrived(len(requests))
         deadline = t0 + self.queue_timeout_s
         await asyncio.gather(*(self._send(requests, queue, answers, deadline) for _ in requests))
         if queue:  # no engine took them before the deadline

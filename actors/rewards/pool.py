@@ -242,7 +242,7 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         requests = [JudgeRequest(request_fields(fields, chunk.prompts[j], chunk.completions[j],
                                                 {c: v[j] for c, v in chunk.columns.items() if c in fields}))
                     for j in rows]
-        answers: list[JudgeAnswer] = await self.judges[name].judge.remote(requests) if requests else []
+        answers: list[JudgeAnswer] = await self.judges[name].judge.remote(requests, part=True) if requests else []
         fallback = math.nan if spec.fallback is None else float(spec.fallback)
         column, texts = [math.nan] * n, [None] * n
         for j, a in zip(rows, answers, strict=True):
@@ -273,6 +273,8 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         # Every chunk of this batch sees the step current at dispatch.
         b = _Batch(batch.chunks(batch.group_size * chunk_groups), state or self.state, time.monotonic())
         self._arrived(len(b.chunks))
+        # The judges' batch starts with this one (their autoscalers' cycles are steps, not chunks).
+        await asyncio.gather(*(h.begin_batch.remote() for h in self.judges.values()))
         # One sender per chunk at most; senders that find the queue empty stop (each holds a worker slot only
         # while its call runs).
         try:

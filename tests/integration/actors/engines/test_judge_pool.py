@@ -32,6 +32,7 @@ class StandInEngine:
         for r in requests:
             while r.fields.get("gate") and not os.path.exists(r.fields["gate"]):
                 time.sleep(0.01)
+            time.sleep(r.fields.get("delay", 0.0))
         with open(self.record, "a") as f:
             f.writelines(f"{r.fields['i']}\n" for r in requests)
         return [JudgeAnswer("ok", float(r.fields["i"]), text="yes") for r in requests]
@@ -133,4 +134,37 @@ def test_rayward_scale_judge_engines(ray_cluster, tmp_path):
     wait_for_stats(ray, pool, lambda s: s.target_workers == 2 and s.retiring == 0, "the pool at its new maximum",
                    WAIT_S)
     assert "no judge reward 'nope' in run 'j-cli'" in scale("--judge-engines", "2", "--judge", "nope", code=2)
+    kill_pool(ray, pool)
+
+
+@pytest.mark.scenario  # seconds of sync-loop-shaped batches: a scaling case, as the reward pool's
+def test_the_pool_grows_while_the_judge_is_slow_and_shrinks_back_when_it_is_fast(ray_cluster, tmp_path):
+    """The reward pool's sync-loop shape: a batch of 4 parts of 8 requests, then a pause (generation and training).
+    Each answer takes 50 ms while the judge is slow (one engine takes 4 calls at a time): the pool grows; once it
+    is fast, it shrinks back to 1."""
+    from actors.autoscale import AutoscaleSettings
+
+    ray = ray_cluster
+    settings = AutoscaleSettings(1, 3, target_utilization=0.5, look_back_s=3.0, upscale_delay_s=0.0,
+                                 downscale_delay_s=2.0)
+    pool = make_pool(ray, "t-judge-scale", tmp_path / "answered", n=1, autoscale=settings)
+    wait_for_stats(ray, pool, lambda s: s.workers == 1, "the first engine", WAIT_S)
+
+    def step(delay: float) -> None:
+        ray.get(pool.begin_batch.remote())
+        parts = [[JudgeRequest({"i": i, "delay": delay}) for i in range(8)] for _ in range(4)]
+        ray.get([pool.judge.remote(p, part=True) for p in parts])
+        time.sleep(0.3)
+
+    live = []
+    for _ in range(12):
+        step(0.05)
+        live.append(ray.get(pool.stats.remote()).workers)
+    assert max(live) >= 2, live
+    for _ in range(60):
+        step(0.0)
+        if ray.get(pool.stats.remote()).target_workers == 1:
+            break
+    stats = ray.get(pool.stats.remote())
+    assert stats.target_workers == 1 and stats.requests == 32 * (12 + _ + 1), stats
     kill_pool(ray, pool)

@@ -51,9 +51,10 @@ class StandInJudge:
     letter); a completion "!" gets an unparseable answer, "~" no answer in time. Every request is recorded."""
 
     def __init__(self, name: str):
-        self.name, self.asked = name, []
+        self.name, self.asked, self.batches, self.parts = name, [], 0, []
 
-    def _judge(self, requests):
+    def _judge(self, requests, part=False):
+        self.parts.append(part)
         out = []
         for r in requests:
             self.asked.append(r.fields)
@@ -71,6 +72,8 @@ class StandInJudge:
     def __getattr__(self, name):
         if name == "judge":
             return _Method(self._judge)
+        if name == "begin_batch":
+            return _Method(lambda: setattr(self, "batches", self.batches + 1))
         if name == "stats":
             return _Method(lambda: JudgePoolStats(1, 1, 0, 0, 0, 0, 0.0, math.nan, 0, "off", requests=len(self.asked)))
         raise AttributeError(name)
@@ -134,6 +137,7 @@ def test_a_lazy_judge_is_asked_about_the_open_samples_only_and_the_advantages_ar
     assert lazy.extra["judge/judged"] == ["yes", None, "yes", None, "yes", "yes", "yes", "yes"]
     assert eager.scores[1] == [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     assert lazy.judge_pools["judged"].requests == len(open_)
+    assert judge.batches == 1 and judge.parts and all(judge.parts)  # one batch for its autoscaler, sent in parts
 
     n = len(COMPLETIONS)
     rollouts = Rollouts(["p"] * n, [[1]] * n, [[2]] * n, COMPLETIONS, [[-0.1]] * n, [False] * n, {}, 0, 4)
