@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors.autoscale import AutoscaleSettings  # noqa: E402
+from actors.cpus import SHARED_CORES_ENV  # noqa: E402
 from actors.engines.judge import JudgeSpec  # noqa: E402
 from actors.engines.pool import JudgePool  # noqa: E402
 from actors.rewards.pool import RewardPool  # noqa: E402
@@ -165,7 +166,8 @@ def main() -> int:
 
     ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False, configure_logging=False,
              namespace="rayward-bench", runtime_env={"env_vars": {
-                 "PYTHONPATH": str(ROOT), "RAY_DEDUP_LOGS": "1", "RAYWARD_BENCH_JUDGE_SLOW": str(slow_file)}})
+                 "PYTHONPATH": str(ROOT), "RAY_DEDUP_LOGS": "1", "RAYWARD_BENCH_JUDGE_SLOW": str(slow_file),
+                 **SHARED_CORES_ENV}})  # as a run's CPU engines: passive OpenMP waits
     print(f"# {args.samples} answers per batch, chunks of {GROUP}; tiny judge on vLLM CPU engines; "
           f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}", flush=True)
     print(f"{'engines':>7} {'per-sample/s':>12} {'pool/s':>8} {'pool/per-sample':>15}", flush=True)

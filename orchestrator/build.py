@@ -483,7 +483,8 @@ def start_judge_pools(cfg: RunConfig, name: str, rewards: list[RewardConfig], sp
             options={"scheduling_strategy": NodeAffinitySchedulingStrategy(ray_node_id(), soft=False)},
             kwargs=dict(
                 spec=spec.judge, run_name=name, role=f"{role}-{spec.name}", num_engines=e.num_engines,
-                engine_options=actor_options(e, namespace=ns),
+                # passive OpenMP waits on a CPU node, as the generators': an idle engine must not spin on shared cores
+                engine_options=actor_options(e, namespace=ns, **cpus.shared_cores_env(e.num_gpus)),
                 engine_kwargs=dict(dtype=e.dtype or cfg.model.dtype, max_model_len=e.max_model_len,
                                    kv_cache_gib=e.kv_cache_gib, gpu_memory_utilization=e.gpu_memory_utilization,
                                    engine_kwargs=dict(e.engine_kwargs)),

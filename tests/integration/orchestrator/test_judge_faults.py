@@ -5,7 +5,7 @@ the test's signal and records every answer it parses:
 - an engine killed (SIGKILL) while it holds requests mid-step: the pool replaces it, its requests are answered
   by the live engines, every sample of the run is judged, and each answer is parsed exactly once (the killed
   engine parsed none);
-- a judge that turns slow: the pool grows from 1 engine while it is slow.
+- a judge that turns slow: the pool grows from 1 engine while it is slow and shrinks back to 1 once it is fast.
 
 Whole runs: the scenario tier."""
 
@@ -92,26 +92,26 @@ def test_an_engine_killed_mid_step_loses_no_sample_and_no_answer_is_parsed_twice
     assert all(s["rewards/judge/errors"] == 0 for s in steps)
 
 
-def test_the_judge_pool_grows_while_the_judge_is_slow(tmp_path):
-    """From 1 engine to more while each answer takes 0.2 s more. Shrinking back is shown with stand-in engines
-    (tests/integration/actors/engines/test_judge_pool.py): on a 2-core box, once the judge is fast again, the
-    engines' own compute grows with their count (they share the cores), and 3 engines stay as busy as the target
-    allows, so they stay."""
+def test_the_judge_pool_grows_while_the_judge_is_slow_and_shrinks_back_when_it_is_fast(tmp_path):
     signals = tmp_path / "signals"
     signals.mkdir()
-    # 16 answers a step (2 prompts), 4 calls at a time per engine: the slow steps want 3 engines at the default
-    # target, the run's other phases a fraction of that.
+    # s per answer, 16 answers a step (2 prompts), 4 calls at a time per engine: the slow steps want 3 engines at
+    # the default target; fast, the engines' compute is a fraction of the rest of the step.
     (signals / "slow").write_text("0.2")
     autoscale = ("rewards.1.judge.engines.autoscale={min_workers: 1, max_workers: 3, upscale_delay_s: 0, "
                  "downscale_delay_s: 5, look_back_s: 5}")
-    proc = start(tmp_path, "judge-scale", 40, autoscale, "generation.generation_batch_size=16",
+    proc = start(tmp_path, "judge-scale", 80, autoscale, "generation.generation_batch_size=16",
                  "grpo.per_device_train_batch_size=16")
     metrics = tmp_path / "judge-scale" / "metrics.jsonl"
     until(lambda: any(s["judge_pool/judge/workers"] >= 2 for s in read(metrics)), "a second live engine", proc)
     grown = len(read(metrics))
     (signals / "slow").unlink()
+    until(lambda: any(s["judge_pool/judge/target_workers"] == 1 for s in read(metrics)[grown:]),
+          "the pool back at one engine", proc)
     finish(proc)
     steps = read(metrics)
-    assert steps[0]["judge_pool/judge/workers"] == 1 and max(s["judge_pool/judge/workers"] for s in steps) >= 2
+    back = next(i for i, s in enumerate(steps) if i >= grown and s["judge_pool/judge/target_workers"] == 1) + 1
+    assert steps[0]["judge_pool/judge/workers"] == 1 and steps[-1]["judge_pool/judge/target_workers"] == 1
     assert all(s["rewards/judge/errors"] == 0 and s["rewards/judge/timeouts"] == 0 for s in steps)
-    print(f"judge pool: 1 -> {steps[grown - 1]['judge_pool/judge/workers']} live engines at step {grown} while slow")
+    print(f"judge pool: 1 -> {steps[grown - 1]['judge_pool/judge/workers']} live engines at step {grown} while slow, "
+          f"back to 1 by step {back}")
