@@ -1,7 +1,8 @@
 """LLM judges: rayward's judge pool against calling the judge once per sample from reward workers, and the judge
 pool autoscaling under a burst against a fixed single engine (a script, not a test).
 
-    python bench/judge_pool.py                          # ~8 min on 2 cores
+    python bench/judge_pool.py                          # ~12 min on 2 cores
+    python bench/judge_pool.py --skip-throughput        # the burst alone, ~3 min
     python bench/judge_pool.py --engines 1 2 --samples 128 --skip-burst
 
 The judge is the offline tiny judge (orchestrator/tiny_judge.py) on vLLM CPU engines, the answers what a
@@ -17,7 +18,8 @@ group), so they differ only in how the judge is asked:
 Printed: samples/s of both at each engine count (best of --repeats batches after a warm-up batch; the machine's
 core count bounds what more engines can add on CPU), then the burst: --steps steps of --samples answers, the
 judge --slow-s slower per answer for steps [--rise, --rise + --slow-steps), --rest-s of "generation + training"
-between steps, judge-phase seconds per step for the autoscaled pool (1..--max-engines) and a fixed single engine.
+between steps, judge-phase seconds per step (--burst-samples answers: a judge slowed by latency, not compute, which more engines
+on a 2-core box could not share) for the autoscaled pool (1..--max-engines) and a fixed single engine.
 """
 
 from __future__ import annotations
@@ -130,12 +132,13 @@ def burst(ray, model: str, args, autoscale: AutoscaleSettings | None, slow_file:
     pool = reward_pool(ray, name, [RewardSpec("judge", timeout_s=600.0, judge=spec)], 1, {"judge": judges})
     wait_live(ray, judges, 1)
     wait_live(ray, pool, 1)
-    ray.get(pool.score.remote(answers(args.samples, seed=0)))  # warm-up
+    ray.get(pool.score.remote(answers(args.burst_samples, seed=0)))  # warm-up
+    time.sleep(args.rest_s)
     steps = []
     for k in range(args.steps):
         slow_file.write_text(str(args.slow_s if args.rise <= k < args.rise + args.slow_steps else 0.0))
         t0 = time.monotonic()
-        ray.get(pool.score.remote(answers(args.samples, seed=k + 1)))
+        ray.get(pool.score.remote(answers(args.burst_samples, seed=k + 1)))
         judge_s = time.monotonic() - t0
         s = ray.get(judges.stats.remote())
         steps.append({"judge_s": judge_s, "live": s.workers, "target": s.target_workers})
@@ -151,10 +154,12 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=256, help="answers per batch (groups of 8)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--skip-burst", action="store_true")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--burst-samples", type=int, default=32, help="answers per step in the burst")
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--rise", type=int, default=3)
     p.add_argument("--slow-steps", type=int, default=8)
-    p.add_argument("--slow-s", type=float, default=0.02, help="seconds per answer while the judge is slow")
+    p.add_argument("--slow-s", type=float, default=0.3, help="seconds per answer while the judge is slow")
     p.add_argument("--rest-s", type=float, default=2.0, help="seconds of generation + training per step")
     p.add_argument("--max-engines", type=int, default=4)
     args = p.parse_args()
@@ -171,14 +176,14 @@ def main() -> int:
     print(f"# {args.samples} answers per batch, chunks of {GROUP}; tiny judge on vLLM CPU engines; "
           f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}", flush=True)
     print(f"{'engines':>7} {'per-sample/s':>12} {'pool/s':>8} {'pool/per-sample':>15}", flush=True)
-    for n in args.engines:
+    for n in [] if args.skip_throughput else args.engines:
         a = per_sample(ray, model, n, args.samples, args.repeats)
         b = pooled(ray, model, n, args.samples, args.repeats)
         print(f"{n:>7} {a:>12.1f} {b:>8.1f} {b / a:>14.1f}x", flush=True)
     if not args.skip_burst:
         settings = AutoscaleSettings(1, args.max_engines, target_utilization=0.5, look_back_s=3.0,
                                      upscale_delay_s=1.0, downscale_delay_s=3.0)
-        print(f"\n# burst: {args.slow_s:g} s more per answer for steps {args.rise}..{args.rise + args.slow_steps - 1}"
+        print(f"\n# burst: {args.burst_samples} answers a step, {args.slow_s:g} s more per answer for steps {args.rise}..{args.rise + args.slow_steps - 1}"
               f", {args.rest_s:g} s between steps; autoscaled {settings}", flush=True)
         auto = burst(ray, model, args, settings, slow_file)
         fixed = burst(ray, model, args, None, slow_file)
