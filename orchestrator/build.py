@@ -119,10 +119,9 @@ def judge_spec(r: RewardConfig, field: str, seed: int = 0) -> JudgeSpec:
         except user_code.UserCodeError as err:
             raise ConfigError(str(err)) from None
     try:
-        fields = template_fields(j.template)
+        template_fields(j.template)  # well-formed; the dataset's columns are checked in `check_judge_templates`
     except ValueError as err:
         raise ConfigError(f"{field}[{r.name}].judge.template: {err}") from None
-    del fields  # the dataset's columns are checked against them in `check_judge_templates`
     return JudgeSpec(
         reward=r.name, model=resolve_path(j.model), template=j.template, system=j.system, temperature=j.temperature,
         top_p=j.top_p, top_k=j.top_k, max_tokens=j.max_completion_length, stop=tuple(j.stop), regex=j.regex,
