@@ -1,5 +1,6 @@
 """On-policy distillation from an engine-served teacher, with TRL 1.16's server-distillation semantics, as pure torch
-functions (the loss term the learner adds to GRPO's when `distillation` is set; not wired into runs yet).
+functions: the term `LossConfig.distill_coef` adds to the GRPO loss (actors/learner/loss.py); the teacher pool
+that fills `LossInputs.teacher_logp` in runs is not built yet.
 
 A teacher on a vLLM engine returns the log-probability of each token the student sampled (prompt log-probs of the
 whole sequence, one forward), not a distribution. TRL's ServerDistillationTrainer

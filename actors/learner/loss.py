@@ -6,7 +6,8 @@ orchestrator/build.py), and calls it on every micro-batch: ``LossInputs -> LossO
 made there, each a table keyed by the config: the importance-sampling level (token or sequence: `LOG_WEIGHTS`), the
 surrogate of the loss family (clipped, cispo, sapo: `SURROGATES`) and the normaliser (`NORMALISERS`, one per
 loss_type); the vLLM IS weight and the KL term are the same for every family. ``vllm_importance_weights`` freezes
-the sampler-vs-learner weights at the first pass. No Ray, no vLLM, no other rayward imports.
+the sampler-vs-learner weights at the first pass. The distillation term (`distill_coef`) is
+actors/learner/distill.py's. No Ray, no vLLM, no other rayward imports.
 ``tests/unit/actors/learner/test_loss.py`` checks both against TRL's own code (not against a copy of its formulas).
 Citations: ``T:`` = trl/trainer/grpo_trainer.py in TRL 1.16.0 (line numbers).
 
@@ -23,6 +24,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+
+from actors.learner.distill import sampled_token_reverse_kl
 
 ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 ISLevel = Literal["token", "sequence"]
@@ -56,6 +59,7 @@ class LossConfig:
     sapo_temperature_neg: float = 1.05
     vllm_importance_sampling: ImportanceSampling | None = None  # None: no correction
     temperature: float = 1.0  # the sampling temperature: the learner's log-probs are those of logits / temperature
+    distill_coef: float = 0.0  # on-policy distillation's weight (actors/learner/distill.py); 0: no teacher term
 
 
 @dataclass
@@ -73,6 +77,8 @@ class LossInputs:
     # Sequences in this optimizer step, every micro-batch's (grpo, sapo, dr_grpo, luspo normalise by it); None:
     # B x grad_accum_steps, TRL's count when every micro-batch holds B.
     num_sequences: int | None = None
+    teacher_logp: Tensor | None = None  # [B, T] the teacher's log-probs of the sampled tokens (NaN off the mask);
+    # needed iff distill_coef != 0
 
 
 @dataclass
@@ -320,7 +326,26 @@ def _loss(
             metrics["kl"] = masked.mean(kl)
     metrics.update(family_metrics)
     # [B, T] (a [B, 1] sequence-level loss broadcasts over the tokens)
-    return LossOutputs(normalise(per_token * mask, mask, inputs, cfg), metrics)
+    loss = normalise(per_token * mask, mask, inputs, cfg)
+    if cfg.distill_coef != 0.0:
+        loss = loss + cfg.distill_coef * _distill(logp, mask, inputs, cfg, metrics)
+    return LossOutputs(loss, metrics)
+
+
+def _distill(logp: Tensor, mask: Tensor, inputs: LossInputs, cfg: LossConfig, metrics: dict[str, Tensor]) -> Tensor:
+    """The distillation term (TRL's server distillation): beside the surrogate, not importance-weighted, a token
+    mean over the generation batch's loss tokens whatever the loss_type (TRL's num_items_in_batch)."""
+    if inputs.teacher_logp is None:
+        raise ValueError("distill_coef != 0 needs teacher_logp")
+    # Off the mask the teacher's log-probs may be NaN (padding, tool results): there the student's own stand in,
+    # a zero term with a zero gradient (a NaN there would reach the gradient through torch.where's other branch).
+    teacher = torch.where(mask.bool(), inputs.teacher_logp, logp.detach())
+    term = sampled_token_reverse_kl(logp, teacher)
+    with torch.no_grad():
+        masked = _Masked(mask)
+        metrics["distill/loss"] = masked.mean(term)
+        metrics["distill/reverse_kl"] = masked.mean(logp - teacher)
+    return _generation_tokens(term * mask, mask, inputs, cfg)
 
 
 def _kl(logp: Tensor, ref_logp: Tensor | None, coef_1: Tensor, cfg: LossConfig) -> Tensor:

@@ -5,6 +5,9 @@ moving the student towards the teacher."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 import torch
 from trl.experimental.server_distillation.server_distillation_trainer import _add_tail_bucket, _jsd_divergence
 
@@ -55,3 +58,48 @@ def test_the_reverse_kl_metric_is_the_mean_log_ratio_of_the_sampled_tokens():
     mask = torch.tensor([[1, 1, 0]])
     assert reverse_kl_estimate(student, teacher, mask).item() == (0.5 - 1.0) / 2
     assert reverse_kl_estimate(student, teacher, torch.zeros_like(mask)).item() == 0.0
+
+
+# --- the term in the learner's loss ---------------------------------------------------------------------------
+
+
+def micro_batch(seed: int, teacher_nan_off_mask: bool = False):
+    from actors.learner.loss import LossInputs
+
+    logp = logps(3, 4, seed=seed).requires_grad_()
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1], [1, 1, 0, 0]])
+    teacher = logps(3, 4, seed=seed + 50)
+    if teacher_nan_off_mask:
+        teacher = torch.where(mask.bool(), teacher, torch.full_like(teacher, float("nan")))
+    adv = torch.tensor([0.5, -1.0, 0.25])
+    return logp, LossInputs(logp=logp, old_logp=logp.detach() + 0.01, advantages=adv, mask=mask,
+                            num_items_in_batch=9.0, teacher_logp=teacher)
+
+
+def test_coef_zero_leaves_the_loss_bitwise_and_coef_adds_trls_term_over_the_steps_tokens():
+    from actors.learner.loss import LossConfig, grpo_loss
+
+    for loss_type in ("dapo", "grpo", "bnpo"):
+        logp, inputs = micro_batch(3)
+        base = grpo_loss(replace(inputs, teacher_logp=None), LossConfig(loss_type=loss_type))
+        (g_base,) = torch.autograd.grad(base.loss, logp)
+        off = grpo_loss(inputs, LossConfig(loss_type=loss_type, distill_coef=0.0))
+        (g_off,) = torch.autograd.grad(off.loss, logp)
+        assert torch.equal(base.loss, off.loss) and torch.equal(g_base, g_off) and "distill/loss" not in off.metrics
+        on = grpo_loss(inputs, LossConfig(loss_type=loss_type, distill_coef=0.5))
+        term = trl_term(logp, inputs.teacher_logp, inputs.mask, 9.0)
+        torch.testing.assert_close(on.loss, base.loss + 0.5 * term)
+        assert on.metrics["distill/loss"] > 0
+        torch.testing.assert_close(on.metrics["distill/reverse_kl"],
+                                   reverse_kl_estimate(logp.detach(), inputs.teacher_logp, inputs.mask))
+
+
+def test_a_teacher_without_values_off_the_mask_gives_finite_gradients():
+    from actors.learner.loss import LossConfig, grpo_loss
+
+    logp, inputs = micro_batch(4, teacher_nan_off_mask=True)
+    out = grpo_loss(inputs, LossConfig(distill_coef=1.0))
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all() and grad[inputs.mask == 0].abs().sum() == 0
+    with pytest.raises(ValueError, match="distill_coef != 0 needs teacher_logp"):
+        grpo_loss(replace(inputs, teacher_logp=None), LossConfig(distill_coef=1.0))
