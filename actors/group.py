@@ -38,7 +38,6 @@ from actors.net import free_port, node_ip
 from actors.types import (
     EnvPoolStats,
     FinishedGroups,
-    JudgePoolStats,
     RewardBatch,
     Sample,
     Sampling,
@@ -660,10 +659,7 @@ class PoolGroup:
 
 class JudgePoolGroup(PoolGroup):
     """The named judge pool `<run>/judge-<reward>-pool` of one judge reward (actors/engines/pool.py): the reward
-    pool sends it the samples to judge, never the driver."""
-
-    def stats(self) -> JudgePoolStats:
-        return ray.get(self.handle.stats.remote())
+    pool sends it the samples to judge, never the driver (its stats reach the driver in Scores.judge_pools)."""
 
 
 class RewardPoolGroup(PoolGroup):

@@ -481,15 +481,14 @@ class WorkerPool(Generic[S, St]):
         """A batch of `units` units of work arrived: counted in `queued`, and the policy samples at arrivals."""
         self._account()  # the time up to now, idle or not, before the queue changes
         self._arrived_idle = self._busy == 0 and self._outstanding() == 0
-        self.queued += units
         self.batches += 1
-        self._peak = max(self._peak, self._outstanding())
+        self._joined(units)
         self._autoscale()  # a sample at the arrival itself: the policy's windows start at batch arrivals
-        self._publish()
 
     def _joined(self, units: int) -> None:
         """`units` more units of work of the batch that arrived last (a caller that sends one batch in parts, as
-        the reward pool sends its judges each scored chunk): queued, but no new batch for the policy's cycles."""
+        the reward pool sends its judges each scored chunk): queued, but no new batch for the policy's cycles.
+        `_arrived`'s queueing too."""
         self._account()
         self.queued += units
         self._peak = max(self._peak, self._outstanding())
