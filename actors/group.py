@@ -662,33 +662,47 @@ class JudgePoolGroup(PoolGroup):
     pool sends it the samples to judge, never the driver (its stats reach the driver in Scores.judge_pools)."""
 
 
+class TeacherPoolGroup(PoolGroup):
+    """The named teacher pool `<run>/teacher-pool` (actors/engines/pool.py: on-policy distillation): the reward
+    pool sends it every sample, never the driver (its stats reach the driver in Scores.teacher_pool)."""
+
+
 class RewardPoolGroup(PoolGroup):
     """The named reward pool `<run>/<role>-pool` (actors/rewards/pool.py). The learner pushes TrainerState to its
-    `handle`. It owns its judge rewards' pools (`judges`): their sizes go into checkpoints with its own, and they
-    go with it."""
+    `handle`. It owns its judge rewards' pools (`judges`) and the distillation teacher's (`teacher`): their sizes
+    go into checkpoints with its own, and they go with it."""
 
-    def __init__(self, cls: type, *, judges: dict[str, JudgePoolGroup] | None = None, **kwargs: Any):
-        """judges: per judge reward, its judge pool (already started; the reward pool gets their handles)."""
+    def __init__(self, cls: type, *, judges: dict[str, JudgePoolGroup] | None = None,
+                 teacher: TeacherPoolGroup | None = None, **kwargs: Any):
+        """judges: per judge reward, its judge pool; teacher: the teacher's pool (already started; the reward pool
+        gets their handles)."""
         self.judges = dict(judges or {})
-        kwargs["kwargs"] = {**kwargs["kwargs"], "judges": {n: g.handle for n, g in self.judges.items()}}
+        self.teacher = teacher
+        kwargs["kwargs"] = {**kwargs["kwargs"], "judges": {n: g.handle for n, g in self.judges.items()},
+                            **({"teacher": teacher.handle} if teacher is not None else {})}
         super().__init__(cls, **kwargs)
 
     def scaling(self) -> dict[str, Any]:
         state = super().scaling()
         if self.judges:
             state["judges"] = {n: g.scaling() for n, g in self.judges.items()}
+        if self.teacher is not None:
+            state["teacher"] = self.teacher.scaling()
         return state
 
     def restore_scaling(self, state: dict[str, Any]) -> None:
         state = dict(state)
         judges = state.pop("judges", {})
+        teacher = state.pop("teacher", None)
         super().restore_scaling(state)
         for n, s in judges.items():
             if n in self.judges:  # a judge the resumed config no longer has keeps nothing
                 self.judges[n].restore_scaling(s)
+        if teacher is not None and self.teacher is not None:
+            self.teacher.restore_scaling(teacher)
 
     def kill(self) -> None:
-        for g in self.judges.values():
+        for g in [*self.judges.values(), *([self.teacher] if self.teacher is not None else [])]:
             g.kill()
         super().kill()
 

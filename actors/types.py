@@ -234,9 +234,11 @@ class Rollouts:
             images=join(self.images, other.images),
         )
 
-    def reward_batch(self) -> RewardBatch:
-        """What the reward functions see (no token-level learner fields)."""
-        return RewardBatch(self.prompts, self.completions, self.completion_ids, self.columns, self.group_size)
+    def reward_batch(self, with_prompt_ids: bool = False) -> RewardBatch:
+        """What the reward functions see (no token-level learner fields); with_prompt_ids: and the prompts' ids,
+        for a distillation teacher."""
+        return RewardBatch(self.prompts, self.completions, self.completion_ids, self.columns, self.group_size,
+                           prompt_ids=self.prompt_ids if with_prompt_ids else None)
 
 
 _ROLLOUT_LISTS = ("prompts", "prompt_ids", "completion_ids", "completions", "sampling_logprobs", "truncated")
@@ -268,6 +270,8 @@ class RewardBatch:
     # named after it scores it); None where it ran without one (tools only)
     environments: list[bytes | None] | None = None  # per completion: Trajectory.env_state (the environment pickled
     # at close; None where it was lost or could not be pickled); None unless a reward declares `environments`
+    prompt_ids: list[list[int]] | None = None  # per completion: the ids the engine saw, for the distillation
+    # teacher (which reads prompt + completion ids); None: not carried (a run without a teacher)
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -283,6 +287,7 @@ class RewardBatch:
                 self.prompts[lo : lo + size], self.completions[lo : lo + size], self.completion_ids[lo : lo + size],
                 {c: v[lo : lo + size] for c, v in self.columns.items()}, self.group_size, self.offset + lo,
                 cut(self.env_rewards, lo), cut(self.env_classes, lo), cut(self.environments, lo),
+                cut(self.prompt_ids, lo),
             )
             for lo in range(0, len(self), size)
         ]
@@ -322,6 +327,11 @@ class Scores:
     # once gated). Rewards that are not lazily gated have no entry.
     skipped: dict[str, list[bool]] = field(default_factory=dict)
     judge_pools: dict[str, JudgePoolStats] = field(default_factory=dict)  # per judge reward: its pool after it
+    # On-policy distillation, per completion: the teacher's log-prob of each completion token ([] where it gave
+    # none: a timeout or error, counted in teacher_failures); None: a run without a teacher
+    teacher_logprobs: list[list[float]] | None = None
+    teacher_failures: int = 0  # samples without the teacher's log-probs (out of the distillation term)
+    teacher_pool: TeacherPoolStats | None = None  # the teacher's pool after it
 
     def __len__(self) -> int:
         return len(self.scores[0]) if self.scores else 0
@@ -333,6 +343,7 @@ class Scores:
             scores=[[col[i] for i in idx] for col in self.scores],
             extra={c: [v[i] for i in idx] for c, v in self.extra.items()},
             skipped={r: [v[i] for i in idx] for r, v in self.skipped.items()},
+            teacher_logprobs=None if self.teacher_logprobs is None else [self.teacher_logprobs[i] for i in idx],
         )
 
     def concat(self, other: Scores) -> Scores:
@@ -357,6 +368,10 @@ class Scores:
             skipped={r: self.skipped.get(r, [False] * n) + other.skipped.get(r, [False] * m)
                      for r in {*self.skipped, *other.skipped}},
             judge_pools={**self.judge_pools, **other.judge_pools},
+            teacher_logprobs=None if self.teacher_logprobs is None or other.teacher_logprobs is None
+            else self.teacher_logprobs + other.teacher_logprobs,
+            teacher_failures=self.teacher_failures + other.teacher_failures,
+            teacher_pool=other.teacher_pool or self.teacher_pool,
         )
 
     def metric_means(self) -> dict[str, float]:
@@ -384,8 +399,16 @@ class TrainBatch:
     # Vision-language models, per completion: the images its ids hold (Rollouts.images), which the learner's
     # processor turns into the forward's pixel inputs. None: text only.
     images: list[tuple[Any, ...]] | None = None
+    # On-policy distillation, per completion: the teacher's log-prob of each completion token (Scores'; [] where
+    # the teacher gave none: the sample is out of the distillation term). None: no teacher.
+    teacher_logprobs: list[list[float]] | None = None
 
     def __post_init__(self) -> None:
+        if self.teacher_logprobs is not None:
+            for i, (t, c) in enumerate(zip(self.teacher_logprobs, self.completion_ids, strict=True)):
+                if t and len(t) != len(c):
+                    raise ValueError(f"TrainBatch.teacher_logprobs[{i}]: {len(t)} log-probs for {len(c)} completion "
+                                     "tokens")
         if self.routes is not None:
             for i, (r, p, c) in enumerate(zip(self.routes, self.prompt_ids, self.completion_ids, strict=True)):
                 if r is not None and len(r) != len(p) + len(c):
@@ -497,6 +520,14 @@ class JudgePoolStats(PoolStats):
         "utilization", "timeouts", "errors",
     )
     PREFIX = "judge_pool"
+
+
+@dataclass
+class TeacherPoolStats(JudgePoolStats):
+    """The distillation teacher's pool (`TeacherPool.stats`): a judge pool's fields, its requests being samples
+    scored (errors: a sequence the teacher could not take, or an engine failure)."""
+
+    PREFIX = "teacher_pool"
 
 
 @dataclass

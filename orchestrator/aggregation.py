@@ -205,6 +205,7 @@ def advantage_batch(
         completion_mask=rollouts.completion_mask(),  # agentic: tool results and scaffold out of the loss
         routes=rollouts.routes,  # routing replay (grpo.router_replay R3)
         images=rollouts.images,  # vision-language models: the pixels the ids' placeholders stand for
+        teacher_logprobs=scores.teacher_logprobs,  # on-policy distillation: the teacher's, per completion token
     )
     table: dict[str, list[Any]] = {"total": nan_to_none(adv.total.tolist()), "advantage": adv.advantages.tolist()}
     for k, name in enumerate(aggregator.names):

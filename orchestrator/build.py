@@ -19,6 +19,7 @@ from actors import cpus, user_code
 from actors.autoscale import AutoscaleSettings
 from actors.cpus import Share
 from actors.engines.judge import SAMPLE_FIELDS, JudgeSpec, template_fields
+from actors.engines.teacher import TeacherSpec
 from actors.envs.spec import EnvSpec
 from actors.group import (
     HEALTH_GROUP,
@@ -29,6 +30,7 @@ from actors.group import (
     JudgePoolGroup,
     LearnerGroup,
     RewardPoolGroup,
+    TeacherPoolGroup,
 )
 from actors.learner.loss import ImportanceSampling, LossConfig
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
@@ -49,10 +51,12 @@ from orchestrator.config import (
     TINY_JUDGE_MODEL,
     TINY_MODEL,
     TINY_MOE_MODELS,
+    TINY_TEACHER_MODEL,
     TINY_TOOL_VLM_MODEL,
     TINY_TOOLS_MODEL,
     TINY_VLM_MODEL,
     ConfigError,
+    EnginesConfig,
     RewardConfig,
     RunConfig,
 )
@@ -68,6 +72,8 @@ from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
 from orchestrator.telemetry.tool_calls import ToolCallWatch
 
+# A judge's context when its engines section gives none: a rubric prompt and a short answer fit.
+JUDGE_MAX_MODEL_LEN = 1024
 # An eval-only reward pool (eval.rewards set) scores a few hundred completions every few steps: one worker.
 EVAL_REWARD_WORKERS = 1
 
@@ -78,12 +84,16 @@ def resolve_model(cfg: RunConfig) -> str:
 
 
 def resolve_path(name: str) -> str:
-    """A model field's directory (the policy's, a judge's): a built-in tiny model's, built into the cache on first
-    use, else the path as given."""
+    """A model field's directory (the policy's, a judge's, a teacher's): a built-in tiny model's, built into the
+    cache on first use, else the path as given."""
     if name == TINY_JUDGE_MODEL:
         from orchestrator.tiny_judge import ensure_tiny_judge
 
         return str(ensure_tiny_judge())
+    if name == TINY_TEACHER_MODEL:
+        from orchestrator.tiny_teacher import ensure_tiny_teacher
+
+        return str(ensure_tiny_teacher())
     if name == TINY_MODEL:
         from orchestrator.tiny import ensure_tiny_model
 
@@ -128,6 +138,38 @@ def judge_spec(r: RewardConfig, field: str, seed: int = 0) -> JudgeSpec:
         labels=dict(j.labels) if j.labels else None, parser=j.parser, timeout_s=r.timeout_s, seed=seed,
         chat_template_kwargs=dict(j.chat_template_kwargs),
     )
+
+
+def teacher_spec(cfg: RunConfig, tokenizer: Any) -> TeacherSpec | None:
+    """distillation as the teacher pool's spec, its model resolved (a built-in tiny teacher built) and its tokenizer
+    checked against the policy's (`check_teacher_tokenizer`); None without distillation."""
+    d = cfg.distillation
+    if d is None:
+        return None
+    path = resolve_path(d.teacher)
+    from transformers import AutoTokenizer
+
+    try:
+        theirs = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    except Exception as err:  # noqa: BLE001 - any failure to load it is the teacher field's
+        raise ConfigError(f"distillation.teacher {d.teacher!r}: cannot load its tokenizer ({err})") from None
+    check_teacher_tokenizer(tokenizer, theirs, d.teacher)
+    return TeacherSpec(model=path, timeout_s=d.timeout_s, seed=cfg.seed)
+
+
+def check_teacher_tokenizer(student: Any, teacher: Any, name: str) -> None:
+    """The teacher reads the student's token ids, so every id must be the same token to both: the vocabularies
+    (added and special tokens included) must be equal. ConfigError naming distillation.teacher otherwise."""
+    mine, theirs = student.get_vocab(), teacher.get_vocab()
+    if mine == theirs:
+        return
+    differ = sorted((tok for tok in {*mine, *theirs} if mine.get(tok) != theirs.get(tok)),
+                    key=lambda t: min(mine.get(t, 1 << 30), theirs.get(t, 1 << 30)))
+    shown = ", ".join(f"{t!r}: policy {mine.get(t)} / teacher {theirs.get(t)}" for t in differ[:3])
+    raise ConfigError(
+        f"distillation.teacher {name!r}: its tokenizer is not the policy's ({len(mine)} vs {len(theirs)} tokens; "
+        f"{len(differ)} differ, e.g. {shown}): the teacher scores the policy's token ids, which must mean the "
+        "same tokens to both; give a teacher of the policy's model family (same tokenizer)")
 
 
 def check_judge_templates(rewards: list[RewardConfig], columns: list[str], field: str = "rewards") -> None:
@@ -221,6 +263,8 @@ def loss_config(cfg: RunConfig) -> LossConfig:
         max_completion_length=cfg.generation.max_completion_length,
         vllm_importance_sampling=correction,
         temperature=cfg.generation.temperature,
+        distill_coef=cfg.distillation.coef if cfg.distillation is not None else 0.0,
+        distill_mode=cfg.distillation.mode if cfg.distillation is not None else "advantage",
     )
 
 
@@ -345,6 +389,7 @@ class Prepared:
     rewards: list[RewardConfig] = field(default_factory=list)  # cfg.rewards + the environments' unnamed get_reward()s,
     # in `specs` order: what the aggregator weights and gates
     vision: bool = False  # a vision-language model: prompts carry images to the generators and the learner
+    teacher: TeacherSpec | None = None  # on-policy distillation's teacher, its model resolved (None: none)
 
 
 def load_tokenizer(cfg: RunConfig, model_path: str) -> Any:
@@ -416,9 +461,12 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
         raise ConfigError(f"eval.data.prompt_column {cfg.eval.data.prompt_column!r}: with tools, evals read the "
                           f"training data's prompt column ({cfg.data.prompt_column!r}); rename the column")
     extra = agent.env_rewards if agent else []
+    if cfg.distillation is not None and images is not None:
+        raise ConfigError("distillation: the policy is a vision-language model, and the teacher reads token ids "
+                          "only (not the images their placeholders stand for)")
     return Prepared(cfg, name, model_path, specs + (agent.env_reward_specs if agent else []), prompts,
                     Path(cfg.logging.dir) / name, held_out, eval_specs, agent, [*cfg.rewards, *extra],
-                    vision=images is not None)
+                    vision=images is not None, teacher=teacher_spec(cfg, tokenizer))
 
 
 def selector(cfg: RunConfig, aggregator: RewardAggregator) -> Selector:
@@ -467,7 +515,7 @@ def start_judge_pools(cfg: RunConfig, name: str, rewards: list[RewardConfig], sp
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from actors.engines.pool import JudgePool
-    from orchestrator.cluster import actor_options, namespace, run_sys_path
+    from orchestrator.cluster import namespace
 
     ns = namespace(name)
     by_name = {r.name: r for r in rewards}
@@ -476,29 +524,55 @@ def start_judge_pools(cfg: RunConfig, name: str, rewards: list[RewardConfig], sp
         if spec.judge is None:
             continue
         e = by_name[spec.name].judge.engines  # type: ignore[union-attr]
-        a = e.autoscale
         pools[spec.name] = JudgePoolGroup(
             JudgePool, run_name=name, role=f"{role}-{spec.name}", namespace=ns,
             options={"scheduling_strategy": NodeAffinitySchedulingStrategy(ray_node_id(), soft=False)},
-            kwargs=dict(
-                spec=spec.judge, run_name=name, role=f"{role}-{spec.name}", num_engines=e.num_engines,
-                # passive OpenMP waits on a CPU node, as the generators': an idle engine must not spin on shared cores
-                engine_options=actor_options(e, namespace=ns, **cpus.shared_cores_env(e.num_gpus)),
-                engine_kwargs=dict(dtype=e.dtype or cfg.model.dtype, max_model_len=e.max_model_len,
-                                   kv_cache_gib=e.kv_cache_gib, gpu_memory_utilization=e.gpu_memory_utilization,
-                                   engine_kwargs=dict(e.engine_kwargs)),
-                autoscale=None if a is None else AutoscaleSettings(**a.model_dump()),
-                max_inflight=e.max_inflight,
-                queue_timeout_s=e.queue_timeout_s or cfg.cluster.hang_timeout_s,
-                call_grace_s=cfg.cluster.hang_timeout_s,
-                sys_path=run_sys_path(),
-            ))
+            kwargs=dict(spec=spec.judge, run_name=name, role=f"{role}-{spec.name}",
+                        **engine_pool_kwargs(cfg, e, ns, e.max_model_len or JUDGE_MAX_MODEL_LEN)))
     return pools
+
+
+def engine_pool_kwargs(cfg: RunConfig, e: EnginesConfig, ns: str, max_model_len: int) -> dict[str, Any]:
+    """An engine pool's arguments (a judge's, the teacher's) from its `engines` section."""
+    from orchestrator.cluster import actor_options, run_sys_path
+
+    a = e.autoscale
+    return dict(
+        num_engines=e.num_engines,
+        # passive OpenMP waits on a CPU node, as the generators': an idle engine must not spin on shared cores
+        engine_options=actor_options(e, namespace=ns, **cpus.shared_cores_env(e.num_gpus)),
+        engine_kwargs=dict(dtype=e.dtype or cfg.model.dtype, max_model_len=max_model_len, kv_cache_gib=e.kv_cache_gib,
+                           gpu_memory_utilization=e.gpu_memory_utilization, engine_kwargs=dict(e.engine_kwargs)),
+        autoscale=None if a is None else AutoscaleSettings(**a.model_dump()),
+        max_inflight=e.max_inflight,
+        queue_timeout_s=e.queue_timeout_s or cfg.cluster.hang_timeout_s,
+        call_grace_s=cfg.cluster.hang_timeout_s,
+        sys_path=run_sys_path(),
+    )
+
+
+def start_teacher_pool(cfg: RunConfig, name: str, spec: TeacherSpec | None) -> TeacherPoolGroup | None:
+    """The distillation teacher's named pool `NAME/teacher-pool` and engines `NAME/teacher-<i>` (Ray must be
+    initialised), beside the driver as the reward pool is; None without distillation."""
+    if spec is None:
+        return None
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from actors.engines.pool import TeacherPool
+    from orchestrator.cluster import namespace
+
+    assert cfg.distillation is not None
+    e, ns = cfg.distillation.engines, namespace(name)
+    return TeacherPoolGroup(
+        TeacherPool, run_name=name, role="teacher", namespace=ns,
+        options={"scheduling_strategy": NodeAffinitySchedulingStrategy(ray_node_id(), soft=False)},
+        kwargs=dict(spec=spec, run_name=name, role="teacher",
+                    **engine_pool_kwargs(cfg, e, ns, e.max_model_len or cfg.generation.max_model_len + 1)))
 
 
 def start_reward_pool(
     cfg: RunConfig, name: str, specs: list[RewardSpec], *, role: str = "reward", num_workers: int | None = None,
-    judges: dict[str, JudgePoolGroup] | None = None,
+    judges: dict[str, JudgePoolGroup] | None = None, teacher: TeacherPoolGroup | None = None,
 ) -> RewardPoolGroup:
     """The named reward pool `NAME/<role>-pool` and its workers (Ray must be initialised). The pool is not restarted
     (it holds the scoring in flight): it runs beside the driver, whose node the run cannot outlive anyway."""
@@ -511,7 +585,7 @@ def start_reward_pool(
     # Hard: a soft affinity lets a busy raylet spill the pool over to another node, whose loss would then end the
     # run (it needs no resources, so the driver's node can always hold it).
     beside_driver = NodeAffinitySchedulingStrategy(ray_node_id(), soft=False)
-    return RewardPoolGroup(RewardPool, run_name=name, role=role, namespace=ns, judges=judges,
+    return RewardPoolGroup(RewardPool, run_name=name, role=role, namespace=ns, judges=judges, teacher=teacher,
                            options={"scheduling_strategy": beside_driver}, kwargs=dict(
         specs=specs,
         run_name=name,
@@ -551,14 +625,16 @@ def start_env_pool(cfg: RunConfig, name: str, spec: EnvSpec, *, num_workers: int
     ))
 
 
-def rollout_kind(agent: AgentSetup | None, vision: bool = False, prompt_column: str = "prompt") -> Sampler:
+def rollout_kind(agent: AgentSetup | None, vision: bool = False, prompt_column: str = "prompt",
+                 teacher: bool = False) -> Sampler:
     """The run's Sampler, how its samples are made: one-turn completions (vision: with the prompts' images), or
     agentic rollouts when it has tools (the environments' rewards routed by class name; the pickled environments
     kept for reward functions that ask; prompts with images as their messages in the generators' prompt
-    column)."""
+    column). teacher: the reward batches carry the prompts' ids (the distillation teacher reads them)."""
     if agent is None:
-        return OneTurn(vision=vision)
-    return Agentic(env_classes=agent.env_classes, keep_state=agent.keep_state, prompt_column=prompt_column)
+        return OneTurn(vision=vision, prompt_ids=teacher)
+    return Agentic(env_classes=agent.env_classes, keep_state=agent.keep_state, prompt_column=prompt_column,
+                   prompt_ids=teacher)
 
 
 def agent_kwargs(cfg: RunConfig, agent: AgentSetup, env_pool: EnvPoolGroup, prompt_column: str | None = None
@@ -676,7 +752,8 @@ class Groups:
 def start_groups(p: Prepared) -> Groups:
     """Start the run's actor groups and form the weight transfer (Ray must be initialised)."""
     cfg = p.cfg
-    reward_pool = start_reward_pool(cfg, p.name, p.specs, judges=start_judge_pools(cfg, p.name, p.rewards, p.specs))
+    reward_pool = start_reward_pool(cfg, p.name, p.specs, judges=start_judge_pools(cfg, p.name, p.rewards, p.specs),
+                                    teacher=start_teacher_pool(cfg, p.name, p.teacher))
     eval_pool = None
     if p.eval_specs is not None:
         assert cfg.eval is not None and cfg.eval.rewards is not None
@@ -713,7 +790,8 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
         aggregator=aggregator, select=selector(cfg, aggregator), sampling=training_sampling(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
         faults=FaultLog(p.run_dir, logger.display.message), eval_pool=groups.eval_pool,
-        sampler=rollout_kind(p.agent, p.vision, p.cfg.data.prompt_column), env_pool=groups.env_pool,
+        sampler=rollout_kind(p.agent, p.vision, p.cfg.data.prompt_column, teacher=p.teacher is not None),
+        env_pool=groups.env_pool,
         tool_watch=ToolCallWatch(logger.display.message) if p.agent is not None else None,
     )
     run.evaluate = run_evaluator(run, p)

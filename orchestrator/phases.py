@@ -160,6 +160,10 @@ def step_metrics(rollouts: Rollouts, scores: Scores) -> dict[str, float]:
     m["reward_pool/workers_used"] = len(scores.workers)
     for name, stats in scores.judge_pools.items():  # judge rewards: each judge's engines (judge_pool/<reward>/...)
         m.update({k.replace("judge_pool/", f"judge_pool/{name}/", 1): v for k, v in stats.step_metrics().items()})
+    if scores.teacher_logprobs is not None:  # distillation: samples the teacher gave no log-probs (out of its term)
+        m["distill/teacher_failures"] = scores.teacher_failures
+    if scores.teacher_pool is not None:
+        m.update(scores.teacher_pool.step_metrics())
     mask = rollouts.completion_mask()  # agentic: the model's tokens only (tool results are not its length)
     lengths = [len(c) for c in rollouts.completion_ids] if mask is None else [sum(m) for m in mask]
     m.update({

@@ -53,9 +53,11 @@ class Sampler(Protocol):
 @dataclass(frozen=True)
 class OneTurn:
     """One-turn completions of the prompts' token ids, one seed per prompt (vLLM seeds sample j of a prompt with
-    its seed + j). vision: the prompts' images travel with them (a vision-language model)."""
+    its seed + j). vision: the prompts' images travel with them (a vision-language model). prompt_ids: the reward
+    batch carries the prompts' ids (a distillation teacher reads them)."""
 
     vision: bool = False
+    prompt_ids: bool = False
 
     def _images(self, prompts: list[Prompt]) -> list[tuple] | None:
         return [p.images for p in prompts] if self.vision else None
@@ -76,7 +78,7 @@ class OneTurn:
                                           min_version=min_version, images=self._images(prompts))
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
-        return rollouts.reward_batch()
+        return rollouts.reward_batch(with_prompt_ids=self.prompt_ids)
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,12 @@ class Agentic:
     """Multi-turn rollouts with tools (see the module docstring). env_classes: environment_factory name (None:
     the only one) -> class name, for the environments' own rewards; keep_state: a reward function declares
     `environments` (the pickled environments travel to the pool only then); prompt_column: data.prompt_column
-    (a prompt with images travels as its messages with image parts)."""
+    (a prompt with images travels as its messages with image parts); prompt_ids: as OneTurn's."""
 
     env_classes: dict[str | None, str] = field(default_factory=dict)
     keep_state: bool = False
     prompt_column: str = "prompt"
+    prompt_ids: bool = False
 
     def _rows(self, prompts: list[Prompt]) -> list[dict]:
         """The rows the generators render: as the dataset has them, but a prompt with images as its messages with
@@ -110,7 +113,8 @@ class Agentic:
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
         if rollouts.trajectories is None:
             raise ValueError("Agentic.reward_batch: the rollouts have no trajectories (a one-turn generator?)")
-        return rollouts.reward_batch().with_trajectories(rollouts.trajectories, self.env_classes, self.keep_state)
+        return rollouts.reward_batch(with_prompt_ids=self.prompt_ids).with_trajectories(
+            rollouts.trajectories, self.env_classes, self.keep_state)
 
 
 def agent_metrics(rollouts: Rollouts) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""JudgePool: the named actor that owns one judge model's engines and spreads judge requests over them.
+"""EnginePool: a named actor that owns one second model's engines (a judge's, a teacher's) and spreads requests
+over them: JudgePool (judge rewards) and TeacherPool (on-policy distillation).
 
 One per judge model of a run, named `<run>/judge-<reward>-pool` (the first judge reward using that model),
 its engines `<run>/judge-<reward>-<i>`. The reward pool sends it the samples of a chunk whose judge rewards
@@ -13,6 +14,10 @@ answered "timeout", and the reward's error policy takes over.
 Sizing is the pool base's (actors/pool.py): `scale(n)` pins the engine count (`rayward scale RUN
 --judge-engines N`), `set_bounds` autoscales it from its load like the reward pool. A request is the unit of
 work of its metrics (`rayward_judge_*`).
+
+The teacher pool (`<run>/teacher-pool`, engines `<run>/teacher-<i>`) is the same machinery over TeacherEngines:
+the reward pool sends it each chunk's samples as the chunk arrives (`rayward scale RUN --teacher-engines N`,
+metrics `rayward_teacher_*`).
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.autoscale import AutoscaleSettings
-from actors.engines.judge import JudgeAnswer, JudgeEngine, JudgeRequest, JudgeSpec
+from actors.engines.judge import JudgeAnswer, JudgeEngine, JudgeRequest
+from actors.engines.teacher import TeacherAnswer, TeacherEngine, TeacherRequest
 from actors.pool import PoolKind, PoolUnits, Slot, WorkerPool
-from actors.types import JudgePoolStats
+from actors.types import JudgePoolStats, TeacherPoolStats
 
 # Engine calls running at once on one engine actor (its Ray max_concurrency): each call's requests are added to
 # the engine's batch on arrival, so a few calls keep it fed while earlier ones finish.
@@ -49,6 +55,14 @@ JUDGE_POOL = PoolKind(
         events="timeouts, errors, retries", wait="seconds a judge request waited for an engine",
     ),
 )
+TEACHER_POOL = PoolKind(
+    noun="teacher pool", pin_flag="--teacher-engines", bounds_flag="--teacher-min/--teacher-max", metrics="teacher",
+    units=PoolUnits(
+        unit="request", workers="teacher engines", queued="teacher requests waiting for an engine",
+        inflight="teacher requests being scored", latency="seconds to score one teacher request (its engine call)",
+        events="timeouts, errors, retries", wait="seconds a teacher request waited for an engine",
+    ),
+)
 
 
 @dataclass
@@ -58,13 +72,16 @@ class EngineSlot(Slot):
     requests: int = 0
 
 
-class JudgePool(WorkerPool[EngineSlot, JudgePoolStats]):
-    KIND = JUDGE_POOL
-    STATS = JudgePoolStats
+class EnginePool(WorkerPool[EngineSlot, Any]):
+    """The machinery of a pool of engines; a subclass names its engine's method (CALL) and answer type."""
+
+    ENGINE: Any = None  # the engine class (JudgeEngine, TeacherEngine)
+    CALL = ""  # the engine's method: requests -> answers
+    ANSWER: Any = None  # the answer record (status, error, seconds)
 
     def __init__(
         self,
-        spec: JudgeSpec,
+        spec: Any,
         *,
         run_name: str,
         role: str,
@@ -76,24 +93,25 @@ class JudgePool(WorkerPool[EngineSlot, JudgePoolStats]):
         queue_timeout_s: float = 600.0,
         call_grace_s: float = CALL_GRACE_S,
         sys_path: list[str] | None = None,
-        engine_cls: Any = JudgeEngine,
+        engine_cls: Any = None,
     ):
-        """engine_options: Ray options of an engine actor (num_cpus, num_gpus, resources); engine_kwargs: the
-        JudgeEngine's (dtype, max_model_len, kv_cache_gib, ...). max_inflight: requests one engine holds at once.
-        engine_cls: what an engine is (tests: a JudgeEngine over a scripted engine)."""
+        """spec: the engines' (JudgeSpec, TeacherSpec: model, timeout_s). engine_options: Ray options of an engine
+        actor (num_cpus, num_gpus, resources); engine_kwargs: the engine's (dtype, max_model_len, kv_cache_gib,
+        ...). max_inflight: requests one engine holds at once. engine_cls: what an engine is (default the pool's
+        ENGINE; tests: one over a scripted engine)."""
         self.spec = spec
         self.engine_kwargs = dict(engine_kwargs or {})
         self.max_inflight = max_inflight
         self.queue_timeout_s = queue_timeout_s
         self.call_timeout_s = spec.timeout_s + call_grace_s
         self.sys_path = sys_path or []
-        self.engine_cls = engine_cls
+        self.engine_cls = engine_cls or self.ENGINE
         self.inflight_requests = 0
         super().__init__(run_name=run_name, role=role, num_workers=num_engines, worker_options=engine_options,
                          autoscale=autoscale, counters=("requests", "retries", "timeouts", "errors"))
 
     def __repr__(self) -> str:
-        return f"JudgePool(run={self.run_name!r}, role={self.role!r}, model={self.spec.model!r})"
+        return f"{type(self).__name__}(run={self.run_name!r}, role={self.role!r}, model={self.spec.model!r})"
 
     def _new_worker(self, index: int, name: str) -> Any:
         return (
@@ -117,7 +135,7 @@ class JudgePool(WorkerPool[EngineSlot, JudgePoolStats]):
     def _stats_fields(self) -> dict[str, Any]:
         return {"requests_inflight": self.inflight_requests}
 
-    # --- judging ------------------------------------------------------------------------------------------
+    # --- answering ----------------------------------------------------------------------------------------
 
     def _room(self, slot: EngineSlot) -> int:
         return min(self.max_inflight - slot.requests, (CALLS_PER_ENGINE - slot.calls) * self.max_inflight)
@@ -140,8 +158,7 @@ class JudgePool(WorkerPool[EngineSlot, JudgePoolStats]):
         """Requests the next engine call carries: about remaining / (engines x CALLS_PER_SLOT)."""
         return max(1, math.ceil(remaining / (max(self.target(), 1) * CALLS_PER_SLOT)))
 
-    async def _send(self, requests: list[JudgeRequest], queue: deque[int], answers: list[JudgeAnswer | None],
-                    deadline: float) -> None:
+    async def _send(self, requests: list[Any], queue: deque[int], answers: list[Any], deadline: float) -> None:
         while queue:
             slot = await self._acquire(lambda: bool(queue), deadline)
             if slot is None:
@@ -157,7 +174,7 @@ class JudgePool(WorkerPool[EngineSlot, JudgePoolStats]):
                 await self._notify()
             t0 = time.monotonic()
             try:
-                out = await asyncio.wait_for(slot.handle.judge.remote([requests[i] for i in take]),
+                out = await asyncio.wait_for(getattr(slot.handle, self.CALL).remote([requests[i] for i in take]),
                                              self.call_timeout_s)
             except (RayActorError, asyncio.TimeoutError, GetTimeoutError) as err:
                 why = "died" if isinstance(err, RayActorError) else (
@@ -189,14 +206,14 @@ class JudgePool(WorkerPool[EngineSlot, JudgePoolStats]):
         arrive one by one is one cycle, as the reward pool's batch is."""
         self._arrived(0)
 
-    async def judge(self, requests: list[JudgeRequest], part: bool = False) -> list[JudgeAnswer]:
-        """Answer every request once (in order): ok with a score, or timeout / error with the reason. part: the
-        requests belong to the batch `begin_batch` started (else they are a batch of their own)."""
+    async def _answer(self, requests: list[Any], part: bool) -> list[Any]:
+        """Answer every request once (in order): ok, or timeout / error with the reason. part: the requests belong
+        to the batch `begin_batch` started (else they are a batch of their own)."""
         if not requests:
             return []
         t0 = time.monotonic()
         queue: deque[int] = deque(range(len(requests)))
-        answers: list[JudgeAnswer | None] = [None] * len(requests)
+        answers: list[Any] = [None] * len(requests)
         if part:
             self._joined(len(requests))
         else:
@@ -206,8 +223,8 @@ class JudgePool(WorkerPool[EngineSlot, JudgePoolStats]):
         if queue:  # no engine took them before the deadline
             self.queued -= len(queue)
             for i in queue:
-                answers[i] = JudgeAnswer("timeout", error=f"no judge engine took the request within "
-                                         f"{self.queue_timeout_s:g} s ({self.size()} live)")
+                answers[i] = self.ANSWER("timeout", error=f"no {self.KIND.units.workers[:-1]} took the request "
+                                         f"within {self.queue_timeout_s:g} s ({self.size()} live)")
             queue.clear()
         done = [a for a in answers if a is not None]
         assert len(done) == len(requests)
@@ -221,4 +238,36 @@ class JudgePool(WorkerPool[EngineSlot, JudgePoolStats]):
         return done
 
 
-__all__ = ["JUDGE_POOL", "JudgePool"]
+
+
+class JudgePool(EnginePool):
+    """One judge model's engines (a judge reward's)."""
+
+    KIND = JUDGE_POOL
+    STATS = JudgePoolStats
+    ENGINE = JudgeEngine
+    CALL = "judge"
+    ANSWER = JudgeAnswer
+
+    async def judge(self, requests: list[JudgeRequest], part: bool = False) -> list[JudgeAnswer]:
+        """Judge every request once (in order): ok with a score, or timeout / error with the reason. part: the
+        requests belong to the batch `begin_batch` started (else they are a batch of their own)."""
+        return await self._answer(requests, part)
+
+
+class TeacherPool(EnginePool):
+    """The run's distillation teacher's engines."""
+
+    KIND = TEACHER_POOL
+    STATS = TeacherPoolStats
+    ENGINE = TeacherEngine
+    CALL = "logprobs"
+    ANSWER = TeacherAnswer
+
+    async def logprobs(self, requests: list[TeacherRequest], part: bool = False) -> list[TeacherAnswer]:
+        """The teacher's log-probs of every request's completion tokens, once each (in order), or timeout /
+        error with the reason. part: as JudgePool.judge's."""
+        return await self._answer(requests, part)
+
+
+__all__ = ["JUDGE_POOL", "TEACHER_POOL", "EnginePool", "JudgePool", "TeacherPool"]

@@ -1,6 +1,16 @@
-"""On-policy distillation from an engine-served teacher, with TRL 1.16's server-distillation semantics, as pure torch
-functions: the term `LossConfig.distill_coef` adds to the GRPO loss (actors/learner/loss.py); the teacher pool
-that fills `LossInputs.teacher_logp` in runs is not built yet.
+"""On-policy distillation from an engine-served teacher, as pure torch functions, in the two forms peers ship
+(`LossConfig.distill_mode`, actors/learner/loss.py; the teacher pool fills `LossInputs.teacher_logp`):
+
+- "advantage" (slime's OPD, `docs/en/advanced/on-policy-distillation.md`; Thinking Machines' / Tinker's on-policy
+  distillation; Trinity-RFT, ms-swift): the per-token reverse-KL estimate log p_student - log p_teacher of each
+  sampled token is subtracted from that token's GRPO advantage, after the group normalisation:
+
+      A_t = A - coef * (log p_student(y_t) - log p_teacher(y_t))        (`token_advantages`)
+
+  and the policy-gradient surrogate (clipping, IS correction) trains on it: a REINFORCE estimator of the gradient
+  of the sequence's reverse KL, whose signal on a token the student rarely samples is not scaled down by that
+  token's probability.
+- "loss" (TRL 1.16's ServerDistillationTrainer), the rest of this docstring:
 
 A teacher on a vLLM engine returns the log-probability of each token the student sampled (prompt log-probs of the
 whole sequence, one forward), not a distribution. TRL's ServerDistillationTrainer
@@ -60,4 +70,15 @@ def reverse_kl_estimate(logp: Tensor, teacher_logp: Tensor, mask: Tensor) -> Ten
     return (logp - teacher_logp)[m].mean() if m.any() else logp.new_zeros(())
 
 
-__all__ = ["distill_loss", "reverse_kl_estimate", "sampled_token_reverse_kl"]
+def token_advantages(advantages: Tensor, old_logp: Tensor, teacher_logp: Tensor, scored: Tensor, coef: float
+                     ) -> Tensor:
+    """[B] or [B, T] GRPO advantages -> [B, T] the "advantage" form's: minus coef x (old_logp - teacher_logp) on
+    the `scored` tokens ([B, T] bool: loss tokens the teacher scored), the advantage alone elsewhere. old_logp:
+    the student's log-probs frozen at the step's first pass (the policy that sampled, on-policy), detached: the
+    penalty is a reward, not a path for the gradient."""
+    adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    gap = torch.where(scored, old_logp.detach() - teacher_logp, torch.zeros_like(old_logp))
+    return adv - coef * gap
+
+
+__all__ = ["distill_loss", "reverse_kl_estimate", "sampled_token_reverse_kl", "token_advantages"]

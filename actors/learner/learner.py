@@ -497,6 +497,7 @@ class Learner:
                 num_items_in_batch=num_items,
                 grad_accum_steps=plan.grad_accum_steps,
                 num_sequences=len(batch),
+                teacher_logp=_teacher_logps(batch, idx, logp) if batch.teacher_logprobs is not None else None,
             )
         result = self.loss(dataclasses.replace(frozen[s], logp=logp))
         loss = result.loss
@@ -784,3 +785,14 @@ def mask_turns(mask: torch.Tensor) -> torch.Tensor:
     starts = on.clone()
     starts[:, 1:] = on[:, 1:] * (1 - on[:, :-1])
     return torch.where(on > 0, starts.cumsum(-1) - 1, torch.full_like(on, -1))
+
+
+def _teacher_logps(batch: TrainBatch, idx: list[int], like: torch.Tensor) -> torch.Tensor:
+    """[B, T] the teacher's log-probs of micro-batch rows `idx` (on-policy distillation), laid out as the policy's
+    (`like`): NaN past a row's completion and on a row the teacher gave none."""
+    out = torch.full_like(like, float("nan"), requires_grad=False)
+    for r, i in enumerate(idx):
+        lp = batch.teacher_logprobs[i]
+        if lp:
+            out[r, : len(lp)] = torch.tensor(lp, dtype=out.dtype)
+    return out

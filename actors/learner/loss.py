@@ -25,11 +25,12 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from actors.learner.distill import sampled_token_reverse_kl
+from actors.learner.distill import sampled_token_reverse_kl, token_advantages
 
 ISMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 ISLevel = Literal["token", "sequence"]
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"]
+DistillMode = Literal["advantage", "loss"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class LossConfig:
     vllm_importance_sampling: ImportanceSampling | None = None  # None: no correction
     temperature: float = 1.0  # the sampling temperature: the learner's log-probs are those of logits / temperature
     distill_coef: float = 0.0  # on-policy distillation's weight (actors/learner/distill.py); 0: no teacher term
+    distill_mode: DistillMode = "advantage"  # the teacher's signal as a per-token advantage term, or a loss term
 
 
 @dataclass
@@ -77,8 +79,8 @@ class LossInputs:
     # Sequences in this optimizer step, every micro-batch's (grpo, sapo, dr_grpo, luspo normalise by it); None:
     # B x grad_accum_steps, TRL's count when every micro-batch holds B.
     num_sequences: int | None = None
-    teacher_logp: Tensor | None = None  # [B, T] the teacher's log-probs of the sampled tokens (NaN off the mask);
-    # needed iff distill_coef != 0
+    teacher_logp: Tensor | None = None  # [B, T] the teacher's log-probs of the sampled tokens (NaN where it has
+    # none: off the mask, or a sample it did not score); needed iff distill_coef != 0
 
 
 @dataclass
@@ -311,6 +313,9 @@ def _loss(
     adv = inputs.advantages
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv  # [B, 1] or [B, T]
     old = logp.detach() if inputs.old_logp is None else inputs.old_logp  # TRL skips old logps when on-policy
+    scored = _teacher_scored(mask, inputs, cfg)  # [B, T] loss tokens with the teacher's log-prob, or None
+    if scored is not None and cfg.distill_mode == "advantage":
+        adv = token_advantages(adv, old, inputs.teacher_logp, scored, cfg.distill_coef)  # [B, T]
     coef_1 = torch.exp(log_weight(logp - old, mask))  # r; [B, T] or [B, 1]
     # The KL term is formed before the surrogate, in TRL's order: autograd sums the paths into d loss / d logp in
     # the reverse order of their creation, so another order changes the gradient's last bits.
@@ -327,25 +332,37 @@ def _loss(
     metrics.update(family_metrics)
     # [B, T] (a [B, 1] sequence-level loss broadcasts over the tokens)
     loss = normalise(per_token * mask, mask, inputs, cfg)
-    if cfg.distill_coef != 0.0:
-        loss = loss + cfg.distill_coef * _distill(logp, mask, inputs, cfg, metrics)
+    if scored is not None:
+        with torch.no_grad():  # the reverse-KL estimate on the sampled tokens, at the step's first-pass policy
+            metrics["distill/reverse_kl"] = _Masked(scored.to(mask.dtype)).mean(
+                old - torch.where(scored, inputs.teacher_logp, old))
+        if cfg.distill_mode == "loss":
+            loss = loss + cfg.distill_coef * _distill(logp, mask, scored, inputs, cfg, metrics)
     return LossOutputs(loss, metrics)
 
 
-def _distill(logp: Tensor, mask: Tensor, inputs: LossInputs, cfg: LossConfig, metrics: dict[str, Tensor]) -> Tensor:
-    """The distillation term (TRL's server distillation): beside the surrogate, not importance-weighted, a token
-    mean over the generation batch's loss tokens whatever the loss_type (TRL's num_items_in_batch)."""
+def _teacher_scored(mask: Tensor, inputs: LossInputs, cfg: LossConfig) -> Tensor | None:
+    """[B, T] bool, the loss tokens the teacher scored (its log-prob finite: elsewhere it is NaN, off the mask or on
+    a sample it gave none, a timeout or an error); None without distillation."""
+    if cfg.distill_coef == 0.0:
+        return None
     if inputs.teacher_logp is None:
         raise ValueError("distill_coef != 0 needs teacher_logp")
-    # Off the mask the teacher's log-probs may be NaN (padding, tool results): there the student's own stand in,
-    # a zero term with a zero gradient (a NaN there would reach the gradient through torch.where's other branch).
-    teacher = torch.where(mask.bool(), inputs.teacher_logp, logp.detach())
+    return mask.bool() & torch.isfinite(inputs.teacher_logp)
+
+
+def _distill(logp: Tensor, mask: Tensor, scored: Tensor, inputs: LossInputs, cfg: LossConfig,
+             metrics: dict[str, Tensor]) -> Tensor:
+    """The "loss" form (TRL's server distillation): beside the surrogate, not importance-weighted, a token mean over
+    the generation batch's loss tokens whatever the loss_type (TRL's num_items_in_batch). A sample the teacher
+    missed weighs nothing; the normaliser stays the step's loss tokens, so the others weigh as always."""
+    # Where the teacher has no log-prob the student's own stand in: a zero term with a zero gradient (a NaN would
+    # reach the gradient through torch.where's other branch).
+    teacher = torch.where(scored, inputs.teacher_logp, logp.detach())
     term = sampled_token_reverse_kl(logp, teacher)
     with torch.no_grad():
-        masked = _Masked(mask)
-        metrics["distill/loss"] = masked.mean(term)
-        metrics["distill/reverse_kl"] = masked.mean(logp - teacher)
-    return _generation_tokens(term * mask, mask, inputs, cfg)
+        metrics["distill/loss"] = _Masked(scored.to(mask.dtype)).mean(term)
+    return _generation_tokens(term * scored, mask, inputs, cfg)
 
 
 def _kl(logp: Tensor, ref_logp: Tensor | None, coef_1: Tensor, cfg: LossConfig) -> Tensor:

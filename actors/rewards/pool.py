@@ -33,6 +33,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.autoscale import AutoscaleSettings
 from actors.engines.judge import JudgeAnswer, JudgeRequest, request_fields, template_fields
+from actors.engines.teacher import TeacherAnswer, TeacherRequest
 from actors.pool import PoolKind, PoolUnits, Slot, WorkerPool
 from actors.rewards.worker import RewardFunctionError, RewardSpec, RewardWorker, preview
 from actors.types import RewardBatch, RewardPoolStats, Scores, TrainerState
@@ -69,6 +70,7 @@ class _Batch:
     results: list[Scores | None] = field(init=False)
     waits: list[float] = field(init=False)
     judging: list[asyncio.Task[None]] = field(default_factory=list)  # per scored chunk: its judge stage
+    teaching: list[asyncio.Task[list[TeacherAnswer]]] = field(default_factory=list)  # per chunk: its teacher call
 
     def __post_init__(self) -> None:
         self.queue = deque(range(len(self.chunks)))
@@ -93,17 +95,21 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         role: str = "reward",
         chunk_grace_s: float = CHUNK_GRACE_S,
         judges: dict[str, Any] | None = None,
+        teacher: Any = None,
     ):
         """`num_workers` at start (clamped to the autoscaling bounds when `autoscale` is given). role: the
         workers are named `<run_name>/<role>-<i>`, and the pool's Ray metrics carry it as the `pool` tag, so
         two pools of one run stay apart. chunk_grace_s: how long past its rewards' timeouts a chunk may take
         before its worker counts as hung (the run's cluster.hang_timeout_s). judges: per judge reward (a spec
-        with `judge`), the handle of its judge pool (actors/engines/pool.py)."""
+        with `judge`), the handle of its judge pool (actors/engines/pool.py). teacher: the distillation teacher's
+        pool (a TeacherPool's handle): every chunk's samples go to it as the chunk arrives (the batch must carry
+        prompt_ids), and the scores carry its log-probs."""
         self.specs = specs
         self.sys_path = sys_path or []
         self.state = trainer_state or TrainerState()
         self.inflight_chunks = 0
         self.judges = dict(judges or {})
+        self.teacher = teacher
         judged = [s for s in specs if s.judge is not None]
         missing = [s.name for s in judged if s.name not in self.judges]
         if missing:
@@ -267,19 +273,44 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         if gate is not None:
             scores.skipped[name] = closed
 
+    # --- the distillation teacher ---------------------------------------------------------------------------
+
+    async def _teach_chunk(self, chunk: RewardBatch) -> list[TeacherAnswer]:
+        """A chunk's samples scored by the teacher (its log-probs of the completion tokens), from its arrival:
+        the teacher needs no reward's result."""
+        if chunk.prompt_ids is None:
+            raise ValueError("the reward pool has a teacher, but the batch carries no prompt_ids")
+        requests = [TeacherRequest(p, c) for p, c in zip(chunk.prompt_ids, chunk.completion_ids, strict=True)]
+        return await self.teacher.logprobs.remote(requests, part=True)
+
+    async def _teacher_scores(self, b: _Batch, merged: Scores) -> None:
+        """The teacher's answers into the batch's scores: its log-probs per sample ([] where it gave none, counted)
+        and its pool's state."""
+        answers = [a for chunk in await asyncio.gather(*b.teaching) for a in chunk]
+        merged.teacher_logprobs = [a.logprobs if a.status == "ok" else [] for a in answers]
+        merged.teacher_failures = sum(a.status != "ok" for a in answers)
+        merged.teacher_pool = await self.teacher.stats.remote()
+
     async def score(self, batch: RewardBatch, chunk_groups: int = 1, state: TrainerState | None = None) -> Scores:
         """Score a batch in chunks of `chunk_groups` whole groups; the scores come back in batch order.
         state: the trainer_state the reward functions see (an eval: the evaluated step); default the pool's."""
         # Every chunk of this batch sees the step current at dispatch.
         b = _Batch(batch.chunks(batch.group_size * chunk_groups), state or self.state, time.monotonic())
         self._arrived(len(b.chunks))
-        # The judges' batch starts with this one (their autoscalers' cycles are steps, not chunks).
-        await asyncio.gather(*(h.begin_batch.remote() for h in self.judges.values()))
+        # The judges' and the teacher's batch starts with this one (their autoscalers' cycles are steps, not chunks).
+        engines = [*self.judges.values(), *([self.teacher] if self.teacher is not None else [])]
+        await asyncio.gather(*(h.begin_batch.remote() for h in engines))
+        if self.teacher is not None:  # scored by the teacher while the rewards run
+            b.teaching = [asyncio.ensure_future(self._teach_chunk(c)) for c in b.chunks]
         # One sender per chunk at most; senders that find the queue empty stop (each holds a worker slot only
         # while its call runs).
         try:
             await asyncio.gather(*(self._send(b) for _ in b.chunks))
             await asyncio.gather(*b.judging)
+        except BaseException:
+            for t in b.teaching:  # the batch failed: its teacher answers are not awaited
+                t.cancel()
+            raise
         finally:
             for t in b.judging:  # a judge that raised (on_error: raise): the others' answers are not awaited
                 t.cancel()
@@ -288,6 +319,8 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         if self.judges:
             stats = await asyncio.gather(*(h.stats.remote() for h in self.judges.values()))
             merged.judge_pools = dict(zip(self.judges, stats, strict=True))
+        if self.teacher is not None:
+            await self._teacher_scores(b, merged)
         merged.queue_wait_s = sum(b.waits) / len(b.waits)
         for name in merged.names:
             for kind, counts in (("timeout", merged.timeouts), ("error", merged.errors)):

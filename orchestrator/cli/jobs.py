@@ -545,11 +545,11 @@ def list_runs(address: str, *, show_all: bool = False, as_json: bool = False, ou
 
 
 def scale(address: str | None, run: str, *, reward_workers: int | None = None, env_workers: int | None = None,
-          judge_engines: int | None = None, judge: str | None = None, min_workers: int | None = None,
-          max_workers: int | None = None, pool: str = "reward") -> PoolStats:
-    """Pin run `run`'s reward pool at `reward_workers` (or its environment pool at `env_workers`, or the engines of
-    judge reward `judge` at `judge_engines`), or set the autoscaling bounds of `pool` ("reward", "env" or
-    "judge"; with both bounds, a pool without autoscaling turns it on with the config's defaults); returns the
+          judge_engines: int | None = None, judge: str | None = None, teacher_engines: int | None = None,
+          min_workers: int | None = None, max_workers: int | None = None, pool: str = "reward") -> PoolStats:
+    """Pin run `run`'s reward pool at `reward_workers` (or its environment pool at `env_workers`, the engines of
+    judge reward `judge` at `judge_engines`, the distillation teacher's at `teacher_engines`), or set the
+    autoscaling bounds of `pool` ("reward", "env", "judge" or "teacher"; with both bounds, a pool without autoscaling turns it on with the config's defaults); returns the
     pool's state after it. `judge` may be left out when the run has one judge reward. Joins the cluster at the GCS
     `address` (default: auto). UnreachableError when nothing answers there; ScaleRefused for a run or pool that
     does not exist or a change the pool refuses (its own message)."""
@@ -569,11 +569,11 @@ def scale(address: str | None, run: str, *, reward_workers: int | None = None, e
     try:
         handle = ray.get_actor(f"{run}/{role}-pool")
     except ValueError:
-        what = {"reward": "no run named", "env": "no environment pool (no tools or environment_factory) in run"}.get(
-            pool, f"no judge reward {judge!r} in run")
+        what = {"reward": "no run named", "env": "no environment pool (no tools or environment_factory) in run",
+                "teacher": "no distillation teacher in run"}.get(pool, f"no judge reward {judge!r} in run")
         raise ScaleRefused(f"{what} {run!r} on this cluster (no actor {run}/{role}-pool)") from None
     try:
-        count = {"reward": reward_workers, "env": env_workers, "judge": judge_engines}[pool]
+        count = {"reward": reward_workers, "env": env_workers, "judge": judge_engines, "teacher": teacher_engines}[pool]
         if count is not None:
             return ray.get(handle.scale.remote(count))
         return ray.get(handle.set_bounds.remote(min_workers, max_workers, fresh=fresh))

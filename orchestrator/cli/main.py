@@ -56,13 +56,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 def _cmd_scale(args: argparse.Namespace) -> int:
     bounds = args.min is not None or args.max is not None
-    counts = (args.reward_workers is not None) + (args.env_workers is not None) + (args.judge_engines is not None)
+    pinned = {"reward": args.reward_workers, "env": args.env_workers, "judge": args.judge_engines,
+              "teacher": args.teacher_engines}
+    counts = sum(n is not None for n in pinned.values())
     if counts + bounds != 1:  # exactly one action
         print("rayward scale: give --reward-workers N (a fixed count) or --min/--max (autoscaling bounds); for the "
               "environment pool --env-workers N, or --pool env --min/--max; for a judge's engines --judge-engines N "
-              "(--judge REWARD), or --pool judge --min/--max", file=sys.stderr)
+              "(--judge REWARD), or --pool judge --min/--max; for the distillation teacher's --teacher-engines N, or "
+              "--pool teacher --min/--max", file=sys.stderr)
         return EXIT_BAD_INPUT
-    pool = "env" if args.env_workers is not None else "judge" if args.judge_engines is not None else args.pool
+    pool = next((k for k, n in pinned.items() if n is not None), args.pool)
     if args.judge is not None and pool != "judge":
         print("rayward scale: --judge names the judge reward whose engines --judge-engines (or --pool judge "
               "--min/--max) sizes", file=sys.stderr)
@@ -71,12 +74,13 @@ def _cmd_scale(args: argparse.Namespace) -> int:
 
     try:
         stats = jobs.scale(args.address, args.run, reward_workers=args.reward_workers, env_workers=args.env_workers,
-                           judge_engines=args.judge_engines, judge=args.judge, min_workers=args.min,
+                           judge_engines=args.judge_engines, judge=args.judge,
+                           teacher_engines=args.teacher_engines, min_workers=args.min,
                            max_workers=args.max, pool=pool)
     except jobs.ScaleRefused as err:
         print(f"rayward scale: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    what = "judge engines" if pool == "judge" else f"{pool} workers"
+    what = f"{pool} engines" if pool in ("judge", "teacher") else f"{pool} workers"
     print(f"rayward scale: {args.run}: {what} -> {stats.target_workers} ({stats.workers} live, "
           f"{stats.starting} starting, {stats.retiring} retiring); autoscaling {stats.autoscale}")
     return 0
@@ -204,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", help="PNG path (default: <run dir>/plot.png)")
     pl.set_defaults(func=_cmd_plot)
 
-    s = sub.add_parser("scale", help="resize a running run's reward, environment or judge pool, or set its autoscaling "
-                                     "bounds")
+    s = sub.add_parser("scale", help="resize a running run's reward, environment, judge or teacher pool, or set its "
+                                     "autoscaling bounds")
     s.add_argument("run", help="run name")
     s.add_argument("--reward-workers", type=int, help="pin the reward pool at this many workers (pauses autoscaling)")
     s.add_argument("--env-workers", type=int,
@@ -214,9 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pin a judge reward's engine pool at this many engines (pauses its autoscaling)")
     s.add_argument("--judge", metavar="REWARD",
                    help="the judge reward --judge-engines or --pool judge applies to (default: the run's only one)")
+    s.add_argument("--teacher-engines", type=int,
+                   help="pin the distillation teacher's engine pool at this many engines (pauses its autoscaling)")
     s.add_argument("--min", type=int, help="autoscale with at least this many workers (turns autoscaling on)")
     s.add_argument("--max", type=int, help="autoscale with at most this many workers (turns autoscaling on)")
-    s.add_argument("--pool", choices=("reward", "env", "judge"), default="reward",
+    s.add_argument("--pool", choices=("reward", "env", "judge", "teacher"), default="reward",
                    help="the pool --min/--max apply to (default: reward)")
     s.add_argument("--address", help="Ray GCS address (default: auto)")
     s.set_defaults(func=_cmd_scale)

@@ -210,3 +210,44 @@ def test_moe_options_are_checked_against_the_architecture(tmp_path, tiny_model_p
     assert resolve_model(parse_config({**MINIMAL, "model": {"name_or_path": "tiny-qwen2-moe"}})) == moe
     with pytest.raises(Exception, match="router_replay"):
         parse_config({**MINIMAL, "grpo": {"router_replay": "R4"}})
+
+
+def test_a_teacher_must_have_the_policys_tokenizer(tiny_model_path, tmp_path):
+    """The teacher reads the student's ids. Accepted: the same vocabulary under another family's chat template
+    (TRL's own Llama 3 template: the template changes no id). Refused, naming the field and the tokens: one token
+    more (a family that added a thinking token) and a tokenizer trained on other text (another family)."""
+    from pathlib import Path
+
+    import trl
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from orchestrator.build import check_teacher_tokenizer
+    from orchestrator.config import ConfigError
+
+    student = AutoTokenizer.from_pretrained(tiny_model_path)
+    other_template = AutoTokenizer.from_pretrained(tiny_model_path)
+    other_template.chat_template = (Path(trl.__file__).parent / "chat_templates" / "llama3.jinja").read_text()
+    check_teacher_tokenizer(student, other_template, "llama-templated")
+    added = AutoTokenizer.from_pretrained(tiny_model_path)
+    added.add_tokens(["<think>"], special_tokens=True)
+    with pytest.raises(ConfigError, match=r"distillation.teacher 'thinking'.*512 vs 513 tokens; 1 differ.*'<think>': "
+                                          r"policy None / teacher 512"):
+        check_teacher_tokenizer(student, added, "thinking")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["an entirely different corpus of words"] * 10,
+                            trainer=trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    foreign = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
+    with pytest.raises(ConfigError, match="is not the policy's .*give a teacher of the policy's model family"):
+        check_teacher_tokenizer(student, foreign, "other-family")
+
+
+def test_distillation_reaches_the_loss_and_the_sampler():
+    from orchestrator.build import loss_config, rollout_kind
+
+    on = parse_config({**MINIMAL, "distillation": {"teacher": "t", "coef": 0.5, "mode": "loss"}})
+    assert (loss_config(on).distill_coef, loss_config(on).distill_mode) == (0.5, "loss")
+    assert loss_config(parse_config(MINIMAL)).distill_coef == 0.0
+    assert rollout_kind(None, teacher=True).prompt_ids and not rollout_kind(None).prompt_ids

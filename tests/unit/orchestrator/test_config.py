@@ -286,3 +286,26 @@ def test_config_reference_documents_the_eval_block():
     assert rows["eval"][0] == "None" and "eval.data.path" in rows and "eval.data.shuffle_dataset" not in rows
     assert rows["eval.num_generations"][0] == "1" and rows["grpo.save_best"][0] == "None"
     assert "rewards[].name" in rows and "eval.rewards" in rows and "eval.rewards[].name" not in rows
+
+
+def test_distillation_config_takes_trls_names_and_refuses_what_a_teacher_of_sampled_tokens_cannot_serve():
+    base = {"rewards": [{"name": "a", "function": "letter_fraction"}]}
+    cfg = parse_config({**base, "distillation": {"teacher_model_name_or_path": "some/teacher"}})  # TRL's name
+    d = cfg.distillation
+    assert (d.teacher, d.mode, d.coef, d.beta, d.loss_top_k, d.loss_add_tail) == ("some/teacher", "advantage", 1.0,
+                                                                                  1.0, 1, True)
+    assert parse_config(base).distillation is None
+    for distillation, message in [
+        ({"teacher": "t", "beta": 0.5}, "beta 0.5: only 1"),
+        ({"teacher": "t", "loss_top_k": 20}, "loss_top_k 20: only 1"),
+        ({"teacher": "t", "loss_add_tail": False}, "the term is always 0"),
+        ({"teacher": "t", "reverse_kl_top_1_mode": "argmax"}, "reverse_kl_top_1_mode"),
+        ({"teacher": "t", "mode": "forward"}, "mode"),
+        ({"teacher": "t", "coef": 0}, "coef"),
+        ({"teacher": "t", "lmbda": 0.5}, "lmbda"),  # GKD's knob: not this trainer's, refused by name
+        ({}, "teacher"),
+        ({"teacher": "t", "engines": {"max_model_len": 512}}, "distillation.engines.max_model_len \\(512\\) must "
+                                                              "exceed generation.max_model_len \\(512\\)"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_config({**base, "distillation": distillation})

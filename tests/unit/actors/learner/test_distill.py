@@ -1,7 +1,9 @@
-"""The distillation term against TRL 1.16's own server-distillation functions (`_add_tail_bucket`,
-`_jsd_divergence` with beta 1 on a top-1 support, reduced as `_reduce_divergence_loss` with num_items_in_batch),
-values and gradients; and what it must be: 0 where the models agree, positive where they do not, its gradient
-moving the student towards the teacher."""
+"""On-policy distillation's two forms. "loss": the term against TRL 1.16's own server-distillation functions
+(`_add_tail_bucket`, `_jsd_divergence` with beta 1 on a top-1 support, reduced as `_reduce_divergence_loss` with
+num_items_in_batch), values and gradients; and what it must be: 0 where the models agree, positive where they do
+not, its gradient moving the student towards the teacher. "advantage" (slime's OPD): the surrogate trained on the
+per-token advantages A - coef (log p_student - log p_teacher), exactly. Both: tokens the teacher has no log-prob for
+(off the mask: padding, tool results; a sample it failed on) are out of the term, with finite gradients."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 from trl.experimental.server_distillation.server_distillation_trainer import _add_tail_bucket, _jsd_divergence
 
-from actors.learner.distill import distill_loss, reverse_kl_estimate, sampled_token_reverse_kl
+from actors.learner.distill import distill_loss, reverse_kl_estimate, sampled_token_reverse_kl, token_advantages
 
 
 def trl_term(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, num_items: float) -> torch.Tensor:
@@ -76,30 +78,88 @@ def micro_batch(seed: int, teacher_nan_off_mask: bool = False):
                             num_items_in_batch=9.0, teacher_logp=teacher)
 
 
-def test_coef_zero_leaves_the_loss_bitwise_and_coef_adds_trls_term_over_the_steps_tokens():
+@pytest.mark.parametrize("mode", ["loss", "advantage"])
+def test_coef_zero_leaves_the_loss_bitwise(mode):
     from actors.learner.loss import LossConfig, grpo_loss
 
     for loss_type in ("dapo", "grpo", "bnpo"):
         logp, inputs = micro_batch(3)
         base = grpo_loss(replace(inputs, teacher_logp=None), LossConfig(loss_type=loss_type))
         (g_base,) = torch.autograd.grad(base.loss, logp)
-        off = grpo_loss(inputs, LossConfig(loss_type=loss_type, distill_coef=0.0))
+        off = grpo_loss(inputs, LossConfig(loss_type=loss_type, distill_coef=0.0, distill_mode=mode))
         (g_off,) = torch.autograd.grad(off.loss, logp)
-        assert torch.equal(base.loss, off.loss) and torch.equal(g_base, g_off) and "distill/loss" not in off.metrics
-        on = grpo_loss(inputs, LossConfig(loss_type=loss_type, distill_coef=0.5))
+        assert torch.equal(base.loss, off.loss) and torch.equal(g_base, g_off)
+        assert not any(k.startswith("distill/") for k in off.metrics)
+
+
+def test_the_loss_form_adds_trls_term_over_the_steps_tokens():
+    from actors.learner.loss import LossConfig, grpo_loss
+
+    for loss_type in ("dapo", "grpo", "bnpo"):
+        logp, inputs = micro_batch(3)
+        base = grpo_loss(replace(inputs, teacher_logp=None), LossConfig(loss_type=loss_type))
+        on = grpo_loss(inputs, LossConfig(loss_type=loss_type, distill_coef=0.5, distill_mode="loss"))
         term = trl_term(logp, inputs.teacher_logp, inputs.mask, 9.0)
         torch.testing.assert_close(on.loss, base.loss + 0.5 * term)
         assert on.metrics["distill/loss"] > 0
+        # the estimate at the step's first-pass policy (old_logp), on the loss tokens
         torch.testing.assert_close(on.metrics["distill/reverse_kl"],
-                                   reverse_kl_estimate(logp.detach(), inputs.teacher_logp, inputs.mask))
+                                   reverse_kl_estimate(inputs.old_logp, inputs.teacher_logp, inputs.mask))
 
 
-def test_a_teacher_without_values_off_the_mask_gives_finite_gradients():
+def test_the_advantage_form_is_the_surrogate_on_per_token_advantages():
+    from actors.learner.loss import LossConfig, grpo_loss
+
+    for loss_type in ("dapo", "grpo", "cispo"):
+        logp, inputs = micro_batch(5)
+        on = grpo_loss(inputs, LossConfig(loss_type=loss_type, distill_coef=0.7))
+        (g_on,) = torch.autograd.grad(on.loss, logp)
+        # A - 0.7 (old - teacher) on the loss tokens, A elsewhere; then no teacher at all
+        per_token = inputs.advantages[:, None] - 0.7 * (inputs.old_logp - inputs.teacher_logp) * inputs.mask
+        by_hand = grpo_loss(replace(inputs, advantages=per_token, teacher_logp=None), LossConfig(loss_type=loss_type))
+        (g_hand,) = torch.autograd.grad(by_hand.loss, logp)
+        torch.testing.assert_close(on.loss, by_hand.loss, rtol=0, atol=0)
+        torch.testing.assert_close(g_on, g_hand, rtol=0, atol=0)
+        assert "distill/loss" not in on.metrics
+        torch.testing.assert_close(on.metrics["distill/reverse_kl"],
+                                   reverse_kl_estimate(inputs.old_logp, inputs.teacher_logp, inputs.mask))
+    # a teacher that agrees with the sampling policy changes nothing
+    logp, inputs = micro_batch(6)
+    same = grpo_loss(replace(inputs, teacher_logp=inputs.old_logp), LossConfig(distill_coef=1.0))
+    base = grpo_loss(replace(inputs, teacher_logp=None), LossConfig())
+    torch.testing.assert_close(same.loss, base.loss, rtol=0, atol=0)
+
+
+def test_token_advantages_raise_what_the_teacher_prefers_and_carry_no_gradient():
+    adv = torch.tensor([1.0, -1.0])
+    old = torch.log(torch.tensor([[0.5, 0.5], [0.1, 0.9]])).requires_grad_()
+    teacher = torch.log(torch.tensor([[0.9, 0.1], [0.1, 0.9]]))
+    scored = torch.tensor([[True, True], [True, False]])
+    out = token_advantages(adv, old, teacher, scored, coef=2.0)
+    assert out[0, 0] > 1.0 > out[0, 1]  # the teacher prefers the first token, not the second
+    assert out[1, 0] == -1.0 and out[1, 1] == -1.0  # agreement, and an unscored token: the advantage alone
+    assert not out.requires_grad
+
+
+@pytest.mark.parametrize("mode", ["loss", "advantage"])
+def test_tokens_without_a_teacher_log_prob_are_out_of_the_term_with_finite_gradients(mode):
+    """NaN off the mask (padding, tool results) and on a whole row (the teacher timed out on that sample): the
+    term is the one of the remaining tokens, and those rows train on their GRPO advantage alone."""
     from actors.learner.loss import LossConfig, grpo_loss
 
     logp, inputs = micro_batch(4, teacher_nan_off_mask=True)
-    out = grpo_loss(inputs, LossConfig(distill_coef=1.0))
+    failed = inputs.teacher_logp.clone()
+    failed[1] = float("nan")  # no answer for sample 1
+    out = grpo_loss(replace(inputs, teacher_logp=failed), LossConfig(distill_coef=1.0, distill_mode=mode))
     (grad,) = torch.autograd.grad(out.loss, logp)
     assert torch.isfinite(out.loss) and torch.isfinite(grad).all() and grad[inputs.mask == 0].abs().sum() == 0
+    scored = inputs.mask.clone()
+    scored[1] = 0
+    torch.testing.assert_close(out.metrics["distill/reverse_kl"],
+                               reverse_kl_estimate(inputs.old_logp, inputs.teacher_logp, scored))
+    if mode == "advantage":  # row 1 as if there were no teacher
+        alone = grpo_loss(replace(inputs, teacher_logp=None), LossConfig())
+        (g_alone,) = torch.autograd.grad(alone.loss, logp)
+        torch.testing.assert_close(grad[1], g_alone[1], rtol=0, atol=0)
     with pytest.raises(ValueError, match="distill_coef != 0 needs teacher_logp"):
-        grpo_loss(replace(inputs, teacher_logp=None), LossConfig(distill_coef=1.0))
+        grpo_loss(replace(inputs, teacher_logp=None), LossConfig(distill_coef=1.0, distill_mode=mode))
