@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -590,6 +590,37 @@ def check_vlm_bf16(device: str) -> str:
             f"apart; gap to fp32 {batched:.2g}, alone {one:.2g} (relative; at most 2x alone's + bf16 eps)")
 
 
+def check_distillation(device: str) -> str:
+    """On-policy distillation on `device` against the CPU, float32: the teacher's forward (the log-probs of a
+    student's completion tokens, what a teacher engine serves: here transformers, no vLLM on the kit's machine), and
+    a train step with those log-probs in both forms (advantage, loss), packed, with tool tokens and a sample the
+    teacher missed: loss, distill metrics and every gradient within the model's rounding."""
+    from transformers import AutoModelForCausalLM
+
+    tol, b = fp32_tolerance(device), ragged_batch()
+    teacher = []
+    for dev in ("cpu", device):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model(), dtype=torch.float32).to(dev).eval()
+        rows = []
+        with torch.no_grad():
+            for p, c in zip(b.prompt_ids, b.completion_ids, strict=True):
+                lp = model(input_ids=torch.tensor([p + c], device=dev)).logits[0, :-1].float().log_softmax(-1)
+                rows.append(lp[torch.arange(len(p) - 1, len(p) + len(c) - 1), torch.tensor(c, device=dev)].cpu())
+        teacher.append(rows)
+    gap = max((a - c).abs().max().item() for a, c in zip(*teacher, strict=True))
+    assert gap <= tol * 10, f"teacher log-probs {device} vs cpu: {gap:.2g}"
+    # the student is the tiny model shifted: a teacher it disagrees with (the same weights would give zero)
+    logprobs = [(t - 0.5).tolist() for t in teacher[0]]
+    logprobs[3] = []  # the teacher missed this sample
+    batch = replace(b, teacher_logprobs=logprobs)
+    worst = 0.0
+    for mode in ("advantage", "loss"):
+        runs = [step(make(dev, distill_coef=0.5, distill_mode=mode), batch) for dev in ("cpu", device)]
+        worst = max(worst, assert_same_step(*runs, tol, ("loss", "distill/reverse_kl")))
+        assert abs(runs[1][0]["distill/reverse_kl"] - 0.5) < 0.05, runs[1][0]["distill/reverse_kl"]
+    return f"teacher forward within {gap:.1g}; 2 forms, worst gradient gap {worst:.2g} of scale (tolerance {tol:.2g})"
+
+
 CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("loss", check_loss),
     ("packing fp32", check_packing_fp32),
@@ -603,6 +634,7 @@ CHECKS: list[tuple[str, Callable[[str], str]]] = [
     ("moe bf16 + replay", check_moe_bf16),
     ("moe routing replay", check_routing_replay),
     ("vlm bf16 step", check_vlm_bf16),
+    ("distillation", check_distillation),
 ]
 
 

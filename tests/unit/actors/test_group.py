@@ -82,3 +82,33 @@ def test_every_generator_group_method_calls_a_generator_method_with_arguments_it
                       "sequence_logprobs_and_routes", "cpu_threads"]
     for method, args, kwargs in group.calls:
         inspect.signature(getattr(Generator, method)).bind(None, *args, **kwargs)  # TypeError if it does not bind
+
+
+def test_the_reward_pool_group_keeps_its_judges_and_teachers_sizes_in_its_checkpoint_state(monkeypatch):
+    """A checkpoint holds the reward pool's scaling with each judge pool's (`judges`) and the teacher pool's
+    (`teacher`); a resume gives each its own back, and a pool the resumed run no longer has keeps nothing."""
+    from actors.group import PoolGroup, RewardPoolGroup
+
+    class Stand(PoolGroup):
+        def __init__(self, state):
+            self.state, self.restored = state, None
+
+        def scaling(self):
+            return dict(self.state)
+
+        def restore_scaling(self, state):
+            self.restored = state
+
+    group = RewardPoolGroup.__new__(RewardPoolGroup)
+    own = Stand({"target": 3})
+    monkeypatch.setattr(PoolGroup, "scaling", lambda self: own.scaling())
+    monkeypatch.setattr(PoolGroup, "restore_scaling", lambda self, state: own.restore_scaling(state))
+    group.judges, group.teacher = {"j": Stand({"target": 2})}, Stand({"target": 4})
+    state = group.scaling()
+    assert state == {"target": 3, "judges": {"j": {"target": 2}}, "teacher": {"target": 4}}
+    group.judges, group.teacher = {"j": Stand({}), "k": Stand({})}, Stand({})
+    group.restore_scaling({**state, "judges": {"j": {"target": 5}, "gone": {"target": 1}}})
+    assert own.restored == {"target": 3} and group.judges["j"].restored == {"target": 5}
+    assert group.judges["k"].restored is None and group.teacher.restored == {"target": 4}
+    group.teacher = None  # a resumed run without distillation: the teacher's size is dropped
+    group.restore_scaling(state)

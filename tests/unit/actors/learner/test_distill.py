@@ -13,7 +13,12 @@ import pytest
 import torch
 from trl.experimental.server_distillation.server_distillation_trainer import _add_tail_bucket, _jsd_divergence
 
-from actors.learner.distill import distill_loss, reverse_kl_estimate, sampled_token_reverse_kl, token_advantages
+from actors.learner.distill import (
+    distill_loss,
+    reverse_kl_estimate,
+    sampled_token_reverse_kl,
+    token_advantages,
+)
 
 
 def trl_term(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor, num_items: float) -> torch.Tensor:
@@ -163,3 +168,27 @@ def test_tokens_without_a_teacher_log_prob_are_out_of_the_term_with_finite_gradi
         torch.testing.assert_close(grad[1], g_alone[1], rtol=0, atol=0)
     with pytest.raises(ValueError, match="distill_coef != 0 needs teacher_logp"):
         grpo_loss(replace(inputs, teacher_logp=None), LossConfig(distill_coef=1.0, distill_mode=mode))
+
+
+# --- the teacher's log-probs in the learner's layouts ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_the_learner_lines_the_teachers_log_probs_up_with_its_own(tiny_model_path, padding_free):
+    """A teacher that is the policy (its log-probs of each completion token, from the learner's own forward of the
+    whole sequence) is zero reverse KL, packed or padded, over ragged rows and tool tokens; shifted by 0.5 it is
+    0.5; a sample the teacher missed ([]) is left out. An off-by-one or a row mix-up shows at once."""
+    from actors.learner.learner import Learner
+    from tests.fixtures.learner import spec
+    from tests.gpu.smoke import ragged_batch
+
+    lr = Learner(spec(tiny_model_path, optim="sgd", learning_rate=0.0, max_grad_norm=None, micro_batch_size=3,
+                      padding_free=padding_free, distill_coef=1.0, max_completion_length=8))
+    b = ragged_batch()
+    own = [lr.sequence_logprobs(p + c)[len(p) - 1:] for p, c in zip(b.prompt_ids, b.completion_ids, strict=True)]
+    same = lr.train_step(replace(b, teacher_logprobs=own)).metrics
+    assert abs(same["distill/reverse_kl"]) < 1e-5, same["distill/reverse_kl"]
+    shifted = [[x - 0.5 for x in row] for row in own]
+    shifted[2] = []
+    moved = lr.train_step(replace(b, teacher_logprobs=shifted)).metrics
+    assert abs(moved["distill/reverse_kl"] - 0.5) < 1e-5, moved["distill/reverse_kl"]
