@@ -50,3 +50,33 @@ def test_run_refuses_bad_tools_and_environments_before_starting_anything(overrid
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
     assert ray.is_initialized() == was_up
+
+
+def test_teacher_engines_passes_the_argument_checks_and_is_one_action(capsys):
+    assert main(["scale", "some-run", "--teacher-engines", "2", "--address", "127.0.0.1:1"]) == 3
+    assert "cannot reach a Ray cluster at 127.0.0.1:1" in capsys.readouterr().err
+    assert main(["scale", "some-run", "--teacher-engines", "2", "--judge-engines", "1", "--address", "127.0.0.1:1"]) == 2
+    assert "for the distillation teacher's --teacher-engines N, or --pool teacher --min/--max" in (
+        capsys.readouterr().err)
+    assert main(["scale", "some-run", "--pool", "teacher", "--min", "3", "--max", "2", "--address", "127.0.0.1:1"]) == 2
+    assert "teacher autoscaling needs 1 <= min_workers <= max_workers, got 3..2" in capsys.readouterr().err
+
+
+def test_run_refuses_a_teacher_with_another_tokenizer_before_starting_anything(capsys, tiny_model_path, tmp_path):
+    """An outside teacher: a tokenizer of another vocabulary (a thinking token added, as some families' next
+    version does) beside the tiny model's weights."""
+    import shutil
+
+    import ray
+    from transformers import AutoTokenizer
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_model_path, teacher)
+    tok = AutoTokenizer.from_pretrained(teacher)
+    tok.add_tokens(["<think>"], special_tokens=True)
+    tok.save_pretrained(teacher)
+    was_up = ray.is_initialized()
+    assert main(["run", DEMO, f"distillation={{teacher: {teacher}}}"]) == 2
+    err = capsys.readouterr().err
+    assert f"distillation.teacher '{teacher}': its tokenizer is not the policy's" in err and "Traceback" not in err, err
+    assert ray.is_initialized() == was_up
