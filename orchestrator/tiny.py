@@ -8,6 +8,7 @@ all exercise their real code.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import string
 import tempfile
@@ -142,6 +143,43 @@ def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     model.save_pretrained(out)
     return out
+
+
+def sft_tiny(
+    out: Path, config: Any, batch: Callable[[random.Random], tuple[Any, Any]], *, steps: int, lr: float, seed: int,
+    score: Callable[[Any], float], minimum: float, what: str, threads: int = 1,
+) -> float:
+    """A fresh tiny Qwen2 of `config` trained on `batch(rng)` ((input ids, labels) tensors): `steps` Adam steps at
+    `lr`, on `threads` torch threads (a fixed count keeps the float sums, hence the weights, the same from build to
+    build); then `score(model)`, and RuntimeError("`what`: score (wanted minimum)") below `minimum`, else the model
+    saved to `out` (float32, eos and pad in its generation config). Returns the score (the warmed-up tiny judge and
+    teacher are built this way)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(seed)
+        rng = random.Random(seed)
+        model = Qwen2ForCausalLM(config).to(torch.float32)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
+        model.train()
+        for _ in range(steps):
+            input_ids, labels = batch(rng)
+            loss = model(input_ids=input_ids, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        got = score(model)
+    finally:
+        torch.set_num_threads(before)
+    if got < minimum:
+        raise RuntimeError(f"{what}: {got:.1%} (wanted {minimum:.0%})")
+    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
+    model.save_pretrained(out)
+    return got
 
 
 def ensure_tiny_model(cache_dir: str | Path | None = None) -> Path:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.tasks.letters import LETTERS
-from orchestrator.tiny import SPECIAL_TOKENS, _build_tokenizer, ensure_cached, qwen2_config
+from orchestrator.tiny import SPECIAL_TOKENS, _build_tokenizer, ensure_cached, qwen2_config, sft_tiny
 
 # Bump when anything below changes the files written, so stale caches are not reused.
 CACHE_NAME = "tiny-judge-v1"
@@ -118,8 +118,7 @@ def agreement(model: Any, tokenizer: Any, n: int = CHECK_SAMPLES, seed: int = SF
 def build_tiny_judge(path: str | Path, seed: int = SFT_SEED) -> Path:
     """Write the tiny judge (float32) plus tokenizer to `path`; returns the path. RuntimeError when its verdicts
     agree with the rubric on less than MIN_AGREEMENT of fresh answers."""
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2ForCausalLM
+    from transformers import AutoTokenizer
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
@@ -129,30 +128,9 @@ def build_tiny_judge(path: str | Path, seed: int = SFT_SEED) -> Path:
     (out / "chat_template.jinja").unlink(missing_ok=True)
     tokenizer.save_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)  # as the engine loads it
-    config = qwen2_config(NUM_LAYERS)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(SFT_THREADS)
-    try:
-        torch.manual_seed(seed)
-        rng = random.Random(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
-        opt = torch.optim.Adam(model.parameters(), lr=SFT_LR)
-        model.train()
-        for _ in range(SFT_STEPS):
-            input_ids, labels = _batch(tokenizer, rng)
-            loss = model(input_ids=input_ids, labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        model.eval()
-        agree = agreement(model, tokenizer)
-    finally:
-        torch.set_num_threads(threads)
-    if agree < MIN_AGREEMENT:
-        raise RuntimeError(f"tiny judge: its verdicts agree with starts_with_letter on {agree:.1%} of fresh answers "
-                           f"(wanted {MIN_AGREEMENT:.0%})")
-    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
-    model.save_pretrained(out)
+    agree = sft_tiny(out, qwen2_config(NUM_LAYERS), lambda rng: _batch(tokenizer, rng), steps=SFT_STEPS, lr=SFT_LR,
+                     seed=seed, threads=SFT_THREADS, score=lambda model: agreement(model, tokenizer),
+                     minimum=MIN_AGREEMENT, what="tiny judge: its verdicts agree with starts_with_letter on fresh answers")
     (out / "agreement.txt").write_text(f"{agree}\n")
     return out
 

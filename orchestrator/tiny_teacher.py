@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.tasks.letters import LETTERS, PROMPT_TEMPLATE
-from orchestrator.tiny import SPECIAL_TOKENS, VOCAB_SIZE, _build_tokenizer, ensure_cached, qwen2_config
+from orchestrator.tiny import (
+    SPECIAL_TOKENS,
+    VOCAB_SIZE,
+    _build_tokenizer,
+    ensure_cached,
+    qwen2_config,
+    sft_tiny,
+)
 
 # Bump when anything below changes the files written, so stale caches are not reused.
 CACHE_NAME = "tiny-teacher-v4"
@@ -92,37 +99,15 @@ def accuracy(model: Any, tokenizer: Any) -> float:
 def build_tiny_teacher(path: str | Path, seed: int = INIT_SEED) -> Path:
     """Write the tiny teacher (float32) plus tokenizer to `path`; returns the path. RuntimeError when its greedy
     answers start with the letter asked for less than MIN_ACCURACY of the time."""
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2ForCausalLM
+    from transformers import AutoTokenizer
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     _build_tokenizer(out)
     tokenizer = AutoTokenizer.from_pretrained(out)  # as the engine and the run's tokenizer check load it
-    config = qwen2_config()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(SFT_THREADS)
-    try:
-        torch.manual_seed(seed)
-        rng = random.Random(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
-        opt = torch.optim.Adam(model.parameters(), lr=SFT_LR)
-        model.train()
-        for _ in range(SFT_STEPS):
-            input_ids, labels = _batch(tokenizer, rng)
-            loss = model(input_ids=input_ids, labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        model.eval()
-        acc = accuracy(model, tokenizer)
-    finally:
-        torch.set_num_threads(threads)
-    if acc < MIN_ACCURACY:
-        raise RuntimeError(f"tiny teacher: its greedy answers start with the letter on {acc:.0%} of the prompts "
-                           f"(wanted {MIN_ACCURACY:.0%})")
-    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
-    model.save_pretrained(out)
+    acc = sft_tiny(out, qwen2_config(), lambda rng: _batch(tokenizer, rng), steps=SFT_STEPS, lr=SFT_LR, seed=seed,
+                   threads=SFT_THREADS, score=lambda model: accuracy(model, tokenizer), minimum=MIN_ACCURACY,
+                   what="tiny teacher: its greedy answers start with the letter asked for on this share of the prompts")
     (out / "accuracy.txt").write_text(f"{acc}\n")
     return out
 

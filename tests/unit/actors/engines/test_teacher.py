@@ -17,7 +17,8 @@ from tests.fixtures.engines import PROMPT_LOGPROB, scripted_loop
 
 def teacher(timeout_s: float = 30.0, max_model_len: int = 64) -> tuple[TeacherEngine, object]:
     loop, engine = scripted_loop(lambda prompt, params: [0])
-    return TeacherEngine.from_loop(TeacherSpec(model="scripted", timeout_s=timeout_s), loop, max_model_len), engine
+    return TeacherEngine.from_loop(TeacherSpec(model="scripted", timeout_s=timeout_s), loop,
+                                  max_model_len=max_model_len), engine
 
 
 def test_the_completion_tokens_log_probs_in_one_engine_batch():
