@@ -828,8 +828,10 @@ def start_learner(p: Prepared, reward_pool: RewardPoolGroup, say: Callable[[str]
 
 
 def run_evaluator(run: Run, p: Prepared) -> Evaluator:
-    """The run's evaluator, bound to its current learner and generators."""
-    es = (eval_set(p.cfg, p.eval_prompts, run.eval_pool or run.reward_pool, p.rewards, run.sampler)
+    """The run's evaluator, bound to its current learner and generators. Its samples are made as the training
+    batches' (the run's sampler) but carry no prompt ids: a distillation teacher scores training batches only."""
+    sampler = rollout_kind(p.agent, p.vision, p.cfg.data.prompt_column)
+    es = (eval_set(p.cfg, p.eval_prompts, run.eval_pool or run.reward_pool, p.rewards, sampler)
           if p.eval_prompts is not None else None)
     return evaluator(p.cfg, es, generators=run.generators, learner=run.learner, logger=run.logger,
                      prompts=run.prompts, run_dir=run.run_dir)

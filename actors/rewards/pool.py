@@ -102,8 +102,8 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         two pools of one run stay apart. chunk_grace_s: how long past its rewards' timeouts a chunk may take
         before its worker counts as hung (the run's cluster.hang_timeout_s). judges: per judge reward (a spec
         with `judge`), the handle of its judge pool (actors/engines/pool.py). teacher: the distillation teacher's
-        pool (a TeacherPool's handle): every chunk's samples go to it as the chunk arrives (the batch must carry
-        prompt_ids), and the scores carry its log-probs."""
+        pool (a TeacherPool's handle): the chunks of a batch that carries prompt_ids (a training batch; an eval's
+        carries none) go to it as they arrive, and the scores carry its log-probs."""
         self.specs = specs
         self.sys_path = sys_path or []
         self.state = trainer_state or TrainerState()
@@ -278,8 +278,7 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
     async def _teach_chunk(self, chunk: RewardBatch) -> list[TeacherAnswer]:
         """A chunk's samples scored by the teacher (its log-probs of the completion tokens), from its arrival:
         the teacher needs no reward's result."""
-        if chunk.prompt_ids is None:
-            raise ValueError("the reward pool has a teacher, but the batch carries no prompt_ids")
+        assert chunk.prompt_ids is not None
         requests = [TeacherRequest(p, c) for p, c in zip(chunk.prompt_ids, chunk.completion_ids, strict=True)]
         return await self.teacher.logprobs.remote(requests, part=True)
 
@@ -298,9 +297,10 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         b = _Batch(batch.chunks(batch.group_size * chunk_groups), state or self.state, time.monotonic())
         self._arrived(len(b.chunks))
         # The judges' and the teacher's batch starts with this one (their autoscalers' cycles are steps, not chunks).
-        engines = [*self.judges.values(), *([self.teacher] if self.teacher is not None else [])]
+        teach = self.teacher is not None and batch.prompt_ids is not None  # a training batch (an eval's has no ids)
+        engines = [*self.judges.values(), *([self.teacher] if teach else [])]
         await asyncio.gather(*(h.begin_batch.remote() for h in engines))
-        if self.teacher is not None:  # scored by the teacher while the rewards run
+        if teach:  # scored by the teacher while the rewards run
             b.teaching = [asyncio.ensure_future(self._teach_chunk(c)) for c in b.chunks]
         # One sender per chunk at most; senders that find the queue empty stop (each holds a worker slot only
         # while its call runs).
@@ -319,7 +319,7 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         if self.judges:
             stats = await asyncio.gather(*(h.stats.remote() for h in self.judges.values()))
             merged.judge_pools = dict(zip(self.judges, stats, strict=True))
-        if self.teacher is not None:
+        if teach:
             await self._teacher_scores(b, merged)
         merged.queue_wait_s = sum(b.waits) / len(b.waits)
         for name in merged.names:

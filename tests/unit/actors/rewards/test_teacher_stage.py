@@ -105,8 +105,15 @@ def test_every_sample_is_scored_once_in_batch_order_and_failures_keep_their_rewa
     assert kept.batch.teacher_logprobs == want[4:]
 
 
-def test_a_batch_without_prompt_ids_is_refused():
+def test_an_eval_batch_is_not_sent_to_the_teacher():
+    """An eval's batch carries no prompt ids (its sampler is built without them): the teacher is not asked, and the
+    scores carry no teacher log-probs."""
+    from orchestrator.build import rollout_kind
+
     n = len(COMPLETIONS)
-    batch = RewardBatch(["p"] * n, COMPLETIONS, [[1]] * n, {"letter": LETTERS}, 4)
-    with pytest.raises(ValueError, match="carries no prompt_ids"):
-        score(batch, StandInTeacher())
+    rollouts = Rollouts(["p"] * n, [[1]] * n, [[2]] * n, COMPLETIONS, [[-0.1]] * n, [False] * n, {"letter": LETTERS},
+                        0, 4)
+    assert rollout_kind(None, teacher=True).reward_batch(rollouts).prompt_ids == [[1]] * n
+    teacher = StandInTeacher()
+    scores = score(rollout_kind(None).reward_batch(rollouts), teacher)
+    assert scores.teacher_logprobs is None and teacher.asked == [] and teacher.batches == 0
