@@ -469,9 +469,6 @@ class EnginesConfig(_Section):
     start). Default: `cluster.hang_timeout_s`."""
 
 
-JudgeEnginesConfig = EnginesConfig  # the name a judge's engines had first
-
-
 class JudgeConfig(_Section):
     model: str
     """The judge: an HF path or hub id of a causal LM (or `tiny-judge`, the offline tiny judge of the letter
