@@ -60,20 +60,9 @@ class EngineModel:
     """A model on one vLLM engine of its own (`spec.model`, `spec.seed`), or over an engine loop built elsewhere
     (`from_loop`: tests' scripted engine). Subclasses answer requests (JudgeEngine.judge, TeacherEngine.logprobs)."""
 
-    def __init__(
-        self,
-        spec: Any,
-        *,
-        dtype: str = "float32",
-        max_model_len: int = 1024,
-        kv_cache_gib: float = 1.0,
-        gpu_memory_utilization: float = 0.3,
-        engine_kwargs: dict[str, Any] | None = None,
-        sys_path: list[str] | None = None,
-    ) -> None:
-        self.llm, loop = open_engine(spec.model, seed=spec.seed, dtype=dtype, max_model_len=max_model_len,
-                                     kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
-                                     engine_kwargs=engine_kwargs, sys_path=sys_path)
+    def __init__(self, spec: Any, *, max_model_len: int = 1024, **engine: Any) -> None:
+        """engine: `open_engine`'s options (dtype, kv_cache_gib, gpu_memory_utilization, engine_kwargs, sys_path)."""
+        self.llm, loop = open_engine(spec.model, seed=spec.seed, max_model_len=max_model_len, **engine)
         self._setup(spec, loop, max_model_len, self.llm.get_tokenizer())
 
     @classmethod
