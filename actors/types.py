@@ -99,6 +99,14 @@ class Trajectory:
     # conversation at every special-token boundary (chat.template_check); None: not checked
     images: tuple[Any, ...] = ()  # vision-language models: every image its ids hold (RGB PIL), in placeholder
     # order: the first prompt's, then each tool result's (TRL's multimodal tool responses)
+    # An agent function's trajectory (agent_function: the OpenAI-compatible endpoint): the chat requests it made,
+    # the branches they formed (a request that does not extend the trajectory's previous request and response
+    # starts one; the sample is the last branch's, actors/generation/endpoint.py), the model turns of earlier
+    # branches (sampled, not trained), and the seconds the endpoint added to the requests beyond the engine's.
+    requests: int = 0
+    branches: int = 0
+    untrained_turns: int = 0
+    endpoint_s: float = 0.0
 
     @property
     def mask(self) -> list[int]:
@@ -152,6 +160,29 @@ class ToolResult:
 class EnvClosed:
     reward: float | None  # get_reward(), if the environment has one (None: it has none, or it raised)
     state: bytes | None  # the environment pickled, when asked for (reward functions declaring `environments`)
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class AgentRun:
+    """Run the user's agent function for one trajectory (generator -> environment pool): an OpenAI client pointed
+    at the trajectory's own endpoint, and the dataset row."""
+
+    row: dict[str, Any]  # the dataset row, as the dataset has it
+    seed: int  # the GRPO group's seed (the agent function receives it when it declares `seed`)
+    base_url: str  # the trajectory's endpoint: http://<generator's node>:<port>/<trajectory>/v1
+    api_key: str  # the trajectory's key (requests without it are refused)
+    model: str  # the served model's name (/v1/models)
+    timeout_s: float  # what is left of the trajectory's deadline when it starts
+
+
+@dataclass
+class AgentDone:
+    """What an agent function's run returned."""
+
+    reward: float | None  # its return value: a number; NaN where it returned None (reward functions score the
+    # conversation); None where it raised, timed out or its worker was lost (`error` says which)
     seconds: float = 0.0
     error: str | None = None
 
@@ -547,11 +578,15 @@ class EnvPoolStats(PoolStats):
     reward_errors: int = 0  # get_reward() raised, timed out or returned a non-number; or pickling failed
     instances_created: int = 0  # environment_factory() calls: opens that found no free instance on their worker
     instances_reused: int = 0  # sessions opened on a free instance an earlier session had used (reset again)
+    agent_runs: int = 0  # agent function runs (agent_function), one per trajectory
+    agent_errors: int = 0  # runs that raised, returned a non-number, or whose worker was lost
+    agent_timeouts: int = 0  # runs cut at their trajectory's deadline
 
     # Copied into every step's metrics as env_pool/<name>.
     STEP_METRICS = (
         "workers", "target_workers", "starting", "sessions", "sessions_lost", "replaced", "queue_depth",
-        "decisions", "worker_s", "utilization", "instances_created", "instances_reused",
+        "decisions", "worker_s", "utilization", "instances_created", "instances_reused", "agent_errors",
+        "agent_timeouts",
     )
     PREFIX = "env_pool"
 

@@ -653,6 +653,7 @@ def agent_kwargs(cfg: RunConfig, agent: AgentSetup, env_pool: EnvPoolGroup, prom
         keep_env_state=agent.keep_state,
         prompt_column=prompt_column or cfg.data.prompt_column,
         chat_template_kwargs=dict(cfg.generation.chat_template_kwargs),
+        served_model=cfg.model.name_or_path if cfg.agent_function is not None else None,
     )
     return {"environments": PoolEnvironments(env_pool.handle), "agent": settings}
 

@@ -869,18 +869,22 @@ class LoggingConfig(_Section):
 
 
 class AgentConfig(_Section):
-    """rayward's own settings for multi-turn rollouts with tools (`tools`, `environment_factory`)."""
+    """rayward's own settings for multi-turn rollouts with tools (`tools`, `environment_factory`) or an agent function
+    (`agent_function`)."""
 
     tool_timeout_s: float = Field(60.0, gt=0)
     """Each tool call's time bound, in the environment worker (the calls of one turn run at once, each with its
     own); also bounds an environment's construction + reset(). A call past it returns an error message the model
     reads, and is counted; the trajectory goes on."""
     trajectory_timeout_s: float = Field(600.0, gt=0)
-    """Each trajectory's deadline, from its group's environment sessions opening to its last turn: past it the trajectory ends with stop reason
-    `timeout` (and its reward is scored as usual)."""
+    """Each trajectory's deadline, from its group's environment sessions opening (an agent function's run
+    starting) to its last turn: past it the trajectory ends with stop reason `timeout` (and its reward is scored as
+    usual; an agent function is cancelled, its endpoint refuses its requests)."""
     max_tool_tokens: int = Field(1024, ge=1)
     """Tool-result tokens per trajectory (the model-token budget is generation.max_completion_length): a result
-    that would pass it is cut to fit, and counted; the context (generation.max_model_len) bounds both."""
+    that would pass it is cut to fit, and counted; the context (generation.max_model_len) bounds both. An agent
+    function's: the tokens of the messages it sends after each response (tool results, user turns); a request that
+    would pass it is refused (an OpenAI error: the trajectory ends `length`)."""
 
     @model_validator(mode="after")
     def _deadlines(self) -> AgentConfig:
@@ -966,8 +970,16 @@ class RunConfig(_Section):
     dataset row's columns and may return text appended to the last user message; the public methods of its class
     are tools; an optional `get_reward()` is a reward named after the class. Or a mapping name -> `module:name`: the
     dataset's `environment` column picks each row's environment and tools."""
+    agent_function: str | None = None
+    """An agent written against the OpenAI API, trained unmodified: `module:function` (or `path/to/file.py:function`),
+    sync or `async def`, called once per trajectory with an OpenAI client (the `openai` SDK's, `AsyncOpenAI` for an
+    async function) pointed at the trajectory's own endpoint on the generator, and the dataset row; keyword
+    arguments it declares among `model`, `base_url`, `api_key`, `seed` are passed too. It returns a reward (a
+    number: a reward named after the function, weight 1 unless `rewards` names it) or None (the reward functions
+    score the conversation). It runs in the environment workers; not with `tools` or `environment_factory`
+    (the agent runs its own tools). docs/agents.md "Agents written against the OpenAI API"."""
     agent: AgentConfig = AgentConfig()
-    """Multi-turn rollouts with tools: time bounds and the tool-result token budget."""
+    """Multi-turn rollouts with tools or an agent function: time bounds and the tool-result token budget."""
     cluster: ClusterConfig = ClusterConfig()
     """Ray cluster and actor placement."""
     loop: LoopConfig = LoopConfig()
@@ -1017,6 +1029,11 @@ class RunConfig(_Section):
         starts (orchestrator/environments.py)."""
         factory = self.environment_factory
         targets = [(f"tools[{i}]", t) for i, t in enumerate(self.tools)]
+        if self.agent_function is not None:
+            if self.tools or factory is not None:
+                raise ValueError("agent_function: an agent function runs its own tools (its requests carry their "
+                                 "schemas): give `tools`/`environment_factory` or `agent_function`, not both")
+            targets.append(("agent_function", self.agent_function))
         if isinstance(factory, dict):
             if not factory:
                 raise ValueError("environment_factory: an empty mapping; give `module:Class`, or name -> `module:Class`")
@@ -1029,12 +1046,12 @@ class RunConfig(_Section):
                 raise ValueError(f"{where}: {target!r} is not of the form module:name")
         sourceless = [r.name for r in [*self.rewards, *(self.eval.rewards or [] if self.eval else [])]
                       if not r.has_source]
-        if sourceless and factory is None:
+        if sourceless and factory is None and self.agent_function is None:
             raise ValueError(
-                f"rewards {sourceless}: no `function`, `model` or `judge`, which names an environment's get_reward(), "
-                "but environment_factory is not set"
+                f"rewards {sourceless}: no `function`, `model` or `judge`, which names an environment's get_reward() "
+                "(or an agent function's returned reward), but neither environment_factory nor agent_function is set"
             )
-        if not self.rewards and factory is None:
+        if not self.rewards and factory is None and self.agent_function is None:
             raise ValueError("rewards: give at least one reward (or an environment_factory whose class has a "
                              "get_reward())")
 

@@ -98,7 +98,7 @@ def load_rows(cfg: DataSource, seed: int = 0, field: str = "data", *, prompt_opt
 
 def agentic(cfg: RunConfig) -> bool:
     """Whether the run's samples are multi-turn rollouts with tools (its prompts are chat messages, or none)."""
-    return bool(cfg.tools) or cfg.environment_factory is not None
+    return bool(cfg.tools) or cfg.environment_factory is not None or cfg.agent_function is not None
 
 
 def training_rows(cfg: RunConfig) -> list[dict[str, Any]]:

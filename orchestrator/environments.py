@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from actors.envs.agent_worker import load_agent
 from actors.envs.spec import EnvSpec, EnvSpecError, environment_classes, reward_classes, tool_schemas
 from actors.generation.chat import (
     ChatTemplateError,
@@ -91,6 +92,8 @@ def prepare_agent(
     """The checks above, for a run with `tools` or `environment_factory` (None for a one-turn run). specs: the
     run's reward specs as `reward_specs` built them (which functions declare `environments`); image_token_id: a
     vision-language model's image placeholder (tools may return images: TRL's multimodal tool responses)."""
+    if cfg.agent_function is not None:
+        return _prepare_agent_function(cfg, tokenizer, specs)
     if not cfg.tools and cfg.environment_factory is None:
         return None
     spec = env_spec(cfg)
@@ -107,6 +110,31 @@ def prepare_agent(
         env_reward_specs=[env_reward_spec(r) for r in implicit], keep_state=any(s.takes_environments for s in specs),
         template_note=extension_note(tokenizer),
         images_note=None if image_token_id is None else _images_note(tokenizer, image_token_id),
+    )
+
+
+def _prepare_agent_function(cfg: RunConfig, tokenizer: Any, specs: list[RewardSpec]) -> AgentSetup:
+    """agent_function: importable, callable with (client, row); the chat template can render and read tool calls
+    (the endpoint parses the model's calls); its returned reward named after it (`rewards` may weight it)."""
+    target = cfg.agent_function
+    assert target is not None
+    try:
+        fn = load_agent(target, "agent_function")
+    except EnvSpecError as err:
+        raise ConfigError(str(err)) from None
+    name = getattr(fn, "__name__", type(fn).__name__)
+    takes = [s.name for s in specs if s.takes_environments]
+    if takes:
+        raise ConfigError(f"rewards {takes} declare `environments`, but an agent function has no environment "
+                          "instances to pass (its reward functions see the conversation)")
+    implicit = _env_rewards(cfg, {name: [None]})
+    check_tool_template(cfg, tokenizer)
+    spec = EnvSpec(agent_function=target, tool_timeout_s=cfg.agent.tool_timeout_s,
+                   reward_timeout_s=cfg.agent.trajectory_timeout_s)
+    return AgentSetup(
+        spec=spec, schemas={None: []}, env_classes={None: name}, env_rewards=implicit,
+        env_reward_specs=[env_reward_spec(r) for r in implicit], keep_state=False,
+        template_note=extension_note(tokenizer),
     )
 
 

@@ -149,6 +149,16 @@ def agent_metrics(rollouts: Rollouts) -> dict[str, float]:
     calls, failures = sum(t.tool_calls for t in ts), sum(t.tool_failures for t in ts)
     m["tools/call_frequency"] = calls / n
     m["tools/failure_frequency"] = failures / calls if calls else 0.0
+    requests = sum(t.requests for t in ts)
+    if requests:  # an agent function's trajectories (actors/generation/endpoint.py)
+        m.update({
+            "agent/requests": requests / n,
+            "agent/branches": mean([t.branches for t in ts]),
+            "agent/branched_frac": mean([t.branches > 1 for t in ts]),
+            "agent/untrained_turns": mean([t.untrained_turns for t in ts]),
+            # what the endpoint added to a request beyond the engine: reading, rendering, parsing, answering
+            "agent/endpoint_ms_per_request": 1000 * sum(t.endpoint_s for t in ts) / requests,
+        })
     return m
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from actors.types import EnvClosed, EnvOpened, EnvRequest, ToolCall, ToolResult
+from actors.types import AgentDone, AgentRun, EnvClosed, EnvOpened, EnvRequest, ToolCall, ToolResult
 
 
 class EnvSessionLost(RuntimeError):
@@ -37,6 +37,10 @@ class Environments(Protocol):
         """End the sessions: get_reward() where the environment has one, and the pickled environment when
         keep_state (reward functions that declare `environments` receive it)."""
 
+    def run_agent(self, run: AgentRun) -> Future[AgentDone]:
+        """Run the agent function for one trajectory (a run with agent_function); what went wrong is in
+        AgentDone.error, not an error of the Future."""
+
 
 class PoolEnvironments:
     """Environments over the pool actor `<run>/env-pool` (its handle, e.g. passed to a generator actor)."""
@@ -52,6 +56,9 @@ class PoolEnvironments:
 
     def close(self, sessions: list[int], *, keep_state: bool) -> Future[list[EnvClosed]]:
         return _future(self.pool.close.remote(sessions, keep_state))
+
+    def run_agent(self, run: AgentRun) -> Future[AgentDone]:
+        return _future(self.pool.run_agent.remote(run))
 
 
 def _future(ref: Any) -> Future[Any]:

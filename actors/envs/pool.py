@@ -49,11 +49,21 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util import metrics as ray_metrics  # the sessions gauge and call-wait histogram, the env pool's own
 
 from actors.autoscale import AutoscaleSettings
+from actors.envs.agent_worker import RETURN_GRACE_S, AgentWorker
 from actors.envs.client import EnvSessionLost
 from actors.envs.spec import EnvSpec
 from actors.envs.worker import EnvWorker
 from actors.pool import TAGS, WAIT_BOUNDS, PoolKind, PoolUnits, Slot, WorkerPool
-from actors.types import EnvClosed, EnvOpened, EnvPoolStats, EnvRequest, ToolCall, ToolResult
+from actors.types import (
+    AgentDone,
+    AgentRun,
+    EnvClosed,
+    EnvOpened,
+    EnvPoolStats,
+    EnvRequest,
+    ToolCall,
+    ToolResult,
+)
 
 # Sessions one worker holds. A session costs its environment's memory and nothing while the model writes, so
 # the bound is about what one worker's death takes with it: at most this many trajectories, one default batch
@@ -63,6 +73,8 @@ from actors.types import EnvClosed, EnvOpened, EnvPoolStats, EnvRequest, ToolCal
 # other; with slow ones the worker is busy, autoscaling sees it (module docstring), and the wait is measured
 # (rayward_env_call_wait_s). A smaller bound would make trajectories wait to start instead, even with fast tools.
 SESSIONS_PER_WORKER = 32
+# Agents an agent worker (an async actor) runs at once: the sessions it holds, and its pid pings.
+AGENT_CONCURRENCY = SESSIONS_PER_WORKER + 4
 # Ray runs an actor's sync methods on its main thread (where SIGALRM works, for the user's alarms and rayward's
 # deadline) only with max_concurrency=1 and no concurrency groups; with more, in threads of its own.
 WORKER_CONCURRENCY = 1
@@ -84,7 +96,8 @@ ENV_POOL = PoolKind(
     ),
 )
 COUNTERS = ("retries", "timeouts", "sessions_opened", "sessions_closed", "sessions_lost", "tool_calls", "tool_errors",
-            "tool_timeouts", "unknown_tools", "reset_errors", "reward_errors", "instances_created", "instances_reused")
+            "tool_timeouts", "unknown_tools", "reset_errors", "reward_errors", "instances_created", "instances_reused",
+            "agent_runs", "agent_errors", "agent_timeouts")
 # ToolResult.status -> the counter it adds to.
 STATUS_COUNTERS = {"error": "tool_errors", "timeout": "tool_timeouts", "unknown_tool": "unknown_tools"}
 
@@ -144,6 +157,12 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
     # --- the pool base's hooks ------------------------------------------------------------------------------
 
     def _new_worker(self, index: int, name: str) -> Any:
+        if self.spec.agent_function is not None:  # async: its agents run at once (actors/envs/agent_worker.py)
+            return (
+                ray.remote(AgentWorker)
+                .options(name=name, max_concurrency=AGENT_CONCURRENCY, max_restarts=0, **self.worker_options)
+                .remote(self.spec, index=index, sys_path=self.sys_path)
+            )
         return (
             ray.remote(EnvWorker)
             .options(name=name, max_concurrency=WORKER_CONCURRENCY, max_restarts=0, **self.worker_options)
@@ -154,6 +173,8 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
         return _EnvSlot(i, handle, time.monotonic())
 
     def _is_busy(self, slot: _EnvSlot) -> bool:
+        # An agent's run is not counted as a call (it waits on the model most of its life): a worker running
+        # agents is busy when it is full.
         return slot.calls > 0 or len(slot.sessions) >= SESSIONS_PER_WORKER
 
     def _holding(self, slot: _EnvSlot) -> int:
@@ -314,6 +335,32 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
             self.metrics.event("reward_error", errors)
         await self._notify()
         return closed
+
+    # --- agent functions -----------------------------------------------------------------------------------
+
+    async def run_agent(self, run: AgentRun) -> AgentDone:
+        """Run the agent function for one trajectory on the least-loaded live worker (a session of its own there
+        while it runs, not a call: the worker runs its agents at once). Bounded by run.timeout_s plus the
+        return grace plus `grace_s`: a worker that does not answer by then is killed and replaced, and every
+        agent it ran ends with an EnvSessionLost error, as its worker's death does."""
+        self._arrived(1)
+        ((sid, slot),) = await self._place(1)
+        slot.opening.discard(sid)
+        self.counters["agent_runs"] += 1
+        self.counters["sessions_opened"] += 1
+        try:
+            done: AgentDone = await self._send(slot, "run_agent", run.timeout_s + RETURN_GRACE_S, run)
+        except _WorkerLost as err:
+            done = AgentDone(None, error=f"EnvSessionLost: {err}")
+        else:
+            self._unplace(slot, [sid])
+            self.counters["sessions_closed"] += 1
+        if done.error is not None:
+            timed_out = done.error.startswith("timed out")
+            self.counters["agent_timeouts" if timed_out else "agent_errors"] += 1
+            self.metrics.event("agent_timeout" if timed_out else "agent_error")
+        await self._notify()
+        return done
 
     # --- routing -------------------------------------------------------------------------------------------
 

@@ -58,6 +58,8 @@ class EnvSpec:
     environments: dict[str | None, str] = field(default_factory=dict)
     tool_timeout_s: float = 60.0  # each tool call, and each session's factory + reset
     reward_timeout_s: float = 60.0  # each get_reward() at close (the environment reward's `timeout_s`)
+    agent_function: str | None = None  # `module:function` (agent_function): the workers run it, one call per
+    # trajectory, instead of environment sessions (actors/envs/agent_worker.py); no tools or environments then
 
     @property
     def routed(self) -> bool:

@@ -92,8 +92,9 @@ CLOSE_GRACE_S = 60.0
 # Why a text model's tool results cannot carry images (the error result a model reads instead of one).
 NOT_A_VISION_MODEL = "this model reads no images (not a vision-language model)"
 
-# Makes the sampling params of one turn: (max_tokens, seed) -> vLLM SamplingParams (n=1, logprobs=0).
-TurnParams = Callable[[int, int], Any]
+# Makes the sampling params of one turn: (max_tokens, seed) -> vLLM SamplingParams (n=1, logprobs=0); the agent
+# endpoint also passes `stop=` (the request's stop strings) when it has some.
+TurnParams = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ class AgentSettings:
     prompt_column: str = "prompt"
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # every render of the chat template
     # (generation.chat_template_kwargs, TRL's chat_template_kwargs)
+    # agent_function: the generators serve the agent endpoint (actors/generation/endpoint.py), under this model
+    # name; None: the environment-class driver (AgentLoop)
+    served_model: str | None = None
 
     def __post_init__(self) -> None:
         if not self.tools:

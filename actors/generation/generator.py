@@ -29,6 +29,7 @@ from actors.cpus import Share, describe, omp_waits
 from actors.envs.client import Environments
 from actors.generation import chat
 from actors.generation.agent import AgentLoop, AgentSettings, TurnSettings
+from actors.generation.endpoint import AgentEndpoint, EndpointLoop, node_address
 from actors.generation.engine import (
     EngineLoop,
     FinishedQueue,
@@ -152,6 +153,10 @@ class Generator:
         self._tool_images_problem: str | None = None
         if agent is not None:  # set up as TRL's trainer sets up its tokenizer for a tool run (the driver checked it)
             chat.prepare_tokenizer(self.tokenizer, dict(agent.chat_template_kwargs))
+        # agent_function: the OpenAI-compatible endpoint its agents call, one base URL per trajectory.
+        self.endpoint: AgentEndpoint | None = None
+        if agent is not None and agent.served_model is not None:
+            self.endpoint = AgentEndpoint(agent.served_model, host=node_address())
             if self.vision is not None:
                 self._tool_images_problem = chat.tool_images_problem(self.tokenizer, self.vision.image_token_id)
         self.tensor_parallel_size = tensor_parallel_size
@@ -313,7 +318,7 @@ class Generator:
         for groups in self._agent_loop(asdict(sampling), min_version, pin).run(rows, seeds):
             yield FinishedGroups(groups, time.perf_counter() - t0)
 
-    def _agent_loop(self, sampling: dict[str, Any], min_version: int | None, pin: bool) -> AgentLoop:
+    def _agent_loop(self, sampling: dict[str, Any], min_version: int | None, pin: bool) -> AgentLoop | EndpointLoop:
         if self.environments is None or self.agent is None:
             raise ValueError("Generator.rollout: this generator was built without `environments` and `agent`")
         if "seed" in sampling:
@@ -321,14 +326,17 @@ class Generator:
         turn = {**sampling, "n": 1}
         self._sampling_params(**{**turn, "max_tokens": 1})  # bad sampling arguments fail here, before any open
 
-        def params(max_tokens: int, seed: int) -> Any:
+        def params(max_tokens: int, seed: int, stop: list[str] | None = None) -> Any:
             return self._sampling_params(**{**turn, "max_tokens": max_tokens, "seed": seed},
-                                         logit_bias=self.logit_bias)
+                                         logit_bias=self.logit_bias, stop=stop)
 
         turns = TurnSettings(
             n=sampling["n"], max_tokens=sampling["max_tokens"], max_model_len=self.max_model_len, params=params,
             min_version=min_version, pin=pin, routes=self.turn_routes,
         )
+        if self.endpoint is not None:
+            return EndpointLoop(self.loop, self.environments, self.tokenizer, self.endpoint, self.agent, turns,
+                                temperature=sampling["temperature"], top_p=sampling.get("top_p", 1.0))
         return AgentLoop(self.loop, self.environments, self.tokenizer, self.agent, turns, vision=self.vision,
                          tool_images_problem=self._tool_images_problem)
 
@@ -342,6 +350,7 @@ class Generator:
         top_k: int = 0,
         seed: int | None = None,
         logit_bias: dict[int, float] | None = None,
+        stop: list[str] | None = None,
     ) -> Any:
         from vllm import SamplingParams
 
@@ -357,6 +366,8 @@ class Generator:
             # A vision-language model never samples an image placeholder (the learner's forward would take it for
             # an image); the learner applies the same bias (actors/vision.py PLACEHOLDER_BIAS).
             logit_bias=logit_bias,
+            # An agent's stop strings (actors/generation/endpoint.py): the turn ends after one; its ids are kept.
+            stop=stop or None,
         )
 
     # --- weights (actors.weights: the engine side runs in every worker, see receiver.py) --------------------

@@ -56,7 +56,8 @@ def test_each_pool_keeps_its_own_fields_and_step_metrics():
     assert env == {"env_pool/workers": 3, "env_pool/target_workers": 4, "env_pool/starting": 1,
                    "env_pool/sessions": 6, "env_pool/sessions_lost": 1, "env_pool/replaced": 1,
                    "env_pool/queue_depth": 5, "env_pool/decisions": 2, "env_pool/worker_s": 1.5,
-                   "env_pool/utilization": 0.5, "env_pool/instances_created": 0, "env_pool/instances_reused": 0}
+                   "env_pool/utilization": 0.5, "env_pool/instances_created": 0, "env_pool/instances_reused": 0,
+                   "env_pool/agent_errors": 0, "env_pool/agent_timeouts": 0}
     assert RewardPool.STATS is RewardPoolStats and EnvPool.STATS is EnvPoolStats
 
 

@@ -143,7 +143,9 @@ def test_the_rollout_kind_follows_the_tools():
 def test_generators_get_the_environment_pool_and_the_agent_settings(tiny_tools_cfg):
     from actors.envs.client import PoolEnvironments
     from orchestrator.build import agent_kwargs
+    from orchestrator.config import load_config
     from orchestrator.environments import AgentSetup
+    from tests.conftest import ROOT
 
     class Pool:
         handle = "the pool actor"
@@ -157,6 +159,9 @@ def test_generators_get_the_environment_pool_and_the_agent_settings(tiny_tools_c
     assert (a.tools, a.max_tool_tokens, a.trajectory_timeout_s, a.max_tool_calling_iterations, a.prompt_column) == (
         schemas, 128, 120.0, 3, "prompt")
     assert agent_kwargs(tiny_tools_cfg, setup, Pool(), "question")["agent"].prompt_column == "question"
+    assert a.served_model is None  # the environment-class driver
+    agent_cfg = load_config(ROOT / "configs" / "agent.yaml")  # an agent function: the generators serve its endpoint
+    assert agent_kwargs(agent_cfg, setup, Pool())["agent"].served_model == "tiny-tools"
 
 
 @pytest.fixture
