@@ -286,3 +286,40 @@ def test_text_prompts_with_tools_are_refused_before_ray_starts(tokenizer):
                                           r"prompt is chat messages .* row 0 holds str"):
         prepare(c, tokenizer, load_rows(DataSource(path="toy")))
     assert prepare(c, tokenizer, [{"box": 1, "seed": 3}]) is not None
+
+
+# --- agent functions (agent_function: the OpenAI-compatible endpoint) -----------------------------------------
+
+AGENT = "orchestrator.tasks.box_agent:box_agent"
+
+
+@pytest.mark.parametrize(("tree", "message"), [
+    ({"agent_function": "box_agent"}, "agent_function: 'box_agent' is not of the form module:name"),
+    ({"agent_function": AGENT, "tools": [f"{F}:echo"]}, "give `tools`/`environment_factory` or `agent_function`"),
+    ({"agent_function": AGENT, "environment_factory": BOXES}, "not both"),
+    ({"rewards": [{"name": "box_agent"}]}, "neither environment_factory nor agent_function is set"),
+])
+def test_agent_function_config_rejects(tree, message):
+    with pytest.raises(ConfigError) as info:
+        cfg(**tree)
+    assert message in str(info.value)
+
+
+def test_an_agent_function_is_checked_before_ray_starts_and_its_reward_named_after_it(tokenizer):
+    setup = prepare(cfg(agent_function=AGENT, rewards=[]), tokenizer, boxes_dataset(4))
+    assert (setup.spec.agent_function, setup.schemas, setup.env_classes) == (AGENT, {None: []}, {None: "box_agent"})
+    assert [r.name for r in setup.env_rewards] == ["box_agent"] and setup.env_reward_specs[0].env_reward
+    named = prepare(cfg(agent_function=AGENT, rewards=[{"name": "box_agent", "weight": 2.0}]), tokenizer)
+    assert named.env_rewards == []  # weighted by `rewards`
+    beside = prepare(cfg(agent_function=AGENT), tokenizer)  # a reward function too: the agent's is implicit
+    assert [r.name for r in beside.env_rewards] == ["box_agent"]
+    for tree, message in [
+        ({"agent_function": "orchestrator.tasks.box_agent:nope"}, "agent_function"),
+        ({"agent_function": "tests.fixtures.agents:no_client_agent"},
+         "an agent function receives (client, row)"),
+        ({"agent_function": AGENT, "rewards": [{"name": "c", "function": f"{F}:env_counts"}]},
+         "declare `environments`, but an agent function has no environment instances"),
+    ]:
+        with pytest.raises(ConfigError) as info:
+            prepare(cfg(**tree), tokenizer)
+        assert message in str(info.value)

@@ -9,32 +9,29 @@ for what is not served) are what agent harnesses do."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import re
-import threading
-from concurrent.futures import Future
 from types import SimpleNamespace
 from typing import Any
 
 import openai
 import pytest
 
-from actors.envs.agent_worker import AgentWorker, agent_kwargs, agent_reward, load_agent
-from actors.envs.spec import EnvSpec, EnvSpecError
+from actors.envs.agent_worker import agent_kwargs, agent_reward, load_agent
+from actors.envs.spec import EnvSpecError
 from actors.generation import chat
 from actors.generation.agent import AgentLoop, AgentSettings, TurnSettings
 from actors.generation.endpoint import AgentEndpoint, EndpointLoop, EndpointTrajectory, _cut_at_stop
 from actors.generation.openai_api import ApiError, Served, convert_messages, message_key, parse_request
-from actors.types import AgentRun, Sample
+from actors.types import Sample
 from orchestrator.tasks.box_agent import TOOLS
 from orchestrator.tasks.boxes import BoxEnv, boxes_dataset
+from tests.fixtures.agents import HERE, LocalAgents
 from tests.fixtures.engines import TOKEN_LOGPROB, by_turn, scripted_loop
 from tests.fixtures.envs import WAIT_S, LocalEnvironments, tool_schemas
 
 MODEL = "tiny-tools"
-HERE = "tests.unit.actors.generation.test_endpoint"
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -61,26 +58,6 @@ def settings(**kw: Any) -> AgentSettings:
 
 def turns(**kw: Any) -> TurnSettings:
     return TurnSettings(**{"n": 2, "max_tokens": 200, "max_model_len": 2048, "params": params, **kw})
-
-
-class LocalAgents:
-    """`Environments.run_agent` over an AgentWorker in this process, on an event loop of its own (as the async
-    worker actor runs it)."""
-
-    def __init__(self, target: str) -> None:
-        self.worker = AgentWorker(EnvSpec(agent_function=target))
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.runs: list[AgentRun] = []
-
-    def run_agent(self, run: AgentRun) -> Future:
-        self.runs.append(run)
-        return asyncio.run_coroutine_threadsafe(self.worker.run_agent(run), self.loop)
-
-    def shutdown(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(WAIT_S)
 
 
 class Rig:
@@ -129,38 +106,6 @@ def rig(tokenizer):
 
 def rows(n: int = 2) -> list[dict[str, Any]]:
     return boxes_dataset(n, seed=3)
-
-
-# --- the agents ------------------------------------------------------------------------------------------------
-
-
-async def summarizing_agent(client: Any, row: dict[str, Any], *, model: str) -> None:
-    """Asks once, then rewrites its history (a summary instead of the tool call and its result) and asks again."""
-    first = await client.chat.completions.create(model=model, messages=row["prompt"], tools=TOOLS)
-    assert first.choices[0].message.tool_calls
-    summary = [{"role": "user", "content": "Box 1 holds 123. Submit 123."}]
-    await client.chat.completions.create(model=model, messages=summary, tools=TOOLS)
-    return None
-
-
-async def raising_agent(client: Any, row: dict[str, Any], *, model: str) -> float:
-    await client.chat.completions.create(model=model, messages=row["prompt"], tools=TOOLS)
-    raise ValueError("the agent's own bug")
-
-
-async def hanging_agent(client: Any, row: dict[str, Any], *, model: str) -> float:
-    await client.chat.completions.create(model=model, messages=row["prompt"], tools=TOOLS)
-    await asyncio.Event().wait()  # never set: only the trajectory's deadline ends it
-    return 1.0
-
-
-async def stopping_agent(client: Any, row: dict[str, Any], *, model: str) -> str:
-    response = await client.chat.completions.create(model=model, messages=row["prompt"], stop=["Done"])
-    return response.choices[0].message.content  # not a number: an error of the run
-
-
-def no_client_agent(row: dict[str, Any]) -> float:
-    return 1.0
 
 
 # --- the box agent against the environment-class path -----------------------------------------------------------
