@@ -61,6 +61,11 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rayward_multiturn_template_mismatch_frac": ("agentic: fraction of conversations whose tokens differ from "
                                                  "the chat template's", ()),
     "rayward_multiturn_stop_reason": ("agentic: fraction of conversations ended for each reason", ("reason",)),
+    "rayward_agent_requests": ("agent function: mean chat requests per trajectory", ()),
+    "rayward_agent_branches": ("agent function: mean branches per trajectory (requests that rewrote the history "
+                               "start one)", ()),
+    "rayward_agent_endpoint_ms_per_request": ("agent function: mean milliseconds the endpoint added to a request "
+                                              "beyond the engine", ()),
     "rayward_eval_reward": ("held-out eval: mean weighted total reward", ()),
     "rayward_eval_reward_fn_mean": ("held-out eval: mean raw score per reward function", ("reward",)),
     "rayward_eval_pass_at": ("held-out eval: unbiased pass@k (k = tag)", ("k",)),
@@ -96,6 +101,9 @@ SCALARS: dict[str, str] = {
     "multiturn/tool_failures": "rayward_multiturn_tool_failures",
     "multiturn/env_s": "rayward_multiturn_env_s",
     "multiturn/template_mismatch_frac": "rayward_multiturn_template_mismatch_frac",
+    "agent/requests": "rayward_agent_requests",
+    "agent/branches": "rayward_agent_branches",
+    "agent/endpoint_ms_per_request": "rayward_agent_endpoint_ms_per_request",
     "eval/reward": "rayward_eval_reward",
     "eval/mean_length": "rayward_eval_mean_length",
     "eval/policy_version": "rayward_eval_policy_version",
