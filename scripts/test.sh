@@ -13,8 +13,8 @@ export PATH
 # one worker): a sync run keeps one core busy while the other waits on Ray start-ups, engine loads and
 # deliberate hang deadlines, so a second file fills those gaps. RAYWARD_TEST_WORKERS=0 runs in this process.
 # The default is CI's tier: everything but the scenarios. A run's start (Ray, a vLLM engine, a learner and workers,
-# each a process importing torch) costs about a minute of 2 cores, so CI's tier holds two whole runs (the demo, the
-# agentic tools run), two short ones of the second-model tier (a judge, a distillation teacher) and the engines in
+# each a process importing torch) costs about a minute of 2 cores, so CI's tier holds three whole runs (the demo,
+# the agentic tools run, the agent-endpoint run), two short ones of the second-model tier (a judge, a distillation teacher) and the engines in
 # process; the `scenario` marker holds every other run (learning runs, LoRA,
 # eval, VLM, TRL scripts, several local Ray nodes, chaos, signals, jobs), the pools' fault and scaling cases and
 # the multiprocess engine core (CONTRIBUTING.md lists them). --all runs CI's tier, then the scenarios one file at a
