@@ -68,6 +68,7 @@ from orchestrator.groups import EnvPoolView, Generators, Learner, RewardScorer
 from orchestrator.rollout import Agentic, OneTurn, Sampler
 from orchestrator.run import Evaluator, FaultLog, Run
 from orchestrator.selection import Selector, dynamic_sampling, keep_all
+from orchestrator.stream import PEEK_ROWS, StreamSource, peek, shards, stream_eval_prompts
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
 from orchestrator.telemetry.tool_calls import ToolCallWatch
@@ -424,9 +425,9 @@ def prepare_eval(cfg: RunConfig, tokenizer: Any, images: Images | None = None
     kw = cfg.generation.chat_template_kwargs
     specs = reward_specs(cfg.eval.rewards, "eval.rewards", kw, cfg.seed) if cfg.eval.rewards is not None else None
     try:
-        held_out = eval_prompts(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, seed=cfg.seed,
-                                prompt_optional=agentic(cfg), template_kwargs=cfg.generation.chat_template_kwargs,
-                                images=images)
+        read = stream_eval_prompts if cfg.eval.data.streaming else functools.partial(eval_prompts, seed=cfg.seed)
+        held_out = read(cfg.eval.data, tokenizer, max_samples=cfg.eval.max_samples, prompt_optional=agentic(cfg),
+                        template_kwargs=cfg.generation.chat_template_kwargs, images=images)
     except ImageError as err:
         raise ConfigError(str(err)) from None
     if cfg.eval.rewards is not None and held_out:
@@ -442,14 +443,19 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
         if sink in cfg.logging.report_to and importlib.util.find_spec(module) is None:
             raise ConfigError(f"logging.report_to: {sink!r} needs the `{module}` package (pip install {module})")
-    rows = training_rows(cfg)
+    streamed = shards(cfg.data) if cfg.data.streaming else None  # the shards, read as drawn (orchestrator/stream.py)
+    rows = training_rows(cfg) if streamed is None else peek(streamed, PEEK_ROWS, cfg.data,
+                                                            prompt_optional=agentic(cfg))
     check_judge_templates(cfg.rewards, sorted(rows[0]) if rows else [])
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg, model_path)
     images = load_images(cfg, model_path)
     check_learner_model(cfg, model_path)
-    prompts = PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed,
-                           template_kwargs=cfg.generation.chat_template_kwargs, images=images)
+    prompts: PromptSource | StreamSource = (
+        PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed, template_kwargs=cfg.generation.chat_template_kwargs,
+                     images=images) if streamed is None else
+        StreamSource(streamed, tokenizer, cfg.data, seed=cfg.seed, template_kwargs=cfg.generation.chat_template_kwargs,
+                     images=images, prompt_optional=agentic(cfg)))
     try:  # images decode, and the chat template keeps their parts
         prompts.encode.check(rows, "data")
     except ImageError as err:

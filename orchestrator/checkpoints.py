@@ -52,6 +52,7 @@ from orchestrator.data import DataPosition
 from orchestrator.eval_metrics import Best
 from orchestrator.groups import Learner
 from orchestrator.run import Run
+from orchestrator.stream import StreamPosition, position_from_json
 
 BEST = "checkpoint-best"
 # Where the pipelined loop's learner writes the evaluated weights until the eval's result is known.
@@ -107,7 +108,7 @@ class RunState:
     """What a checkpoint keeps of the run besides the learner's state (the module docstring's STATE_FILE, under
     these keys)."""
 
-    data: DataPosition  # the prompt stream's position of the next batch to train
+    data: DataPosition | StreamPosition  # the prompt stream's position of the next batch to train
     trainer_state: TrainerState  # what the reward pool holds
     eval: dict[str, Any]  # the evaluator's bookkeeping (Evaluator.state: the best eval so far)
     reward_pool: dict[str, Any]  # how the reward pool is sized (RewardPoolGroup.scaling)
@@ -119,7 +120,7 @@ class RunState:
     @classmethod
     def from_json(cls, state: dict[str, Any]) -> RunState:
         """From a STATE_FILE's contents (its other keys, global_step and files, are the learner's)."""
-        return cls(DataPosition.from_json(state["data"]), TrainerState(**state["trainer_state"]), state["eval"],
+        return cls(position_from_json(state["data"]), TrainerState(**state["trainer_state"]), state["eval"],
                    state["reward_pool"])
 
 

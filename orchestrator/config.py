@@ -204,6 +204,11 @@ class DataSource(_Section):
     num_generations placeholder rows, each an empty user message, to which reset()'s text is appended."""
     split: str = "train"
     """Dataset split to read (hub datasets and saved DatasetDicts)."""
+    streaming: bool = False
+    """Read the dataset as a stream, rows as drawn, memory flat in its size (orchestrator/stream.py): `path` is a
+    directory, a glob or a file of parquet/jsonl shards, or a dataset saved with `datasets.save_to_disk`. The
+    stream's position (shard, offset, shuffle buffer, random state) is in every checkpoint: a resume is exact. An
+    eval set streams its first `eval.max_samples` rows."""
     prompt_column: str = "prompt"
     """Column holding the prompt: plain text, or chat messages (list of {role, content}) to which the
     model's chat template is applied. Every other column travels with the sample to the reward functions.
@@ -217,6 +222,13 @@ class DataSource(_Section):
 class DataConfig(DataSource):
     shuffle_dataset: bool = True
     """Shuffle the prompts each epoch (TRL's name). False keeps file order, e.g. for difficulty curricula."""
+    shuffle_buffer_size: int = Field(10_000, ge=1)
+    """With `streaming`: rows held in the shuffle buffer (`datasets`' IterableDataset.shuffle(buffer_size)); each
+    epoch also shuffles the shards' order. Larger mixes better and holds more rows in the driver."""
+    on_bad_row: Literal["raise", "skip"] = "raise"
+    """With `streaming`: a row without the prompt column, or a shard that cannot be read, stops the run naming the
+    file and row (`raise`), or is left out and counted (`skip`: the step metric `data/skipped_rows`, the first
+    few named in the driver's log)."""
 
 
 class GenerationConfig(_Section):

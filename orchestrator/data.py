@@ -4,6 +4,7 @@ back to their prompts (`to_rollouts`)."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import random
 from dataclasses import dataclass, replace
@@ -131,6 +132,15 @@ def _load_datasets(cfg: DataSource, field: str) -> list[dict[str, Any]]:
             ds = datasets.load_from_disk(str(p))
             if isinstance(ds, datasets.DatasetDict):
                 ds = ds[cfg.split]
+        elif p.is_dir() or any(c in cfg.path for c in "*?["):  # shards: a directory's or a glob's files
+            files = sorted(p.rglob("*") if p.is_dir() else (Path(f) for f in glob.glob(cfg.path, recursive=True)))
+            by_kind = {k: [str(f) for f in files if f.suffix == s] for s, k in ((".parquet", "parquet"),
+                                                                                (".jsonl", "json"))}
+            kinds = [k for k, fs in by_kind.items() if fs]
+            if len(kinds) != 1:
+                raise DataError(f"{field}.path {cfg.path!r}: shards are all .parquet or all .jsonl files "
+                                f"({'none found' if not kinds else 'both found'})")
+            ds = datasets.load_dataset(kinds[0], data_files=by_kind[kinds[0]], split="train")
         else:
             ds = datasets.load_dataset(cfg.path, split=cfg.split)
     except DataError:

@@ -17,7 +17,14 @@ from actors.generation.endpoint import AgentEndpoint, EndpointLoop
 from tests.fixtures.agents import HERE, LocalAgents, weather_tools
 from tests.fixtures.chat_templates import template_tokenizer
 from tests.fixtures.engines import scripted_loop
-from tests.unit.actors.generation.test_chat_templates import ANSWER, CALL, HANDLED, PROMPT, RESULTS, model_turn
+from tests.unit.actors.generation.test_chat_templates import (
+    ANSWER,
+    CALL,
+    HANDLED,
+    PROMPT,
+    RESULTS,
+    model_turn,
+)
 from tests.unit.actors.generation.test_endpoint import params
 
 WAIT_S = 30
