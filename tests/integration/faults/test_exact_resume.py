@@ -6,7 +6,8 @@ run directory, trains the next steps exactly as the uninterrupted run did: the s
 equal within float tolerance. Everything that decides it comes from the checkpoint: the learner's weights,
 optimizer, scheduler and RNGs, the prompt stream, the reward pool's trainer_state.
 
-Three legs, one engine start-up each, each stopped by SIGTERM sent another way:
+Three legs, one engine start-up each, each stopped by SIGTERM sent another way (twice: the demo's dataset in memory,
+and the same rows streamed from parquet shards through a shuffle buffer, data.streaming):
     straight   past step N, SIGTERM to its whole process group, as `timeout` sends it (the Ray processes of the
                embedded cluster are in that group: they must not die before the driver checkpoints)
     first      past step K, SIGTERM to every process of the run one by one, as SLURM signals a job's processes
@@ -97,16 +98,34 @@ def _last_step(leg: Leg) -> int:
     return json.loads((leg.run_dir / "metrics.jsonl").read_text().splitlines()[-1])["step"]
 
 
-@pytest.fixture(scope="module")
-def legs(tmp_path_factory) -> tuple[Leg, Leg, Leg]:
+def _toy_shards(out: Path) -> Path:
+    """The demo's letter task as 4 parquet shards of small row groups, for the streamed legs."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from orchestrator.tasks.letters import toy_dataset
+
+    out.mkdir()
+    rows = toy_dataset(seed=0)
+    for k in range(4):
+        pq.write_table(pa.Table.from_pylist(rows[k::4]), out / f"part-{k}.parquet", row_group_size=16)
+    return out
+
+
+# in-memory: the demo's dataset; streamed: the same rows as parquet shards read as a stream through a shuffle buffer
+# smaller than the dataset (its rows, the shard being read and the random state are what the checkpoint restores)
+@pytest.fixture(scope="module", params=["in-memory", "streamed"])
+def legs(request, tmp_path_factory) -> tuple[Leg, Leg, Leg]:
     logdir = tmp_path_factory.mktemp("resume")
-    straight = _run_then_sigterm(logdir, "straight", N, "group")
-    first = _run_then_sigterm(logdir, "first", K, "every process")
+    data = [] if request.param == "in-memory" else [
+        f"data.path={_toy_shards(logdir / 'shards')}", "data.streaming=true", "data.shuffle_buffer_size=24"]
+    straight = _run_then_sigterm(logdir, "straight", N, "group", *data)
+    first = _run_then_sigterm(logdir, "first", K, "every process", *data)
     stopped_at = first.run_dir / f"checkpoint-{_last_step(first)}"
     assert stopped_at.is_dir(), first.out[-3000:]
     (logdir / "resumed").mkdir()
     shutil.copytree(stopped_at, logdir / "resumed" / stopped_at.name)
-    return straight, first, _run_then_sigterm(logdir, "resumed", N, "driver", "--resume")
+    return straight, first, _run_then_sigterm(logdir, "resumed", N, "driver", "--resume", *data)
 
 
 def test_sigterm_checkpoints_and_says_how_to_continue_however_it_arrives(legs):

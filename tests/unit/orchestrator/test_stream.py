@@ -124,3 +124,33 @@ def test_the_first_rows_are_peeked_and_the_field_named(tmp_path, tok):
         shards(DataConfig(path=str(tmp_path / "nothing-*.parquet"), streaming=True))
     assert len(shards(DataConfig(path=str(path / "part-00[01].parquet"), streaming=True))) == 2  # a glob
     assert [r["i"] for r in load_rows(DataConfig(path=str(path)))] == list(range(30))  # the same shards, in memory
+
+
+def test_a_stream_has_the_prompt_sources_interface():
+    import inspect
+
+    from orchestrator.data import PromptSource
+
+    def public(cls):
+        return {n: inspect.signature(f) for n, f in inspect.getmembers(cls, inspect.isfunction)
+                if not n.startswith("_")}
+
+    ours, theirs = public(StreamSource), public(PromptSource)
+    assert set(theirs) <= set(ours)
+    for name in theirs:
+        assert list(ours[name].parameters) == list(theirs[name].parameters), name
+    assert isinstance(StreamSource.epoch_progress, property)
+
+
+def test_a_streamed_run_is_prepared_with_a_stream_and_its_first_rows_checked(tmp_path):
+    from orchestrator.build import prepare
+    from orchestrator.config import parse_config
+
+    path = write_shards(tmp_path, n_rows=30, per_shard=13)
+    tree = {"data": {"path": str(path), "streaming": True}, "rewards": [{"name": "r", "function": "letter_fraction"}]}
+    p = prepare(parse_config(tree), "streamed")
+    assert isinstance(p.prompts, StreamSource) and [r["i"] for r in p.prompts.rows] == list(range(30))
+    from orchestrator.config import ConfigError
+
+    with pytest.raises((DataError, ConfigError), match="data.prompt_column 'question'"):
+        prepare(parse_config({**tree, "data": {**tree["data"], "prompt_column": "question"}}), "streamed")
