@@ -174,7 +174,8 @@ class AgentRun:
     base_url: str  # the trajectory's endpoint: http://<generator's node>:<port>/<trajectory>/v1
     api_key: str  # the trajectory's key (requests without it are refused)
     model: str  # the served model's name (/v1/models)
-    timeout_s: float  # what is left of the trajectory's deadline when it starts
+    timeout_s: float  # the run's time bound (agent.trajectory_timeout_s); the endpoint refuses the trajectory's
+    # requests from its own deadline on (counted from the rollout's start), which may come first
 
 
 @dataclass
