@@ -336,6 +336,13 @@ def eval_prompts(cfg: DataSource, tokenizer: Any, *, max_samples: int | None, se
     return [encode(r, where=f"eval.data row {i}") for i, r in enumerate(rows)]
 
 
+def replay_skip(mark: int, skip: tuple[int, ...], served: int, untrained: list[range]) -> tuple[int, ...]:
+    """The draws a stream restored at `mark` (its draws made, `skip` its skips then) must not serve again: every
+    draw made since (up to `served`) that is not one of the `untrained` batches' (a refill some trained step used)."""
+    replay = {d for r in untrained for d in r}
+    return tuple(sorted(set(skip) | {d for d in range(mark, served) if d not in replay}))
+
+
 class PromptSource:
     """Serves prompts `k` at a time, epoch after epoch, shuffled per epoch if asked; tokenizes them as it serves
     them. Every draw has an index (`served` counts them): its Prompt's `draw`.
@@ -396,9 +403,7 @@ class PromptSource:
         """Where to resume when the draws in `untrained` (batches generated ahead, not trained yet) must be served
         again: `mark`, the position taken before the first of them, with every draw made since that is not
         theirs (a refill some trained step used) skipped."""
-        replay = {d for r in untrained for d in r}
-        since = {d for d in range(mark.served, self.served) if d not in replay}
-        return replace(mark, skip=tuple(sorted(set(mark.skip) | since)))
+        return replace(mark, skip=replay_skip(mark.served, mark.skip, self.served, untrained))
 
     def restore(self, position: DataPosition) -> None:
         self.epoch, self._cursor, self.served = position.epoch, position.cursor, position.served

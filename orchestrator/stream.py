@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import DataConfig, DataSource
-from orchestrator.data import EVAL_DRAW, DataError, DataPosition, Prompt, PromptEncoder
+from orchestrator.data import EVAL_DRAW, DataError, DataPosition, Prompt, PromptEncoder, replay_skip
 
 # The file kinds a stream reads.
 SUFFIXES = (".parquet", ".jsonl")
@@ -371,9 +371,7 @@ class StreamSource:
 
     def untrained_position(self, mark: StreamPosition, untrained: list[range]) -> StreamPosition:
         """PromptSource.untrained_position's, for a stream."""
-        replay = {d for r in untrained for d in r}
-        since = {d for d in range(mark.served, self.served) if d not in replay}
-        return replace(mark, skip=tuple(sorted(set(mark.skip) | since)))
+        return replace(mark, skip=replay_skip(mark.served, mark.skip, self.served, untrained))
 
     def restore(self, position: StreamPosition) -> None:
         if not isinstance(position, StreamPosition):
