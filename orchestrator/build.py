@@ -42,7 +42,7 @@ from actors.rewards.worker import (
     declares_environments,
     load_reward_function,
 )
-from actors.types import Sampling, TrainerState
+from actors.types import Rollouts, Sampling, Scores, TrainerState
 from actors.vision import ImageError, Images, is_vision_model
 from actors.weights.transfer import WeightTransfer
 from orchestrator.aggregation import RewardAggregator, weighted_totals
@@ -60,6 +60,7 @@ from orchestrator.config import (
     RewardConfig,
     RunConfig,
 )
+from orchestrator.curriculum import make_curriculum
 from orchestrator.data import Prompt, PromptSource, agentic, eval_prompts, training_rows
 from orchestrator.environments import AgentSetup, env_reward_spec, prepare_agent
 from orchestrator.eval_metrics import Best, EvalSchedule
@@ -67,7 +68,7 @@ from orchestrator.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
 from orchestrator.groups import EnvPoolView, Generators, Learner, RewardScorer
 from orchestrator.rollout import Agentic, OneTurn, Sampler
 from orchestrator.run import Evaluator, FaultLog, Run
-from orchestrator.selection import Selector, dynamic_sampling, keep_all
+from orchestrator.selection import Refill, Selection, Selector, dynamic_sampling, keep_all
 from orchestrator.stream import PEEK_ROWS, StreamSource, peek, shards, stream_eval_prompts
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
@@ -453,7 +454,8 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     check_learner_model(cfg, model_path)
     prompts: PromptSource | StreamSource = (
         PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed, template_kwargs=cfg.generation.chat_template_kwargs,
-                     images=images) if streamed is None else
+                     images=images, curriculum=make_curriculum(cfg.data, len(rows), cfg.seed))
+        if streamed is None else
         StreamSource(streamed, tokenizer, cfg.data, seed=cfg.seed, template_kwargs=cfg.generation.chat_template_kwargs,
                      images=images, prompt_optional=agentic(cfg)))
     try:  # images decode, and the chat template keeps their parts
@@ -485,6 +487,29 @@ def selector(cfg: RunConfig, aggregator: RewardAggregator) -> Selector:
         target_groups=cfg.generation.generation_batch_size // cfg.generation.num_generations,
         max_refill_rounds=cfg.grpo.max_refill_rounds,
     )
+
+
+def observed(select: Selector, prompts: Any, aggregator: RewardAggregator) -> Selector:
+    """`select` with every scored group (the first batch's and each refill's, kept or dropped) shown to a curriculum
+    sampler first (PromptSource.observe: its per-prompt statistics); `select` itself for a run without one."""
+    if getattr(prompts, "curriculum", None) is None:
+        return select
+
+    def observe(rollouts: Rollouts, scores: Scores) -> None:
+        totals = weighted_totals(aggregator, scores, rollouts.group_size).tolist()
+        prompts.observe(rollouts.prompt_index, totals, rollouts.group_size, scores.global_step)
+
+    def selecting(rollouts: Rollouts, scores: Scores, refill: Refill) -> Selection:
+        observe(rollouts, scores)
+
+        def refilled(n: int) -> tuple[Rollouts, Scores]:
+            more = refill(n)
+            observe(*more)
+            return more
+
+        return select(rollouts, scores, refilled)
+
+    return selecting
 
 
 def overlapped_sync(cfg: RunConfig) -> bool:
@@ -794,7 +819,8 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
     run = Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=groups.generators,
         learner=groups.learner, reward_pool=groups.reward_pool, weights=groups.weights, evaluate=NoEval(),
-        aggregator=aggregator, select=selector(cfg, aggregator), sampling=training_sampling(cfg),
+        aggregator=aggregator, select=observed(selector(cfg, aggregator), p.prompts, aggregator),
+        sampling=training_sampling(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
         faults=FaultLog(p.run_dir, logger.display.message), eval_pool=groups.eval_pool,
         sampler=rollout_kind(p.agent, p.vision, p.cfg.data.prompt_column, teacher=p.teacher is not None),

@@ -219,16 +219,64 @@ class DataSource(_Section):
     text (TRL's `prepare_multimodal_messages`); or image parts in the messages themselves."""
 
 
+class DifficultyConfig(_Section):
+    """The `difficulty` sampler's pools (orchestrator/curriculum.py): each prompt's pass rate in its last scored
+    group (the share of its completions whose total reward is at least `pass_threshold`) puts it in `easy`,
+    `learnable` or `hard`; a prompt never scored is `unseen`; a prompt solved by all or none of its group
+    `rest_after` times in a row is rested for `rest_steps` steps, then drawn again from its pool."""
+
+    pass_threshold: float = 1.0
+    """A completion passes when its weighted total reward is at least this."""
+    easy_above: float = Field(0.75, ge=0, le=1)
+    """A pass rate at or above this is `easy`."""
+    hard_below: float = Field(0.25, ge=0, le=1)
+    """A pass rate at or below this is `hard`; between the two, `learnable`."""
+    weights: dict[Literal["unseen", "learnable", "easy", "hard"], ScheduledFloat] = Field(
+        default_factory=lambda: {"unseen": 1.0, "learnable": 2.0, "easy": 0.1, "hard": 0.1})
+    """Each pool's share of a step's draws (relative, over the pools that have prompts): a number or a schedule
+    over steps, as reward weights. A pool left out draws nothing."""
+    rest_after: int = Field(2, ge=1)
+    """Scorings in a row at a pass rate of 0 or 1 after which a prompt is rested."""
+    rest_steps: int = Field(20, ge=0)
+    """Steps a rested prompt is not drawn."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DifficultyConfig:
+        if self.hard_below >= self.easy_above:
+            raise ValueError(f"hard_below ({self.hard_below}) must be below easy_above ({self.easy_above})")
+        return self
+
+
 class DataConfig(DataSource):
     shuffle_dataset: bool = True
     """Shuffle the prompts each epoch (TRL's name). False keeps file order, e.g. for difficulty curricula."""
     shuffle_buffer_size: int = Field(10_000, ge=1)
     """With `streaming`: rows held in the shuffle buffer (`datasets`' IterableDataset.shuffle(buffer_size)); each
     epoch also shuffles the shards' order. Larger mixes better and holds more rows in the driver."""
+    sampler: str = "uniform"
+    """How each step's prompts are drawn. `uniform`: every row in turn (shuffled per epoch). `difficulty`: from
+    pools by each prompt's recent pass rate (`data.difficulty`), the run's own scores kept per prompt. Or
+    `module:function` (or `path/to/file.py:function`): called as `fn(stats=, trainer_state=, k=, num_rows=)` with
+    the per-prompt statistics ({row index: PromptStats}), the step's TrainerState, how many prompts to draw and
+    the dataset's size; returns k row indices (the data-side twin of a reward function's `trainer_state`). The
+    statistics and the sampler's state are in every checkpoint. In-memory datasets only (not `streaming`)."""
+    difficulty: DifficultyConfig = DifficultyConfig()
+    """The `difficulty` sampler's pools, weights and resting."""
     on_bad_row: Literal["raise", "skip"] = "raise"
     """With `streaming`: a row without the prompt column, or a shard that cannot be read, stops the run naming the
     file and row (`raise`), or is left out and counted (`skip`: the step metric `data/skipped_rows`, the first
     few named in the driver's log)."""
+
+    @model_validator(mode="after")
+    def _sampler(self) -> DataConfig:
+        if self.sampler not in ("uniform", "difficulty"):
+            module, _, name = self.sampler.rpartition(":")
+            if not module or not name:
+                raise ValueError(f"sampler: {self.sampler!r} is `uniform`, `difficulty` or module:function")
+        if self.sampler != "uniform" and self.streaming:
+            raise ValueError(f"sampler {self.sampler!r} draws from the whole dataset by its statistics: not with "
+                             "streaming (use uniform)")
+        return self
 
 
 class GenerationConfig(_Section):

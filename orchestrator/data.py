@@ -18,13 +18,13 @@ from orchestrator.tasks.boxes import boxes_dataset
 from orchestrator.tasks.cards import cards_dataset
 from orchestrator.tasks.code import code_dataset
 from orchestrator.tasks.colors import colors_dataset
-from orchestrator.tasks.letters import toy_dataset
+from orchestrator.tasks.letters import mixed_dataset, toy_dataset
 
 # data.path names of the built-in tasks (boxes: the tool task, with environment_factory BoxEnv; colors: the
 # vision task, with an `image` column; cards: the vision tool task, with environment_factory CardEnv, whose tool
 # returns the image)
-BUILTIN_DATASETS = {"toy": toy_dataset, "code": code_dataset, "boxes": boxes_dataset, "colors": colors_dataset,
-                    "cards": cards_dataset}
+BUILTIN_DATASETS = {"toy": toy_dataset, "toy-mixed": mixed_dataset, "code": code_dataset, "boxes": boxes_dataset,
+                    "colors": colors_dataset, "cards": cards_dataset}
 # TRL's image columns (GRPOTrainer): `images`, a list per row, or `image`, one per row (None: none).
 IMAGE_COLUMNS = ("images", "image")
 # Rows whose images are decoded when the run starts (a broken one stops it there, named); later rows' images are
@@ -62,16 +62,22 @@ class DataPosition:
     served: int  # draws made so far
     rng: tuple[Any, ...]  # the state of the random generator that shuffles the next epoch (random.Random)
     skip: tuple[int, ...] = ()  # draws at or after `served` that are not served again (PromptSource's docstring)
+    # A curriculum sampler (data.sampler, orchestrator/curriculum.py): its statistics and random state, and the draws
+    # to serve again first, (draw, row) each (the batches generated ahead, not trained); None / () otherwise.
+    curriculum: dict[str, Any] | None = None
+    replay: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "cursor": self.cursor, "order": self.order, "served": self.served,
-                "rng": self.rng, "skip": list(self.skip)}
+                "rng": self.rng, "skip": list(self.skip), "curriculum": self.curriculum,
+                "replay": [list(r) for r in self.replay]}
 
     @classmethod
     def from_json(cls, state: dict[str, Any]) -> DataPosition:
         version, internal, gauss = state["rng"]  # JSON made the state's tuples lists
         return cls(epoch=state["epoch"], cursor=state["cursor"], order=list(state["order"]), served=state["served"],
-                   rng=(version, tuple(internal), gauss), skip=tuple(state["skip"]))
+                   rng=(version, tuple(internal), gauss), skip=tuple(state["skip"]),
+                   curriculum=state.get("curriculum"), replay=tuple((d, r) for d, r in state.get("replay", ())))
 
 
 class DataError(ValueError):
@@ -353,10 +359,15 @@ class PromptSource:
     position."""
 
     def __init__(self, rows: list[dict[str, Any]], tokenizer: Any, cfg: DataConfig, seed: int = 0,
-                 template_kwargs: dict[str, Any] | None = None, images: Images | None = None):
+                 template_kwargs: dict[str, Any] | None = None, images: Images | None = None,
+                 curriculum: Any = None):
         """template_kwargs: generation.chat_template_kwargs, for chat prompts; images: a vision-language model's
-        processor (rows with images: actors/vision.py)."""
+        processor (rows with images: actors/vision.py); curriculum: a data.sampler that is not uniform
+        (orchestrator/curriculum.py Curriculum): it picks each batch's rows, from the scores `observe` feeds it."""
         self.rows, self.cfg, self.tokenizer, self.template_kwargs = rows, cfg, tokenizer, template_kwargs
+        self.curriculum = curriculum
+        self._row_of: dict[int, int] = {}  # curriculum: draw -> its row, until the draw is observed
+        self._replay: list[tuple[int, int]] = []  # curriculum: (draw, row) to serve first (a resumed run's)
         self.encode = PromptEncoder(tokenizer, cfg.prompt_column, template_kwargs, images)
         self._rng = random.Random(seed)
         self._order: list[int] = []
@@ -381,6 +392,8 @@ class PromptSource:
 
     def next_batch(self, k: int) -> list[Prompt]:
         """The next k prompts: each row, its token ids and its draw index."""
+        if self.curriculum is not None:
+            return self._curriculum_batch(k)
         out = []
         while len(out) < k:
             if self._cursor >= len(self._order):
@@ -394,15 +407,42 @@ class PromptSource:
             out.append(self.encode(self.rows[i], draw, where=f"data row {i}"))
         return out
 
+    def _curriculum_batch(self, k: int) -> list[Prompt]:
+        """k rows the curriculum chooses (after any to replay), each a new draw."""
+        picked = self._replay[:k]
+        del self._replay[:k]
+        for row in self.curriculum.choose(k - len(picked)):
+            picked.append((self.served, row))
+            self.served += 1
+        self._row_of.update(picked)
+        return [self.encode(self.rows[row], draw, where=f"data row {row}") for draw, row in picked]
+
+    def observe(self, draws: list[int], totals: list[float], group_size: int, step: int) -> None:
+        """Scored groups (draw indices and weighted totals, group_size contiguous per draw) for the curriculum's
+        statistics; nothing without one."""
+        if self.curriculum is None:
+            return
+        for g in range(0, len(draws), group_size):
+            row = self._row_of.pop(draws[g], None)
+            if row is not None:
+                self.curriculum.observe(row, totals[g: g + group_size], step)
+
+    def metrics(self) -> dict[str, float]:
+        return self.curriculum.metrics() if self.curriculum is not None else {}
+
     def state(self) -> DataPosition:
         """The position of the next draw."""
         return DataPosition(self.epoch, self._cursor, self._order, self.served, self._rng.getstate(),
-                            tuple(sorted(self._skip)))
+                            tuple(sorted(self._skip)),
+                            None if self.curriculum is None else self.curriculum.state(), tuple(self._replay))
 
     def untrained_position(self, mark: DataPosition, untrained: list[range]) -> DataPosition:
         """Where to resume when the draws in `untrained` (batches generated ahead, not trained yet) must be served
         again: `mark`, the position taken before the first of them, with every draw made since that is not
         theirs (a refill some trained step used) skipped."""
+        if self.curriculum is not None:  # the untrained draws' rows, served again first; the sampler as it is now
+            again = [(d, self._row_of[d]) for r in untrained for d in r if d in self._row_of]
+            return replace(self.state(), replay=tuple(again) + tuple(self._replay))
         return replace(mark, skip=replay_skip(mark.served, mark.skip, self.served, untrained))
 
     def restore(self, position: DataPosition) -> None:
@@ -410,3 +450,9 @@ class PromptSource:
         self._order = list(position.order)
         self._skip = set(position.skip)
         self._rng.setstate(position.rng)
+        if self.curriculum is not None:
+            if position.curriculum is None:
+                raise DataError("data.sampler: the checkpoint has no curriculum state (its run sampled uniformly)")
+            self.curriculum.restore(position.curriculum)
+            self._replay = list(position.replay)
+            self._row_of = dict(position.replay)

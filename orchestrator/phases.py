@@ -141,8 +141,7 @@ def to_train_batch(run: Run, selection: Selection) -> StepBatch:
         run.aggregator, rollouts, scores, scale_rewards=g.scale_rewards, aggregation=g.multi_objective_aggregation
     )
     metrics = {**adv.metrics, **step_metrics(rollouts, scores), **selection.metrics}
-    if getattr(run.prompts, "skipped", None) is not None:  # a streamed dataset: bad rows left out so far
-        metrics["data/skipped_rows"] = run.prompts.skipped
+    metrics.update(run.prompts.metrics())  # a curriculum's pools and draws; a stream's skipped rows
     return StepBatch(rollouts, scores, adv.batch, metrics, adv.table)
 
 

@@ -357,6 +357,12 @@ class StreamSource:
             out.append(self.encode(row, draw, where=f"{self.shards[shard].name} row {index}"))
         return out
 
+    def observe(self, draws: list[int], totals: list[float], group_size: int, step: int) -> None:
+        """A stream keeps no per-prompt statistics (data.sampler is uniform)."""
+
+    def metrics(self) -> dict[str, float]:
+        return {"data/skipped_rows": self.skipped}
+
     @property
     def epoch_progress(self) -> float:
         """Fractional epochs served: whole epochs, and the share of this epoch's shards read."""

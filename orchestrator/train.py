@@ -308,7 +308,7 @@ def evaluate(
     say = print if verbose else (lambda *a, **k: None)
     if cfg.eval is None:
         say("rayward eval: the config has no eval block: evaluating on its `data` with the eval defaults", flush=True)
-        held_out = DataSource(**cfg.data.model_dump(exclude={"shuffle_dataset"}))
+        held_out = DataSource(**cfg.data.model_dump(include=set(DataSource.model_fields)))
         cfg = cfg.model_copy(update={"eval": EvalConfig(data=held_out)})
     name = name or cfg.name or new_run_name("eval")
     model_path = resolve_model(cfg)  # the tokenizer, and the policy when no checkpoint is given

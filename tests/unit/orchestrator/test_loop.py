@@ -195,11 +195,14 @@ def test_sigterm_stops_at_the_step_boundary_with_a_checkpoint_and_resume_continu
 
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_a_stopped_and_resumed_run_trains_what_the_uninterrupted_one_does(tmp_path, loop, dynamic):
+@pytest.mark.parametrize("sampler", ["uniform", "difficulty"])
+def test_a_stopped_and_resumed_run_trains_what_the_uninterrupted_one_does(tmp_path, loop, dynamic, sampler):
     """Stopped (SIGTERM) at step 3 and resumed: steps 4..8 train the same prompts, requested with the same seeds,
     as in a run that never stopped; with dynamic sampling (refills drawn while batches are generated ahead) and
-    max_staleness 2 the resume position skips the draws trained already and replays the ones generated ahead."""
-    flags = [f"loop.mode={loop}", "grpo.max_steps=8", "loop.max_staleness=2"]
+    max_staleness 2 the resume position skips the draws trained already and replays the ones generated ahead. With
+    the difficulty sampler (its draws decided by the per-prompt statistics of the steps before), the statistics
+    and its random state come back from the checkpoint, and the batches generated ahead are replayed by row."""
+    flags = [f"loop.mode={loop}", "grpo.max_steps=8", "loop.max_staleness=2", f"data.sampler={sampler}"]
     flags += ["grpo.dynamic_sampling=true", "grpo.max_refill_rounds=6"] if dynamic else []
     prompts = rows(flat=lambda i: dynamic and i % 3 == 0)
     whole = fake_run(tmp_path / "whole", flags, prompt_rows=prompts)
