@@ -195,8 +195,9 @@ class ModelConfig(_Section):
 
 class DataSource(_Section):
     path: str | None = None
-    """A local `.jsonl`/`.json`/`.parquet`/`.csv` file, a directory saved with `datasets.save_to_disk`, a hub
-    dataset id, or a built-in task: `toy` (the letter task the tiny model learns in a few dozen steps), `code`
+    """A local `.jsonl`/`.json`/`.parquet`/`.csv` file, a directory or glob of parquet/jsonl shards, a directory
+    saved with `datasets.save_to_disk`, a hub dataset id, or a built-in task: `toy` (the letter task the tiny model
+    learns in a few dozen steps), `toy-mixed` (the same with 5 rows in 8 unanswerable, for curricula), `code`
     (45 function-writing problems with assert tests, for the `code_tests` reward), `boxes` (the tool task) or
     `colors` (the letter task shown as a colour, for vision-language models: an `image` column).
     null: `toy`; but for the training data of a run whose `environment_factory` is one environment, the
