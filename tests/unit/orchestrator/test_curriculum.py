@@ -95,3 +95,26 @@ def test_the_stream_with_a_curriculum_resumes_exactly_and_replays_untrained_batc
     score(b, again, 3)
     assert [(p.row["i"], p.draw) for p in b.next_batch(3)] == expected
     assert b.curriculum.stats == a.curriculum.stats and b.metrics()["curriculum/pool/unseen"] >= 0
+
+
+def test_a_run_observes_every_scored_group_dropped_and_refilled_ones_too(tmp_path):
+    from orchestrator.loop import run_sync
+    from tests.fixtures.fakes import fake_run, rows
+
+    flags = ["grpo.max_steps=4", "data.sampler=difficulty", "grpo.dynamic_sampling=true", "grpo.max_refill_rounds=3"]
+    run = fake_run(tmp_path / "r", flags, prompt_rows=rows(flat=lambda i: i % 2 == 0))
+    history = run_sync(run)
+    c = run.prompts.curriculum
+    assert sum(s.scored for s in c.stats.values()) == run.prompts.served  # every draw, kept or dropped, observed
+    assert not run.prompts._row_of  # nothing left waiting for its scores
+    assert all(f"curriculum/pool/{p}" in h and f"curriculum/draws/{p}" in h for h in history
+               for p in ("unseen", "learnable", "easy", "hard"))
+
+
+def test_the_mixed_letter_task_has_unanswerable_rows():
+    from orchestrator.tasks.letters import mixed_dataset
+
+    data = mixed_dataset()
+    broken = [r for r in data if not r["answerable"]]
+    assert len(data) == 64 and len(broken) == 40 and all(r["letter"] == "" for r in broken)
+    assert all(r["letter"] in "abcd" and r["letter"] for r in data if r["answerable"])
