@@ -223,8 +223,9 @@ class DataSource(_Section):
 class DifficultyConfig(_Section):
     """The `difficulty` sampler's pools (orchestrator/curriculum.py): each prompt's pass rate in its last scored
     group (the share of its completions whose total reward is at least `pass_threshold`) puts it in `easy`,
-    `learnable` or `hard`; a prompt never scored is `unseen`; a prompt solved by all or none of its group
-    `rest_after` times in a row is rested for `rest_steps` steps, then drawn again from its pool."""
+    `learnable` or `hard`; a prompt never scored is `unseen`; a prompt whose group had no spread (every
+    completion's total the same: solved by all or none, for a pass/fail reward) `rest_after` times in a row is
+    rested for `rest_steps` steps, then drawn again from its pool."""
 
     pass_threshold: float = 1.0
     """A completion passes when its weighted total reward is at least this."""
@@ -237,7 +238,7 @@ class DifficultyConfig(_Section):
     """Each pool's share of a step's draws (relative, over the pools that have prompts): a number or a schedule
     over steps, as reward weights. A pool left out draws nothing."""
     rest_after: int = Field(2, ge=1)
-    """Scorings in a row at a pass rate of 0 or 1 after which a prompt is rested."""
+    """Scorings in a row without spread after which a prompt is rested."""
     rest_steps: int = Field(20, ge=0)
     """Steps a rested prompt is not drawn."""
 

@@ -3,13 +3,15 @@
 
 **Statistics** (`PromptStats`, per dataset row): times drawn and scored, the last scored group's pass rate (the share
 of its completions whose weighted total reward is at least data.difficulty.pass_threshold), its reward mean and
-spread, the step it was scored at, and how many scorings in a row it was solved by all or none. The driver keeps
+spread, the step it was scored at, and how many scorings in a row its group had no spread (every completion's total
+the same: for a pass/fail reward, solved by all or none). The driver keeps
 them: every scored group (dynamic sampling's dropped and refilled groups included) is observed as it is selected
 (build.py wraps the run's selector), and they are in every checkpoint with the sampler's random state.
 
 **The difficulty sampler.** A prompt never scored is `unseen`; otherwise its last pass rate puts it in `easy` (at or
-above easy_above), `hard` (at or below hard_below) or `learnable`. A prompt solved by all or none of its group
-rest_after times in a row is rested for rest_steps steps (in no pool), then back in its pool. Each draw picks a
+above easy_above), `hard` (at or below hard_below) or `learnable`. A prompt whose group had no spread rest_after
+times in a row (solved by all or none, for a pass/fail reward; a prompt no completion can score, for any) is rested
+for rest_steps steps (in no pool), then back in its pool: GRPO learns nothing from such a group. Each draw picks a
 pool with the weights (schedules over the step, as reward weights; over the pools that have prompts), then a prompt
 of it at random, not one drawn already in the same batch while the pool has others. A step's draws count per pool
 (`curriculum/draws/<pool>`); the pools' sizes, the rested prompts and the pass-rate histogram of the drawn prompts
@@ -33,6 +35,8 @@ from orchestrator.aggregation import schedule_value
 from orchestrator.config import ConfigError, DataConfig
 
 POOLS = ("unseen", "learnable", "easy", "hard")
+# A group whose totals' standard deviation is at most this has no spread (orchestrator/selection.py's tolerance).
+FLAT_STD = 1e-6
 # Pass-rate bins of the drawn prompts' histogram (curriculum/drawn_pass_rate/<bin>): lower edges.
 PASS_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -47,7 +51,7 @@ class PromptStats:
     reward_mean: float | None = None
     reward_std: float | None = None
     last_step: int | None = None  # the step its last group was scored at
-    streak: int = 0  # scorings in a row at a pass rate of 0 or 1 (the same one)
+    streak: int = 0  # scorings in a row whose group had no spread
     rested_until: int | None = None  # not drawn before this step
 
 
@@ -143,11 +147,11 @@ class Curriculum:
         s = self.stats.setdefault(row, PromptStats())
         rate = sum(x >= self.d.pass_threshold for x in xs) / len(xs)
         mean = sum(xs) / len(xs)
-        extreme = rate in (0.0, 1.0)
-        s.streak = s.streak + 1 if extreme and s.pass_rate == rate else int(extreme)
+        std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+        flat = std <= FLAT_STD  # no spread: GRPO learns nothing from the group (a pass/fail reward: G/G or 0/G)
+        s.streak = s.streak + 1 if flat else 0
         s.scored += 1
-        s.pass_rate, s.reward_mean, s.last_step = rate, mean, step
-        s.reward_std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+        s.pass_rate, s.reward_mean, s.reward_std, s.last_step = rate, mean, std, step
         if s.streak >= self.d.rest_after:
             s.rested_until, s.streak = step + self.d.rest_steps, 0
 

@@ -118,3 +118,16 @@ def test_the_mixed_letter_task_has_unanswerable_rows():
     broken = [r for r in data if not r["answerable"]]
     assert len(data) == 64 and len(broken) == 40 and all(r["letter"] == "" for r in broken)
     assert all(r["letter"] in "abcd" and r["letter"] for r in data if r["answerable"])
+
+
+@pytest.mark.parametrize("loop", ["sync", "pipelined"])
+def test_the_agentic_path_draws_from_the_curriculum(tmp_path, loop):
+    from orchestrator.loop import run_pipelined, run_sync
+    from tests.fixtures.fakes import fake_run
+
+    run = fake_run(tmp_path / "r", ["grpo.max_steps=3", "data.sampler=difficulty", f"loop.mode={loop}"],
+                   agentic=True)
+    history = (run_sync if loop == "sync" else run_pipelined)(run)
+    c = run.prompts.curriculum
+    assert [h["step"] for h in history] == [1, 2, 3] and c.stats
+    assert sum(s.scored for s in c.stats.values()) == 3 * run.prompts_per_step  # the trained batches, observed
