@@ -80,7 +80,9 @@ def plot_run(run_dir: Path, out: str | Path | None = None) -> Path:
     for ax in axes.flat:
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.suptitle(f"rayward run {run_dir.name!r}: {len(rows)} steps")
+    # The metrics file holds a row per step and one per eval: the steps are the rows with a training reward.
+    steps = len({r["step"] for r in rows if "reward" in r and "step" in r})
+    fig.suptitle(f"rayward run {run_dir.name!r}: {steps} steps")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)

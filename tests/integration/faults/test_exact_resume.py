@@ -6,8 +6,9 @@ run directory, trains the next steps exactly as the uninterrupted run did: the s
 equal within float tolerance. Everything that decides it comes from the checkpoint: the learner's weights,
 optimizer, scheduler and RNGs, the prompt stream, the reward pool's trainer_state.
 
-Three legs, one engine start-up each, each stopped by SIGTERM sent another way (twice: the demo's dataset in memory,
-and the same rows streamed from parquet shards through a shuffle buffer, data.streaming):
+Three legs, one engine start-up each, each stopped by SIGTERM sent another way (three times: the demo's dataset in
+memory, the same rows streamed from parquet shards through a shuffle buffer (data.streaming), and drawn by the
+difficulty sampler (data.sampler)):
     straight   past step N, SIGTERM to its whole process group, as `timeout` sends it (the Ray processes of the
                embedded cluster are in that group: they must not die before the driver checkpoints)
     first      past step K, SIGTERM to every process of the run one by one, as SLURM signals a job's processes
@@ -113,12 +114,17 @@ def _toy_shards(out: Path) -> Path:
 
 
 # in-memory: the demo's dataset; streamed: the same rows as parquet shards read as a stream through a shuffle buffer
-# smaller than the dataset (its rows, the shard being read and the random state are what the checkpoint restores)
-@pytest.fixture(scope="module", params=["in-memory", "streamed"])
+# smaller than the dataset (its rows, the shard being read and the random state are what the checkpoint restores);
+# difficulty: the demo's dataset drawn by the difficulty sampler (its per-prompt statistics and random state)
+@pytest.fixture(scope="module", params=["in-memory", "streamed", "difficulty"])
 def legs(request, tmp_path_factory) -> tuple[Leg, Leg, Leg]:
     logdir = tmp_path_factory.mktemp("resume")
-    data = [] if request.param == "in-memory" else [
-        f"data.path={_toy_shards(logdir / 'shards')}", "data.streaming=true", "data.shuffle_buffer_size=24"]
+    data = {
+        "in-memory": [],
+        "streamed": [f"data.path={_toy_shards(logdir / 'shards')}", "data.streaming=true",
+                     "data.shuffle_buffer_size=24"],
+        "difficulty": ["data.sampler=difficulty", "data.difficulty.pass_threshold=0.05"],
+    }[request.param]
     straight = _run_then_sigterm(logdir, "straight", N, "group", *data)
     first = _run_then_sigterm(logdir, "first", K, "every process", *data)
     stopped_at = first.run_dir / f"checkpoint-{_last_step(first)}"
