@@ -10,19 +10,12 @@ tests/integration/actors/generation/test_endpoint_engine.py, on the real one.)""
 from __future__ import annotations
 
 import math
-import os
-import signal
-import threading
-import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
-from orchestrator import phases
 from orchestrator.config import load_config
-from orchestrator.train import train
 from tests.conftest import ROOT
+from tests.integration.agentic.killed_run import train_killing_a_worker
 
 NAME = "agentic-endpoint"
 STEPS = 3
@@ -33,55 +26,11 @@ OVERRIDES = [
 ]
 
 
-@dataclass
-class Captured:
-    steps: list[Any] = field(default_factory=list)
-    killed: list[int] = field(default_factory=list)
-
-
-def kill_an_agent_worker(ray, captured: Captured, stop: threading.Event) -> None:
-    """Once agents are running, SIGKILL the worker that runs one (polls until the run ends)."""
-    from orchestrator.cluster import namespace
-
-    pool = None
-    while not stop.is_set():
-        try:
-            pool = pool or ray.get_actor(f"{NAME}/env-pool", namespace=namespace(NAME))
-            where = ray.get(pool.session_workers.remote())
-            if where:
-                victim = ray.get(pool.worker_handles.remote())[next(iter(where.values()))]
-                pid = ray.get(victim.pid.remote())
-                os.kill(pid, signal.SIGKILL)
-                captured.killed.append(pid)
-                return
-        except Exception:  # noqa: BLE001 - the pool is not up yet, or the agent ended meanwhile: try again
-            pass
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def agent_run(ray_cluster, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("agent")
     cfg = load_config(ROOT / "configs" / "agent.yaml", [f"logging.dir={run_dir}", *OVERRIDES])
-    captured = Captured()
-    real = phases.to_train_batch
-
-    def capture(run, selection):
-        step = real(run, selection)
-        captured.steps.append(step)
-        return step
-
-    stop = threading.Event()
-    killer = threading.Thread(target=kill_an_agent_worker, args=(ray_cluster, captured, stop), daemon=True)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(phases, "to_train_batch", capture)
-    killer.start()
-    try:
-        history = train(cfg, name=NAME, show_progress=False)
-    finally:
-        stop.set()
-        mp.undo()
-    killer.join()
+    history, captured = train_killing_a_worker(ray_cluster, cfg, NAME)
     return cfg, history, captured
 
 

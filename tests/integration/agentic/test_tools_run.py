@@ -10,19 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import threading
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from orchestrator import phases
 from orchestrator.config import load_config
-from orchestrator.train import train
 from tests.conftest import ROOT
+from tests.integration.agentic.killed_run import Captured, train_killing_a_worker
 
 NAME = "agentic-tools"
 STEPS = 4
@@ -32,61 +26,11 @@ OVERRIDES = [
     "grpo.per_device_train_batch_size=8", "logging.check_logprob_parity=false",
 ]
 
-@dataclass
-class Captured:
-    """What the loop handed the learner (phases.to_train_batch's StepBatch) and what the test did meanwhile."""
-
-    steps: list[Any] = field(default_factory=list)
-    run: Any = None
-    killed: list[int] = field(default_factory=list)  # pids of the environment workers SIGKILLed
-
-
-def kill_a_worker_mid_trajectory(ray, captured: Captured, stop: threading.Event) -> None:
-    """Once the run's environment pool has sessions open (trajectories under way), SIGKILL the worker of one.
-    Polls until the run ends, with no deadline of its own: on a loaded 2-core CI box the engines alone can take
-    minutes to load before the pool has its first session."""
-    from orchestrator.cluster import namespace
-
-    pool = None
-    while not stop.is_set():
-        try:
-            pool = pool or ray.get_actor(f"{NAME}/env-pool", namespace=namespace(NAME))
-            if ray.get(pool.stats.remote()).sessions > 0:
-                where = ray.get(pool.session_workers.remote())
-                victim = ray.get(pool.worker_handles.remote())[next(iter(where.values()))]
-                pid = ray.get(victim.pid.remote())
-                os.kill(pid, signal.SIGKILL)
-                captured.killed.append(pid)
-                return
-        except Exception:  # noqa: BLE001 - the pool is not up yet, or the session closed meanwhile: try again
-            pass
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def tools_run(ray_cluster, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("tools")
     cfg = load_config(ROOT / "configs" / "tools.yaml", [f"logging.dir={run_dir}", *OVERRIDES])
-    captured = Captured()
-    real = phases.to_train_batch
-
-    def capture(run, selection):
-        captured.run = run
-        step = real(run, selection)
-        captured.steps.append(step)
-        return step
-
-    stop = threading.Event()
-    killer = threading.Thread(target=kill_a_worker_mid_trajectory, args=(ray_cluster, captured, stop), daemon=True)
-    mp = pytest.MonkeyPatch()
-    mp.setattr(phases, "to_train_batch", capture)
-    killer.start()
-    try:
-        history = train(cfg, name=NAME, show_progress=False)
-    finally:
-        stop.set()
-        mp.undo()
-    killer.join()
+    history, captured = train_killing_a_worker(ray_cluster, cfg, NAME)
     return cfg, history, captured, run_dir / NAME
 
 
