@@ -101,7 +101,6 @@ class AgentWorker:
         # context) costs tens of milliseconds, as much as several engine steps, and a run makes one client.
         self._http: Any = None
         self._http_sync: Any = None
-        self.running = 0
 
     def __repr__(self) -> str:
         return f"AgentWorker(index={self.index}, agent_function={self.spec.agent_function!r})"
@@ -115,7 +114,6 @@ class AgentWorker:
 
         t0 = time.monotonic()
         kw = {k: getattr(run, k) for k in self.kwargs}
-        self.running += 1
         try:
             if self.is_async:
                 if self._http is None:
@@ -134,8 +132,6 @@ class AgentWorker:
                                                                 "(agent.trajectory_timeout_s)")
         except Exception as err:  # noqa: BLE001 - the user's agent: what it raised is the trajectory's error
             return AgentDone(None, time.monotonic() - t0, error=f"{type(err).__name__}: {err}")
-        finally:
-            self.running -= 1
         reward, error = agent_reward(value)
         return AgentDone(reward, time.monotonic() - t0, error=error)
 

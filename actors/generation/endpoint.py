@@ -111,7 +111,6 @@ class Turn:
     index: int  # the trajectory's request count before it (its calls' ids)
     cut_by_budget: bool  # its max_tokens is what is left of the trajectory's budgets
     stop: list[str]
-    t0: float = 0.0
 
 
 @dataclass
