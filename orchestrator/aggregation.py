@@ -18,7 +18,6 @@ its fill value and C's gate is then checked against that fill. Cycles are reject
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,14 +25,7 @@ from typing import Any
 import torch
 
 from actors.types import Rollouts, Scores, TrainBatch
-from orchestrator.config import (
-    ConstantSchedule,
-    CosineSchedule,
-    LinearSchedule,
-    PiecewiseSchedule,
-    RewardConfig,
-    ScheduledFloat,
-)
+from orchestrator.config import RewardConfig, scheduled
 from orchestrator.grpo import (
     Aggregation,
     ScaleRewards,
@@ -42,26 +34,6 @@ from orchestrator.grpo import (
     nanmean_or_nan,
     nanstd_or_nan,
 )
-
-
-def schedule_value(value: ScheduledFloat, step: int) -> float:
-    """The value of a number or a schedule at optimizer step `step`."""
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, ConstantSchedule):
-        return value.value
-    if isinstance(value, (LinearSchedule, CosineSchedule)):
-        frac = min(max((step - value.start_step) / (value.end_step - value.start_step), 0.0), 1.0)
-        if isinstance(value, CosineSchedule):
-            frac = (1 - math.cos(math.pi * frac)) / 2  # 0 -> 1 along half a cosine
-        return value.start + (value.end - value.start) * frac
-    if isinstance(value, PiecewiseSchedule):
-        current = value.steps[0][1]
-        for start, v in value.steps:
-            if step >= start:
-                current = v
-        return current
-    raise TypeError(f"not a schedule: {value!r}")
 
 
 @dataclass(frozen=True)
@@ -119,11 +91,11 @@ class RewardAggregator:
         self._gate_specs = [(col[r.name], col[r.gate.reward], r.gate) for r in rewards if r.gate is not None]
 
     def weights(self, step: int) -> torch.Tensor:
-        w = [r.weight * (schedule_value(r.schedule, step) if r.schedule is not None else 1.0) for r in self._rewards]
+        w = [r.weight * (scheduled(r.schedule, step) if r.schedule is not None else 1.0) for r in self._rewards]
         return torch.tensor(w, dtype=torch.float32)
 
     def gates(self, step: int) -> list[Gate]:
-        return [Gate(b, a, schedule_value(g.threshold, step), g.fill) for b, a, g in self._gate_specs]
+        return [Gate(b, a, scheduled(g.threshold, step), g.fill) for b, a, g in self._gate_specs]
 
     def __call__(self, raw: torch.Tensor, step: int) -> Aggregated:
         gates = self.gates(step)

@@ -53,6 +53,13 @@ class ConstantSchedule(_Section):
     value: float
     """The value at every step."""
 
+    def at(self, step: int) -> float:
+        return self.value
+
+    def breakpoints(self) -> tuple[int, ...]:
+        """The steps where the value changes how it moves (between two of them it is constant or monotone)."""
+        return ()
+
 
 class _Ramp(_Section):
     start: float
@@ -70,6 +77,17 @@ class _Ramp(_Section):
             raise ValueError(f"end_step ({self.end_step}) must be greater than start_step ({self.start_step})")
         return self
 
+    def _shape(self, frac: float) -> float:
+        """How far along the ramp (0 -> 1) the value is at `frac` of its steps."""
+        return frac
+
+    def at(self, step: int) -> float:
+        frac = min(max((step - self.start_step) / (self.end_step - self.start_step), 0.0), 1.0)
+        return self.start + (self.end - self.start) * self._shape(frac)
+
+    def breakpoints(self) -> tuple[int, ...]:
+        return (self.start_step, self.end_step)
+
 
 class LinearSchedule(_Ramp):
     type: Literal["linear"] = "linear"
@@ -79,6 +97,9 @@ class LinearSchedule(_Ramp):
 class CosineSchedule(_Ramp):
     type: Literal["cosine"] = "cosine"
     """Half a cosine from `start` (at `start_step`) to `end` (at `end_step`), constant outside."""
+
+    def _shape(self, frac: float) -> float:
+        return (1 - math.cos(math.pi * frac)) / 2  # 0 -> 1 along half a cosine
 
 
 class PiecewiseSchedule(_Section):
@@ -96,11 +117,37 @@ class PiecewiseSchedule(_Section):
             raise ValueError(f"steps must be non-negative and strictly increasing, got {starts}")
         return v
 
+    def at(self, step: int) -> float:
+        current = self.steps[0][1]
+        for start, v in self.steps:
+            if step >= start:
+                current = v
+        return current
+
+    def breakpoints(self) -> tuple[int, ...]:
+        return tuple(s for s, _ in self.steps)
+
 
 Schedule = Annotated[
     ConstantSchedule | LinearSchedule | CosineSchedule | PiecewiseSchedule, Field(discriminator="type")
 ]
 ScheduledFloat = float | Schedule
+
+
+def scheduled(value: ScheduledFloat, step: int) -> float:
+    """The value of a number or a schedule at optimizer step `step`."""
+    return float(value) if isinstance(value, (int, float)) else value.at(step)
+
+
+def steps_that_decide(values: list[ScheduledFloat]) -> list[int]:
+    """The steps at which checking `values` decides a property of every step: each schedule is constant or
+    monotone between its breakpoints, so the extremes of each (and the steps where several are zero together)
+    are at 0, a breakpoint or a step next to one."""
+    steps = {0}
+    for v in values:
+        if not isinstance(v, (int, float)):
+            steps.update(s + d for s in v.breakpoints() for d in (-1, 0, 1) if s + d >= 0)
+    return sorted(steps)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -241,6 +288,21 @@ class DifficultyConfig(_Section):
     """Scorings in a row without spread after which a prompt is rested."""
     rest_steps: int = Field(20, ge=0)
     """Steps a rested prompt is not drawn."""
+
+    @field_validator("weights")
+    @classmethod
+    def _a_distribution(cls, weights: dict[str, ScheduledFloat]) -> dict[str, ScheduledFloat]:
+        """Shares of a draw: never negative, and some pool weighs more than 0, at every step."""
+        for step in steps_that_decide(list(weights.values())):
+            values = {pool: scheduled(w, step) for pool, w in weights.items()}
+            for pool, x in values.items():
+                if x < 0:
+                    raise ValueError(f"{pool} is {x:g} at step {step}: a pool's share of the draws cannot be "
+                                     "negative (0 draws nothing from it)")
+            if sum(values.values()) <= 0:
+                raise ValueError(f"every pool weighs 0 at step {step} ({values}): at least one must weigh more than "
+                                 "0 at every step")
+        return weights
 
     @model_validator(mode="after")
     def _ordered(self) -> DifficultyConfig:

@@ -31,8 +31,7 @@ from typing import Any
 
 from actors import user_code
 from actors.types import TrainerState
-from orchestrator.aggregation import schedule_value
-from orchestrator.config import ConfigError, DataConfig
+from orchestrator.config import ConfigError, DataConfig, scheduled
 
 POOLS = ("unseen", "learnable", "easy", "hard")
 # A group whose totals' standard deviation is at most this has no spread (orchestrator/selection.py's tolerance).
@@ -103,7 +102,7 @@ class Curriculum:
 
     def _difficulty(self, k: int) -> list[int]:
         pools = self.pools()
-        weights = {p: max(schedule_value(w, self.step), 0.0) for p, w in self.d.weights.items()}
+        weights = {p: scheduled(w, self.step) for p, w in self.d.weights.items()}  # >= 0 (DifficultyConfig)
         live = [p for p in POOLS if pools[p] and weights.get(p, 0.0) > 0]
         if not live:  # every weighted pool empty (all rested, say): any prompt that is not resting, else any
             live, pools = ["learnable"], {"learnable": [r for ps in pools.values() for r in ps]

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.aggregation import Gate, RewardAggregator, apply_gates, schedule_value
-from orchestrator.config import parse_config
+from orchestrator.aggregation import Gate, RewardAggregator, apply_gates
+from orchestrator.config import parse_config, scheduled
 from tests.conftest import ROOT
 
 
@@ -16,21 +16,21 @@ def sched(**kw):
 
 def test_schedules():
     lin = sched(type="linear", start=1.0, end=0.0, start_step=0, end_step=50)
-    assert [schedule_value(lin, s) for s in (0, 25, 50, 80)] == [1.0, 0.5, 0.0, 0.0]
+    assert [scheduled(lin, s) for s in (0, 25, 50, 80)] == [1.0, 0.5, 0.0, 0.0]
     cos = sched(type="cosine", start=0.0, end=2.0, start_step=10, end_step=20)
-    assert schedule_value(cos, 0) == 0.0 and schedule_value(cos, 15) == pytest.approx(1.0)
-    assert schedule_value(cos, 20) == pytest.approx(2.0) and schedule_value(cos, 99) == pytest.approx(2.0)
+    assert scheduled(cos, 0) == 0.0 and scheduled(cos, 15) == pytest.approx(1.0)
+    assert scheduled(cos, 20) == pytest.approx(2.0) and scheduled(cos, 99) == pytest.approx(2.0)
     pw = sched(type="piecewise", steps=[[0, 0.0], [20, 1.0], [40, 0.5]])
-    assert [schedule_value(pw, s) for s in (0, 19, 20, 39, 40, 100)] == [0.0, 0.0, 1.0, 1.0, 0.5, 0.5]
-    assert schedule_value(sched(type="constant", value=3.0), 7) == 3.0
-    assert schedule_value(2.5, 7) == 2.5
+    assert [scheduled(pw, s) for s in (0, 19, 20, 39, 40, 100)] == [0.0, 0.0, 1.0, 1.0, 0.5, 0.5]
+    assert scheduled(sched(type="constant", value=3.0), 7) == 3.0
+    assert scheduled(2.5, 7) == 2.5
 
 
 @given(st.integers(0, 200), st.integers(0, 100), st.integers(1, 100), st.floats(-5, 5), st.floats(-5, 5))
 def test_ramps_stay_between_endpoints(step, start_step, length, a, b):
     for kind in ("linear", "cosine"):
         s = sched(type=kind, start=a, end=b, start_step=start_step, end_step=start_step + length)
-        v = schedule_value(s, step)
+        v = scheduled(s, step)
         assert min(a, b) - 1e-9 <= v <= max(a, b) + 1e-9
         if step <= start_step:
             assert v == pytest.approx(a)

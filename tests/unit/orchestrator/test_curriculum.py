@@ -68,6 +68,27 @@ def test_config_rejects_bad_samplers():
             parse_config({"data": tree, "rewards": [{"name": "r", "function": "letter_fraction"}]})
 
 
+@pytest.mark.parametrize("weights, message", [
+    ({"learnable": -1.0}, r"data.difficulty.weights: learnable is -1 at step 0: a pool's share of the draws cannot "
+                          "be negative"),
+    ({"unseen": 1.0, "easy": {"type": "linear", "start": 1.0, "end": -0.5, "end_step": 30}},
+     "easy is -0.45 at step 29"),  # crosses 0 between its ends
+    ({"hard": {"type": "piecewise", "steps": [[0, 1.0], [50, -2.0]]}}, "hard is -2 at step 50"),
+    ({"learnable": 0.0, "unseen": 0}, "every pool weighs 0 at step 0"),
+    ({"unseen": {"type": "linear", "start": 1.0, "end": 0.0, "end_step": 10},
+      "learnable": {"type": "cosine", "start": 0.0, "end": 1.0, "start_step": 12, "end_step": 20}},
+     "every pool weighs 0 at step 10"),
+    ({}, "every pool weighs 0 at step 0"),
+])
+def test_sampling_weights_are_refused_at_load_unless_a_distribution_at_every_step(weights, message):
+    from orchestrator.config import parse_config
+
+    with pytest.raises(ConfigError, match=message) as err:
+        parse_config({"data": {"sampler": "difficulty", "difficulty": {"weights": weights}},
+                      "rewards": [{"name": "r", "function": "letter_fraction"}]})
+    assert str(err.value).count("\n") == 1  # one message: the header and the field
+
+
 def test_the_stream_with_a_curriculum_resumes_exactly_and_replays_untrained_batches():
     rows = [{"prompt": f"p{i}", "i": i} for i in range(12)]
 
