@@ -121,8 +121,8 @@ def resolve_path(name: str) -> str:
 
 
 def judge_spec(r: RewardConfig, field: str, seed: int = 0) -> JudgeSpec:
-    """A judge reward's JudgeSpec: its model resolved (a built-in tiny judge built), its parser imported (a
-    typo fails now, naming the field)."""
+    """A judge reward's JudgeSpec, its parser imported (a typo fails now, naming the field). Its model is the
+    name as configured: `resolve_judges` builds a built-in one once every cheap check has passed."""
     j = r.judge
     assert j is not None
     if j.parser is not None:
@@ -135,11 +135,17 @@ def judge_spec(r: RewardConfig, field: str, seed: int = 0) -> JudgeSpec:
     except ValueError as err:
         raise ConfigError(f"{field}[{r.name}].judge.template: {err}") from None
     return JudgeSpec(
-        reward=r.name, model=resolve_path(j.model), template=j.template, system=j.system, temperature=j.temperature,
+        reward=r.name, model=j.model, template=j.template, system=j.system, temperature=j.temperature,
         top_p=j.top_p, top_k=j.top_k, max_tokens=j.max_completion_length, stop=tuple(j.stop), regex=j.regex,
         labels=dict(j.labels) if j.labels else None, parser=j.parser, timeout_s=r.timeout_s, seed=seed,
         chat_template_kwargs=dict(j.chat_template_kwargs),
     )
+
+
+def resolve_judges(specs: list[RewardSpec]) -> list[RewardSpec]:
+    """`specs` with each judge's model resolved (`resolve_path`: a built-in tiny judge built into the cache)."""
+    return [s if s.judge is None else replace(s, judge=replace(s.judge, model=resolve_path(s.judge.model)))
+            for s in specs]
 
 
 def teacher_spec(cfg: RunConfig, tokenizer: Any) -> TeacherSpec | None:
@@ -472,9 +478,12 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     if cfg.distillation is not None and images is not None:
         raise ConfigError("distillation: the policy is a vision-language model, and the teacher reads token ids "
                           "only (not the images their placeholders stand for)")
-    return Prepared(cfg, name, model_path, specs + (agent.env_reward_specs if agent else []), prompts,
-                    Path(cfg.logging.dir) / name, held_out, eval_specs, agent, [*cfg.rewards, *extra],
-                    vision=images is not None, teacher=teacher_spec(cfg, tokenizer))
+    teacher = teacher_spec(cfg, tokenizer)
+    # Built last: a built-in judge's build is the most expensive step before Ray, after every cheap check.
+    return Prepared(cfg, name, model_path, resolve_judges(specs) + (agent.env_reward_specs if agent else []),
+                    prompts, Path(cfg.logging.dir) / name, held_out, None if eval_specs is None else
+                    resolve_judges(eval_specs), agent, [*cfg.rewards, *extra], vision=images is not None,
+                    teacher=teacher)
 
 
 def selector(cfg: RunConfig, aggregator: RewardAggregator) -> Selector:

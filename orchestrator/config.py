@@ -1234,7 +1234,11 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
-        value = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {key!r}: its value is not YAML ({str(err).splitlines()[0]}); quote a "
+                              f"string that starts with {{, [ or a quote: {key}=\"'{raw}'\"") from None
         node: Any = tree
         parts = key.split(".")
         for i, part in enumerate(parts):

@@ -294,6 +294,7 @@ def evaluate(
         load_images,
         load_tokenizer,
         prepare_eval,
+        resolve_judges,
         resolve_model,
         reward_specs,
         rollout_kind,
@@ -329,7 +330,7 @@ def evaluate(
     dataset = [p.row for p in rows]
     agent = prepare_agent(cfg, tokenizer, dataset, train_specs, dataset)  # tools: checked as a run checks them
     env_specs, env_rewards = (agent.env_reward_specs, agent.env_rewards) if agent is not None else ([], [])
-    specs = eval_specs if eval_specs is not None else train_specs + env_specs
+    specs = resolve_judges(eval_specs if eval_specs is not None else train_specs + env_specs)
     owns_ray = not ray.is_initialized()
     if owns_ray:
         init_ray(cfg.cluster, name)

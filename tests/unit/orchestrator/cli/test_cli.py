@@ -27,6 +27,7 @@ DEMO = str(ROOT / "configs" / "demo.yaml")
         ([DEMO, "grpo.gradient_checkpointing_kwargs={use_reentrnt: true}"],
          "grpo.gradient_checkpointing_kwargs: ['use_reentrnt'] are not arguments of torch.utils.checkpoint.checkpoint"),
         ([str(ROOT / "nope.yaml")], "config file not found"),
+        ([DEMO, "rewards.1.judge.template={x} y"], "override 'rewards.1.judge.template': its value is not YAML"),
         ([DEMO, "eval={data: {path: toy, prompt_column: question}}"],
          "eval.data.prompt_column 'question' not in dataset 'toy'"),
         ([DEMO, "eval={data: {path: /nonexistent/held_out.jsonl}}"], "eval.data.path '/nonexistent/held_out.jsonl': cannot load"),
@@ -46,6 +47,26 @@ def test_run_rejects_bad_input_before_starting_anything(args, message, capsys, t
     err = capsys.readouterr().err
     assert message in err, err
     assert ray.is_initialized() == was_up  # failed before Ray was touched
+
+
+@pytest.mark.parametrize(("config", "override", "message"), [
+    ("judge.yaml", "rewards.1.judge.template='{nosuchcol} {completion}'",
+     "rewards[judge].judge.template: fields ['nosuchcol'] are neither ['prompt', 'completion', 'conversation'] nor "
+     "dataset columns (the dataset has ['letter', 'prompt'])"),
+    ("curriculum.yaml", "data.difficulty.weights={learnable: -1.0}", "data.difficulty.weights: learnable is -1 at step 0"),
+])
+def test_bad_judge_templates_and_curriculum_weights_fail_before_any_model_is_built(config, override, message, capsys,
+                                                                                   tmp_path, monkeypatch):
+    """The preset's built-in judge (and policy) are never built: the bad field is found by the cheap checks."""
+    import ray
+
+    monkeypatch.setenv("RAYWARD_CACHE", str(tmp_path / "cache"))  # an empty cache: a build would show up in it
+    was_up = ray.is_initialized()
+    assert main(["run", str(ROOT / "configs" / config), override]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) <= 2, err  # "invalid config:" and the field
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    assert ray.is_initialized() == was_up
 
 
 def test_gradient_checkpointing_on_a_model_without_it_is_a_config_error(no_checkpointing_model_path, capsys):
