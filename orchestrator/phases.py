@@ -220,7 +220,8 @@ def log_step(
     """The step's metrics row (and its completions). Pipelined: the batch's staleness (steps its weights were
     behind the learner's) and the generators' busy seconds on it, generated while earlier steps trained."""
     m: dict[str, Any] = {**step.metrics, **trained.metrics, "global_step": trained.global_step,
-                         "num_tokens": trained.num_tokens, "time/train_compute": trained.compute_s}
+                         "num_tokens": trained.num_tokens, "time/train_compute": trained.compute_s,
+                         "epoch": run.prompts.epoch_progress}  # TRL's rows carry it: fractional epochs served
     m.update(synced.metrics() if synced is not None else {})
     if run.env_pool is not None:  # the environment pool's state (workers, sessions, lost sessions, ...)
         m.update(run.env_pool.stats().step_metrics())

@@ -406,10 +406,12 @@ class GRPOTrainer:
                                   f"the latest checkpoint of its run directory {self.run_dir}")
         watch = _CallbackFeed(self) if self.callbacks else None
         t0 = time.time()
+        closing: dict[str, Any] | None = None
         try:
             if watch:
                 watch.start()
             history = run_train(self.cfg, self.cfg.name, resume=resume)
+            closing = self._finish_state(history, time.time() - t0)
         except RunStopped as err:
             # SIGTERM (timeout, SLURM, `ray job stop`) or Ctrl-C: the step finished and a checkpoint was written;
             # the script ends as `rayward run` does, one line and 143 (130), instead of a traceback
@@ -417,18 +419,42 @@ class GRPOTrainer:
             raise SystemExit(SIGNAL_EXIT.get(err.signal, SIGNAL_EXIT["SIGTERM"])) from None
         finally:
             if watch:
-                watch.stop()
-        elapsed = time.time() - t0
+                watch.stop(closing)
+        return TrainOutput(self.state.global_step, closing["train_loss"], {
+            k: v for k, v in closing.items() if k != "step"})
+
+    def _finish_state(self, history: list[dict[str, Any]], elapsed: float) -> dict[str, Any]:
+        """trainer.state as transformers' Trainer.train leaves it (global_step, epoch, total_flos, the logging /
+        save / eval intervals, the batch size, the best checkpoint, log_history) and the closing row it appends
+        to log_history: train_runtime, train_samples_per_second, train_steps_per_second, total_flos, train_loss,
+        epoch, step. Returned: that row."""
+        from orchestrator import checkpoints
+
         rows = [r for r in history if "loss" in r or not any(k.startswith("eval/") for k in r)]
-        self.state.global_step = max((int(r.get("step", 0)) for r in rows), default=0)
-        self.state.log_history = [trl_row(r) for r in history]
+        st, a = self.state, self.args
+        st.global_step = max((int(r.get("step", 0)) for r in rows), default=0)
+        st.epoch = next((float(r["epoch"]) for r in reversed(rows) if "epoch" in r), 0.0)
+        st.log_history = [trl_row(r) for r in history]
+        st.logging_steps, st.save_steps, st.eval_steps = a.logging_steps, a.save_steps, a.eval_steps or a.logging_steps
+        st.train_batch_size = a.per_device_train_batch_size
+        st.total_flos = float(6 * non_embedding_parameters(checkpoints.latest(self.run_dir))
+                              * sum(float(r.get("num_tokens", 0.0)) for r in rows))
+        best = self.run_dir / "checkpoint-best"
+        if self.cfg.grpo.save_best is not None and best.is_dir():
+            st.best_model_checkpoint = str(best)
+            st.best_global_step = checkpoints.saved_step(best)
+            st.best_metric = next((r[self.cfg.grpo.save_best] for r in history
+                                   if r.get("step") == st.best_global_step and self.cfg.grpo.save_best in r), None)
         losses = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
-        loss = sum(losses) / len(losses) if losses else float("nan")
-        steps = max(self.state.global_step, 1)
-        metrics = {"train_runtime": elapsed, "train_steps_per_second": steps / elapsed if elapsed else 0.0,
-                   "train_samples_per_second": steps * self.cfg.generation.generation_batch_size / elapsed
-                   if elapsed else 0.0, "train_loss": loss, "epoch": self.state.epoch or 0.0}
-        return TrainOutput(self.state.global_step, loss, metrics)
+        steps = max(st.global_step, 1)
+        closing = {"train_runtime": round(elapsed, 4),
+                   "train_samples_per_second": round(steps * self.cfg.generation.generation_batch_size / elapsed, 3)
+                   if elapsed else 0.0,
+                   "train_steps_per_second": round(steps / elapsed, 3) if elapsed else 0.0,
+                   "total_flos": st.total_flos, "train_loss": sum(losses) / len(losses) if losses else float("nan"),
+                   "epoch": st.epoch, "step": st.global_step}
+        st.log_history.append(closing)
+        return closing
 
     def latest_checkpoint(self) -> Path | None:
         from orchestrator import checkpoints
@@ -468,6 +494,20 @@ class GRPOTrainer:
 
     def add_callback(self, callback: Any) -> None:
         self.callbacks.append(callback() if inspect.isclass(callback) else callback)
+
+
+def non_embedding_parameters(checkpoint: Path | None) -> int:
+    """The parameters a checkpoint's safetensors hold, embeddings left out (transformers' total_flos counts 6 x
+    these per token), read from the files' headers; 0 without a checkpoint."""
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(checkpoint.glob("*.safetensors")) if checkpoint is not None else []:
+        with safe_open(str(f), "pt") as st:
+            for name in st.keys():
+                if "embed" not in name:
+                    total += math.prod(st.get_slice(name).get_shape())
+    return total
 
 
 class _CallbackFeed:
@@ -510,8 +550,11 @@ class _CallbackFeed:
         while not self.stopping.wait(CALLBACK_POLL_S):
             self._read()
 
-    def stop(self) -> None:
+    def stop(self, closing: dict[str, Any] | None = None) -> None:
+        """The last rows read; then the closing row logged (a finished train()), and on_train_end."""
         self.stopping.set()
         self.thread.join()
         self._read()
+        if closing is not None:
+            self._each("on_log", logs=closing)
         self._each("on_train_end")

@@ -33,6 +33,8 @@ def test_the_quickstart_learns_with_the_rayward_import(tmp_path):
     # the script's TrainerCallback, on the driver: begin, each step's log as the run wrote it, end
     assert r["callback_events"] == {"begin": 1, "end": 1} and r["callback_steps"] == list(range(1, 31)), r
     assert r["last5_reward"] > 2 * r["first5_reward"] and r["last5_reward"] > r["first5_reward"] + RISE, r
+    closing = r["closing_row"]  # transformers' closing row (tests/unit/orchestrator/test_trainer.py: its keys)
+    assert closing["step"] == 30 and closing["train_runtime"] > 0 and "train_loss" in closing, closing
 
 
 @pytest.mark.scenario

@@ -202,3 +202,50 @@ def test_an_eval_dataset_and_trls_eval_schedule_become_the_eval_block(tmp_path):
 
     row = trl_row({"step": 3, "eval/reward": 0.5, "reward_fn/judge_calls": 2.0, "time/step": 1.5})
     assert (row["eval_reward"], row["judge_calls"], row["step_time"], row["eval/reward"]) == (0.5, 2.0, 1.5, 0.5)
+
+
+def test_after_train_the_state_and_its_closing_row_are_what_transformers_trainer_leaves(tmp_path, monkeypatch):
+    """The outside case: transformers' own Trainer.train on a micro model gives the closing row's keys and the state
+    fields a script reads (`trainer.state.log_history[-1]["train_loss"]`); rayward's train() (its run replaced by
+    a recorded history and a checkpoint) leaves the same, and TrainerCallbacks get the row through on_log."""
+    import dataclasses
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+    micro = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                                         num_hidden_layers=1, intermediate_size=32))
+    rows = datasets.Dataset.from_dict({"input_ids": [[1, 2, 3, 4]] * 4, "labels": [[1, 2, 3, 4]] * 4})
+    hf = Trainer(model=micro, train_dataset=rows, args=TrainingArguments(
+        output_dir=str(tmp_path / "hf"), max_steps=2, per_device_train_batch_size=2, logging_steps=1, report_to=[],
+        use_cpu=True, save_strategy="no"))
+    hf.train()
+    theirs = hf.state.log_history[-1]
+
+    logged = []
+
+    class Record(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kw):
+            logged.append(dict(logs))
+
+    t = GRPOTrainer(model=str(ensure_tiny_model()), reward_funcs=module_level_reward, train_dataset=letters(),
+                    args=config(tmp_path, max_steps=2, logging_steps=1), callbacks=[Record()])
+    ckpt = t.run_dir / "checkpoint-2"
+    ckpt.mkdir(parents=True)
+    save_file({"model.embed_tokens.weight": torch.zeros(8, 4), "model.layers.0.mlp.up_proj.weight": torch.zeros(3, 5)},
+              str(ckpt / "model.safetensors"))
+    history = [{"step": s, "loss": 0.5 * s, "reward": 0.1, "num_tokens": 100.0, "epoch": s / 4} for s in (1, 2)]
+    monkeypatch.setattr("orchestrator.train.train", lambda *a, **k: history)
+    monkeypatch.setattr("orchestrator.checkpoints.latest", lambda run_dir: ckpt)
+    out = t.train()
+    ours = t.state.log_history[-1]
+    assert sorted(ours) == sorted(theirs), (sorted(ours), sorted(theirs))
+    assert ours["train_loss"] == out.training_loss == 0.75 and ours["step"] == 2 and ours["epoch"] == 0.5
+    assert ours["total_flos"] == 6 * 15 * 200  # 6 x non-embedding parameters x tokens, as transformers counts
+    assert sorted(out.metrics) == sorted(k for k in theirs if k != "step")
+    assert logged[-1] == ours  # callbacks see the closing row, as transformers' log() sends it
+    fields = {f.name for f in dataclasses.fields(hf.state)}
+    for name in ("global_step", "epoch", "max_steps", "logging_steps", "train_batch_size", "total_flos"):
+        assert name in fields and getattr(t.state, name) not in (None, 0), name
+    assert (t.state.global_step, t.state.max_steps, t.state.logging_steps) == (2, 2, 1)
