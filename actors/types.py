@@ -101,7 +101,7 @@ class Trajectory:
     # order: the first prompt's, then each tool result's (TRL's multimodal tool responses)
     # An agent function's trajectory (agent_function: the OpenAI-compatible endpoint): the chat requests it made,
     # the branches they formed (a request that does not extend the trajectory's previous request and response
-    # starts one; the sample is the last branch's, actors/generation/endpoint.py), the model turns of earlier
+    # starts one; the sample is the last branch's, actors/agents/endpoint.py), the model turns of earlier
     # branches (sampled, not trained), and the seconds the endpoint added to the requests beyond the engine's.
     requests: int = 0
     branches: int = 0

@@ -6,7 +6,7 @@ a test: it runs configs/agent.yaml and configs/tools.yaml end to end).
 
 * env-class: configs/tools.yaml (TRL's environment_factory=BoxEnv; the agent loop runs in the generator, the tools
   in the environment workers)
-* endpoint: configs/agent.yaml (orchestrator/tasks/box_agent.py, written against the `openai` SDK, streamed
+* endpoint: configs/agent.yaml (orchestrator/builtin/tasks/box_agent.py, written against the `openai` SDK, streamed
   requests; it runs in the environment workers and calls its trajectory's endpoint on the generator)
 
 Same model (tiny-tools), seed, prompts (the agent's tool schemas are the ones TRL makes of BoxEnv's methods),

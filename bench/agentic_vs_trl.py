@@ -8,7 +8,7 @@ takes 100 ms.
 
 Both train the tiny tool model on the box task, by default as the hub would ship it (`ensure_stock_tool_model()`:
 TRL's qwen2_5 template, no response schema in its tokenizer files, so both sides install one at run time), with
-`SlowBoxEnv` (orchestrator/tasks/boxes.py: every tool call sleeps 100 ms, as a remote tool would), lr 2e-4, loss dapo, beta 0, temperature 1, at
+`SlowBoxEnv` (orchestrator/builtin/tasks/boxes.py: every tool call sleeps 100 ms, as a remote tool would), lr 2e-4, loss dapo, beta 0, temperature 1, at
 most 3 tool-calling iterations, one optimizer step per generation batch:
 
 - TRL 1.16 `GRPOTrainer(environment_factory=...)`, exactly bench/trl_tools.py's setup (transformers generation; its
@@ -38,9 +38,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from orchestrator.tasks.boxes import SlowBoxEnv  # noqa: E402
+from orchestrator.builtin.tasks.boxes import SlowBoxEnv  # noqa: E402
 
-ENV = "orchestrator.tasks.boxes:SlowBoxEnv"
+ENV = "orchestrator.builtin.tasks.boxes:SlowBoxEnv"
 # Logical CPUs per environment worker: SlowBoxEnv's tools sleep (a remote tool's wait), so a worker needs little,
 # and 16 of them fit beside the generator, learner and reward worker on a 2-CPU embedded cluster (at the default
 # 0.25 only 3 could be placed, and the rest would wait for CPUs the whole run).
@@ -63,7 +63,7 @@ def trl_side(args: argparse.Namespace) -> list[dict[str, Any]]:
 def rayward_side(args: argparse.Namespace) -> list[dict[str, Any]]:
     """configs/tools.yaml on SlowBoxEnv, pipelined: per step seconds, reward, tool calls."""
     from orchestrator.config import load_config, parse_config
-    from orchestrator.train import train
+    from orchestrator.run.train import train
 
     n = args.prompts * args.num_generations
     cfg = load_config(ROOT / "configs" / "tools.yaml", [
@@ -113,7 +113,7 @@ def main() -> None:
                         "the hub's Qwen2.5 ships (both sides install it at run time); saved-schema: the same model "
                         "with the schema in its tokenizer files")
     args = p.parse_args()
-    from orchestrator.tiny_tools import ensure_stock_tool_model, ensure_tiny_tool_model
+    from orchestrator.builtin.models.tools import ensure_stock_tool_model, ensure_tiny_tool_model
 
     args.model_path = str(ensure_stock_tool_model() if args.model == "stock" else ensure_tiny_tool_model())
     print(f"TRL GRPOTrainer(environment_factory=SlowBoxEnv), model {args.model}, {args.steps} steps", flush=True)

@@ -53,9 +53,9 @@ def open_seconds(path: Path) -> float:
     """Seconds to build the driver's prompt stream over the shards and draw its first batch."""
     from transformers import AutoTokenizer
 
+    from orchestrator.builtin.models.tiny import ensure_tiny_model
     from orchestrator.config import DataConfig
-    from orchestrator.stream import StreamSource, shards
-    from orchestrator.tiny import ensure_tiny_model
+    from orchestrator.data.shards import StreamSource, shards
 
     tok = AutoTokenizer.from_pretrained(str(ensure_tiny_model()))
     t0 = time.perf_counter()

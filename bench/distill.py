@@ -4,7 +4,7 @@ teacher costs a step (a script, not a test: it runs configs/distill.yaml end to 
     python bench/distill.py                     # 4 runs of 40 steps, ~9 min on 2 cores
     python bench/distill.py --runs advantage loss --steps 20
 
-Runs (same seed, same teacher: the offline tiny teacher, orchestrator/tiny_teacher.py):
+Runs (same seed, same teacher: the offline tiny teacher, orchestrator/builtin/models/teacher.py):
 
 * advantage: configs/distill.yaml as shipped (the letter reward + the teacher as a per-token advantage, slime's OPD)
 * loss: the same with `distillation.mode=loss` (TRL's server-distillation loss term)

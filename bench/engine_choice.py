@@ -56,7 +56,7 @@ OFFLINE_BUDGET = 4096  # tokens per engine step vLLM 0.32 gives `LLM` on CPU (en
 
 def model_path(name: str) -> Path:
     if name == "tiny":
-        from orchestrator.tiny import ensure_tiny_model
+        from orchestrator.builtin.models.tiny import ensure_tiny_model
 
         return ensure_tiny_model()
     from bench.models import build_model

@@ -35,7 +35,7 @@ def measure() -> None:
     sys.path.insert(0, str(ROOT))
     from actors.generation.generator import Generator
     from actors.types import Sampling
-    from orchestrator.tiny import ensure_tiny_model
+    from orchestrator.builtin.models.tiny import ensure_tiny_model
 
     gen = Generator(str(ensure_tiny_model()))
     for _ in range(3):

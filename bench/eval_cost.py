@@ -41,9 +41,9 @@ DEFAULT_VARIANTS = ("none:", "all-256:", "32-prompts:max_samples=32")
 
 def worker(mode: str, eval_block: dict[str, Any] | None, out: Path, logdir: Path) -> None:
     """One training run; writes its timings and logged rows to `out`."""
-    import orchestrator.loop as loop
+    import orchestrator.loop.loops as loop
     from orchestrator.config import load_config
-    from orchestrator.train import train
+    from orchestrator.run.train import train
 
     loop_s: list[float] = []
 

@@ -5,7 +5,7 @@ pool autoscaling under a burst against a fixed single engine (a script, not a te
     python bench/judge_pool.py --skip-throughput        # the burst alone, ~3 min
     python bench/judge_pool.py --engines 1 2 --samples 128 --skip-burst
 
-The judge is the offline tiny judge (orchestrator/tiny_judge.py) on vLLM CPU engines, the answers what a
+The judge is the offline tiny judge (orchestrator/builtin/models/judge.py) on vLLM CPU engines, the answers what a
 letter-task policy writes. Both ways score the same RewardBatch through rayward's reward pool (chunks of one
 group), so they differ only in how the judge is asked:
 
@@ -36,15 +36,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.autoscale import AutoscaleSettings  # noqa: E402
-from actors.cpus import SHARED_CORES_ENV  # noqa: E402
 from actors.engines.judge import JudgeSpec  # noqa: E402
 from actors.engines.pool import JudgePool  # noqa: E402
 from actors.rewards.pool import RewardPool  # noqa: E402
 from actors.rewards.worker import RewardSpec  # noqa: E402
+from actors.runtime.autoscale import AutoscaleSettings  # noqa: E402
+from actors.runtime.cpus import SHARED_CORES_ENV  # noqa: E402
 from actors.types import RewardBatch  # noqa: E402
-from orchestrator.tasks.letters import LETTERS  # noqa: E402
-from orchestrator.tiny_judge import TEMPLATE, ensure_tiny_judge  # noqa: E402
+from orchestrator.builtin.models.judge import TEMPLATE, ensure_tiny_judge  # noqa: E402
+from orchestrator.builtin.tasks.letters import LETTERS  # noqa: E402
 
 GROUP = 8
 ENGINE = {"max_model_len": 128, "kv_cache_gib": 0.5}

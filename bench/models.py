@@ -21,7 +21,7 @@ def build_model(size: str, cache: Path = DEFAULT_CACHE) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from orchestrator.tiny import ensure_tiny_model
+    from orchestrator.builtin.models.tiny import ensure_tiny_model
 
     out = cache / f"qwen2-random-{size}"
     if (out / "config.json").exists():
@@ -49,7 +49,7 @@ def build_moe_model(size: str, cache: Path = DEFAULT_CACHE) -> Path:
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from orchestrator.tiny import ensure_tiny_model
+    from orchestrator.builtin.models.tiny import ensure_tiny_model
 
     out = cache / f"qwen3-moe-random-{size}"
     if (out / "config.json").exists():
@@ -72,7 +72,7 @@ def build_active_twin(size: str, cache: Path = DEFAULT_CACHE) -> Path:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from orchestrator.tiny import ensure_tiny_model
+    from orchestrator.builtin.models.tiny import ensure_tiny_model
 
     out = cache / f"qwen3-dense-active-{size}"
     if (out / "config.json").exists():

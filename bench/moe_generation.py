@@ -28,8 +28,8 @@ def worker(which: str, size: str, prompts: int, n: int, tokens: int, repeats: in
 
     from actors.generation.generator import Generator
     from bench.models import MOE_SHAPES, build_active_twin, build_moe_model
-    from orchestrator.data import encode_prompt
-    from orchestrator.tasks.letters import toy_dataset
+    from orchestrator.builtin.tasks.letters import toy_dataset
+    from orchestrator.data.sources import encode_prompt
 
     path = build_moe_model(size) if which == "moe" else build_active_twin(size)
     gen = Generator(str(path), max_model_len=512, kv_cache_gib=2)

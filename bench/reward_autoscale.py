@@ -31,9 +31,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.autoscale import AutoscaleSettings  # noqa: E402
 from actors.rewards.pool import RewardPool  # noqa: E402
 from actors.rewards.worker import RewardSpec  # noqa: E402
+from actors.runtime.autoscale import AutoscaleSettings  # noqa: E402
 from actors.types import RewardBatch, TrainerState  # noqa: E402
 
 

@@ -4,8 +4,8 @@
     python bench/trl_tools.py --steps 10 --tool-latency 0.1    # every tool call sleeps 100 ms
     python bench/trl_tools.py --json out.json                  # per-step numbers to a file
 
-The box task (orchestrator/tasks/boxes.py): open the box the user names, `submit` the code inside; the
-environment's `get_reward()` is the only reward. The model is `ensure_tiny_tool_model()` (orchestrator/tiny_tools.py),
+The box task (orchestrator/builtin/tasks/boxes.py): open the box the user names, `submit` the code inside; the
+environment's `get_reward()` is the only reward. The model is `ensure_tiny_tool_model()` (orchestrator/builtin/models/tools.py),
 warmed up to call tools but not told which box to open: what GRPO has to learn. TRL generates with
 transformers `generate` (use_vllm=False) and runs the tools in its lockstep tool loop, in-process.
 
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from orchestrator.tasks.boxes import NO_TOOL_BOUND, BoxEnv, boxes_dataset  # noqa: E402
+from orchestrator.builtin.tasks.boxes import NO_TOOL_BOUND, BoxEnv, boxes_dataset  # noqa: E402
 
 SEED = 0
 GUESS = 500  # the fixed code the guessing baseline submits (any fixed guess has the same expectation)
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from transformers import PrinterCallback, ProgressCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from orchestrator.tiny_tools import ensure_tiny_tool_model
+    from orchestrator.builtin.models.tools import ensure_tiny_tool_model
 
     torch.set_num_threads(args.threads)
     model_path = str(getattr(args, "model", None) or ensure_tiny_tool_model())

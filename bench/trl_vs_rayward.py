@@ -68,7 +68,7 @@ class Workload:
 
     def model_path(self) -> str:
         from bench.models import MOE_SHAPES, build_model, build_moe_model, build_varlen_model
-        from orchestrator.tiny import ensure_tiny_model
+        from orchestrator.builtin.models.tiny import ensure_tiny_model
 
         if self.model == "tiny":
             return str(ensure_tiny_model())
@@ -172,7 +172,7 @@ def run_trl(steps: int, workdir: Path, w: Workload, threads: int) -> dict[str, A
     sys.path.insert(0, str(REWARDS_FILE.parent))
     from bench_rewards import letter_fraction, sandbox_reward, threaded
 
-    from orchestrator.tasks.letters import toy_dataset
+    from orchestrator.builtin.tasks.letters import toy_dataset
 
     torch.manual_seed(SEED)
     model_path = w.model_path()
@@ -247,8 +247,8 @@ def run_rayward(
     mode: str, steps: int, reward_workers: int, workdir: Path, extra: list[str], w: Workload
 ) -> dict[str, Any]:
     from orchestrator.config import load_config
+    from orchestrator.run.train import train
     from orchestrator.telemetry.metrics import MetricsLogger
-    from orchestrator.train import train
 
     # CPU accounting per step (instrumentation of this subprocess only): after each step is logged, read the
     # CPU seconds every process of the run has used so far.

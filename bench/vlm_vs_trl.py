@@ -6,9 +6,9 @@ counts and settings.
     python bench/vlm_vs_trl.py --which trl,pipelined --json out.json --keep-logs
     python bench/vlm_vs_trl.py --task cards              # the image returned by a tool (TRL's environment_factory)
 
-The shared workload: rayward's tiny Qwen2.5-VL (`orchestrator/tiny_vlm.py` `ensure_tiny_vlm()`, warmed up; its saved
+The shared workload: rayward's tiny Qwen2.5-VL (`orchestrator/builtin/models/vlm.py` `ensure_tiny_vlm()`, warmed up; its saved
 processor gives 4 vision tokens per 56-pixel image on both sides) on the built-in `colors` task
-(`orchestrator/tasks/colors.py`: a conversational prompt, a PIL `image` column, a `letter` column), the reward
+(`orchestrator/builtin/tasks/colors.py`: a conversational prompt, a PIL `image` column, a `letter` column), the reward
 `letter_fraction` (actors/rewards/builtin.py, a plain TRL-signature function), 8 prompts x num_generations 8 = 64
 completions of at most 16 tokens per optimizer step, temperature 1.0, loss dapo, beta 0, lr 3e-4 constant, one
 optimizer step per generation batch, micro-batches of 32:
@@ -28,7 +28,7 @@ process role, and the goal line for each rayward system: rayward >= 3x TRL's ste
 
 TRL runs at torch's default threads (a thread per core), as bench/trl_vs_rayward.py runs it; rayward's learner
 picks one thread for a model this small (actors/learner/learner.py threads_for) and its actors that share cores
-wait passively (OMP_WAIT_POLICY=PASSIVE, actors/cpus.py). On this model TRL's step is thousands of tiny ops, so its
+wait passively (OMP_WAIT_POLICY=PASSIVE, actors/runtime/cpus.py). On this model TRL's step is thousands of tiny ops, so its
 speed depends on that choice and on whatever else runs on the machine: on the 2-core VM with other work running,
 TRL's step took 16-21 s at 2 threads, 1.8 s at 2 threads with OMP_WAIT_POLICY=PASSIVE and 1.2 s at 1 thread (see
 bench/README.md). `--trl-threads 1` runs TRL as rayward runs its learner; the table names TRL's thread count.
@@ -75,8 +75,8 @@ LEARNING_RATE = 3e-4
 TASK_ENV = "RAYWARD_BENCH_VLM_TASK"
 TASKS = {
     "colors": {"config": "vlm.yaml", "max_len": 16, "reward": "letter_fraction", "env": None, "tool_rounds": None},
-    "cards": {"config": "vlm-tools.yaml", "max_len": 48, "reward": "orchestrator.tasks.cards:card_letter",
-              "env": "orchestrator.tasks.cards:CardEnv", "tool_rounds": 2},
+    "cards": {"config": "vlm-tools.yaml", "max_len": 48, "reward": "orchestrator.builtin.tasks.cards:card_letter",
+              "env": "orchestrator.builtin.tasks.cards:CardEnv", "tool_rounds": 2},
 }
 
 
@@ -92,8 +92,13 @@ MODEL_ENV = "RAYWARD_BENCH_VLM_MODEL"
 
 def bench_model() -> str:
     """The model directory of this run's --model (built into the cache once)."""
-    from orchestrator.tiny import ensure_cached
-    from orchestrator.tiny_vlm import CACHE_NAME, build_tiny_vlm, ensure_tiny_tool_vlm, ensure_tiny_vlm
+    from orchestrator.builtin.models.tiny import ensure_cached
+    from orchestrator.builtin.models.vlm import (
+        CACHE_NAME,
+        build_tiny_vlm,
+        ensure_tiny_tool_vlm,
+        ensure_tiny_vlm,
+    )
 
     if task()[0] == "cards":
         return str(ensure_tiny_tool_vlm())
@@ -115,7 +120,7 @@ def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
 
     from actors.rewards.builtin import BUILTIN_REWARDS
     from actors.user_code import import_object
-    from orchestrator.data import BUILTIN_DATASETS
+    from orchestrator.data.sources import BUILTIN_DATASETS
 
     name, t = task()
 
@@ -168,8 +173,8 @@ def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
 
 def run_rayward(mode: str, steps: int, reward_workers: int, workdir: Path, extra: list[str]) -> dict[str, Any]:
     from orchestrator.config import load_config
+    from orchestrator.run.train import train
     from orchestrator.telemetry.metrics import MetricsLogger
-    from orchestrator.train import train
 
     # CPU accounting per step (this subprocess only): after each step is logged, the CPU seconds every process of
     # the run has used so far.

@@ -74,7 +74,7 @@ def _floor_rank(rank: int, port: int, nbytes: int, repeats: int, out: str) -> No
 def floor_seconds(nbytes: int, repeats: int) -> float:
     import torch.multiprocessing as mp
 
-    from actors.net import free_port
+    from actors.runtime.net import free_port
 
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         mp.spawn(_floor_rank, args=(free_port(), nbytes, repeats, f.name), nprocs=2, join=True)
@@ -105,9 +105,9 @@ def _status(pid: int, key: str) -> int:
 def rayward_sync(model: Path, backend: str, repeats: int, bucket_mb: float) -> dict:
     import ray
 
-    from orchestrator.build import build_run, prepare, shutdown_run
-    from orchestrator.cluster import init_ray
     from orchestrator.config import load_config
+    from orchestrator.run.build import build_run, prepare, shutdown_run
+    from orchestrator.run.cluster import init_ray
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", [
         f"model.name_or_path={model}", f"weight_sync.backend={backend}", f"weight_sync.bucket_mb={bucket_mb}",
@@ -143,7 +143,7 @@ def rayward_sync(model: Path, backend: str, repeats: int, bucket_mb: float) -> d
 
 def step_share(model: Path, steps: int, bucket_mb: float, extra: list[str]) -> dict:
     from orchestrator.config import load_config
-    from orchestrator.train import train
+    from orchestrator.run.train import train
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", [
         f"model.name_or_path={model}", f"grpo.max_steps={steps}", "generation.generation_batch_size=16",

@@ -1,4 +1,4 @@
-"""Regenerate the GRPOConfig field table of docs/trl.md from orchestrator/trl_args.py's FIELDS.
+"""Regenerate the GRPOConfig field table of docs/trl.md from orchestrator/trl/args.py's FIELDS.
 
 tests/unit/orchestrator/test_trl_args.py::test_the_docs_table_is_current fails until this has been run after a
 field's treatment changed (or TRL's GRPOConfig did)."""
@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's rayward, not an installed one
 
-from orchestrator.trl_args import field_table  # noqa: E402
+from orchestrator.trl.args import field_table  # noqa: E402
 
 PAGE = ROOT / "docs" / "trl.md"
 START, END = "<!-- trl-fields:start -->\n", "<!-- trl-fields:end -->"

@@ -36,24 +36,24 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_model_path():
-    from orchestrator.tiny import ensure_tiny_model
+    from orchestrator.builtin.models.tiny import ensure_tiny_model
 
     return str(ensure_tiny_model())
 
 
 @pytest.fixture(scope="session")
 def tiny_vlm_path():
-    """rayward's tiny random Qwen2.5-VL (orchestrator/tiny_vlm.py), built once into the cache."""
-    from orchestrator.tiny_vlm import ensure_tiny_vlm
+    """rayward's tiny random Qwen2.5-VL (orchestrator/builtin/models/vlm.py), built once into the cache."""
+    from orchestrator.builtin.models.vlm import ensure_tiny_vlm
 
     return str(ensure_tiny_vlm())
 
 
 @pytest.fixture(scope="session")
 def tiny_tool_vlm_path():
-    """The tiny VLM warmed up on the cards task, its tool returning an image (orchestrator/tiny_vlm.py), built once
+    """The tiny VLM warmed up on the cards task, its tool returning an image (orchestrator/builtin/models/vlm.py), built once
     into the cache."""
-    from orchestrator.tiny_vlm import ensure_tiny_tool_vlm
+    from orchestrator.builtin.models.vlm import ensure_tiny_tool_vlm
 
     return str(ensure_tiny_tool_vlm())
 

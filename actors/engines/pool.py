@@ -11,7 +11,7 @@ call go back to the front of the queue: every request is answered exactly once (
 never arrives). Requests that find no live engine for `queue_timeout_s` (every engine failing to start) are
 answered "timeout", and the reward's error policy takes over.
 
-Sizing is the pool base's (actors/pool.py): `scale(n)` pins the engine count (`rayward scale RUN
+Sizing is the pool base's (actors/runtime/pool.py): `scale(n)` pins the engine count (`rayward scale RUN
 --judge-engines N`), `set_bounds` autoscales it from its load like the reward pool. A request is the unit of
 work of its metrics (`rayward_judge_*`).
 
@@ -32,10 +32,10 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors.autoscale import AutoscaleSettings
 from actors.engines.judge import JudgeAnswer, JudgeEngine, JudgeRequest
 from actors.engines.teacher import TeacherAnswer, TeacherEngine, TeacherRequest
-from actors.pool import PoolKind, PoolUnits, Slot, WorkerPool
+from actors.runtime.autoscale import AutoscaleSettings
+from actors.runtime.pool import PoolKind, PoolUnits, Slot, WorkerPool
 from actors.types import JudgePoolStats, TeacherPoolStats
 
 # Engine calls running at once on one engine actor (its Ray max_concurrency): each call's requests are added to

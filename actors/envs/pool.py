@@ -1,7 +1,7 @@
 """EnvPool: the named actor that owns a run's environment workers and routes every session to one of them.
 
 One per run, `<run>/env-pool` in the run's namespace, workers `<run>/env-<i>` (actors/envs/worker.py). The
-machinery is the pool base's, shared with the reward pool (actors/pool.py): live-worker tracking, replacement,
+machinery is the pool base's, shared with the reward pool (actors/runtime/pool.py): live-worker tracking, replacement,
 `rayward scale --env-workers N` / `--pool env --min/--max`, autoscaling on the same policy, Ray metrics, stats.
 What is this pool's own:
 
@@ -48,12 +48,12 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util import metrics as ray_metrics  # the sessions gauge and call-wait histogram, the env pool's own
 
-from actors.autoscale import AutoscaleSettings
-from actors.envs.agent_worker import RETURN_GRACE_S, AgentWorker
+from actors.agents.agent_worker import RETURN_GRACE_S, AgentWorker
 from actors.envs.client import EnvSessionLost
 from actors.envs.spec import EnvSpec
 from actors.envs.worker import EnvWorker
-from actors.pool import TAGS, WAIT_BOUNDS, PoolKind, PoolUnits, Slot, WorkerPool
+from actors.runtime.autoscale import AutoscaleSettings
+from actors.runtime.pool import TAGS, WAIT_BOUNDS, PoolKind, PoolUnits, Slot, WorkerPool
 from actors.types import (
     AgentDone,
     AgentRun,
@@ -157,7 +157,7 @@ class EnvPool(WorkerPool[_EnvSlot, EnvPoolStats]):
     # --- the pool base's hooks ------------------------------------------------------------------------------
 
     def _new_worker(self, index: int, name: str) -> Any:
-        if self.spec.agent_function is not None:  # async: its agents run at once (actors/envs/agent_worker.py)
+        if self.spec.agent_function is not None:  # async: its agents run at once (actors/agents/agent_worker.py)
             return (
                 ray.remote(AgentWorker)
                 .options(name=name, max_concurrency=AGENT_CONCURRENCY, max_restarts=0, **self.worker_options)

@@ -21,7 +21,7 @@ instance is then dropped). A factory that raises or returns something without `r
 workers call the factory themselves when they need an instance (actors/envs/worker.py) and read the tools from
 `type(instance)`, as TRL does per rollout.
 
-Plain Python, no Ray: the driver reads the same things here before anything starts (orchestrator/environments.py)
+Plain Python, no Ray: the driver reads the same things here before anything starts (orchestrator/run/agents.py)
 that the workers read (actors/envs/worker.py).
 """
 
@@ -59,7 +59,7 @@ class EnvSpec:
     tool_timeout_s: float = 60.0  # each tool call, and each session's factory + reset
     reward_timeout_s: float = 60.0  # each get_reward() at close (the environment reward's `timeout_s`)
     agent_function: str | None = None  # `module:function` (agent_function): the workers run it, one call per
-    # trajectory, instead of environment sessions (actors/envs/agent_worker.py); no tools or environments then
+    # trajectory, instead of environment sessions (actors/agents/agent_worker.py); no tools or environments then
 
     @property
     def routed(self) -> bool:

@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from actors.cpus import Share, omp_bind, pick_cores
+from actors.runtime.cpus import Share, omp_bind, pick_cores
 
 T = TypeVar("T")
 

@@ -25,11 +25,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
-from actors.cpus import Share, describe, omp_waits
+from actors.agents import chat
+from actors.agents.endpoint import AgentEndpoint, EndpointLoop, node_address
+from actors.agents.loop import AgentLoop, AgentSettings, TurnSettings
 from actors.envs.client import Environments
-from actors.generation import chat
-from actors.generation.agent import AgentLoop, AgentSettings, TurnSettings
-from actors.generation.endpoint import AgentEndpoint, EndpointLoop, node_address
 from actors.generation.engine import (
     EngineLoop,
     FinishedQueue,
@@ -40,6 +39,7 @@ from actors.generation.engine import (
 )
 from actors.generation.vllm_compat import decode_routes
 from actors.generation.vllm_plugin import SPIN_ENV
+from actors.runtime.cpus import Share, describe, omp_waits
 from actors.types import FinishedGroups, Sample, Sampling
 from actors.vision import ImageError, Images, is_vision_model
 
@@ -148,7 +148,7 @@ class Generator:
 
         self.loop = EngineLoop(build, on_thread_start=omp_threads(len(self._cores)) if self._cores else None)
         self.tokenizer = self.llm.get_tokenizer()
-        # Why a tool's image cannot reach the model (actors/generation/agent.py: the call is answered with an error
+        # Why a tool's image cannot reach the model (actors/agents/loop.py: the call is answered with an error
         # instead); None: it can.
         self._tool_images_problem: str | None = None
         if agent is not None:  # set up as TRL's trainer sets up its tokenizer for a tool run (the driver checked it)
@@ -366,7 +366,7 @@ class Generator:
             # A vision-language model never samples an image placeholder (the learner's forward would take it for
             # an image); the learner applies the same bias (actors/vision.py PLACEHOLDER_BIAS).
             logit_bias=logit_bias,
-            # An agent's stop strings (actors/generation/endpoint.py): the turn ends after one; its ids are kept.
+            # An agent's stop strings (actors/agents/endpoint.py): the turn ends after one; its ids are kept.
             stop=stop or None,
         )
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import torch
 
-from actors.net import free_port, interface_of, node_ip
+from actors.runtime.net import free_port, interface_of, node_ip
 
 # Seconds a rank waits in a collective before raising. Long, because the other ranks wait at a barrier
 # while rank 0 writes a full checkpoint of a multi-GB model; a rank that raised (its peers block in the

@@ -1,6 +1,6 @@
 """Learner: the policy in torch, the GRPO update, and the weights the generators load after each step.
 
-A plain class (Ray wraps it in `actors.group`), built from frozen specs (actors/learner/specs.py) that the driver
+A plain class (Ray wraps it in `actors.runtime.group`), built from frozen specs (actors/learner/specs.py) that the driver
 builds once from the run config; the GRPO loss is this package's own (actors/learner/loss.py), configured by the
 spec's `LossConfig`, so this file depends on torch and transformers, never on the driver.
 
@@ -44,7 +44,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from actors.cpus import describe, omp_waits, pick_cores
 from actors.learner import checkpoint
 from actors.learner.distributed import init_process_group, shard, tied_names
 from actors.learner.layout import VARLEN_ATTENTION, Packed, Padded, pack, packing_refusal, pad
@@ -53,6 +52,7 @@ from actors.learner.loss import LossInputs, loss_fn, vllm_importance_weights
 from actors.learner.micro_batches import MicroBatchPlan, plan_micro_batches
 from actors.learner.routing import Replay, agreement, aux_loss_coef, layout_flags, layout_routes
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, ParallelSpec
+from actors.runtime.cpus import describe, omp_waits, pick_cores
 from actors.types import TrainBatch, TrainerState, TrainResult
 from actors.vision import PIXEL_VALUES, PLACEHOLDER_BIAS, Images
 from actors.weights.sender import WeightSender, checkpoint_view, plain_view
@@ -159,7 +159,7 @@ class Learner:
         """spec: what to train and how (the same on every rank). strategy, rank, world_size, init_method: this rank's
         place (`ParallelSpec`; LearnerGroup passes them to each rank). reward_pool: a handle with `set_state`, to which
         every new optimizer step goes (TrainerState), awaited so that the next batch is scored under it; rank 0's
-        alone, None elsewhere. A CPU learner computes on every core this process may use (actors/cpus.py), one torch
+        alone, None elsewhere. A CPU learner computes on every core this process may use (actors/runtime/cpus.py), one torch
         thread per PARAMS_PER_THREAD parameters at most."""
         self.spec, self.loss_config = spec, spec.loss
         self.loss = loss_fn(spec.loss)  # picked once (actors/learner/loss.py); a bad setting fails before any load

@@ -2,7 +2,7 @@
 torch functions of typed records.
 
 The learner builds its loss once, ``loss_fn(cfg)`` of a `LossConfig` (built from the run config in
-orchestrator/build.py), and calls it on every micro-batch: ``LossInputs -> LossOutputs``. The loss is three picks
+orchestrator/run/build.py), and calls it on every micro-batch: ``LossInputs -> LossOutputs``. The loss is three picks
 made there, each a table keyed by the config: the importance-sampling level (token or sequence: `LOG_WEIGHTS`), the
 surrogate of the loss family (clipped, cispo, sapo: `SURROGATES`) and the normaliser (`NORMALISERS`, one per
 loss_type); the vLLM IS weight and the KL term are the same for every family. ``vllm_importance_weights`` freezes

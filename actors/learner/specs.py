@@ -1,5 +1,5 @@
 """What the driver hands the learner at construction: frozen records, built once from the run config
-(orchestrator/build.py: learner_spec) and pickled to every learner rank.
+(orchestrator/run/build.py: learner_spec) and pickled to every learner rank.
 
 Plain dataclasses of this package's own types, so unpickling them imports nothing of the driver. Field names
 follow TRL's GRPOConfig and PEFT's LoraConfig where the meaning is the same.

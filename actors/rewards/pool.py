@@ -10,11 +10,11 @@ Retiring a worker (scale down) waits for its in-flight chunks before killing it.
 A new worker counts as capacity only once it is alive: on an autoscaling Ray cluster a worker that asks for
 resources no node has yet (`cluster.reward_worker.resources`) waits for the cluster autoscaler to start a node,
 and meanwhile scoring goes on on the live workers. With `autoscale` settings the pool sizes itself
-(actors/autoscale.py: a pure policy, sampled by a periodic task here and at every batch arrival);
+(actors/runtime/autoscale.py: a pure policy, sampled by a periodic task here and at every batch arrival);
 `scale(n)` pins the count (autoscaling paused), `set_bounds(min, max)` resumes it. Every change of the
 target is printed with its reason (the driver shows the pool's output) and kept in `decision_log()`. That
 machinery (membership, replacement, scaling, metrics, stats) is the pool base's, shared with the environment
-pool: actors/pool.py.
+pool: actors/runtime/pool.py.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors.autoscale import AutoscaleSettings
 from actors.engines.judge import JudgeAnswer, JudgeRequest, request_fields, template_fields
 from actors.engines.teacher import TeacherAnswer, TeacherRequest
-from actors.pool import PoolKind, PoolUnits, Slot, WorkerPool
 from actors.rewards.worker import RewardFunctionError, RewardSpec, RewardWorker, preview
+from actors.runtime.autoscale import AutoscaleSettings
+from actors.runtime.pool import PoolKind, PoolUnits, Slot, WorkerPool
 from actors.types import RewardBatch, RewardPoolStats, Scores, TrainerState
 
 # Chunks a worker holds at once: 2 hides the dispatch round-trip without hoarding work a new worker could take.

@@ -101,7 +101,7 @@ class RewardSpec:
 @dataclass(frozen=True)
 class LazyGate:
     """A lazily gated reward's gate (gate.lazy): closed where the gating reward is below the threshold, compared
-    as the driver's gates compare (orchestrator/aggregation.py apply_gates: float32, NaN leaves it open)."""
+    as the driver's gates compare (orchestrator/algo/aggregation.py apply_gates: float32, NaN leaves it open)."""
 
     reward: str  # the gating reward (not itself gated)
     threshold: float

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from actors.error_text import one_line
-from actors.net import free_port, node_ip
+from actors.runtime.error_text import one_line
+from actors.runtime.net import free_port, node_ip
 
 # Offsets inside a packed bucket are multiples of this, so every tensor's bytes can be viewed as its dtype
 # (a view needs an offset divisible by the element size) and start on a cache line.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actors.group import GeneratorGroup, LearnerGroup
+from actors.runtime.group import GeneratorGroup, LearnerGroup
 
 # A fixed sequence of ordinary tokens (ids above the tiny model's 3 specials, below any real vocab size).
 PARITY_TOKENS = [5, 17, 42, 8, 99, 23, 61, 7, 150, 33, 12, 77]

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import ray
 from ray.exceptions import RayActorError
 
-from actors.error_text import one_line
-from actors.group import GeneratorGroup, LearnerGroup
+from actors.runtime.error_text import one_line
+from actors.runtime.group import GeneratorGroup, LearnerGroup
 from actors.weights.collective import WeightTransferError
 
 # Beyond the collective's own timeout, how long the driver waits for a sync's calls before naming who stalled

@@ -58,7 +58,7 @@ def _refresh_ray_config() -> None:
     import sys
 
     if "ray" in sys.modules:
-        from actors.ray_compat import refresh_config
+        from actors.runtime.ray_compat import refresh_config
 
         refresh_config()
 

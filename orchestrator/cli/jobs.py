@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.autoscale import AutoscaleSettings
+from actors.runtime.autoscale import AutoscaleSettings
 from actors.types import PoolStats
 from orchestrator.cli.auth import AuthError, explain_auth_failure, find_token, prepare_client_auth
 from orchestrator.config import (
@@ -115,7 +115,7 @@ def dashboard_job_url(address: str, sub_id: str) -> str:
 def forwarded_env(environ: dict[str, str] | None = None, extra: list[str] | None = None) -> dict[str, str]:
     """Environment the run needs on the cluster: set RAYWARD_/HF_/VLLM_/WANDB_/MLFLOW_ variables, rayward's
     ACTOR_ENV (the local value when set), and KEY=VALUE extras. Never the Ray auth token."""
-    from orchestrator.cluster import ACTOR_ENV
+    from orchestrator.run.cluster import ACTOR_ENV
 
     environ = dict(os.environ if environ is None else environ)
     env = {k: environ.get(k, v) for k, v in ACTOR_ENV.items()}
@@ -136,7 +136,7 @@ def forwarded_env(environ: dict[str, str] | None = None, extra: list[str] | None
 def large_files(root: Path, excludes: list[str], max_bytes: int) -> list[str]:
     """Files under root that Ray would upload (after excludes, .gitignore, .rayignore) larger than max_bytes,
     as paths relative to root."""
-    from actors.ray_compat import walk_upload
+    from actors.runtime.ray_compat import walk_upload
 
     root = root.resolve()
     found: list[str] = []
@@ -200,8 +200,8 @@ def build_submission(
 ) -> Submission:
     """Validate the config (+ overrides) locally and build the job: raises ConfigError / JobsError.
     run_flags: `rayward run` options for the driver (`--verbose`, `--debug`)."""
-    from orchestrator.cluster import new_run_name
     from orchestrator.config import load_config
+    from orchestrator.run.cluster import new_run_name
 
     if str(config).endswith(".py"):
         return _script_submission(
@@ -268,7 +268,7 @@ def _script_submission(
     entrypoint_num_cpus: float | None, environ: dict[str, str] | None,
 ) -> Submission:
     """A Python script as a job: its directory (or working_dir) shipped, `python SCRIPT args` its entrypoint."""
-    from orchestrator.trainer import RUN_NAME_ENV
+    from orchestrator.trl.trainer import RUN_NAME_ENV
 
     if not script.is_file():
         raise JobsError(f"script {script} not found")
@@ -405,7 +405,7 @@ def run_actors(address: str, run_name: str) -> list[dict[str, Any]]:
     """The run's actors (namespace rayward-<run>) from Ray's state API: name, class, state, pid, node."""
     from ray.util.state import list_actors
 
-    from orchestrator.cluster import namespace
+    from orchestrator.run.cluster import namespace
 
     with _ray_errors(address):
         actors = list_actors(
@@ -557,7 +557,7 @@ def scale(address: str | None, run: str, *, reward_workers: int | None = None, e
     import ray
     from ray.exceptions import RayTaskError
 
-    from orchestrator.cluster import UnreachableError, check_reachable, namespace
+    from orchestrator.run.cluster import UnreachableError, check_reachable, namespace
 
     address = address or "auto"
     check_reachable(address)

@@ -2,9 +2,9 @@
 a (remote) Ray cluster through the Jobs API: submit | status | logs | stop | list.
 
 What goes wrong ends in a short message and a non-zero exit, never a traceback (unless --debug): 2 for a bad
-config or input, 1 for a run that failed (orchestrator/errors.py says what and where), 3 for an unreachable
+config or input, 1 for a run that failed (orchestrator/run/errors.py says what and where), 3 for an unreachable
 cluster, 130 for Ctrl-C, 143 (128 + SIGTERM) for a run stopped by SIGTERM. A run in its loop stops at the next
-step boundary with a checkpoint on either; a second Ctrl-C quits at once (orchestrator/signals.py)."""
+step boundary with a checkpoint on either; a second Ctrl-C quits at once (orchestrator/run/signals.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from orchestrator.cli.retry import run_with_retries
 
         return run_with_retries(args, args.max_retries)
-    from orchestrator.train import train
+    from orchestrator.run.train import train
 
     train(load_config(args.config, args.overrides), args.name, resume=args.resume, show_actor_output=args.verbose)
     return 0
@@ -48,7 +48,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from orchestrator.train import evaluate
+    from orchestrator.run.train import evaluate
 
     evaluate(load_config(args.config, args.overrides), args.checkpoint, name=args.name, output=args.output)
     return 0
@@ -87,7 +87,7 @@ def _cmd_scale(args: argparse.Namespace) -> int:
 
 
 def _cmd_tiny_model(args: argparse.Namespace) -> int:
-    from orchestrator.tiny import build_tiny_model
+    from orchestrator.builtin.models.tiny import build_tiny_model
 
     print(build_tiny_model(args.path, seed=args.seed))
     return 0
@@ -306,7 +306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from orchestrator.cluster import run_sys_path
+    from orchestrator.run.cluster import run_sys_path
 
     for path in run_sys_path():  # `my_rewards:fn` imports from the run directory, as with `python -m`
         if path not in sys.path:
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     except AuthError as err:
         print(f"rayward {args.command}: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except ConnectionError as err:  # unreachable cluster (orchestrator.cluster.UnreachableError and Ray's own)
+    except ConnectionError as err:  # unreachable cluster (orchestrator.run.cluster.UnreachableError and Ray's own)
         print(f"rayward: {err}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except FileNotFoundError as err:  # a run directory or file named on the command line
@@ -334,8 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rayward: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as err:  # noqa: BLE001 - every failure ends in a short message (orchestrator/errors.py)
-        from orchestrator.errors import RunFailed, RunStopped, explain
+    except Exception as err:  # noqa: BLE001 - every failure ends in a short message (orchestrator/run/errors.py)
+        from orchestrator.run.errors import RunFailed, RunStopped, explain
 
         if isinstance(err, RunStopped):
             print(f"rayward: {err}", file=sys.stderr)

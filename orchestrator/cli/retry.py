@@ -2,11 +2,11 @@
 child process under a small supervisor, restarted when it fails, each time continuing the same run from its
 latest checkpoint (`--resume auto`: a retry that finds no checkpoint starts the run afresh).
 
-What is retried: a driver that failed (exit 1: the run failed, orchestrator/errors.py), could not reach its cluster
+What is retried: a driver that failed (exit 1: the run failed, orchestrator/run/errors.py), could not reach its cluster
 (3), or died by a signal other than SIGTERM and SIGINT (an OOM kill, a lost node under the driver). What is not:
 success (0), bad input or nothing left to train (2), Ctrl-C (130) and SIGTERM (143): a person or the job system
 asked the run to stop. SIGTERM to the supervisor goes to the driver, which checkpoints at its step boundary
-(orchestrator/train.py), and no retry follows.
+(orchestrator/run/train.py), and no retry follows.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ RETRY_DELAY_S = 10.0
 def run_name(args: argparse.Namespace) -> str:
     """The run's name, fixed before the first attempt so that every retry continues the same run: --name, the
     config's, or a new one."""
-    from orchestrator.cluster import new_run_name
     from orchestrator.config import load_config
+    from orchestrator.run.cluster import new_run_name
 
     return args.name or load_config(args.config, args.overrides).name or new_run_name()
 

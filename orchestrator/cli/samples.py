@@ -1,6 +1,6 @@
 """`rayward samples RUN`: what the model wrote at a step (the latest by default), as a table on the terminal.
 
-Reads the run's completions log (`<run dir>/completions.jsonl`, written by orchestrator/phases.py): one row per
+Reads the run's completions log (`<run dir>/completions.jsonl`, written by orchestrator/loop/phases.py): one row per
 trained sample with its prompt, completion, each reward's raw score, the weighted total and the advantage. With
 tools the completion is the whole conversation: tool calls marked `→`, tool results `←`, and a stop column.
 """

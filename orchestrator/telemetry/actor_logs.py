@@ -8,7 +8,7 @@ lines that start with `rayward` (an actor's own messages, e.g. the code sandbox'
 indented continuation lines, each message once however many workers print it. With `--verbose` Ray's own
 printing stays as well. The driver's `ray` logger (Ray's warnings in this process) goes to the same file.
 
-Ray has no public switch for this: the hook is its log dispatcher (actors/ray_compat.py `log_dispatcher`). If a
+Ray has no public switch for this: the hook is its log dispatcher (actors/runtime/ray_compat.py `log_dispatcher`). If a
 Ray version lacks it, actors' output is printed as before and a line says so.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from actors import ray_compat
+from actors.runtime import ray_compat
 
 HANDLER_NAME = "rayward_actor_output"
 # Before Ray shuts down: the actors' last lines (a final checkpoint's, a crash's) are still on their way from the

@@ -1,7 +1,7 @@
 """Step metrics on Ray's Prometheus endpoint (ray.util.metrics), next to the reward pool's own gauges.
 
 `RayMetricsExporter(run_name).export(step, metrics)` takes the per-step dict the loop logs (keys as
-orchestrator/phases.py's `log_step` assembles them) and sets a few Gauges, with the run name and the reward /
+orchestrator/loop/phases.py's `log_step` assembles them) and sets a few Gauges, with the run name and the reward /
 gate / phase names as tag values (never in metric names: Ray silently drops metrics whose name is not
 ^[a-zA-Z_:][a-zA-Z0-9_:]*$). Each node's metrics agent serves them with Ray's `ray_` prefix on its
 metrics export port (`ray start --metrics-export-port`), e.g. `ray_rayward_global_step{run="demo"}`;
@@ -124,7 +124,7 @@ PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"^eval/pass@(\d+)$"), "rayward_eval_pass_at", "k"),
 ]
 
-# Metrics the reward pool actor exports itself (declared in actors/pool.py `pool_metrics`), live between steps: workers alive,
+# Metrics the reward pool actor exports itself (declared in actors/runtime/pool.py `pool_metrics`), live between steps: workers alive,
 # starting and targeted, queue depth and wait, chunk latency, utilisation, events and scaling decisions.
 REWARD_POOL_METRICS = (
     "rayward_reward_workers_alive",

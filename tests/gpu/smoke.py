@@ -53,7 +53,7 @@ BF16_EPS = torch.finfo(torch.bfloat16).eps
 # vision tokens: the tiny VLM's merged patch is 28 pixels).
 VLM_SIZES = ((56, 56), (84, 56))
 # Qwen2.5-VL's chat template's rendering of a user turn of one image and a text, with the generation prompt: the
-# tiny VLM's template is read from trl (orchestrator/tiny_vlm.py: chat_template), which a bare GPU host lacks, so
+# tiny VLM's template is read from trl (orchestrator/builtin/models/vlm.py: chat_template), which a bare GPU host lacks, so
 # the vision row writes its prompts itself, one placeholder per image (`Images.expand` expands it).
 VLM_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
               "<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n")
@@ -73,25 +73,25 @@ class Row:
 
 # --------------------------------------------------------------------------------------------- helpers
 def tiny_model() -> str:
-    from orchestrator.tiny import ensure_tiny_model
+    from orchestrator.builtin.models.tiny import ensure_tiny_model
 
     return str(ensure_tiny_model())
 
 
 def tiny_moe() -> str:
-    from orchestrator.tiny_moe import ensure_tiny_moe
+    from orchestrator.builtin.models.moe import ensure_tiny_moe
 
     return str(ensure_tiny_moe("qwen3_moe"))
 
 
 def tiny_vlm() -> str:
-    """The tiny Qwen2.5-VL (orchestrator/tiny_vlm.py) in the cache dir (the kit's scratch dir), not warmed up (the
+    """The tiny Qwen2.5-VL (orchestrator/builtin/models/vlm.py) in the cache dir (the kit's scratch dir), not warmed up (the
     rows need no skill, and the warm-up takes a while on a CPU) and without a chat template (trl has it; VLM_PROMPT):
     under a name of its own, so it never stands in for the full tiny VLM in a cache that other tests share."""
     from unittest import mock
 
-    from orchestrator import tiny_vlm as vlm
-    from orchestrator.tiny import ensure_cached
+    from orchestrator.builtin.models import vlm as vlm
+    from orchestrator.builtin.models.tiny import ensure_cached
 
     with mock.patch.object(vlm, "chat_template", lambda: None):
         return str(ensure_cached(f"{vlm.CACHE_NAME}-smoke", lambda d: vlm.build_tiny_vlm(d, warm=False)))
@@ -537,7 +537,7 @@ def check_vlm_bf16(device: str) -> str:
             raise Skip(why) from None
     from actors.learner.learner import _eval
     from actors.types import TrainBatch
-    from orchestrator.tasks.colors import PROMPT, colors_dataset
+    from orchestrator.builtin.tasks.colors import PROMPT, colors_dataset
 
     n, kw = 8, dict(loss_type="grpo", beta=0.1, micro_batch_size=8)  # one micro-batch: both image sizes in it
     lr = make(device, model=tiny_vlm(), dtype="bfloat16", optim="adamw_torch", learning_rate=1e-2, **kw)

@@ -15,7 +15,7 @@ TEST_CLUSTER_CPUS = 8
 def ray_cluster():
     import ray
 
-    from orchestrator.cluster import ACTOR_ENV
+    from orchestrator.run.cluster import ACTOR_ENV
 
     env = {**ACTOR_ENV, "PYTHONPATH": str(ROOT)}
     os.environ.update(env)

@@ -83,11 +83,11 @@ def test_find_cycle_finds_one():
 
 def test_imports_of_sees_function_level_and_relative_imports(tmp_path, monkeypatch):
     pkg = ROOT / "actors"
-    src = "def f():\n    from orchestrator.build import Run\n    from . import types\n"
+    src = "def f():\n    from orchestrator.run.build import Run\n    from . import types\n"
     path = pkg / "_probe_for_test.py"
     try:
         path.write_text(src)
-        assert imports_of(path, {"orchestrator.build", "actors.types", "actors"}) == {"orchestrator.build", "actors.types"}
+        assert imports_of(path, {"orchestrator.run.build", "actors.types", "actors"}) == {"orchestrator.run.build", "actors.types"}
     finally:
         path.unlink()
 
@@ -116,8 +116,8 @@ def test_what_the_driver_sends_the_learner_unpickles_without_the_driver():
     imports their modules: none may be the driver's (a functools.partial of an orchestrator function would be)."""
     from ray import cloudpickle
 
-    from orchestrator.build import learner_spec
     from orchestrator.config import load_config
+    from orchestrator.run.build import learner_spec
 
     blob = cloudpickle.dumps(learner_spec(load_config(ROOT / "configs" / "demo.yaml"), "/models/policy"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -150,7 +150,7 @@ def test_readme_layout_table_names_every_module():
     assert not missing, f"README layout table lacks: {missing}"
 
 
-# Ray's private modules, and a handle's private id: reached only through actors/ray_compat.py, which names the
+# Ray's private modules, and a handle's private id: reached only through actors/runtime/ray_compat.py, which names the
 # Ray version it was checked on.
 RAY_PRIVATE = ("ray._private", "ray._raylet")
 
@@ -171,7 +171,7 @@ def private_ray_uses(path: Path) -> list[str]:
 
 
 def test_private_ray_apis_only_through_ray_compat():
-    assert private_ray_uses(ROOT / "actors" / "ray_compat.py"), "the probe finds nothing: it cannot fail"
+    assert private_ray_uses(ROOT / "actors" / "runtime" / "ray_compat.py"), "the probe finds nothing: it cannot fail"
     bad = {str(p.relative_to(ROOT)): uses for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
            if p.name != "ray_compat.py" and (uses := private_ray_uses(p))}
-    assert not bad, f"Ray's private APIs outside actors/ray_compat.py: {bad}"
+    assert not bad, f"Ray's private APIs outside actors/runtime/ray_compat.py: {bad}"

@@ -1,4 +1,4 @@
-"""The generator actor's concurrency groups on a real Ray actor (actors/group.py GeneratorGroup with
+"""The generator actor's concurrency groups on a real Ray actor (actors/runtime/group.py GeneratorGroup with
 actors/generation/generator.py GENERATOR_GROUPS and GENERATOR_METHOD_GROUPS): a weight load runs while a
 streaming generation call is in flight on the same actor. A stand-in class with the generator's methods (as the
 group calls them) and a generation that cannot go on until a load arrives (what a pipelined rollout waiting on
@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from actors.generation.generator import GENERATOR_GROUPS, GENERATOR_METHOD_GROUPS
-from actors.group import GeneratorGroup
+from actors.runtime.group import GeneratorGroup
 from actors.types import Sampling
 
 pytestmark = pytest.mark.integration

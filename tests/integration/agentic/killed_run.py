@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator import phases
 from orchestrator.config import RunConfig
-from orchestrator.train import train
+from orchestrator.loop import phases
+from orchestrator.run.train import train
 
 
 @dataclass
@@ -31,7 +31,7 @@ def kill_a_worker_holding_a_trajectory(ray: Any, name: str, captured: Captured, 
     """Once the run's environment pool holds a trajectory, SIGKILL the worker holding it. Polls until the run ends,
     with no deadline of its own: on a loaded 2-core CI box the engines alone can take minutes to load before the
     pool has its first session."""
-    from orchestrator.cluster import namespace
+    from orchestrator.run.cluster import namespace
 
     pool = None
     while not stop.is_set():

@@ -1,5 +1,5 @@
 """configs/agent.yaml, shortened, on the local Ray cluster: the box task's agent written against the `openai` SDK
-(orchestrator/tasks/box_agent.py), unchanged, its agents in the environment pool's async workers, its requests on
+(orchestrator/builtin/tasks/box_agent.py), unchanged, its agents in the environment pool's async workers, its requests on
 the generator's endpoint, through the pipelined loop with real vLLM, reward pool and learner. One run shared by the
 assertions: what reaches the learner (the sampled ids, masked as the environment-class path masks them), the step
 metrics of the endpoint, and an agent worker SIGKILLed while its agents run: their trajectories keep their turns

@@ -37,7 +37,7 @@ def tools_run(ray_cluster, tmp_path_factory):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from orchestrator.tiny_tools import ensure_tiny_tool_model
+    from orchestrator.builtin.models.tools import ensure_tiny_tool_model
 
     return AutoTokenizer.from_pretrained(str(ensure_tiny_tool_model()))
 
@@ -79,7 +79,7 @@ def test_the_learner_trains_on_the_sampled_ids_with_tool_tokens_masked(tools_run
 
 def _schemas(captured: Captured) -> list[dict[str, Any]]:
     from actors.envs.spec import tool_schemas
-    from orchestrator.environments import env_spec
+    from orchestrator.run.agents import env_spec
 
     return tool_schemas(env_spec(captured.run.cfg))[None]
 
@@ -123,7 +123,7 @@ def test_the_completions_log_holds_the_conversations(tools_run):
 @pytest.mark.scenario
 def test_rayward_eval_runs_the_tools(tools_run, tmp_path):
     """`rayward eval` on the config: its own environment pool, the environment's reward, conversations reported."""
-    from orchestrator.train import evaluate
+    from orchestrator.run.train import evaluate
 
     cfg = load_config(ROOT / "configs" / "tools.yaml", [
         f"logging.dir={tmp_path}", "eval.data.path=boxes", "eval.max_samples=2", "eval.num_generations=2",

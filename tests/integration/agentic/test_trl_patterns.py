@@ -32,10 +32,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import phases
+from orchestrator.builtin.tasks.boxes import NUM_BOXES, PROMPT_TEMPLATE
 from orchestrator.config import load_config, parse_config
-from orchestrator.tasks.boxes import NUM_BOXES, PROMPT_TEMPLATE
-from orchestrator.train import train
+from orchestrator.loop import phases
+from orchestrator.run.train import train
 from tests.conftest import ROOT
 from tests.fixtures import trl_agents
 from tests.fixtures.trl_agents import (
@@ -207,7 +207,7 @@ def trl_trainer(output_dir: Path, **kwargs: Any) -> Any:
     from transformers import PrinterCallback, ProgressCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from orchestrator.tiny_tools import ensure_tiny_tool_model
+    from orchestrator.builtin.models.tools import ensure_tiny_tool_model
 
     args = GRPOConfig(
         output_dir=str(output_dir), per_device_train_batch_size=TRL_BATCH, gradient_accumulation_steps=1,
@@ -268,7 +268,7 @@ def test_every_pattern_shows_the_model_the_box_tasks_tools():
     """The tiny model was warmed up on BoxEnv's two tools: each pattern's tools have their schemas exactly."""
     from transformers.utils import get_json_schema
 
-    from orchestrator.tiny_tools import task_tools
+    from orchestrator.builtin.models.tools import task_tools
 
     expected = [get_json_schema(fn) for fn in task_tools()]
     for tools in ([SqlBoxEnv().open_box, SqlBoxEnv().submit], [BoxGameEnv().open_box, BoxGameEnv().submit],
@@ -292,7 +292,7 @@ def test_tools_answer_in_rayward_as_often_as_in_trl(group, request):
     """Per pattern, the share of tool calls that answered without error. rayward answers a call it cannot parse
     with an error message of its own (TRL leaves it as text and ends the episode): those are left out, so both
     shares are over the calls each trainer ran."""
-    from actors.generation.chat import MALFORMED_CALL_NAME
+    from actors.agents.chat import MALFORMED_CALL_NAME
 
     rayward_side, trl_side = ("routed_run", "trl_routed") if group != "own" else ("own_data_run", "trl_own_data")
     _, ours = request.getfixturevalue(rayward_side)
@@ -379,7 +379,7 @@ def test_the_alarm_tools_own_timeout_reads_the_same_in_both(database, trl_routed
 def trl_tool_message(trainer: Any, env: Any, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """The tool message TRL's own tool loop (GRPOTrainer._tool_call_loop) writes for one call in `env`: one sample
     whose first turn is that call, its environment `sql`."""
-    from orchestrator.tiny_tools import completion_ids
+    from orchestrator.builtin.models.tools import completion_ids
 
     tok = trainer.processing_class
     env.reset()

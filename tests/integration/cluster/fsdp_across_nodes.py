@@ -2,8 +2,8 @@
 
     python -m tests.integration.cluster.fsdp_across_nodes HOST:PORT OUT_DIR
 
-Builds the learner exactly as `rayward run` does (`orchestrator.build.learner_spec` of a config with
-`cluster.learner_placement: spread`, `actors.group.LearnerGroup`), 2 FSDP ranks and, beside them, 1 single learner,
+Builds the learner exactly as `rayward run` does (`orchestrator.run.build.learner_spec` of a config with
+`cluster.learner_placement: spread`, `actors.runtime.group.LearnerGroup`), 2 FSDP ranks and, beside them, 1 single learner,
 and feeds both the same batches: step 1, a checkpoint of the 2 ranks, a fresh pair of spread ranks resuming from it,
 step 2 on both sides, and a single learner resuming from the 2-rank checkpoint. Writes OUT_DIR/result.json: the nodes
 each rank ran on, the losses, and the largest weight difference at each comparison (fp32, SGD)."""
@@ -58,12 +58,12 @@ def main(address: str, out: Path) -> None:
     import ray
     from ray.util.placement_group import placement_group_table
 
-    from actors.group import LearnerGroup
     from actors.learner.learner import Learner
-    from orchestrator.build import learner_spec
-    from orchestrator.cluster import check_learner_placement
+    from actors.runtime.group import LearnerGroup
+    from orchestrator.builtin.models.tiny import ensure_tiny_model
     from orchestrator.config import load_config
-    from orchestrator.tiny import ensure_tiny_model
+    from orchestrator.run.build import learner_spec
+    from orchestrator.run.cluster import check_learner_placement
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", OVERRIDES)
     ray.init(address=address, namespace="rayward-mn-fsdp", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})

@@ -104,7 +104,7 @@ def _toy_shards(out: Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from orchestrator.tasks.letters import toy_dataset
+    from orchestrator.builtin.tasks.letters import toy_dataset
 
     out.mkdir()
     rows = toy_dataset(seed=0)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.train import train
+from orchestrator.run.train import train
 from tests.conftest import ROOT
 
 

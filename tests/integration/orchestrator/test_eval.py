@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.cli.main import main
 from orchestrator.config import load_config
-from orchestrator.train import train
+from orchestrator.run.train import train
 from tests.conftest import ROOT
 
 

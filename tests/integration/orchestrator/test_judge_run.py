@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.tiny_judge import verdict
+from orchestrator.builtin.models.judge import verdict
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(900)

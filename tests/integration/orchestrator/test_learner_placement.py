@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from orchestrator.config import ConfigError, load_config
-from orchestrator.train import train
+from orchestrator.run.train import train
 from tests.conftest import ROOT
 
 SPREAD = ["cluster.num_learners=2", "cluster.learner_strategy=fsdp", "cluster.learner_placement=spread"]

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.train import train
+from orchestrator.run.train import train
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.scenario

@@ -5,7 +5,7 @@ on-policy parity with max_staleness 0: the pipelined generator-kill run in tests
 import pytest
 
 from orchestrator.config import load_config
-from orchestrator.train import train
+from orchestrator.run.train import train
 from tests.conftest import ROOT
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.tasks.cards import CARDS_BLIND_BOUND
-from orchestrator.tasks.colors import COLORS_BLIND_BOUND, colors_dataset
+from orchestrator.builtin.tasks.cards import CARDS_BLIND_BOUND
+from orchestrator.builtin.tasks.colors import COLORS_BLIND_BOUND, colors_dataset
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.timeout(900)]

@@ -17,7 +17,7 @@ def module_reward(completions, letter, **kwargs):
 
 
 def test_a_trainer_built_in_a_test_module_trains_and_saves(ray_cluster, tmp_path):
-    from orchestrator.tiny import ensure_tiny_model
+    from orchestrator.builtin.models.tiny import ensure_tiny_model
     from rayward import GRPOConfig, GRPOTrainer
 
     target = 6
@@ -62,8 +62,8 @@ def test_trls_documented_vlm_example_runs_unchanged_but_for_the_import(ray_clust
     from PIL import Image
     from transformers import AutoProcessor
 
-    from orchestrator.tasks.colors import colors_dataset
-    from orchestrator.tiny_vlm import ensure_tiny_vlm
+    from orchestrator.builtin.models.vlm import ensure_tiny_vlm
+    from orchestrator.builtin.tasks.colors import colors_dataset
     from rayward import GRPOConfig, GRPOTrainer
 
     def reward_num_unique_chars(completions, **kwargs):  # TRL's own example reward
@@ -92,8 +92,8 @@ def test_a_trl_vlm_script_whose_tool_returns_images_runs_unchanged_but_for_the_i
     from PIL import Image
     from transformers import AutoProcessor
 
-    from orchestrator.tasks.cards import CardEnv, card_letter, cards_dataset
-    from orchestrator.tiny_vlm import ensure_tiny_tool_vlm
+    from orchestrator.builtin.models.vlm import ensure_tiny_tool_vlm
+    from orchestrator.builtin.tasks.cards import CardEnv, card_letter, cards_dataset
     from rayward import GRPOConfig, GRPOTrainer
 
     def saw_the_card(completions, **kwargs):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from actors.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
+from actors.runtime.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
 
 SLOTS = 2
 

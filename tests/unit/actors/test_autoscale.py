@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
+from actors.runtime.autoscale import AutoscalePolicy, AutoscaleSettings, Decision, PoolSample
 from orchestrator.config import RewardAutoscaleConfig
 from tests.unit.actors.pool_sim import simulate
 

@@ -1,8 +1,8 @@
-"""actors/cpus.py: the core-sharing policy, core shares, vLLM's OpenMP bind strings, the start-up line."""
+"""actors/runtime/cpus.py: the core-sharing policy, core shares, vLLM's OpenMP bind strings, the start-up line."""
 
 import os
 
-from actors.cpus import (
+from actors.runtime.cpus import (
     SHARED_CORES_ENV,
     generator_cpu_share,
     omp_bind,

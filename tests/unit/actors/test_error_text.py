@@ -1,8 +1,8 @@
-"""actors/error_text.py: an error in one line, as the weight sync and the checkpoint messages name it."""
+"""actors/runtime/error_text.py: an error in one line, as the weight sync and the checkpoint messages name it."""
 
 from ray.exceptions import RayTaskError
 
-from actors.error_text import one_line
+from actors.runtime.error_text import one_line
 
 
 def test_the_type_and_the_first_line_of_the_message():

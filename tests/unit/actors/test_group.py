@@ -1,7 +1,7 @@
-"""actors/group.py without Ray: the shard arithmetic, death reasons, and the generator group's calls against the
+"""actors/runtime/group.py without Ray: the shard arithmetic, death reasons, and the generator group's calls against the
 Generator's methods (the Ray side: tests/integration)."""
 
-from actors.group import GeneratorGroup, shards
+from actors.runtime.group import GeneratorGroup, shards
 
 
 def test_one_contiguous_shard_per_member_in_item_order():
@@ -22,7 +22,7 @@ def test_never_more_shards_than_items_and_none_for_no_items():
 def test_death_reason_keeps_what_happened_not_rays_advice():
     from ray.exceptions import RayActorError
 
-    from actors.group import death_reason
+    from actors.runtime.group import death_reason
 
     err = RayActorError(error_msg=(
         "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: "
@@ -87,7 +87,7 @@ def test_every_generator_group_method_calls_a_generator_method_with_arguments_it
 def test_the_reward_pool_group_keeps_its_judges_and_teachers_sizes_in_its_checkpoint_state(monkeypatch):
     """A checkpoint holds the reward pool's scaling with each judge pool's (`judges`) and the teacher pool's
     (`teacher`); a resume gives each its own back, and a pool the resumed run no longer has keeps nothing."""
-    from actors.group import PoolGroup, RewardPoolGroup
+    from actors.runtime.group import PoolGroup, RewardPoolGroup
 
     class Stand(PoolGroup):
         def __init__(self, state):

@@ -1,4 +1,4 @@
-"""The pool base's shared pieces (actors/pool.py): the metric names both pools export, each pool's stats record and
+"""The pool base's shared pieces (actors/runtime/pool.py): the metric names both pools export, each pool's stats record and
 the step metrics the driver logs from it, and the load accounting a `with self._load(slot):` block keeps. The
 pools' own logic: tests/unit/actors/envs/test_pool.py; with Ray: tests/integration/actors/{rewards,envs}/."""
 
@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from actors.envs.pool import ENV_POOL, EnvPool
-from actors.pool import Slot, pool_metric_names
 from actors.rewards.pool import REWARD_POOL, RewardPool
+from actors.runtime.pool import Slot, pool_metric_names
 from actors.types import EnvPoolStats, PoolStats, RewardPoolStats
 from orchestrator.telemetry.ray_metrics import REWARD_POOL_METRICS
 

@@ -1,4 +1,4 @@
-"""Images in prompts (actors/vision.py, orchestrator/data.py PromptEncoder): decoding what datasets hold, the
+"""Images in prompts (actors/vision.py, orchestrator/data/sources.py PromptEncoder): decoding what datasets hold, the
 placeholder expansion against transformers' own processor, TRL's row formats, and the errors named by row."""
 
 import io
@@ -7,8 +7,8 @@ import pytest
 from PIL import Image
 
 from actors.vision import ImageError, Images, to_image
-from orchestrator.data import PromptEncoder, row_images
-from orchestrator.tasks.colors import COLORS, colors_dataset
+from orchestrator.builtin.tasks.colors import COLORS, colors_dataset
+from orchestrator.data.sources import PromptEncoder, row_images
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 import yaml
 
-from actors.pool import pool_metric_names
 from actors.rewards.pool import REWARD_POOL
+from actors.runtime.pool import pool_metric_names
 from orchestrator.telemetry.ray_metrics import GAUGES, METRIC_NAME_RE, REWARD_POOL_METRICS
 from tests.conftest import ROOT
 

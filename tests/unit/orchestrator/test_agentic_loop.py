@@ -12,9 +12,9 @@ import math
 import pytest
 
 from orchestrator.cli.samples import samples_table
-from orchestrator.data import request_seed
-from orchestrator.loop import run_pipelined, run_sync
-from orchestrator.rollout import STOP_REASONS
+from orchestrator.data.sources import request_seed
+from orchestrator.loop.loops import run_pipelined, run_sync
+from orchestrator.loop.rollout import STOP_REASONS
 from tests.fixtures.fakes import ENV_REWARD, TOOL, TOOLS_MARK, ByteTokenizer, chat_rows, fake_run
 
 LOOPS = {"sync": run_sync, "pipelined": run_pipelined}

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.aggregation import Gate, RewardAggregator, apply_gates
+from orchestrator.algo.aggregation import Gate, RewardAggregator, apply_gates
 from orchestrator.config import parse_config, scheduled
 from tests.conftest import ROOT
 
@@ -90,8 +90,8 @@ def test_aggregator_weights_follow_schedules_and_gate_thresholds():
 def test_readme_worked_example():
     """The worked example of docs/rewards.md: configs/letter-curriculum.yaml at step 12."""
 
+    from orchestrator.algo.grpo import compute_advantages
     from orchestrator.config import load_config
-    from orchestrator.grpo import compute_advantages
 
     cfg = load_config(ROOT / "configs" / "letter-curriculum.yaml")
     agg = RewardAggregator(cfg.rewards)

@@ -1,11 +1,11 @@
-"""orchestrator/build.py's pure choices, from the config: each actor's cores and environment, the reward pool's
+"""orchestrator/run/build.py's pure choices, from the config: each actor's cores and environment, the reward pool's
 autoscaling settings."""
 
 import pytest
 
-from actors.cpus import SHARED_CORES_ENV, shared_cores_env
-from orchestrator.build import autoscale_settings, generator_cpu_share
+from actors.runtime.cpus import SHARED_CORES_ENV, shared_cores_env
 from orchestrator.config import parse_config
+from orchestrator.run.build import autoscale_settings, generator_cpu_share
 
 MINIMAL = {"rewards": [{"name": "r", "function": "letter_fraction"}]}
 
@@ -51,7 +51,7 @@ def test_env_autoscale_settings_are_their_own_section():
 # --------------------------------------------------------------------------------------------- the learner's spec
 def test_learner_spec_carries_the_run_config():
     from actors.learner.loss import ImportanceSampling
-    from orchestrator.build import learner_spec
+    from orchestrator.run.build import learner_spec
 
     c = parse_config({
         **MINIMAL, "seed": 7, "model": {"dtype": "bfloat16"},
@@ -81,8 +81,8 @@ def test_learner_spec_carries_the_run_config():
 
 
 def test_lora_and_gradient_checkpointing_reach_the_learner_as_peft_and_trl_take_them():
-    from orchestrator.build import learner_spec, lora_kwargs
     from orchestrator.config import load_config
+    from orchestrator.run.build import learner_spec, lora_kwargs
     from tests.conftest import ROOT
 
     cfg = load_config(ROOT / "configs" / "demo.yaml", ['model.lora={"r": 8, "alpha": 16}', "model.lora.target_modules=all-linear"])
@@ -96,7 +96,7 @@ def test_lora_and_gradient_checkpointing_reach_the_learner_as_peft_and_trl_take_
 
 # --------------------------------------------------------------------------------------------- packed micro-batches
 def test_packing_and_token_budgets_reach_the_learner():
-    from orchestrator.build import learner_spec
+    from orchestrator.run.build import learner_spec
 
     default = learner_spec(parse_config(MINIMAL), "m")
     assert (default.step.padding_free, default.step.max_tokens_per_microbatch) == (None, None)  # packed where correct
@@ -112,8 +112,8 @@ def test_packing_where_it_cannot_be_correct_is_a_config_error(tmp_path, tiny_mod
     import pytest
     from transformers import Lfm2Config
 
-    from orchestrator.build import check_learner_model
     from orchestrator.config import ConfigError
+    from orchestrator.run.build import check_learner_model
 
     Lfm2Config(vocab_size=512, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
                num_key_value_heads=2, layer_types=["conv", "full_attention"]).save_pretrained(tmp_path)
@@ -130,9 +130,9 @@ def test_packing_where_it_cannot_be_correct_is_a_config_error(tmp_path, tiny_mod
 
 
 def test_the_rollout_kind_follows_the_tools():
-    from orchestrator.build import rollout_kind
-    from orchestrator.environments import AgentSetup
-    from orchestrator.rollout import Agentic, OneTurn
+    from orchestrator.loop.rollout import Agentic, OneTurn
+    from orchestrator.run.agents import AgentSetup
+    from orchestrator.run.build import rollout_kind
 
     assert isinstance(rollout_kind(None), OneTurn)
     setup = AgentSetup(spec=None, schemas={None: []}, env_classes={None: "BoxEnv"}, env_rewards=[],
@@ -142,9 +142,9 @@ def test_the_rollout_kind_follows_the_tools():
 
 def test_generators_get_the_environment_pool_and_the_agent_settings(tiny_tools_cfg):
     from actors.envs.client import PoolEnvironments
-    from orchestrator.build import agent_kwargs
     from orchestrator.config import load_config
-    from orchestrator.environments import AgentSetup
+    from orchestrator.run.agents import AgentSetup
+    from orchestrator.run.build import agent_kwargs
     from tests.conftest import ROOT
 
     class Pool:
@@ -176,7 +176,7 @@ def test_training_and_eval_sampling_are_one_record_from_the_config():
     """generation.* for the training batches; an eval's: eval.num_generations, and eval's max_completion_length and
     temperature where it sets them (the training batches' where it does not)."""
     from actors.types import Sampling
-    from orchestrator.build import eval_set, training_sampling
+    from orchestrator.run.build import eval_set, training_sampling
 
     train = parse_config({**MINIMAL, "generation": {"num_generations": 4, "max_completion_length": 64,
                                                      "temperature": 0.9, "top_p": 0.95, "top_k": 20}})
@@ -195,9 +195,9 @@ def test_moe_options_are_checked_against_the_architecture(tmp_path, tiny_model_p
     refuses it on a dense model too); both pass on the tiny MoE and reach the learner's spec; `tiny-moe` names it."""
     import pytest
 
-    from orchestrator.build import check_learner_model, learner_spec, resolve_model
+    from orchestrator.builtin.models.moe import ensure_tiny_moe
     from orchestrator.config import ConfigError
-    from orchestrator.tiny_moe import ensure_tiny_moe
+    from orchestrator.run.build import check_learner_model, learner_spec, resolve_model
 
     replay = parse_config({**MINIMAL, "grpo": {"router_replay": "R3"}})
     with pytest.raises(ConfigError, match=r"grpo.router_replay: Qwen2ForCausalLM is not a mixture of experts"):
@@ -227,8 +227,8 @@ def test_a_teacher_must_have_the_policys_tokenizer(tiny_model_path, tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from orchestrator.build import check_teacher_tokenizer
     from orchestrator.config import ConfigError
+    from orchestrator.run.build import check_teacher_tokenizer
 
     student = AutoTokenizer.from_pretrained(tiny_model_path)
     other_template = AutoTokenizer.from_pretrained(tiny_model_path)
@@ -250,7 +250,7 @@ def test_a_teacher_must_have_the_policys_tokenizer(tiny_model_path, tmp_path):
 
 
 def test_distillation_reaches_the_loss_and_the_sampler():
-    from orchestrator.build import loss_config, rollout_kind
+    from orchestrator.run.build import loss_config, rollout_kind
 
     on = parse_config({**MINIMAL, "distillation": {"teacher": "t", "coef": 0.5, "mode": "loss"}})
     assert (loss_config(on).distill_coef, loss_config(on).distill_mode) == (0.5, "loss")

@@ -10,9 +10,9 @@ from importlib import resources
 import pytest
 from transformers import AutoTokenizer
 
-from actors.generation import chat
+from actors.agents import chat
 from orchestrator.config import load_config
-from orchestrator.data import Prompt, PromptSource, eval_prompts
+from orchestrator.data.sources import Prompt, PromptSource, eval_prompts
 from tests.conftest import ROOT
 
 NO_THINK = "<think>\n\n</think>\n\n"

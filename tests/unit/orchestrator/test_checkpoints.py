@@ -1,4 +1,4 @@
-"""orchestrator/checkpoints.py, the files: which checkpoint --resume picks (a damaged one passed over), a resume that
+"""orchestrator/run/checkpoints.py, the files: which checkpoint --resume picks (a damaged one passed over), a resume that
 has nothing to do, and checkpoint-best's record across a resume. (When checkpoints are written and what a resume
 restores: tests/unit/orchestrator/test_loop.py and test_supervisor.py.)"""
 
@@ -9,10 +9,10 @@ import json
 import pytest
 
 from actors.learner.checkpoint import STATE_FILE, damaged, write_state
-from orchestrator import checkpoints
-from orchestrator.checkpoints import BestCheckpoint, latest, saved_step
 from orchestrator.config import ConfigError
-from orchestrator.eval_metrics import Best
+from orchestrator.eval.metrics import Best
+from orchestrator.run import checkpoints
+from orchestrator.run.checkpoints import BestCheckpoint, latest, saved_step
 from tests.fixtures.fakes import fake_run, messages
 
 
@@ -97,7 +97,7 @@ def test_resume_keeps_the_recorded_best(tmp_path):
 def test_the_run_state_round_trips_through_the_state_file(tmp_path):
     """What a checkpoint keeps of the run (RunState) is what a resume reads back: the data position (with its
     skips), the trainer_state, the evaluator's record and the reward pool's size, through JSON."""
-    from orchestrator.checkpoints import RunState
+    from orchestrator.run.checkpoints import RunState
 
     run = fake_run(tmp_path / "r", ["loop.mode=pipelined"])
     run.prompts.next_batch(5)

@@ -1,10 +1,10 @@
-"""orchestrator/cluster.py: the actors' `.options()` from their resource sections, and the spread-placement check
+"""orchestrator/run/cluster.py: the actors' `.options()` from their resource sections, and the spread-placement check
 against a cluster's nodes (as `ray.nodes()` lists them)."""
 
 import pytest
 
-from orchestrator.cluster import actor_options, check_learner_placement, generator_options
 from orchestrator.config import ConfigError, parse_config
+from orchestrator.run.cluster import actor_options, check_learner_placement, generator_options
 
 MINIMAL = {"rewards": [{"name": "r", "function": "letter_fraction"}]}
 

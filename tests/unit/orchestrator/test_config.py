@@ -49,9 +49,9 @@ def test_reward_needs_exactly_one_source():
     with pytest.raises(ConfigError, match="rewards: give at least one reward"):
         parse_config({"rewards": []})
     cfg = parse_config({"rewards": [{"name": "BoxEnv", "weight": 2.0}],
-                        "environment_factory": "orchestrator.tasks.boxes:BoxEnv"})
+                        "environment_factory": "orchestrator.builtin.tasks.boxes:BoxEnv"})
     assert cfg.rewards[0].function is None and cfg.rewards[0].weight == 2.0
-    assert parse_config({"environment_factory": "orchestrator.tasks.boxes:BoxEnv"}).rewards == []  # its get_reward
+    assert parse_config({"environment_factory": "orchestrator.builtin.tasks.boxes:BoxEnv"}).rewards == []  # its get_reward
 
 
 def test_gate_errors():

@@ -1,4 +1,4 @@
-"""The curriculum over prompts (orchestrator/curriculum.py): per-prompt statistics from scored groups, the
+"""The curriculum over prompts (orchestrator/data/curriculum.py): per-prompt statistics from scored groups, the
 difficulty sampler's pools, weights (and schedules) and resting, a user's sampler, and the prompt stream's exact
 position with a curriculum (the loops' resume with it: test_loop.py)."""
 
@@ -8,8 +8,8 @@ import math
 import pytest
 
 from orchestrator.config import ConfigError, DataConfig
-from orchestrator.curriculum import Curriculum, make_curriculum
-from orchestrator.data import DataPosition, PromptSource
+from orchestrator.data.curriculum import Curriculum, make_curriculum
+from orchestrator.data.sources import DataPosition, PromptSource
 from tests.fixtures.fakes import ByteTokenizer
 
 G = 4
@@ -119,7 +119,7 @@ def test_the_stream_with_a_curriculum_resumes_exactly_and_replays_untrained_batc
 
 
 def test_a_run_observes_every_scored_group_dropped_and_refilled_ones_too(tmp_path):
-    from orchestrator.loop import run_sync
+    from orchestrator.loop.loops import run_sync
     from tests.fixtures.fakes import fake_run, rows
 
     flags = ["grpo.max_steps=4", "data.sampler=difficulty", "grpo.dynamic_sampling=true", "grpo.max_refill_rounds=3"]
@@ -133,7 +133,7 @@ def test_a_run_observes_every_scored_group_dropped_and_refilled_ones_too(tmp_pat
 
 
 def test_the_mixed_letter_task_has_unanswerable_rows():
-    from orchestrator.tasks.letters import mixed_dataset
+    from orchestrator.builtin.tasks.letters import mixed_dataset
 
     data = mixed_dataset()
     broken = [r for r in data if not r["answerable"]]
@@ -143,7 +143,7 @@ def test_the_mixed_letter_task_has_unanswerable_rows():
 
 @pytest.mark.parametrize("loop", ["sync", "pipelined"])
 def test_the_agentic_path_draws_from_the_curriculum(tmp_path, loop):
-    from orchestrator.loop import run_pipelined, run_sync
+    from orchestrator.loop.loops import run_pipelined, run_sync
     from tests.fixtures.fakes import fake_run
 
     run = fake_run(tmp_path / "r", ["grpo.max_steps=3", "data.sampler=difficulty", f"loop.mode={loop}"],

@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from orchestrator.config import DataConfig
-from orchestrator.data import EVAL_DRAW, DataError, DataPosition, Prompt, PromptSource, load_rows
+from orchestrator.data.sources import EVAL_DRAW, DataError, DataPosition, Prompt, PromptSource, load_rows
 
 ROWS = [
     {"prompt": [{"role": "user", "content": "Write the letter a:"}], "letter": "a", "id": 0},
@@ -72,7 +72,7 @@ def test_errors_name_the_field(tmp_path):
 
 def test_eval_rows_are_the_first_max_samples_tokenized(tmp_path, tok):
     from orchestrator.config import DataSource
-    from orchestrator.data import eval_prompts
+    from orchestrator.data.sources import eval_prompts
 
     f = tmp_path / "held_out.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in ROWS))
@@ -88,7 +88,7 @@ def test_eval_rows_are_the_first_max_samples_tokenized(tmp_path, tok):
 
 def test_to_rollouts_joins_samples_to_their_rows():
     from actors.types import Sample
-    from orchestrator.data import to_rollouts
+    from orchestrator.data.sources import to_rollouts
 
     prompts = [Prompt({"prompt": ROWS[0]["prompt"], "letter": "a"}, [1, 2], draw=4),
                Prompt({"prompt": "plain", "letter": "b"}, [3], draw=5)]
@@ -105,7 +105,7 @@ def test_to_rollouts_joins_samples_to_their_rows():
 def test_a_batch_is_as_old_as_its_oldest_model_token():
     """A weight load landed while it sampled: per-token versions (-1: not the model's) set the batch's version."""
     from actors.types import Sample
-    from orchestrator.data import to_rollouts
+    from orchestrator.data.sources import to_rollouts
 
     rows = [Prompt({"prompt": "p"}, [1])]
     groups = [[Sample([5, 6], [-0.1, -0.1], "a", "stop", versions=[4, 5]),
@@ -119,7 +119,7 @@ def test_a_batch_is_as_old_as_its_oldest_model_token():
 
 def test_agentic_samples_bring_their_prompt_and_conversation():
     from actors.types import Sample, Trajectory
-    from orchestrator.data import to_rollouts
+    from orchestrator.data.sources import to_rollouts
 
     chat = [{"role": "user", "content": "open box 2"}]
     t = Trajectory(prompt_ids=[9, 1], prompt=[{"role": "user", "content": "open box 2 (reset)"}],
@@ -158,7 +158,7 @@ def test_an_environment_that_owns_its_data_gets_trls_placeholder_rows():
     generation_batch_size // num_generations rows of an empty user message and lets reset() supply each prompt.
     rayward trained on its built-in letter task instead."""
     from actors.types import EMPTY_PROMPT
-    from orchestrator.data import training_rows
+    from orchestrator.data.sources import training_rows
 
     cfg = run_config(environment_factory="tests.fixtures.envs:CounterEnv",
                      generation={"num_generations": 4, "generation_batch_size": 12},
@@ -172,7 +172,7 @@ def test_an_environment_that_owns_its_data_gets_trls_placeholder_rows():
 
 def test_a_mapping_of_environments_needs_a_dataset_to_route_rows():
     from orchestrator.config import ConfigError
-    from orchestrator.data import training_rows
+    from orchestrator.data.sources import training_rows
 
     cfg = run_config(environment_factory={"a": "tests.fixtures.envs:CounterEnv"})
     with pytest.raises(ConfigError, match=r"data.path: environment_factory is a mapping.*`environment` column"):
@@ -183,7 +183,7 @@ def test_rows_with_only_an_environment_column_serve_an_empty_user_prompt(tmp_pat
     """TRL's 'Multiple environments' example: the dataset holds only `environment`; reset() supplies the prompt.
     Allowed where an environment supplies it (agentic runs); a one-turn run still needs its prompt column."""
     from actors.types import EMPTY_PROMPT
-    from orchestrator.data import training_rows
+    from orchestrator.data.sources import training_rows
 
     f = tmp_path / "envs.jsonl"
     f.write_text("\n".join(json.dumps({"environment": e}) for e in ("a", "b")))

@@ -1,4 +1,4 @@
-"""Tools and environments before anything starts (orchestrator/environments.py, build.prepare's agentic part): the
+"""Tools and environments before anything starts (orchestrator/run/agents.py, build.prepare's agentic part): the
 config keys, each bad input refused in one line naming the field or function, the tool schemas per environment,
 the environment rewards and `keep_state`."""
 
@@ -7,14 +7,14 @@ import copy
 import pytest
 
 from actors.envs.spec import tool_schemas
-from orchestrator.build import reward_specs
+from orchestrator.builtin.models.tools import chat_template
+from orchestrator.builtin.tasks.boxes import boxes_dataset
 from orchestrator.config import ConfigError, parse_config
-from orchestrator.environments import check_environment_rows, env_spec, prepare_agent, tool_template_problem
-from orchestrator.tasks.boxes import boxes_dataset
-from orchestrator.tiny_tools import chat_template
+from orchestrator.run.agents import check_environment_rows, env_spec, prepare_agent, tool_template_problem
+from orchestrator.run.build import reward_specs
 
 F, BAD = "tests.fixtures.envs", "tests.fixtures.bad_envs"
-BOXES = "orchestrator.tasks.boxes:BoxEnv"
+BOXES = "orchestrator.builtin.tasks.boxes:BoxEnv"
 ROWS = [{"prompt": [{"role": "user", "content": "hi"}], "start": 1}]
 
 
@@ -136,7 +136,7 @@ def test_schemas_are_what_trl_renders_for_bound_methods():
     """The schema of a method read from the class is the one TRL's instance method gives (transformers' own)."""
     from transformers.utils import get_json_schema
 
-    from orchestrator.tasks.boxes import BoxEnv
+    from orchestrator.builtin.tasks.boxes import BoxEnv
 
     ours = tool_schemas(env_spec(cfg(environment_factory=BOXES)))[None]
     env = BoxEnv()
@@ -203,7 +203,7 @@ def test_a_vlm_run_is_told_when_its_template_drops_the_images_tools_return(token
     """A vision-language run takes tools that return images (TRL's multimodal tool responses) where its template
     renders a tool message's image part as the model's placeholder (TRL's Qwen3-VL template); one that renders tool
     calls but writes the image part as text (TRL's Qwen2.5 text template) is told at start what that means."""
-    from orchestrator.tiny_vlm import VISION_TOKENS, tool_chat_template
+    from orchestrator.builtin.models.vlm import VISION_TOKENS, tool_chat_template
 
     tok = copy.deepcopy(tokenizer)
     tok.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
@@ -279,7 +279,7 @@ def test_text_prompts_with_tools_are_refused_before_ray_starts(tokenizer):
     rollout, after Ray, the engines and the learner had started. A row without a prompt is an environment's to
     fill (TRL's placeholder)."""
     from orchestrator.config import DataSource
-    from orchestrator.data import load_rows
+    from orchestrator.data.sources import load_rows
 
     c = cfg(environment_factory=BOXES)
     with pytest.raises(ConfigError, match=r"data.prompt_column 'prompt': with tools or environment_factory the "
@@ -290,7 +290,7 @@ def test_text_prompts_with_tools_are_refused_before_ray_starts(tokenizer):
 
 # --- agent functions (agent_function: the OpenAI-compatible endpoint) -----------------------------------------
 
-AGENT = "orchestrator.tasks.box_agent:box_agent"
+AGENT = "orchestrator.builtin.tasks.box_agent:box_agent"
 
 
 @pytest.mark.parametrize(("tree", "message"), [
@@ -314,7 +314,7 @@ def test_an_agent_function_is_checked_before_ray_starts_and_its_reward_named_aft
     beside = prepare(cfg(agent_function=AGENT), tokenizer)  # a reward function too: the agent's is implicit
     assert [r.name for r in beside.env_rewards] == ["box_agent"]
     for tree, message in [
-        ({"agent_function": "orchestrator.tasks.box_agent:nope"}, "agent_function"),
+        ({"agent_function": "orchestrator.builtin.tasks.box_agent:nope"}, "agent_function"),
         ({"agent_function": "tests.fixtures.agents:no_client_agent"},
          "an agent function receives (client, row)"),
         ({"agent_function": AGENT, "rewards": [{"name": "c", "function": f"{F}:env_counts"}]},

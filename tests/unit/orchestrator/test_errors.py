@@ -13,7 +13,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from actors.rewards.worker import RewardFunctionError, RewardSpec, RewardWorker
 from actors.types import RewardBatch
 from actors.weights.collective import WeightTransferError
-from orchestrator.errors import RunFailed, RunStopped, explain, failed_in, root_cause
+from orchestrator.run.errors import RunFailed, RunStopped, explain, failed_in, root_cause
 
 BAD = "tests.fixtures.bad_rewards:misbehaving"
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from orchestrator.config import parse_config
-from orchestrator.eval_metrics import Best, EvalSchedule, eval_metrics, pass_at_k
+from orchestrator.eval.metrics import Best, EvalSchedule, eval_metrics, pass_at_k
 
 NAN = math.nan
 

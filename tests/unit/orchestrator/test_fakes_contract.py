@@ -1,5 +1,5 @@
-"""The fakes the loop tests run on (tests/fixtures/fakes.py), held to the real groups they stand for (actors/group.py,
-actors/weights/transfer.py) through the Protocols `Run` is typed with (orchestrator/groups.py, run.py): each fake's
+"""The fakes the loop tests run on (tests/fixtures/fakes.py), held to the real groups they stand for (actors/runtime/group.py,
+actors/weights/transfer.py) through the Protocols `Run` is typed with (orchestrator/run/groups.py, run.py): each fake's
 public methods are exactly its Protocol's, and the Protocol's, the real group's and the fake's signatures of each are
 the same. A fake that drifts from its group (a method renamed, removed or added on either side, an argument
 changed) fails here instead of passing the fake tier while the real thing is broken (commit 580de37: a broken
@@ -11,14 +11,14 @@ import inspect
 
 import pytest
 
-from actors.group import EnvPoolGroup, GeneratorGroup, LearnerGroup, RewardPoolGroup
+from actors.runtime.group import EnvPoolGroup, GeneratorGroup, LearnerGroup, RewardPoolGroup
 from actors.weights.transfer import (
     CollectiveTransfer,
     ObjectStoreTransfer,
     OverlappedCollectiveTransfer,
     WeightTransfer,
 )
-from orchestrator.groups import EnvPoolView, Generators, Learner, RewardScorer
+from orchestrator.run.groups import EnvPoolView, Generators, Learner, RewardScorer
 from tests.fixtures.fakes import FakeEnvPool, FakeGenerators, FakeLearner, FakeRewardPool, FakeTransfer
 
 # (the Protocol the run holds it as, the real group, its fake)

@@ -1,4 +1,4 @@
-"""Cross-check orchestrator.grpo (advantages, nanstd) against TRL 1.16's OWN GRPOTrainer code (not a copy of its
+"""Cross-check orchestrator.algo.grpo (advantages, nanstd) against TRL 1.16's OWN GRPOTrainer code (not a copy of its
 formulas): ``GRPOTrainer._generate_and_score_completions`` on stubs (tests/fixtures/trl_grpo.py). The loss and the
 vLLM importance weights are the learner's: tests/unit/actors/learner/test_loss.py.
 """
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from orchestrator.grpo import compute_advantages, nanstd
+from orchestrator.algo.grpo import compute_advantages, nanstd
 from tests.fixtures.trl_grpo import cpu_accelerator, trl_score
 
 trl_utils = pytest.importorskip("trl.trainer.utils")

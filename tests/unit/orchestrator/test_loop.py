@@ -16,10 +16,10 @@ import time
 import pytest
 
 from actors.learner.checkpoint import STATE_FILE
-from orchestrator import checkpoints
-from orchestrator.errors import RunStopped
-from orchestrator.loop import run_pipelined, run_sync
-from orchestrator.signals import Signals
+from orchestrator.loop.loops import run_pipelined, run_sync
+from orchestrator.run import checkpoints
+from orchestrator.run.errors import RunStopped
+from orchestrator.run.signals import Signals
 from tests.fixtures.accounting import sync_accounting
 from tests.fixtures.fakes import ByteTokenizer, fake_run, messages, rows
 from tests.fixtures.waiting import wait_until

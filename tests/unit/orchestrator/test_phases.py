@@ -1,8 +1,8 @@
-"""The phases' pure parts (orchestrator/phases.py): what a step logs about scoring its batch."""
+"""The phases' pure parts (orchestrator/loop/phases.py): what a step logs about scoring its batch."""
 
 from __future__ import annotations
 
-from orchestrator.phases import step_metrics
+from orchestrator.loop.phases import step_metrics
 from tests.fixtures.records import rollouts, scores
 
 

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from orchestrator.selection import Selection, dynamic_sampling, groups_with_spread, keep_all
+from orchestrator.algo.selection import Selection, dynamic_sampling, groups_with_spread, keep_all
 from tests.fixtures.records import rollouts, scores
 
 

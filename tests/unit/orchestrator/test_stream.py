@@ -1,4 +1,4 @@
-"""Streamed prompt datasets (orchestrator/stream.py): parquet and jsonl shards, a saved `datasets` dataset; every row
+"""Streamed prompt datasets (orchestrator/data/shards.py): parquet and jsonl shards, a saved `datasets` dataset; every row
 once per epoch through the shuffle buffer, seeded; the position through JSON and back, exactly (the buffer's rows
 re-read by reference); a pipelined run's replay; bad rows and shards named or skipped by the policy."""
 
@@ -9,8 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from orchestrator.config import DataConfig
-from orchestrator.data import DataError, DataPosition, load_rows
-from orchestrator.stream import StreamPosition, StreamSource, peek, position_from_json, shards
+from orchestrator.data.shards import StreamPosition, StreamSource, peek, position_from_json, shards
+from orchestrator.data.sources import DataError, DataPosition, load_rows
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_a_pipelined_resume_replays_the_untrained_batches(tmp_path, tok):
 
 
 def test_a_saved_dataset_streams_in_ranges(tmp_path, tok, monkeypatch):
-    import orchestrator.stream as stream
+    import orchestrator.data.shards as stream
 
     monkeypatch.setattr(stream, "ARROW_SHARD_ROWS", 7)
     datasets.Dataset.from_list([{"prompt": f"p{i}", "i": i} for i in range(30)]).save_to_disk(str(tmp_path / "saved"))
@@ -129,7 +129,7 @@ def test_the_first_rows_are_peeked_and_the_field_named(tmp_path, tok):
 def test_a_stream_has_the_prompt_sources_interface():
     import inspect
 
-    from orchestrator.data import PromptSource
+    from orchestrator.data.sources import PromptSource
 
     def public(cls):
         return {n: inspect.signature(f) for n, f in inspect.getmembers(cls, inspect.isfunction)
@@ -143,8 +143,8 @@ def test_a_stream_has_the_prompt_sources_interface():
 
 
 def test_a_streamed_run_is_prepared_with_a_stream_and_its_first_rows_checked(tmp_path):
-    from orchestrator.build import prepare
     from orchestrator.config import parse_config
+    from orchestrator.run.build import prepare
 
     path = write_shards(tmp_path, n_rows=30, per_shard=13)
     tree = {"data": {"path": str(path), "streaming": True}, "rewards": [{"name": "r", "function": "letter_fraction"}]}

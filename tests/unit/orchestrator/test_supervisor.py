@@ -1,4 +1,4 @@
-"""The supervisor (orchestrator/supervisor.py) on fake groups (tests/fixtures/fakes.py): a lost learner is rebuilt and
+"""The supervisor (orchestrator/run/supervisor.py) on fake groups (tests/fixtures/fakes.py): a lost learner is rebuilt and
 the run rewound to its latest checkpoint (or its start), the steps since it trained again on the same prompts, the
 pipelined loop's batches generated ahead dropped, each recovery recorded; the budget (cluster.max_failures); an
 error that is not a lost learner; a preemption notice that checkpoints and moves the learner, losing nothing.
@@ -11,9 +11,9 @@ import json
 import pytest
 from ray.exceptions import RayActorError
 
-from orchestrator.loop import run_pipelined, run_sync
-from orchestrator.run import FAULTS_FILE
-from orchestrator.supervisor import Supervisor
+from orchestrator.loop.loops import run_pipelined, run_sync
+from orchestrator.run.state import FAULTS_FILE
+from orchestrator.run.supervisor import Supervisor
 from tests.fixtures.fakes import ByteTokenizer, fake_rebuild, fake_run, messages
 
 LOOPS = {"sync": run_sync, "pipelined": run_pipelined}

@@ -16,8 +16,7 @@ from trl.chat_template_utils import (
     supports_tool_calling,
 )
 
-from orchestrator.tasks.boxes import boxes_dataset
-from orchestrator.tiny_tools import (
+from orchestrator.builtin.models.tools import (
     FINAL_ANSWER,
     TOOL_TOKENS,
     _build_tokenizer,
@@ -29,6 +28,7 @@ from orchestrator.tiny_tools import (
     play,
     task_tools,
 )
+from orchestrator.builtin.tasks.boxes import boxes_dataset
 
 # Floors well below what the warmed-up model reaches at T=1 (bench/README.md, "Tool calls"), so a
 # broken build (no calls, or a template the parser cannot read) fails and sampling noise does not.

@@ -1,4 +1,4 @@
-"""The run's first lines (orchestrator/train.py `_announce`) and which cluster it uses (cluster.ray_address):
+"""The run's first lines (orchestrator/run/train.py `_announce`) and which cluster it uses (cluster.ray_address):
 what a newcomer sees before anything starts."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import train as train_mod
-from orchestrator.cluster import ray_address
 from orchestrator.config import load_config
+from orchestrator.run import train as train_mod
+from orchestrator.run.cluster import ray_address
 from tests.conftest import ROOT
 
 DEMO = ROOT / "configs" / "demo.yaml"

@@ -1,4 +1,4 @@
-"""rayward.GRPOTrainer's constructor (orchestrator/trainer.py): what a TRL script hands over becomes a checked
+"""rayward.GRPOTrainer's constructor (orchestrator/trl/trainer.py): what a TRL script hands over becomes a checked
 RunConfig before anything starts, and the script's own functions travel by value. No Ray here: the runs are in
 tests/integration/trl_dropin/."""
 
@@ -14,8 +14,8 @@ trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 from actors import user_code  # noqa: E402
+from orchestrator.builtin.models.tiny import ensure_tiny_model  # noqa: E402
 from orchestrator.config import ConfigError  # noqa: E402
-from orchestrator.tiny import ensure_tiny_model  # noqa: E402
 from rayward import GRPOConfig, GRPOTrainer  # noqa: E402
 
 pytestmark = pytest.mark.slow  # imports TRL, builds the tiny model
@@ -198,7 +198,7 @@ def test_an_eval_dataset_and_trls_eval_schedule_become_the_eval_block(tmp_path):
     e = t.cfg.eval
     assert (e.every_n_steps, e.at_start, e.num_generations) == (3, True, 2)
     assert datasets.load_from_disk(e.data.path)["letter"] == list("abcd")
-    from orchestrator.trainer import trl_row
+    from orchestrator.trl.trainer import trl_row
 
     row = trl_row({"step": 3, "eval/reward": 0.5, "reward_fn/judge_calls": 2.0, "time/step": 1.5})
     assert (row["eval_reward"], row["judge_calls"], row["step_time"], row["eval/reward"]) == (0.5, 2.0, 1.5, 0.5)
@@ -236,8 +236,8 @@ def test_after_train_the_state_and_its_closing_row_are_what_transformers_trainer
     save_file({"model.embed_tokens.weight": torch.zeros(8, 4), "model.layers.0.mlp.up_proj.weight": torch.zeros(3, 5)},
               str(ckpt / "model.safetensors"))
     history = [{"step": s, "loss": 0.5 * s, "reward": 0.1, "num_tokens": 100.0, "epoch": s / 4} for s in (1, 2)]
-    monkeypatch.setattr("orchestrator.train.train", lambda *a, **k: history)
-    monkeypatch.setattr("orchestrator.checkpoints.latest", lambda run_dir: ckpt)
+    monkeypatch.setattr("orchestrator.run.train.train", lambda *a, **k: history)
+    monkeypatch.setattr("orchestrator.run.checkpoints.latest", lambda run_dir: ckpt)
     out = t.train()
     ours = t.state.log_history[-1]
     assert sorted(ours) == sorted(theirs), (sorted(ours), sorted(theirs))

@@ -1,4 +1,4 @@
-"""TRL's GRPOConfig as a rayward run (orchestrator/trl_args.py): every field classified and read, TRL's defaults
+"""TRL's GRPOConfig as a rayward run (orchestrator/trl/args.py): every field classified and read, TRL's defaults
 kept, what rayward cannot honour refused by name."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 trl = pytest.importorskip("trl")
 
-from orchestrator import trl_args  # noqa: E402
 from orchestrator.config import ConfigError, parse_config  # noqa: E402
+from orchestrator.trl import args as trl_args  # noqa: E402
 
 pytestmark = pytest.mark.slow  # imports TRL
 

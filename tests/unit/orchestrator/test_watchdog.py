@@ -1,4 +1,4 @@
-"""The watchdog (orchestrator/watchdog.py) on stand-ins for the groups' members (actors/group.py Member: name, id,
+"""The watchdog (orchestrator/run/watchdog.py) on stand-ins for the groups' members (actors/runtime/group.py Member: name, id,
 the GCS's record, ping, kill) and Ray's drain list.
 
 - Preemption: a learner rank on a draining node asks the loop to move the learner, once per rank (the check runs
@@ -15,9 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from actors.group import Member, Pending
-from orchestrator import watchdog
-from orchestrator.run import FaultLog, Progress
+from actors.runtime.group import Member, Pending
+from orchestrator.run import watchdog
+from orchestrator.run.state import FaultLog, Progress
 
 
 class Answered(Pending):

@@ -8,7 +8,7 @@ from safetensors.torch import load as safetensors_load
 
 from actors.learner.checkpoint import full_state_dict
 from actors.learner.learner import Learner
-from actors.net import free_port
+from actors.runtime.net import free_port
 from tests.fixtures.learner import SCENARIOS, assert_step_follows_advantages, make_batch, scenario_spec
 
 ATOL = 1e-5  # fp32 on one GPU: the same kernels; FSDP adds only the (exact) all-gather and reduce

@@ -1,4 +1,4 @@
-"""JudgeEngine on a real vLLM engine (CPU) with the tiny judge (orchestrator/tiny_judge.py): the engine is built
+"""JudgeEngine on a real vLLM engine (CPU) with the tiny judge (orchestrator/builtin/models/judge.py): the engine is built
 with the CPU settings the generators use, the template's format spec reaches the judge as written, requests are
 answered greedily, the same verdict alone as in a batch, and the verdicts are the rubric's (the judge was trained
 to it; its build checked it on a held-out set, this checks it through vLLM and the labels)."""
@@ -10,8 +10,8 @@ import random
 import pytest
 
 from actors.engines.judge import JudgeEngine, JudgeRequest, JudgeSpec
-from orchestrator.tasks.letters import LETTERS
-from orchestrator.tiny_judge import TEMPLATE, ensure_tiny_judge, verdict
+from orchestrator.builtin.models.judge import TEMPLATE, ensure_tiny_judge, verdict
+from orchestrator.builtin.tasks.letters import LETTERS
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def test_rayward_scale_judge_engines(ray_cluster, tmp_path):
     found without --judge; bounds name it."""
     import subprocess
 
-    from orchestrator.cluster import namespace
+    from orchestrator.run.cluster import namespace
     from tests.fixtures.cluster import client_env, rayward_exe
 
     ray = ray_cluster
@@ -142,7 +142,7 @@ def test_the_pool_grows_while_the_judge_is_slow_and_shrinks_back_when_it_is_fast
     """The reward pool's sync-loop shape: a batch of 4 parts of 8 requests, then a pause (generation and training).
     Each answer takes 50 ms while the judge is slow (one engine takes 4 calls at a time): the pool grows; once it
     is fast, it shrinks back to 1."""
-    from actors.autoscale import AutoscaleSettings
+    from actors.runtime.autoscale import AutoscaleSettings
 
     ray = ray_cluster
     settings = AutoscaleSettings(1, 3, target_utilization=0.5, look_back_s=3.0, upscale_delay_s=0.0,

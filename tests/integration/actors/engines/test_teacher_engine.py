@@ -1,4 +1,4 @@
-"""TeacherEngine on a real vLLM engine (CPU) with the tiny teacher (orchestrator/tiny_teacher.py): the log-probs it
+"""TeacherEngine on a real vLLM engine (CPU) with the tiny teacher (orchestrator/builtin/models/teacher.py): the log-probs it
 answers for the student's completion tokens are the teacher's own, as transformers computes them from the same
 ids (one forward, no sampling), the same alone as in a batch; the teacher knows the task (it prefers the letter
 asked for), which is what distillation pulls a student towards."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from actors.engines.teacher import TeacherEngine, TeacherRequest, TeacherSpec
-from orchestrator.tasks.letters import LETTERS
-from orchestrator.tiny_teacher import ensure_tiny_teacher, letter_id, prompt_ids
+from orchestrator.builtin.models.teacher import ensure_tiny_teacher, letter_id, prompt_ids
+from orchestrator.builtin.tasks.letters import LETTERS
 
 # vLLM's CPU kernels and transformers' eager attention agree to this in float32 on the tiny model.
 LOGPROB_ATOL = 2e-4

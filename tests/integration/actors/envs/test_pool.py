@@ -20,7 +20,7 @@ from tests.fixtures.cluster import client_env, rayward_exe
 from tests.fixtures.waiting import wait_for_stats
 
 WAIT_S = 180.0  # any wait below on a loaded machine; reached only when what is awaited never happens
-BOXES = EnvSpec(environments={None: "orchestrator.tasks.boxes:BoxEnv"})
+BOXES = EnvSpec(environments={None: "orchestrator.builtin.tasks.boxes:BoxEnv"})
 COUNTER = EnvSpec(environments={None: "tests.fixtures.envs:CounterEnv"})
 
 
@@ -61,7 +61,7 @@ def test_box_task_end_to_end(ray_cluster):
     the tools and get_reward() in the workers, the state pickled for `environments` rewards."""
     from ray import cloudpickle
 
-    from orchestrator.tasks.boxes import BoxEnv, boxes_dataset
+    from orchestrator.builtin.tasks.boxes import BoxEnv, boxes_dataset
 
     ray = ray_cluster
     pool = make_pool(ray, "e-boxes", BOXES)
@@ -211,7 +211,7 @@ def test_retiring_workers_finish_their_sessions(ray_cluster):
 @fault_case
 def test_rayward_scale_env_workers(ray_cluster):
     """What a user types, in a process of its own, against a running run's environment pool."""
-    from orchestrator.cluster import namespace
+    from orchestrator.run.cluster import namespace
 
     ray = ray_cluster
     name = "e-cli"
@@ -240,16 +240,16 @@ def test_rayward_scale_env_workers(ray_cluster):
 
 @fault_case
 def test_start_env_pool_from_the_config(ray_cluster):
-    """orchestrator.build.start_env_pool: the named pool `NAME/env-pool` in the run's namespace, its workers
+    """orchestrator.run.build.start_env_pool: the named pool `NAME/env-pool` in the run's namespace, its workers
     `NAME/env-<i>` with the config's resources, the spec from the config."""
-    from orchestrator.build import start_env_pool
-    from orchestrator.cluster import namespace
+    from orchestrator.builtin.tasks.boxes import boxes_dataset
     from orchestrator.config import parse_config
-    from orchestrator.environments import env_spec
-    from orchestrator.tasks.boxes import boxes_dataset
+    from orchestrator.run.agents import env_spec
+    from orchestrator.run.build import start_env_pool
+    from orchestrator.run.cluster import namespace
 
     ray = ray_cluster
-    cfg = parse_config({"environment_factory": "orchestrator.tasks.boxes:BoxEnv",
+    cfg = parse_config({"environment_factory": "orchestrator.builtin.tasks.boxes:BoxEnv",
                         "cluster": {"num_env_workers": 1, "env_worker": {"num_cpus": 0.5}}})
     group = start_env_pool(cfg, "e-build", env_spec(cfg))
     wait_for(ray, group.handle, lambda s: s.workers == 1, "the first worker")

@@ -21,7 +21,7 @@ CLOSE_WAIT_S = 120
 @pytest.fixture(scope="package")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """build_tiny_model's output itself (not the cache other tests share: test_generator.py checks the build)."""
-    from orchestrator.tiny import build_tiny_model
+    from orchestrator.builtin.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), seed=0)
 

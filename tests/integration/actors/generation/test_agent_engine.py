@@ -1,5 +1,5 @@
-"""Agentic rollouts on a real vLLM engine: the tiny tool model (orchestrator/tiny_tools.py) playing the box task
-(orchestrator/tasks/boxes.py) through one in-process Generator for the whole module, its environments in this
+"""Agentic rollouts on a real vLLM engine: the tiny tool model (orchestrator/builtin/models/tools.py) playing the box task
+(orchestrator/builtin/tasks/boxes.py) through one in-process Generator for the whole module, its environments in this
 process behind the pool's protocol (tests/fixtures/envs.py LocalEnvironments; the pool itself is tested in
 tests/integration/actors/envs).
 
@@ -29,12 +29,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 pytest.importorskip("vllm")
 
-from actors.generation import chat  # noqa: E402
-from actors.generation.agent import AgentSettings  # noqa: E402
+from actors.agents import chat  # noqa: E402
+from actors.agents.loop import AgentSettings  # noqa: E402
 from actors.generation.generator import Generator  # noqa: E402
 from actors.types import Sample, Sampling  # noqa: E402
-from orchestrator.tasks.boxes import BoxEnv, boxes_dataset  # noqa: E402
-from orchestrator.tiny_tools import ensure_tiny_tool_model  # noqa: E402
+from orchestrator.builtin.models.tools import ensure_tiny_tool_model  # noqa: E402
+from orchestrator.builtin.tasks.boxes import BoxEnv, boxes_dataset  # noqa: E402
 from tests.fixtures.envs import LocalEnvironments, tool_schemas  # noqa: E402
 
 MAX_MODEL_LEN = 1024  # the tool model's positions

@@ -1,4 +1,4 @@
-"""The agent endpoint on a real vLLM engine: the tiny tool model (orchestrator/tiny_tools.py) served to agents
+"""The agent endpoint on a real vLLM engine: the tiny tool model (orchestrator/builtin/models/tools.py) served to agents
 written against the `openai` SDK (tests/fixtures/agents.py: the box agent of configs/agent.yaml, streamed; a
 streamed request with a stop string and usage; a rewritten history; an agent that raises; one that hangs; a
 request without the key), through one in-process Generator for the whole module, the agents on the real
@@ -24,13 +24,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 pytest.importorskip("vllm")
 
-from actors.generation import chat  # noqa: E402
-from actors.generation.agent import AgentSettings  # noqa: E402
+from actors.agents import chat  # noqa: E402
+from actors.agents.loop import AgentSettings  # noqa: E402
 from actors.generation.generator import Generator  # noqa: E402
 from actors.types import Sample, Sampling  # noqa: E402
-from orchestrator.tasks.box_agent import TOOLS  # noqa: E402
-from orchestrator.tasks.boxes import boxes_dataset  # noqa: E402
-from orchestrator.tiny_tools import ensure_tiny_tool_model  # noqa: E402
+from orchestrator.builtin.models.tools import ensure_tiny_tool_model  # noqa: E402
+from orchestrator.builtin.tasks.box_agent import TOOLS  # noqa: E402
+from orchestrator.builtin.tasks.boxes import boxes_dataset  # noqa: E402
 from tests.fixtures.agents import HERE, LocalAgents  # noqa: E402
 
 MAX_MODEL_LEN = 1024

@@ -12,7 +12,7 @@ from actors.generation.generator import Generator
 from actors.learner.learner import Learner
 from actors.types import Sampling, TrainBatch
 from actors.weights.parity import PARITY_TOKENS
-from orchestrator.tiny_moe import FAMILIES, ensure_tiny_moe
+from orchestrator.builtin.models.moe import FAMILIES, ensure_tiny_moe
 from tests.fixtures.learner import spec
 
 PARITY_TOL = 1e-5  # float32, as the dense model (tests/integration/actors/weights/test_transfer.py)
@@ -61,7 +61,7 @@ def test_trained_moe_weights_land_in_the_running_engine(family):
 
 
 def test_routing_replay_on_near_tied_routers_brings_the_gap_to_the_dense_level():
-    """The near-tie model (orchestrator/tiny_moe.py): without replay the learner routes some tokens elsewhere than
+    """The near-tie model (orchestrator/builtin/models/moe.py): without replay the learner routes some tokens elsewhere than
     the engine did, and its log-probs are far from the engine's; with the engine's routes replayed (R3) the gap is
     float32 rounding, as for a dense model."""
     path = str(ensure_tiny_moe("qwen3_moe", near_ties=True))

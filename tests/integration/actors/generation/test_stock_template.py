@@ -1,5 +1,5 @@
 """The issue's model: a stock chat template (TRL's qwen2_5.jinja verbatim) and no response template in the
-tokenizer's files (the tiny tool model, orchestrator/tiny_tools.py, with `response_template` dropped from its
+tokenizer's files (the tiny tool model, orchestrator/builtin/models/tools.py, with `response_template` dropped from its
 tokenizer_config.json). TRL's trainer installs the response template at init; rayward's driver check and the
 generator's engine tokenizer are prepared alike (chat.prepare_tokenizer), and a box rollout on the real vLLM engine
 runs its tool turn: the call parsed, the tool run, the answer after the result, the ids the template's structure.
@@ -18,15 +18,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 pytest.importorskip("vllm")
 
-from actors.generation import chat  # noqa: E402
-from actors.generation.agent import AgentSettings  # noqa: E402
+from actors.agents import chat  # noqa: E402
+from actors.agents.loop import AgentSettings  # noqa: E402
 from actors.generation.generator import Generator  # noqa: E402
 from actors.types import Sampling  # noqa: E402
-from orchestrator.build import load_tokenizer  # noqa: E402
+from orchestrator.builtin.models.tools import chat_template, ensure_tiny_tool_model, without_response_template  # noqa: E402
+from orchestrator.builtin.tasks.boxes import BoxEnv, boxes_dataset  # noqa: E402
 from orchestrator.config import parse_config  # noqa: E402
-from orchestrator.environments import check_tool_template  # noqa: E402
-from orchestrator.tasks.boxes import BoxEnv, boxes_dataset  # noqa: E402
-from orchestrator.tiny_tools import chat_template, ensure_tiny_tool_model, without_response_template  # noqa: E402
+from orchestrator.run.agents import check_tool_template  # noqa: E402
+from orchestrator.run.build import load_tokenizer  # noqa: E402
 from tests.fixtures.envs import LocalEnvironments, tool_schemas  # noqa: E402
 
 MAX_MODEL_LEN = 1024  # the tool model's positions
@@ -49,7 +49,7 @@ def envs():
 
 def test_a_stock_template_without_a_response_template_runs_its_tool_turn(stock_model, envs) -> None:
     cfg = parse_config({"model": {"name_or_path": str(stock_model)}, "rewards": [],
-                        "environment_factory": "orchestrator.tasks.boxes:BoxEnv"})
+                        "environment_factory": "orchestrator.builtin.tasks.boxes:BoxEnv"})
     driver = load_tokenizer(cfg, str(stock_model))
     assert driver.response_template is None and driver.chat_template == chat_template()  # the issue's model
     check_tool_template(cfg, driver)  # the driver's check: prepared, not refused

@@ -1,6 +1,6 @@
 """A tool that returns an image (TRL's multimodal tool responses) on the real engine and the real learner, no Ray:
-the tiny tool VLM (orchestrator/tiny_vlm.py, TRL's Qwen3-VL chat template) plays the cards task
-(orchestrator/tasks/cards.py: TRL's environment class, unchanged) through one in-process Generator, its environments
+the tiny tool VLM (orchestrator/builtin/models/vlm.py, TRL's Qwen3-VL chat template) plays the cards task
+(orchestrator/builtin/tasks/cards.py: TRL's environment class, unchanged) through one in-process Generator, its environments
 in this process behind the pool's protocol.
 
 - token in, token out: the ids hold the card's picture as its vision tokens, out of the loss; they are the template's
@@ -21,11 +21,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 pytest.importorskip("vllm")
 
-from actors.generation import chat  # noqa: E402
-from actors.generation.agent import AgentSettings  # noqa: E402
+from actors.agents import chat  # noqa: E402
+from actors.agents.loop import AgentSettings  # noqa: E402
 from actors.generation.generator import Generator  # noqa: E402
 from actors.types import Sampling  # noqa: E402
-from orchestrator.tasks.cards import LOOK_TEXT, CardEnv, card_letter, cards_dataset  # noqa: E402
+from orchestrator.builtin.tasks.cards import LOOK_TEXT, CardEnv, card_letter, cards_dataset  # noqa: E402
 from tests.fixtures.envs import LocalEnvironments, tool_schemas  # noqa: E402
 from tests.fixtures.learner import spec  # noqa: E402
 

@@ -12,8 +12,8 @@ from actors.generation.generator import Generator
 from actors.learner.learner import Learner
 from actors.types import Sampling
 from actors.vision import Images
-from orchestrator.data import PromptEncoder
-from orchestrator.tasks.colors import colors_dataset
+from orchestrator.builtin.tasks.colors import colors_dataset
+from orchestrator.data.sources import PromptEncoder
 from tests.fixtures.learner import spec
 
 PARITY_TOL = 1e-4  # float32; the vision tower adds its own rounding to the dense model's 1e-5

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from actors.autoscale import AutoscaleSettings
 from actors.rewards.pool import RewardPool
 from actors.rewards.worker import RewardSpec
+from actors.runtime.autoscale import AutoscaleSettings
 from actors.types import RewardBatch, TrainerState
 from orchestrator.config import RewardAutoscaleConfig
 from tests.fixtures.waiting import wait_for_stats

@@ -15,13 +15,13 @@ import pytest
 import ray
 import torch
 
-from actors.cpus import pick_cores
+from actors.runtime.cpus import pick_cores
 from actors.types import Sampling, TrainBatch
 from actors.weights.collective import WeightTransferError
 from actors.weights.parity import PARITY_TOKENS, logprob_parity
 from actors.weights.transfer import CollectiveTransfer, OverlappedCollectiveTransfer
-from orchestrator.build import build_run, generator_cpu_share, prepare, shutdown_run
 from orchestrator.config import load_config
+from orchestrator.run.build import build_run, generator_cpu_share, prepare, shutdown_run
 from tests.conftest import ROOT
 
 PARITY_TOL = 1e-5
@@ -174,7 +174,7 @@ def test_a_killed_generator_restarts_rejoins_and_the_run_finishes_on_policy(ray_
     re-formed group does not deadlock the learner, and every step samples with the learner's weights of the step
     before (the restarted engine rejoined and got them; syncs land before the generation queued behind them).
     How the loops handle the death: tests/unit/orchestrator/test_loop.py, on fakes."""
-    from orchestrator.train import train
+    from orchestrator.run.train import train
 
     name, steps = "wt-restart", 6
     cfg = load_config(ROOT / "configs" / "demo.yaml", [

@@ -374,7 +374,7 @@ def test_user_project_ships_and_a_running_run_stops(head, tmp_path):
     assert r.returncode == 0, r.stderr
     follower = subprocess.Popen([*RAYWARD, "logs", "-f", name, "--address", head.address], cwd=project,
                                 env=client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # The driver's first line comes after it imported the user's reward function (orchestrator.build.prepare).
+    # The driver's first line comes after it imported the user's reward function (orchestrator.run.build.prepare).
     text = wait_log(head, name, rf"^rayward run '{name}'", timeout_s=180)
     shipped = re.search(r"^rayward code from (\S+)", text, re.M)
     assert shipped and "runtime_resources" in shipped.group(1) and str(ROOT) not in shipped.group(1), text[-2000:]
@@ -412,7 +412,7 @@ print("TRAINED", trainer.train().global_step)
 def test_a_trl_script_is_submitted_with_its_directory(head, tmp_path):
     """`rayward submit my_script.py`: a TRL script whose only change is the rayward import, its reward functions
     (a lambda among them) defined in the script, runs as a Ray job on the cluster, under the script's name."""
-    from orchestrator.tiny import ensure_tiny_model
+    from orchestrator.builtin.models.tiny import ensure_tiny_model
 
     project = tmp_path / "trlproject"
     project.mkdir()

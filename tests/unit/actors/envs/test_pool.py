@@ -13,7 +13,7 @@ import pytest
 from ray.exceptions import RayActorError
 
 import actors.envs.pool as pool_module
-import actors.pool as base_module
+import actors.runtime.pool as base_module
 from actors.envs.client import EnvSessionLost
 from actors.envs.pool import EnvPool
 from actors.envs.spec import EnvSpec

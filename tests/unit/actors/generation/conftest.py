@@ -1,4 +1,4 @@
-"""The tiny tool model's tokenizer (orchestrator/tiny_tools.py: TRL's Qwen2.5 template and response template),
+"""The tiny tool model's tokenizer (orchestrator/builtin/models/tools.py: TRL's Qwen2.5 template and response template),
 built once for the module's tests, loaded as a checkpoint loads it (AutoTokenizer: Qwen2Tokenizer)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 def tool_tokenizer(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from orchestrator.tiny_tools import _build_tokenizer
+    from orchestrator.builtin.models.tools import _build_tokenizer
 
     out = tmp_path_factory.mktemp("tool-tokenizer")
     _build_tokenizer(out)

@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 
-from actors.envs.client import EnvSessionLost
-from actors.generation import chat
-from actors.generation.agent import (
+from actors.agents import chat
+from actors.agents.loop import (
     CLOSE_GRACE_S,
     AgentLoop,
     AgentSettings,
@@ -36,6 +35,7 @@ from actors.generation.agent import (
     turn_budget,
     turn_seed,
 )
+from actors.envs.client import EnvSessionLost
 from actors.types import EnvClosed, EnvOpened, EnvRequest, Sample, ToolCall, ToolResult
 from tests.fixtures.engines import TOKEN_LOGPROB, by_turn, scripted_loop, turn_params
 from tests.fixtures.envs import WAIT_S, LocalEnvironments, ToolTestEnv, tool_schemas

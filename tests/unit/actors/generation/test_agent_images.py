@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from actors.agents import chat
+from actors.agents.loop import AgentLoop, AgentSettings, TurnSettings
 from actors.envs.worker import tool_content
-from actors.generation import chat
-from actors.generation.agent import AgentLoop, AgentSettings, TurnSettings
 from actors.types import Sample, Trajectory
 from actors.vision import ImageError, Images
-from orchestrator.data import Prompt, to_rollouts
+from orchestrator.data.sources import Prompt, to_rollouts
 from tests.fixtures.engines import by_turn, scripted_loop, turn_params
 from tests.fixtures.envs import WAIT_S, LocalEnvironments, tool_schemas
 
@@ -85,10 +85,10 @@ class StandIn(Images):
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    """The tiny tool VLM's tokenizer (orchestrator/tiny_vlm.py): TRL's qwen3_vl.jinja, Qwen's vision tokens."""
+    """The tiny tool VLM's tokenizer (orchestrator/builtin/models/vlm.py): TRL's qwen3_vl.jinja, Qwen's vision tokens."""
     from transformers import AutoTokenizer
 
-    from orchestrator.tiny_vlm import _tool_tokenizer
+    from orchestrator.builtin.models.vlm import _tool_tokenizer
 
     out = tmp_path_factory.mktemp("vlm-tool-tokenizer")
     _tool_tokenizer(out)
@@ -183,7 +183,7 @@ def test_an_image_the_model_cannot_see_is_an_error_it_reads(tokenizer, vision, e
     assert t.tool_failures == 1 and t.images == () and all(im is None for im in engine.images)
     assert "Tool look returned an image, and this model reads no images" in t.messages[1]["content"]
     # A template that drops images in tool messages (TRL's Qwen2.5 text template writes the list as text).
-    from orchestrator.tiny_tools import chat_template as qwen25_template
+    from orchestrator.builtin.models.tools import chat_template as qwen25_template
 
     text_template = chat.tool_images_problem(tokenizer, vision.image_token_id)
     assert text_template is None

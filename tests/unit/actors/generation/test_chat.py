@@ -16,10 +16,10 @@ from trl.chat_template_utils import (
     qwen3_template,
 )
 
-from actors.generation import chat
-from orchestrator.tasks.boxes import boxes_dataset
-from orchestrator.tiny_tools import completion_ids, episode_ids, episode_messages, task_tools
-from orchestrator.tiny_tools import tool_suffix_ids as trl_style_suffix
+from actors.agents import chat
+from orchestrator.builtin.models.tools import completion_ids, episode_ids, episode_messages, task_tools
+from orchestrator.builtin.models.tools import tool_suffix_ids as trl_style_suffix
+from orchestrator.builtin.tasks.boxes import boxes_dataset
 from tests.fixtures.envs import ToolTestEnv, tool_schemas
 
 

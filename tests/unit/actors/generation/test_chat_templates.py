@@ -24,9 +24,9 @@ import pytest
 from transformers.utils import get_json_schema
 from trl.chat_template_utils import is_chat_template_prefix_preserving, parse_response
 
-from actors.generation import chat
+from actors.agents import chat
 from orchestrator.config import ConfigError, parse_config
-from orchestrator.environments import check_tool_template
+from orchestrator.run.agents import check_tool_template
 from tests.fixtures.chat_templates import WeatherEnv, template_tokenizer, trl_templates, trl_trainer
 
 pytestmark = pytest.mark.slow  # builds TRL's GRPOTrainer per template

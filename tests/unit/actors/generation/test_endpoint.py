@@ -1,8 +1,8 @@
 """The agent endpoint, in process: a real EngineLoop over the scripted engine (tests/fixtures/engines.py), the real
-HTTP server (actors/generation/endpoint.py), the real `openai` SDK in the agent functions, run by the real
+HTTP server (actors/agents/endpoint.py), the real `openai` SDK in the agent functions, run by the real
 AgentWorker on an event loop of its own, and the tool model's real tokenizer (TRL's Qwen2.5 template).
 
-What users bring: orchestrator/tasks/box_agent.py is written only against the `openai` SDK (streamed, and a sync
+What users bring: orchestrator/builtin/tasks/box_agent.py is written only against the `openai` SDK (streamed, and a sync
 client); its trajectories' ids are checked against the environment-class path's (TRL's BoxEnv through AgentLoop)
 on the same script, token for token. The agents below that misbehave (rewrite their history, raise, hang, ask
 for what is not served) are what agent harnesses do."""
@@ -18,15 +18,15 @@ from typing import Any
 import openai
 import pytest
 
-from actors.envs.agent_worker import agent_kwargs, agent_reward, load_agent
+from actors.agents import chat
+from actors.agents.agent_worker import agent_kwargs, agent_reward, load_agent
+from actors.agents.endpoint import AgentEndpoint, EndpointLoop, EndpointTrajectory, _cut_at_stop
+from actors.agents.loop import AgentLoop, AgentSettings, TurnSettings
+from actors.agents.openai_api import ApiError, Served, convert_messages, message_key, parse_request
 from actors.envs.spec import EnvSpecError
-from actors.generation import chat
-from actors.generation.agent import AgentLoop, AgentSettings, TurnSettings
-from actors.generation.endpoint import AgentEndpoint, EndpointLoop, EndpointTrajectory, _cut_at_stop
-from actors.generation.openai_api import ApiError, Served, convert_messages, message_key, parse_request
 from actors.types import Sample
-from orchestrator.tasks.box_agent import TOOLS
-from orchestrator.tasks.boxes import BoxEnv, boxes_dataset
+from orchestrator.builtin.tasks.box_agent import TOOLS
+from orchestrator.builtin.tasks.boxes import BoxEnv, boxes_dataset
 from tests.fixtures.agents import HERE, LocalAgents
 from tests.fixtures.engines import TOKEN_LOGPROB, by_turn, scripted_loop
 from tests.fixtures.envs import WAIT_S, LocalEnvironments, tool_schemas
@@ -111,8 +111,8 @@ def rows(n: int = 2) -> list[dict[str, Any]]:
 # --- the box agent against the environment-class path -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("target", ["orchestrator.tasks.box_agent:box_agent",
-                                    "orchestrator.tasks.box_agent:box_agent_sync"])
+@pytest.mark.parametrize("target", ["orchestrator.builtin.tasks.box_agent:box_agent",
+                                    "orchestrator.builtin.tasks.box_agent:box_agent_sync"])
 def test_openai_sdk_agent_trains_the_ids_the_environment_class_path_trains(rig, tokenizer, target):
     data = rows()
     endpoint = rig(solve).rollout(target, data)
@@ -144,7 +144,7 @@ def test_openai_sdk_agent_trains_the_ids_the_environment_class_path_trains(rig, 
 
 def test_turn_seeds_follow_the_row_seed_and_sample(rig):
     r = rig(solve)
-    r.rollout("orchestrator.tasks.box_agent:box_agent", rows(1))
+    r.rollout("orchestrator.builtin.tasks.box_agent:box_agent", rows(1))
     seeds = sorted(p.seed for _, _, p, _ in r.engine.added)
     assert len(seeds) == 6 and len(set(seeds)) == 6  # 2 samples x 3 turns, each its own seed
 
@@ -178,14 +178,14 @@ def test_an_agent_that_hangs_ends_at_its_deadline(rig):
 
 def test_tool_rounds_past_the_budget_are_refused_and_end_the_trajectory(rig):
     (group,) = rig(lambda turn, text: call("open_box", box=1)).rollout(
-        "orchestrator.tasks.box_agent:box_agent", rows(1), agent=settings(max_tool_calling_iterations=1))
+        "orchestrator.builtin.tasks.box_agent:box_agent", rows(1), agent=settings(max_tool_calling_iterations=1))
     for s in group:
         t = s.trajectory
         assert (t.stop_reason, t.turns, t.requests) == ("max_turns", 2, 2)
 
 
 def test_the_model_token_budget_cuts_the_turn_and_ends_the_trajectory(rig):
-    (group,) = rig(solve).rollout("orchestrator.tasks.box_agent:box_agent", rows(1), max_tokens=30)
+    (group,) = rig(solve).rollout("orchestrator.builtin.tasks.box_agent:box_agent", rows(1), max_tokens=30)
     for s in group:
         assert s.trajectory.stop_reason == "length"
         assert sum(s.trajectory.mask) == 30
@@ -314,6 +314,6 @@ def test_agent_functions_are_checked_and_their_returns_read():
         load_agent(f"{HERE}:no_client_agent")
     with pytest.raises(EnvSpecError, match="agent_function"):
         load_agent(f"{HERE}:missing")
-    assert agent_kwargs(load_agent("orchestrator.tasks.box_agent:box_agent")) == ("model",)
+    assert agent_kwargs(load_agent("orchestrator.builtin.tasks.box_agent:box_agent")) == ("model",)
     assert agent_reward(True) == (1.0, None) and math.isnan(agent_reward(None)[0])
     assert agent_reward("1.0")[0] is None and "not a finite number" in agent_reward(math.inf)[1]

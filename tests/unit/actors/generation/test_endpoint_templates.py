@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from actors.generation import chat
-from actors.generation.agent import AgentSettings, TurnSettings
-from actors.generation.endpoint import AgentEndpoint, EndpointLoop
+from actors.agents import chat
+from actors.agents.endpoint import AgentEndpoint, EndpointLoop
+from actors.agents.loop import AgentSettings, TurnSettings
 from tests.fixtures.agents import HERE, LocalAgents, weather_tools
 from tests.fixtures.chat_templates import template_tokenizer
 from tests.fixtures.engines import scripted_loop

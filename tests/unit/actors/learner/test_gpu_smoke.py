@@ -49,13 +49,13 @@ def test_the_dry_run_on_the_cpu_passes_every_check_a_cpu_can_run():
 def test_the_kit_and_the_learner_path_need_none_of_the_packages_a_bare_gpu_host_lacks():
     """With Ray, vLLM, TRL, pydantic, pytest and peft all missing (as `None` in sys.modules:
     importing them fails, find_spec says absent), the kit and every learner module it drives import, and the
-    rendezvous address falls back to loopback (actors/net.py), which the FSDP and weight-group checks need."""
+    rendezvous address falls back to loopback (actors/runtime/net.py), which the FSDP and weight-group checks need."""
     missing = ["ray", "vllm", "trl", "datasets", "pydantic", "pytest", "hypothesis", "peft"]
     code = "\n".join([
         "import sys",
         *(f"sys.modules[{name!r}] = None" for name in missing),
         "import tests.gpu.smoke, actors.learner.learner, actors.learner.checkpoint, actors.weights.sender",
-        "from actors.net import node_ip",
+        "from actors.runtime.net import node_ip",
         "assert node_ip() == '127.0.0.1', node_ip()",
         "print('ok')",
     ])

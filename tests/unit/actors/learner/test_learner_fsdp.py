@@ -20,7 +20,7 @@ from safetensors.torch import load as safetensors_load
 
 from actors.learner.checkpoint import full_state_dict
 from actors.learner.learner import Learner
-from actors.net import free_port
+from actors.runtime.net import free_port
 from tests.fixtures.learner import SCENARIOS, TIMED_METRICS, make_batch, scenario_spec
 
 # Scenario tier (CI time): spawns two gloo rank processes and builds a dozen learners; CI's tier keeps the one-rank

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from actors.learner.loss import ImportanceSampling, LossConfig, LossInputs, grpo_loss, vllm_importance_weights
-from orchestrator.grpo import compute_advantages
+from orchestrator.algo.grpo import compute_advantages
 from tests.fixtures.trl_grpo import EOS, PAD, bare_trainer, cpu_accelerator, trl_score
 
 # Ours and TRL's run the same elementwise formulas on the same [B, T] tensors and sum the same rows in the same order

@@ -1,4 +1,4 @@
-"""The learner with a mixture-of-experts policy (tiny Qwen3-MoE and Qwen2-MoE, orchestrator/tiny_moe.py): what the
+"""The learner with a mixture-of-experts policy (tiny Qwen3-MoE and Qwen2-MoE, orchestrator/builtin/models/moe.py): what the
 generators are sent, routing replay (actors/learner/routing.py), the load-balancing loss by TRL's rule, and two
 FSDP ranks against one."""
 
@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 
 from actors.learner.learner import Learner
 from actors.learner.routing import NO_ROUTE, Replay, agreement, aux_loss_coef, layout_routes
-from actors.net import free_port
+from actors.runtime.net import free_port
 from actors.types import TrainBatch
-from orchestrator.tiny_moe import FAMILIES, NUM_EXPERTS, TOP_K, ensure_tiny_moe
+from orchestrator.builtin.models.moe import FAMILIES, NUM_EXPERTS, TOP_K, ensure_tiny_moe
 from tests.fixtures.learner import TIMED_METRICS, make_batch, scenario_spec, spec
 
 

@@ -11,8 +11,8 @@ from PIL import Image
 from actors.learner.learner import Learner
 from actors.types import TrainBatch
 from actors.vision import PLACEHOLDER_BIAS, Images
-from orchestrator.data import PromptEncoder
-from orchestrator.tasks.colors import colors_dataset
+from orchestrator.builtin.tasks.colors import colors_dataset
+from orchestrator.data.sources import PromptEncoder
 from tests.fixtures.learner import spec
 
 PADDING_TOL = 1e-5  # float32: a padded row against the same sample alone (left padding changes no real position)

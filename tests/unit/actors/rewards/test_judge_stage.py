@@ -15,12 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-import actors.pool as base_module
+import actors.runtime.pool as base_module
 from actors.engines.judge import JudgeAnswer, JudgeSpec, template_fields
 from actors.rewards.pool import RewardPool
 from actors.rewards.worker import LazyGate, RewardFunctionError, RewardSpec, RewardWorker
 from actors.types import JudgePoolStats, RewardBatch, Rollouts
-from orchestrator.aggregation import RewardAggregator, advantage_batch
+from orchestrator.algo.aggregation import RewardAggregator, advantage_batch
 from orchestrator.config import RewardConfig
 
 TEMPLATE = "Letter: {letter}\nAnswer: {completion}\nCorrect?"

@@ -18,7 +18,7 @@ import pytest
 from actors.engines.teacher import TeacherAnswer
 from actors.rewards.worker import RewardSpec
 from actors.types import RewardBatch, Rollouts, TeacherPoolStats
-from orchestrator.aggregation import RewardAggregator, advantage_batch
+from orchestrator.algo.aggregation import RewardAggregator, advantage_batch
 from orchestrator.config import RewardConfig
 from tests.unit.actors.rewards.test_judge_stage import COMPLETIONS, LETTERS, InProcessPool, _Method
 
@@ -108,7 +108,7 @@ def test_every_sample_is_scored_once_in_batch_order_and_failures_keep_their_rewa
 def test_an_eval_batch_is_not_sent_to_the_teacher():
     """An eval's batch carries no prompt ids (its sampler is built without them): the teacher is not asked, and the
     scores carry no teacher log-probs."""
-    from orchestrator.build import rollout_kind
+    from orchestrator.run.build import rollout_kind
 
     n = len(COMPLETIONS)
     rollouts = Rollouts(["p"] * n, [[1]] * n, [[2]] * n, COMPLETIONS, [[-0.1]] * n, [False] * n, {"letter": LETTERS},

@@ -228,7 +228,7 @@ def test_a_lazy_gate_calls_only_the_open_samples_and_the_advantages_are_the_eage
 
     from actors.rewards.worker import LazyGate
     from actors.types import Rollouts
-    from orchestrator.aggregation import RewardAggregator, advantage_batch
+    from orchestrator.algo.aggregation import RewardAggregator, advantage_batch
     from orchestrator.config import RewardConfig
 
     def rollouts_for(completions, group_size):

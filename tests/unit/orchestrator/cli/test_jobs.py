@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import jobs
-from orchestrator.cluster import ACTOR_ENV
 from orchestrator.config import ConfigError
+from orchestrator.run.cluster import ACTOR_ENV
 from tests.conftest import ROOT
 
 DEMO = ROOT / "configs" / "demo.yaml"
@@ -70,7 +70,7 @@ def test_submission_naming_entrypoint_and_metadata(project, monkeypatch):
 def test_a_python_script_is_submitted_with_its_directory_and_its_arguments(project, monkeypatch, tmp_path):
     """`rayward submit train.py args`: a TRL script using rayward.GRPOTrainer, run as `python train.py args` in its
     directory (the default working_dir), the run name handed to its trainer; a syntax error fails here."""
-    from orchestrator.trainer import RUN_NAME_ENV
+    from orchestrator.trl.trainer import RUN_NAME_ENV
 
     (project / "scripts").mkdir()
     script = project / "scripts" / "My_GRPO.py"

@@ -39,7 +39,7 @@ def test_env_bounds_are_refused_naming_the_pool_before_connecting(capsys):
 @pytest.mark.parametrize(("overrides", "message"), [
     (["environment_factory=tests.fixtures.bad_envs:NoReset"], "class NoReset has no `reset` method"),
     (["tools=[tests.fixtures.bad_envs:no_docstring]"], "tools[0] 'tests.fixtures.bad_envs:no_docstring': no tool schema"),
-    (["environment_factory=orchestrator.tasks.boxes:BoxEnv"],
+    (["environment_factory=orchestrator.builtin.tasks.boxes:BoxEnv"],
      "model.name_or_path 'tiny' (a chat template TRL does not ship): its chat template cannot render tool calls (it drops the tool call's name"),
 ])
 def test_run_refuses_bad_tools_and_environments_before_starting_anything(overrides, message, capsys, tiny_model_path):

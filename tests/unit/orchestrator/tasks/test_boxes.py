@@ -8,7 +8,14 @@ import inspect
 import pytest
 from transformers.utils import get_json_schema
 
-from orchestrator.tasks.boxes import CODES, NO_TOOL_BOUND, NUM_BOXES, BoxEnv, SlowBoxEnv, boxes_dataset
+from orchestrator.builtin.tasks.boxes import (
+    CODES,
+    NO_TOOL_BOUND,
+    NUM_BOXES,
+    BoxEnv,
+    SlowBoxEnv,
+    boxes_dataset,
+)
 
 
 @pytest.fixture
@@ -106,7 +113,7 @@ def test_guessing_without_the_tool_scores_about_the_bound():
 
 def test_slow_env_sleeps_per_tool_call(row, monkeypatch):
     slept = []
-    monkeypatch.setattr("orchestrator.tasks.boxes.time.sleep", slept.append)
+    monkeypatch.setattr("orchestrator.builtin.tasks.boxes.time.sleep", slept.append)
     env = SlowBoxEnv()
     env.reset(**row)
     env.submit(int(env.open_box(1)))

@@ -11,7 +11,7 @@ import pytest
 
 from actors.rewards.code_tests import make_code_tests
 from actors.rewards.sandbox import SandboxError
-from orchestrator.tasks.code import PROBLEMS, code_dataset, reference_solutions
+from orchestrator.builtin.tasks.code import PROBLEMS, code_dataset, reference_solutions
 
 MIN_PROBLEMS = 40
 

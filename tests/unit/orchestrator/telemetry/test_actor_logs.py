@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from actors import ray_compat
+from actors.runtime import ray_compat
 from orchestrator.telemetry.actor_logs import ActorOutput, rayward_messages
 
 VLLM_NOISE = [

@@ -63,7 +63,7 @@ def test_eval_metrics_map_onto_eval_gauges_without_moving_the_step():
 
 
 def test_learner_and_multiturn_metrics_map_onto_their_gauges():
-    """The learner's packing metrics and an agentic step's multiturn/* metrics (orchestrator/rollout.py) reach
+    """The learner's packing metrics and an agentic step's multiturn/* metrics (orchestrator/loop/rollout.py) reach
     Prometheus: the conversation shape, tool health and stop reasons a platform team watches."""
     m = {"learner/tokens_per_s": 190.0, "learner/padding_frac": 0.0, "learner/micro_batches": 2,
          "multiturn/turns": 2.8, "multiturn/tool_calls": 1.9, "multiturn/tool_failures": 0.1, "multiturn/env_s": 0.3,

@@ -1,0 +1,77 @@
+"""The two training loops: one call per phase on the run's named groups (orchestrator/loop/phases.py), each timed.
+Which loop runs is chosen once, when the run starts (loop.mode). The loop writes the run's progress as it trains
+(its steps, its weights' version, the resume position); the few other writers are in `Progress`'s docstring."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from orchestrator.loop import phases
+from orchestrator.loop.inflight import InFlight, collect, pump, submit_batch, untrained_position
+from orchestrator.run import checkpoints
+from orchestrator.run.state import Run
+from orchestrator.telemetry.metrics import PhaseTimer
+
+
+def run_sync(run: Run) -> list[dict[str, Any]]:
+    """Synchronous GRPO: generate -> score -> select -> advantages -> train -> sync, one step at a time; held-out
+    evals between steps (orchestrator/eval/evaluator.py)."""
+    progress = run.progress
+    run.evaluate.start(progress.global_step)
+    while not phases.done(run):
+        timer = PhaseTimer()
+        prompts = run.prompts.next_batch(run.prompts_per_step)
+        with timer("generate"):
+            rollouts = phases.generate(run, prompts)
+        with timer("reward"):
+            scores = phases.score(run, rollouts)
+        step = phases.to_train_batch(run, run.select(rollouts, scores, phases.refill(run, timer)))
+        with timer("train"):
+            trained = phases.train(run, step.batch)
+        progress.global_step = trained.global_step
+        with timer("sync"):
+            synced = phases.sync(run)
+        progress.policy_version = progress.global_step
+        phases.log_step(run, timer, step, trained, synced)
+        checkpoints.save_periodic(run)
+        run.evaluate.after_step(progress.global_step)  # the synced weights, on the idle generators
+    return phases.finish(run)
+
+
+def run_pipelined(run: Run) -> list[dict[str, Any]]:
+    """Pipelined GRPO: batches generated (and scored, group by group) ahead of the one being trained. Admission
+    rule: a batch is at most max_staleness optimizer steps behind the learner when it is trained on. The schedule
+    keeps it: a batch is trained on num_iterations times, so `ahead` = max_staleness // num_iterations batches are
+    generated ahead, and batch k is submitted once batch k - ahead - 1 is trained, behind that step's sync. A
+    checkpoint keeps the prompt stream's position of the next batch to train: a resumed run generates the batches
+    that were ahead again, and trains every prompt once."""
+    progress = run.progress
+    per_batch = run.cfg.grpo.num_iterations
+    ahead, batches = run.cfg.loop.max_staleness // per_batch, run.cfg.grpo.max_steps // per_batch
+    inflight: deque[InFlight] = deque()
+    submitted = progress.global_step // per_batch
+    run.evaluate.start(progress.global_step)  # queued on the generators ahead of the first batches
+    while not phases.done(run):
+        timer = PhaseTimer()
+        while len(inflight) <= ahead and submitted < batches:
+            inflight.append(submit_batch(run))
+            submitted += 1
+        with timer("wait_rollouts"):  # learner idle: the next batch is not generated and scored yet
+            pump(run, inflight)
+            generated = collect(inflight.popleft())
+        step = phases.to_train_batch(run, run.select(generated.rollouts, generated.scores, phases.refill(run, timer)))
+        staleness = progress.global_step - generated.rollouts.policy_version
+        with timer("train"):
+            training = phases.submit_train(run, step.batch)
+            pump(run, inflight, until=training)  # keep scoring what the generators finish meanwhile
+            trained = training.result()
+        progress.global_step = trained.global_step
+        with timer("sync"):  # submitted, not awaited: it queues behind generation already submitted
+            synced = phases.sync_async(run)
+        progress.policy_version = progress.global_step
+        progress.resume_data = untrained_position(run, inflight)  # what a checkpoint keeps: the next batch's rows
+        phases.log_step(run, timer, step, trained, synced, staleness=staleness, generate_busy_s=generated.generate_s)
+        checkpoints.save_periodic(run)
+        run.evaluate.after_step(progress.global_step)  # queued behind the sync: the new weights; finished later
+    return phases.finish(run)

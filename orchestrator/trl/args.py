@@ -1,0 +1,411 @@
+"""TRL's `GRPOConfig`, field by field, as a rayward run: what `rayward.GRPOTrainer` (orchestrator/trl/trainer.py) does
+with each of the 189 fields of TRL 1.16's GRPOConfig (its own and transformers' TrainingArguments').
+
+Every field is in `FIELDS`, as one of
+    Mapped(target)    its value (TRL's default included) becomes the rayward field(s) `target`, meaning kept
+    Ignored(reason)   harmless here: it only concerns TRL's own process layout (devices, data loaders, DDP, its
+                      vLLM server, the hub); one line says so when the script sets it
+    Refused(instead)  rayward cannot honour it: a script that sets it (a value other than TRL's default) fails
+                      before anything starts, with the field named and what to use instead
+A field TRL adds later that is not in FIELDS is refused the same way when set, so none is ever dropped silently.
+`docs/trl.md`'s table is generated from FIELDS (`field_table`); tests check that every GRPOConfig field is here and
+that `run_tree` reads every Mapped one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.config import ConfigError
+
+# How much of the vLLM context rayward leaves for the prompt when the script gives no vllm_max_model_length: TRL
+# has no context limit without vLLM, and rayward's generators need one (prompt + completion).
+PROMPT_ROOM_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Mapped:
+    target: str  # the rayward field(s) it becomes
+
+
+@dataclass(frozen=True)
+class Ignored:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    instead: str
+
+
+_LAYOUT = Ignored("TRL's process layout (devices, data loaders, distributed training); rayward's is the cluster")
+_LOGGING = Ignored("how TRL prints and logs; rayward logs every step to <output_dir>/metrics.jsonl and its sinks")
+_HUB = Ignored("the hub; rayward does not push (push_to_hub is refused)")
+_TRL_VLLM = Ignored("TRL's own vLLM setup; rayward always generates with vLLM in its generator actors")
+_HF_GENERATE = Ignored("transformers' generate(), which rayward does not use (vLLM generates)")
+_EVAL_LAYOUT = Ignored("how TRL's Trainer batches and gathers eval; rayward evaluates on its generators")
+_DEFAULT_ONLY = "leave it at TRL's default (rayward has no such option yet)"
+
+FIELDS: dict[str, Mapped | Ignored | Refused] = {
+    # --- what the run trains ---------------------------------------------------------------------------------
+    "output_dir": Mapped("logging.dir + name: the run directory is output_dir itself"),
+    "max_steps": Mapped("grpo.max_steps"),
+    "num_train_epochs": Mapped("grpo.max_steps, where max_steps is -1: epochs x rows / prompts per step"),
+    "per_device_train_batch_size": Mapped("grpo.per_device_train_batch_size (completions per micro-batch)"),
+    "gradient_accumulation_steps": Mapped(
+        "generation.generation_batch_size = per_device_train_batch_size x gradient_accumulation_steps"),
+    "generation_batch_size": Mapped("generation.generation_batch_size (must be one optimizer step's samples)"),
+    "steps_per_generation": Mapped("must equal gradient_accumulation_steps: one optimizer step per generation"),
+    "num_generations": Mapped("generation.num_generations"),
+    "max_completion_length": Mapped("generation.max_completion_length"),
+    "temperature": Mapped("generation.temperature"),
+    "top_p": Mapped("generation.top_p"),
+    "top_k": Mapped("generation.top_k"),
+    "chat_template_kwargs": Mapped("generation.chat_template_kwargs"),
+    "max_tool_calling_iterations": Mapped("generation.max_tool_calling_iterations"),
+    "vllm_max_model_length": Mapped(
+        f"generation.max_model_len (unset: max_completion_length + {PROMPT_ROOM_TOKENS}, within the model's limit)"),
+    "vllm_gpu_memory_utilization": Mapped("generation.gpu_memory_utilization"),
+    "vllm_tensor_parallel_size": Mapped("generation.tensor_parallel_size"),
+    "shuffle_dataset": Mapped("data.shuffle_dataset"),
+    "seed": Mapped("seed"),
+    "trust_remote_code": Mapped("model.trust_remote_code"),
+    "model_init_kwargs": Mapped("model.dtype (dtype / torch_dtype), model.attn_implementation; other keys refused"),
+    # --- the optimizer ----------------------------------------------------------------------------------------
+    "learning_rate": Mapped("grpo.learning_rate"),
+    "lr_scheduler_type": Mapped("grpo.lr_scheduler_type (linear, cosine, constant; constant_with_warmup: constant)"),
+    "warmup_steps": Mapped("grpo.warmup_steps (a value below 1 is a fraction of max_steps, as in transformers)"),
+    "optim": Mapped("grpo.optim (adamw_torch and adamw_torch_fused: adamw_torch; sgd)"),
+    "weight_decay": Mapped("grpo.weight_decay"),
+    "adam_beta1": Mapped("grpo.adam_beta1"),
+    "adam_beta2": Mapped("grpo.adam_beta2"),
+    "max_grad_norm": Mapped("grpo.max_grad_norm"),
+    "gradient_checkpointing": Mapped("grpo.gradient_checkpointing"),
+    "gradient_checkpointing_kwargs": Mapped("grpo.gradient_checkpointing_kwargs"),
+    # --- the loss ---------------------------------------------------------------------------------------------
+    "beta": Mapped("grpo.beta"),
+    "router_aux_loss_coef": Mapped("grpo.router_aux_loss_coef"),
+    "num_iterations": Mapped("grpo.num_iterations"),
+    "epsilon": Mapped("grpo.epsilon"),
+    "epsilon_high": Mapped("grpo.epsilon_high"),
+    "delta": Mapped("grpo.delta"),
+    "loss_type": Mapped("grpo.loss_type (grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo)"),
+    "importance_sampling_level": Mapped("grpo.importance_sampling_level"),
+    "scale_rewards": Mapped("grpo.scale_rewards (true: group, false: none, as TRL reads them)"),
+    "multi_objective_aggregation": Mapped("grpo.multi_objective_aggregation"),
+    "mask_truncated_completions": Mapped("grpo.mask_truncated_completions"),
+    "use_bias_correction_kl": Mapped("grpo.use_bias_correction_kl"),
+    "vllm_importance_sampling_correction": Mapped("grpo.vllm_importance_sampling_correction"),
+    "vllm_importance_sampling_mode": Mapped("grpo.vllm_importance_sampling_mode"),
+    "vllm_importance_sampling_clip_max": Mapped("grpo.vllm_importance_sampling_clip_max"),
+    "vllm_importance_sampling_clip_min": Mapped("grpo.vllm_importance_sampling_clip_min"),
+    "reward_weights": Mapped("rewards[i].weight, in reward_funcs' order"),
+    # --- saving, eval, logging --------------------------------------------------------------------------------
+    "save_strategy": Mapped("grpo.save_steps: steps: save_steps; no: only the final checkpoint (for save_model)"),
+    "save_steps": Mapped("grpo.save_steps (a value below 1 is a fraction of max_steps, as in transformers)"),
+    "eval_strategy": Mapped("eval.every_n_steps (steps: eval_steps; epoch: the steps of one epoch; no: none)"),
+    "eval_steps": Mapped("eval.every_n_steps (unset: logging_steps, as in transformers)"),
+    "eval_on_start": Mapped("eval.at_start"),
+    "num_generations_eval": Mapped("eval.num_generations (unset: num_generations)"),
+    "report_to": Mapped("logging.report_to (tensorboard, wandb, mlflow; jsonl always); others refused"),
+    "disable_tqdm": Mapped("logging.progress"),
+    "log_completions": Mapped("logging.log_completions"),
+    "logging_steps": Mapped("eval.every_n_steps where eval_steps is unset; rayward logs every step"),
+    # --- harmless here ----------------------------------------------------------------------------------------
+    "use_cpu": _LAYOUT, "local_rank": _LAYOUT, "accelerator_config": _LAYOUT, "parallelism_config": _LAYOUT,
+    "ddp_find_unused_parameters": _LAYOUT, "ddp_bucket_cap_mb": _LAYOUT, "ddp_broadcast_buffers": _LAYOUT,
+    "ddp_static_graph": _LAYOUT, "ddp_backend": _LAYOUT, "ddp_timeout": _LAYOUT,
+    "dataloader_drop_last": _LAYOUT, "dataloader_num_workers": _LAYOUT, "dataloader_pin_memory": _LAYOUT,
+    "dataloader_persistent_workers": _LAYOUT, "dataloader_prefetch_factor": _LAYOUT,
+    "dataloader_multiprocessing_context": _LAYOUT, "dataloader_in_order": _LAYOUT,
+    "ds3_gather_for_generation": _LAYOUT, "average_tokens_across_devices": _LAYOUT,
+    "torch_empty_cache_steps": _LAYOUT, "tf32": _LAYOUT, "skip_memory_metrics": _LAYOUT,
+    "remove_unused_columns": Ignored("rayward passes every dataset column to the reward functions, as TRL does"),
+    "label_names": _LAYOUT, "length_column_name": _LAYOUT, "train_sampling_strategy": _LAYOUT,
+    "pad_to_multiple_of": Ignored("padding of TRL's batches; rayward's learner packs or pads its own"),
+    "save_on_each_node": _LAYOUT, "save_only_model": Ignored("rayward checkpoints always hold what a resume needs"),
+    "save_total_limit": Ignored("rayward keeps every checkpoint; delete old ones yourself"),
+    "resume_from_checkpoint": Ignored("transformers does not read it either: pass train(resume_from_checkpoint=...)"),
+    "ignore_data_skip": Ignored("a rayward resume restores the prompt stream's exact position"),
+    "restore_callback_states_from_checkpoint": _LAYOUT,
+    "full_determinism": Ignored("rayward seeds every sample by (seed, step, prompt); set seed"),
+    "data_seed": Ignored("rayward orders the data with seed"),
+    "use_vllm": _TRL_VLLM, "vllm_mode": _TRL_VLLM, "vllm_server_base_url": _TRL_VLLM, "vllm_server_host": _TRL_VLLM,
+    "vllm_server_port": _TRL_VLLM, "vllm_server_timeout": _TRL_VLLM, "vllm_group_port": _TRL_VLLM,
+    "vllm_enable_sleep_mode": _TRL_VLLM, "vllm_model_impl": _TRL_VLLM,
+    "use_cache": _HF_GENERATE, "cache_implementation": _HF_GENERATE, "use_transformers_paged": _HF_GENERATE,
+    "use_transformers_continuous_batching": _HF_GENERATE, "transformers_continuous_batching_config": _HF_GENERATE,
+    "bf16": Ignored("mixed precision: rayward's learner trains in the model's dtype (model_init_kwargs dtype)"),
+    "fp16": Ignored("mixed precision: rayward's learner trains in the model's dtype (model_init_kwargs dtype)"),
+    "bf16_full_eval": _EVAL_LAYOUT, "fp16_full_eval": _EVAL_LAYOUT, "per_device_eval_batch_size": _EVAL_LAYOUT,
+    "prediction_loss_only": _EVAL_LAYOUT, "eval_do_concat_batches": _EVAL_LAYOUT,
+    "eval_use_gather_object": _EVAL_LAYOUT, "eval_accumulation_steps": _EVAL_LAYOUT,
+    "include_for_metrics": _EVAL_LAYOUT, "batch_eval_metrics": _EVAL_LAYOUT,
+    "logging_strategy": _LOGGING, "logging_first_step": _LOGGING, "logging_nan_inf_filter": _LOGGING,
+    "log_on_each_node": _LOGGING, "log_level": _LOGGING, "log_level_replica": _LOGGING,
+    "include_num_input_tokens_seen": _LOGGING, "num_completions_to_print": _LOGGING, "log_unique_prompts": _LOGGING,
+    "log_multimodal": _LOGGING, "run_name": _LOGGING, "project": _LOGGING, "trackio_space_id": _LOGGING,
+    "trackio_bucket_id": _LOGGING, "trackio_static_space_id": _LOGGING, "debug": _LOGGING,
+    "do_train": _LAYOUT, "do_eval": _LAYOUT, "do_predict": _LAYOUT,
+    "hub_token": _HUB, "hub_private_repo": _HUB, "hub_model_id": _HUB, "hub_strategy": _HUB,
+    "hub_always_push": _HUB, "hub_revision": _HUB,
+    "ref_model_mixup_alpha": Ignored("used only with sync_ref_model, which is refused"),
+    "ref_model_sync_steps": Ignored("used only with sync_ref_model, which is refused"),
+    "entropy_coef_min": Ignored("used only with use_adaptive_entropy, which is refused"),
+    "entropy_coef_max": Ignored("used only with use_adaptive_entropy, which is refused"),
+    "entropy_coef_delta": Ignored("used only with use_adaptive_entropy, which is refused"),
+    "entropy_target": Ignored("used only with use_adaptive_entropy, which is refused"),
+    # --- refused when set ---------------------------------------------------------------------------------------
+    "push_to_hub": Refused("push the model trainer.save_model() writes yourself (huggingface_hub's upload_folder)"),
+    "log_completions_hub_repo": Refused("log_completions writes them to the run directory"),
+    "fsdp": Refused("rayward=dict(cluster=dict(num_learners=N, learner_strategy='fsdp'))"),
+    "fsdp_config": Refused("rayward=dict(cluster=dict(num_learners=N, learner_strategy='fsdp'))"),
+    "deepspeed": Refused("rayward=dict(cluster=dict(num_learners=N, learner_strategy='fsdp'))"),
+    "torch_compile": Refused(_DEFAULT_ONLY), "torch_compile_backend": Refused(_DEFAULT_ONLY),
+    "torch_compile_mode": Refused(_DEFAULT_ONLY), "use_liger_kernel": Refused(_DEFAULT_ONLY),
+    "liger_kernel_config": Refused(_DEFAULT_ONLY), "neftune_noise_alpha": Refused(_DEFAULT_ONLY),
+    "label_smoothing_factor": Refused(_DEFAULT_ONLY), "auto_find_batch_size": Refused(_DEFAULT_ONLY),
+    "enable_jit_checkpoint": Refused("rayward checkpoints at a SIGTERM on its own (docs/faults.md)"),
+    "adam_epsilon": Refused(_DEFAULT_ONLY), "optim_args": Refused(_DEFAULT_ONLY),
+    "optim_target_modules": Refused(_DEFAULT_ONLY), "lr_scheduler_kwargs": Refused(_DEFAULT_ONLY),
+    "load_best_model_at_end": Refused("rayward=dict(grpo=dict(save_best='eval/reward')) keeps checkpoint-best"),
+    "metric_for_best_model": Refused("rayward=dict(grpo=dict(save_best='eval/reward')) keeps checkpoint-best"),
+    "greater_is_better": Refused("rayward=dict(grpo=dict(save_best_mode='max' or 'min'))"),
+    "eval_delay": Refused("eval_on_start and eval_steps"),
+    "disable_dropout": Refused(_DEFAULT_ONLY),
+    "cast_lm_head_to_fp32": Refused(_DEFAULT_ONLY), "min_p": Refused("top_p or top_k"),
+    "generation_kwargs": Refused("temperature, top_p, top_k and max_completion_length"),
+    "repetition_penalty": Refused(_DEFAULT_ONLY),
+    "vllm_structured_outputs_regex": Refused(_DEFAULT_ONLY),
+    "sapo_temperature_neg": Refused(_DEFAULT_ONLY), "sapo_temperature_pos": Refused(_DEFAULT_ONLY),
+    "vespo_k_pos": Refused(_DEFAULT_ONLY), "vespo_lambda_pos": Refused(_DEFAULT_ONLY),
+    "vespo_k_neg": Refused(_DEFAULT_ONLY), "vespo_lambda_neg": Refused(_DEFAULT_ONLY),
+    "sync_ref_model": Refused(_DEFAULT_ONLY), "top_entropy_quantile": Refused(_DEFAULT_ONLY),
+    "entropy_coef": Refused(_DEFAULT_ONLY), "use_adaptive_entropy": Refused(_DEFAULT_ONLY),
+    "off_policy_mask_threshold": Refused(_DEFAULT_ONLY),
+    "vllm_importance_sampling_cap": Refused("vllm_importance_sampling_clip_max"),
+}
+
+# Where TRL accepts several spellings of one choice.
+_OPTIMS = {"adamw_torch": "adamw_torch", "adamw_torch_fused": "adamw_torch", "sgd": "sgd"}
+_SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+_REPORT_TO = {"tensorboard", "wandb", "mlflow"}
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": None}
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return _plain(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return _plain(f.default_factory())
+    return None
+
+
+def reference(args: Any) -> Any:
+    """The GRPOConfig a script that sets nothing gets on this machine (TRL's __post_init__ fills some fields from
+    the hardware: bf16, accelerator_config, ...): what `args` is compared with. Field defaults where TRL refuses
+    to build one."""
+    try:
+        return type(args)(output_dir=args.output_dir, use_cpu=args.use_cpu, bf16=args.bf16, fp16=args.fp16)
+    except Exception:  # noqa: BLE001 - e.g. a newer TRL that validates differently: the dataclass defaults
+        return None
+
+
+def is_set(args: Any, name: str, ref: Any = None) -> bool:
+    """Whether the script gave `name` a value other than the one it gets when unset (`reference`)."""
+    if ref is not None:
+        value, default = _plain(getattr(args, name)), _plain(getattr(ref, name))
+    else:
+        f = {x.name: x for x in dataclasses.fields(args)}[name]
+        value, default = _plain(getattr(args, name)), field_default(f)
+    if value == default:
+        return False
+    if isinstance(value, float) and isinstance(default, float) and math.isclose(value, default):
+        return False
+    return not (value in (None, [], {}, "") and default in (None, [], {}, ""))
+
+
+def check_fields(args: Any) -> list[str]:
+    """Refuse every Refused (or unknown) field the script set (ConfigError naming them all); the notes for the
+    Ignored fields it set, one line each."""
+    bad, notes = [], []
+    ref = reference(args)
+    if getattr(args, "bf16", False) or getattr(args, "fp16", False):
+        notes.append("GRPOConfig.bf16/fp16: rayward's learner does not autocast; it trains in the model's dtype "
+                     "(float32, or GRPOConfig.model_init_kwargs['dtype'])")
+    for f in dataclasses.fields(args):
+        kind = FIELDS.get(f.name)
+        if isinstance(kind, Mapped) or f.name in ("bf16", "fp16", "use_cpu") or not is_set(args, f.name, ref):
+            continue
+        value = _plain(getattr(args, f.name))
+        if isinstance(kind, Ignored):
+            notes.append(f"GRPOConfig.{f.name}={value!r} ignored: {kind.reason}")
+        elif isinstance(kind, Refused):
+            bad.append(f"  GRPOConfig.{f.name}={value!r}: rayward cannot honour it; instead: {kind.instead}")
+        else:
+            bad.append(f"  GRPOConfig.{f.name}={value!r}: rayward does not know this field (newer TRL?); leave it "
+                       "at its default")
+    if bad:
+        raise ConfigError("rayward.GRPOTrainer cannot run these GRPOConfig settings:\n" + "\n".join(bad))
+    return notes
+
+
+class _Reader:
+    """Reads GRPOConfig fields, recording which: the test checks every Mapped field is read."""
+
+    read: set[str] = set()
+
+    def __init__(self, args: Any):
+        self.args = args
+
+    def __call__(self, name: str) -> Any:
+        _Reader.read.add(name)
+        return _plain(getattr(self.args, name))
+
+
+def _steps_or_fraction(value: float, max_steps: int) -> int:
+    return int(value) if value >= 1 else math.ceil(value * max_steps)
+
+
+def run_tree(args: Any, *, train_rows: int | None, has_eval: bool, model_max_len: int | None) -> dict[str, Any]:
+    """The config tree (orchestrator/config/__init__.py's sections: generation, grpo, data, logging, eval settings, seed,
+    model settings) that `args` means. train_rows: the training dataset's length (None: an IterableDataset, or
+    none). ConfigError naming the GRPOConfig field that cannot be honoured."""
+    a = _Reader(args)
+    bs, accum = a("per_device_train_batch_size"), a("gradient_accumulation_steps")
+    gen_batch, spg = a("generation_batch_size"), a("steps_per_generation")
+    step_samples = bs * accum
+    if gen_batch != step_samples or spg != accum:
+        raise ConfigError(
+            f"GRPOConfig.generation_batch_size={gen_batch} (steps_per_generation={spg}) spans several optimizer "
+            f"steps of per_device_train_batch_size x gradient_accumulation_steps = {step_samples}: rayward trains "
+            "one optimizer step per generation batch (and overlaps the next one with loop.mode pipelined); leave "
+            "generation_batch_size and steps_per_generation unset")
+    g = a("num_generations")
+    if step_samples % g:
+        raise ConfigError(f"GRPOConfig.per_device_train_batch_size x gradient_accumulation_steps = {step_samples} "
+                          f"must be a multiple of num_generations ({g})")
+    prompts_per_step = step_samples // g
+    max_steps, epochs = a("max_steps"), a("num_train_epochs")
+    if max_steps is None or max_steps <= 0:
+        if train_rows is None:
+            raise ConfigError("GRPOConfig.max_steps: set it (the training data is an IterableDataset, or the run has "
+                              "none, so num_train_epochs cannot size the run; TRL requires it too)")
+        max_steps = max(1, math.ceil(epochs * math.ceil(train_rows / prompts_per_step)))
+    steps_per_epoch = max(1, math.ceil((train_rows or prompts_per_step) / prompts_per_step))
+
+    completion = a("max_completion_length")
+    max_len = a("vllm_max_model_length")
+    if max_len is None:
+        max_len = completion + PROMPT_ROOM_TOKENS
+        if model_max_len is not None:
+            max_len = min(max_len, model_max_len)
+    generation = {
+        "num_generations": g, "generation_batch_size": step_samples, "max_completion_length": completion,
+        "temperature": a("temperature"), "top_p": a("top_p"), "top_k": a("top_k") or 0,
+        "chat_template_kwargs": dict(a("chat_template_kwargs") or {}),
+        "max_tool_calling_iterations": a("max_tool_calling_iterations"), "max_model_len": max_len,
+        "gpu_memory_utilization": a("vllm_gpu_memory_utilization"),
+        "tensor_parallel_size": a("vllm_tensor_parallel_size"),
+    }
+
+    optim, scheduler = a("optim"), a("lr_scheduler_type")
+    if optim not in _OPTIMS:
+        raise ConfigError(f"GRPOConfig.optim={optim!r}: rayward's learner has {sorted(set(_OPTIMS))}")
+    if scheduler not in _SCHEDULERS:
+        raise ConfigError(f"GRPOConfig.lr_scheduler_type={scheduler!r}: rayward has {sorted(_SCHEDULERS)}")
+    scale = a("scale_rewards")
+    scale = {True: "group", False: "none"}.get(scale, scale) if isinstance(scale, bool) else scale
+    strategy, save_steps = a("save_strategy"), a("save_steps")
+    if strategy == "steps":
+        save_every = _steps_or_fraction(save_steps, max_steps)
+    elif strategy == "no":
+        save_every = max_steps  # only the final checkpoint: trainer.save_model() copies its weights
+    elif strategy == "epoch":
+        save_every = steps_per_epoch
+    else:
+        raise ConfigError(f"GRPOConfig.save_strategy={strategy!r}: rayward saves by steps ('steps', 'epoch', 'no'); "
+                          "for the best eval use rayward=dict(grpo=dict(save_best='eval/reward'))")
+    grpo = {
+        "max_steps": max_steps, "learning_rate": a("learning_rate"), "lr_scheduler_type": _SCHEDULERS[scheduler],
+        "warmup_steps": _steps_or_fraction(a("warmup_steps"), max_steps) if a("warmup_steps") else 0,
+        "optim": _OPTIMS[optim], "weight_decay": a("weight_decay"), "adam_beta1": a("adam_beta1"),
+        "adam_beta2": a("adam_beta2"), "max_grad_norm": a("max_grad_norm") or None,
+        "per_device_train_batch_size": bs, "num_iterations": a("num_iterations"), "beta": a("beta"),
+        "use_bias_correction_kl": a("use_bias_correction_kl"), "epsilon": a("epsilon"),
+        "epsilon_high": a("epsilon_high"), "delta": a("delta"), "loss_type": a("loss_type"),
+        "importance_sampling_level": a("importance_sampling_level"), "scale_rewards": scale,
+        "multi_objective_aggregation": a("multi_objective_aggregation"),
+        "mask_truncated_completions": a("mask_truncated_completions"),
+        "vllm_importance_sampling_correction": a("vllm_importance_sampling_correction"),
+        "vllm_importance_sampling_mode": a("vllm_importance_sampling_mode"),
+        "vllm_importance_sampling_clip_max": a("vllm_importance_sampling_clip_max"),
+        "vllm_importance_sampling_clip_min": a("vllm_importance_sampling_clip_min"),
+        "save_steps": save_every, "gradient_checkpointing": a("gradient_checkpointing"),
+        "gradient_checkpointing_kwargs": a("gradient_checkpointing_kwargs"),
+        "router_aux_loss_coef": a("router_aux_loss_coef"),
+    }
+
+    report = [r for r in (a("report_to") or []) if r != "none"]
+    unknown = [r for r in report if r not in _REPORT_TO and r != "all"]
+    if unknown:
+        raise ConfigError(f"GRPOConfig.report_to: {unknown} are not rayward sinks ({sorted(_REPORT_TO)}; the "
+                          "metrics always go to <output_dir>/metrics.jsonl)")
+    report = sorted(_REPORT_TO) if "all" in report else report
+    logging = {"report_to": ["jsonl", *report], "progress": not a("disable_tqdm"),
+               "log_completions": a("log_completions")}
+
+    model: dict[str, Any] = {"trust_remote_code": a("trust_remote_code")}
+    for key, value in (a("model_init_kwargs") or {}).items():
+        if key in ("dtype", "torch_dtype"):
+            value = str(value).removeprefix("torch.")
+            if value not in _DTYPES:
+                raise ConfigError(f"GRPOConfig.model_init_kwargs[{key!r}]={value!r}: one of {sorted(_DTYPES)}")
+            if _DTYPES[value] is not None:
+                model["dtype"] = _DTYPES[value]
+        elif key == "attn_implementation":
+            model["attn_implementation"] = value
+        elif key != "trust_remote_code":
+            raise ConfigError(f"GRPOConfig.model_init_kwargs[{key!r}]: rayward loads the model with dtype and "
+                              "attn_implementation only")
+
+    eval_settings: dict[str, Any] = {}
+    strategy = a("eval_strategy")
+    eval_steps, logging_steps = a("eval_steps"), a("logging_steps")
+    every = eval_steps or logging_steps
+    every = _steps_or_fraction(every, max_steps) if every else None
+    at_start = a("eval_on_start")
+    if has_eval:
+        eval_settings = {
+            "every_n_steps": {"steps": every, "epoch": steps_per_epoch, "no": None}[strategy],
+            "at_start": at_start, "num_generations": a("num_generations_eval") or g,
+        }
+    elif strategy != "no" or at_start:
+        raise ConfigError(f"GRPOConfig.eval_strategy={strategy!r}: give eval_dataset too (TRL requires it)")
+    return {
+        "seed": a("seed"), "generation": generation, "grpo": grpo, "logging": logging, "model": model,
+        "data": {"shuffle_dataset": a("shuffle_dataset")}, "eval": eval_settings,
+        "reward_weights": a("reward_weights"), "output_dir": a("output_dir"),
+    }
+
+
+def field_table() -> str:
+    """docs/trl.md's table: every GRPOConfig field, what rayward does with it."""
+    import trl
+
+    rows = ["| GRPOConfig field | TRL's default | in rayward |", "|---|---|---|"]
+    for f in dataclasses.fields(trl.GRPOConfig):
+        kind = FIELDS.get(f.name)
+        what = {Mapped: lambda k: f"mapped: {k.target}", Ignored: lambda k: f"ignored: {k.reason}",
+                Refused: lambda k: f"refused when set; instead: {k.instead}"}[type(kind)](kind)
+        default = repr(field_default(f)).replace("|", "\\|")
+        rows.append(f"| `{f.name}` | `{default}` | {what.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows) + "\n"
