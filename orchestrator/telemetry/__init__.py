@@ -1,0 +1,8 @@
+"""What a run tells: metric sinks, Ray metrics, the terminal, the actors' logs.
+
+    metrics.py      phase timer, metric sinks (jsonl, TensorBoard, W&B, MLflow), the completions log
+    ray_metrics.py  the run's Ray (Prometheus) metrics
+    progress.py     the live bar (or a line per step off a terminal) and the summary table
+    actor_logs.py   the actors' output into `<run dir>/actors.log`; only rayward's own lines on the terminal
+    tool_calls.py   a run whose tool calls mostly fail says so, with the most common error
+"""
