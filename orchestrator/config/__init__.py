@@ -40,17 +40,7 @@ from orchestrator.config.grpo import GRPOConfig
 from orchestrator.config.loading import apply_overrides, config_reference, load_config, parse_config
 from orchestrator.config.logging import LoggingConfig
 from orchestrator.config.loop import LoopConfig
-from orchestrator.config.model import (
-    TINY_JUDGE_MODEL,
-    TINY_MODEL,
-    TINY_MOE_MODELS,
-    TINY_TEACHER_MODEL,
-    TINY_TOOL_VLM_MODEL,
-    TINY_TOOLS_MODEL,
-    TINY_VLM_MODEL,
-    LoraSettings,
-    ModelConfig,
-)
+from orchestrator.config.model import LoraSettings, ModelConfig
 from orchestrator.config.rewards import EnginesConfig, GateConfig, JudgeConfig, RewardConfig, check_rewards
 from orchestrator.config.run import RUN_NAME_PATTERN, RunConfig
 from orchestrator.config.schedules import (
@@ -77,13 +67,6 @@ __all__ = [
     "steps_that_decide",
     "LoraSettings",
     "ModelConfig",
-    "TINY_JUDGE_MODEL",
-    "TINY_MODEL",
-    "TINY_MOE_MODELS",
-    "TINY_TEACHER_MODEL",
-    "TINY_TOOLS_MODEL",
-    "TINY_TOOL_VLM_MODEL",
-    "TINY_VLM_MODEL",
     "DataConfig",
     "DataSource",
     "DifficultyConfig",

@@ -8,16 +8,6 @@ from pydantic import AliasChoices, Field, model_validator
 
 from orchestrator.config.base import _Section
 
-TINY_MODEL = "tiny"
-TINY_JUDGE_MODEL = "tiny-judge"  # the tiny model warmed up to judge the letter task (orchestrator/builtin/models/judge.py)
-TINY_TEACHER_MODEL = "tiny-teacher"  # the tiny model taught the letter task (orchestrator/builtin/models/teacher.py)
-TINY_TOOLS_MODEL = "tiny-tools"  # the tiny model warmed up to call tools (orchestrator/builtin/models/tools.py)
-# The tiny mixtures of experts (orchestrator/builtin/models/moe.py): name -> (family, near_ties)
-TINY_MOE_MODELS = {"tiny-moe": ("qwen3_moe", False), "tiny-qwen2-moe": ("qwen2_moe", False),
-                   "tiny-moe-ties": ("qwen3_moe", True)}
-TINY_VLM_MODEL = "tiny-vlm"  # a random Qwen2.5-VL of the tiny model's size (orchestrator/builtin/models/vlm.py)
-TINY_TOOL_VLM_MODEL = "tiny-vlm-tools"  # the same, warmed up on the cards task (orchestrator/builtin/tasks/cards.py)
-
 
 class LoraSettings(_Section):
     """LoRA adapters through PEFT, with the meanings of PEFT's `LoraConfig` (same names; `alpha` and `dropout`
@@ -59,7 +49,7 @@ class LoraSettings(_Section):
 
 
 class ModelConfig(_Section):
-    name_or_path: str = TINY_MODEL
+    name_or_path: str = "tiny"
     """HF model directory or hub id of the policy. `tiny` builds rayward's offline tiny model (random
     Qwen2-style, head_dim 64) into the cache on first use; `tiny-tools` the same model warmed up to call the box
     task's tools (configs/tools.yaml); `tiny-moe` and `tiny-qwen2-moe` random mixtures of experts of its size
