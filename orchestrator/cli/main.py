@@ -48,7 +48,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from orchestrator.run.train import evaluate
+    from orchestrator.run.evaluate import evaluate
 
     evaluate(load_config(args.config, args.overrides), args.checkpoint, name=args.name, output=args.output)
     return 0

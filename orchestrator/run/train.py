@@ -1,5 +1,5 @@
-"""Python entry points: `train(cfg)` does what `rayward run` does, and `evaluate(cfg, checkpoint)` what
-`rayward eval` does, inside or outside an existing Ray session.
+"""The Python entry point of a run: `train(cfg)` does what `rayward run` does, inside or outside an existing Ray
+session (`evaluate(cfg, checkpoint)`, what `rayward eval` does, is orchestrator/run/evaluate.py).
 
     train(cfg)   check (before Ray)  ->  start Ray  ->  build the groups, resume, parity  ->  the supervised loop
                  ->  tear down  ->  summary
@@ -9,7 +9,6 @@ Each stage is one function below; how a signal stops a run at any of them is orc
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.runtime import ray_compat
-from orchestrator.config import ConfigError, DataSource, EvalConfig, RunConfig
+from orchestrator.config import ConfigError, RunConfig
 from orchestrator.data.sources import DataError
 from orchestrator.run import checkpoints
 from orchestrator.run.build import Prepared, prepare
@@ -27,7 +26,6 @@ from orchestrator.run.errors import RunFailed, RunStopped
 from orchestrator.run.signals import Signals
 from orchestrator.run.state import Run
 from orchestrator.telemetry.actor_logs import ActorOutput
-from orchestrator.telemetry.metrics import image_files
 from orchestrator.telemetry.progress import Display, open_display, summary_footer, summary_table
 
 # Every line the run's actors wrote, in the run directory (the terminal shows only rayward's own).
@@ -276,99 +274,3 @@ def _sign_in() -> str:
 def _echo(message: str) -> None:
     """An actor's rayward message on the driver's terminal (sys.stderr looked up now: a live bar redirects it)."""
     print(message, file=sys.stderr, flush=True)
-
-
-def evaluate(
-    cfg: RunConfig, checkpoint: str | Path | None = None, *, name: str | None = None, output: str | Path | None = None,
-    verbose: bool = True,
-) -> dict[str, Any]:
-    """What `rayward eval` does: evaluate a checkpoint (an HF model directory), or the config's model, on the
-    eval block's data with its rewards, as an eval during training would (the config's `data` and the eval
-    defaults when it has no eval block). Prints the metrics and writes a JSON report (default
-    `<logging.dir>/<name>/eval.json`); returns the report."""
-    import ray
-
-    from orchestrator.eval.evaluator import finish_eval, submit_eval
-    from orchestrator.run.agents import prepare_agent
-    from orchestrator.run.build import (
-        agent_kwargs,
-        eval_set,
-        load_images,
-        load_tokenizer,
-        prepare_eval,
-        resolve_judges,
-        resolve_model,
-        reward_specs,
-        rollout_kind,
-        start_env_pool,
-        start_generators,
-        start_judge_pools,
-        start_reward_pool,
-    )
-
-    say = print if verbose else (lambda *a, **k: None)
-    if cfg.eval is None:
-        say("rayward eval: the config has no eval block: evaluating on its `data` with the eval defaults", flush=True)
-        held_out = DataSource(**cfg.data.model_dump(include=set(DataSource.model_fields)))
-        cfg = cfg.model_copy(update={"eval": EvalConfig(data=held_out)})
-    name = name or cfg.name or new_run_name("eval")
-    model_path = resolve_model(cfg)  # the tokenizer, and the policy when no checkpoint is given
-    policy, step = model_path, 0
-    if checkpoint is not None:
-        ckpt = Path(checkpoint)
-        if not (ckpt / "config.json").is_file():
-            raise ConfigError(f"--checkpoint {str(checkpoint)!r}: not an HF model directory (no config.json)")
-        policy = str(ckpt)
-        step = checkpoints.saved_step(ckpt) or 0
-    tokenizer = load_tokenizer(cfg, model_path)
-    images = load_images(cfg, model_path)
-    try:
-        rows, eval_specs = prepare_eval(cfg, tokenizer, images)
-    except DataError as err:
-        raise ConfigError(str(err)) from None
-    train_specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs, seed=cfg.seed)
-    dataset = [p.row for p in rows]
-    agent = prepare_agent(cfg, tokenizer, dataset, train_specs, dataset)  # tools: checked as a run checks them
-    env_specs, env_rewards = (agent.env_reward_specs, agent.env_rewards) if agent is not None else ([], [])
-    specs = resolve_judges(eval_specs if eval_specs is not None else train_specs + env_specs)
-    owns_ray = not ray.is_initialized()
-    if owns_ray:
-        init_ray(cfg.cluster, name)
-    groups: list[Any] = []  # started so far, killed at the end
-    try:
-        scored = cfg.eval.rewards if eval_specs is not None and cfg.eval.rewards is not None else [*cfg.rewards,
-                                                                                                    *env_rewards]
-        pool = start_reward_pool(cfg, name, specs, role="eval-reward",
-                                 judges=start_judge_pools(cfg, name, scored, specs, role="eval-judge"))
-        groups.append(pool)
-        agent_args = None
-        if agent is not None:  # the environments the eval's trajectories run their tools in
-            env_pool = start_env_pool(cfg, name, agent.spec)
-            groups.append(env_pool)
-            agent_args = agent_kwargs(cfg, agent, env_pool, cfg.eval.data.prompt_column)
-        generators = start_generators(cfg, name, policy, agent=agent_args)
-        groups.append(generators)
-        es = eval_set(cfg, rows, pool, [*cfg.rewards, *env_rewards], rollout_kind(agent, images is not None))
-        result = finish_eval(es, submit_eval(es, generators, step))
-    finally:
-        for group in reversed(groups):
-            group.kill()
-        if owns_ray:
-            ray.shutdown()
-    out = Path(output) if output is not None else Path(cfg.logging.dir) / name / "eval.json"
-    report = {
-        "model": policy, "checkpoint": None if checkpoint is None else str(checkpoint), "step": step,
-        "eval": cfg.eval.model_dump(mode="json"), "metrics": result.metrics,
-        "samples": image_files(result.samples(), out.parent),  # images: files beside the report
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=str))
-    e = cfg.eval
-    say(f"rayward eval: {policy} (step {step}) on {e.data.path!r}: {len(rows)} prompts x {e.num_generations} "
-        f"completions", flush=True)
-    width = max(len(k) for k in result.metrics)
-    say(f"{'metric':<{width}}  value")
-    for k, v in result.metrics.items():
-        say(f"{k:<{width}}  {v:.4g}")
-    say(f"rayward eval: report {out}", flush=True)
-    return report

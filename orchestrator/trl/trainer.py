@@ -4,7 +4,7 @@ script moves to a Ray cluster by changing its import; nothing else.
     GRPOTrainer(model, reward_funcs, args, train_dataset, ...)   check everything, build the run's config
         -> train()      orchestrator.run.train.train: embedded Ray, or the cluster RAY_ADDRESS / rayward= names
         -> save_model   the final checkpoint's policy, as TRL's save_model writes it
-        -> evaluate     orchestrator.run.train.evaluate on the eval_dataset
+        -> evaluate     orchestrator.run.evaluate on the eval_dataset
 
 What the script hands over becomes a RunConfig (orchestrator/config/__init__.py), so the run is the one `rayward run`
 would make from YAML:
@@ -478,7 +478,7 @@ class GRPOTrainer:
                  metric_key_prefix: str = "eval") -> dict[str, float]:
         """Evaluate the latest checkpoint (before train(): the initial model) on the eval_dataset, with the
         training reward functions; TRL's metric names (`eval_reward`, `eval_rewards/<name>/mean`, ...)."""
-        from orchestrator.run.train import evaluate as run_eval
+        from orchestrator.run.evaluate import evaluate as run_eval
 
         if eval_dataset is not None:
             raise ConfigError("evaluate(eval_dataset=...): give the eval_dataset to the constructor")

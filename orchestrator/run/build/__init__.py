@@ -33,6 +33,7 @@ from orchestrator.run.build.checks import (
     load_tokenizer,
     prepare,
     prepare_eval,
+    prepare_evaluation,
 )
 from orchestrator.run.build.specs import (
     JUDGE_MAX_MODEL_LEN,
@@ -60,6 +61,7 @@ from orchestrator.run.build.start import (
     Groups,
     ray_node_id,
     start_env_pool,
+    start_eval_groups,
     start_generators,
     start_groups,
     start_judge_pools,
@@ -97,10 +99,12 @@ __all__ = [
     "load_tokenizer",
     "prepare",
     "prepare_eval",
+    "prepare_evaluation",
     "EVAL_REWARD_WORKERS",
     "Groups",
     "ray_node_id",
     "start_env_pool",
+    "start_eval_groups",
     "start_generators",
     "start_groups",
     "start_judge_pools",

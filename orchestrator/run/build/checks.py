@@ -23,7 +23,8 @@ from orchestrator.config import (
 )
 from orchestrator.data.curriculum import make_curriculum
 from orchestrator.data.shards import PEEK_ROWS, StreamSource, peek, shards, stream_eval_prompts
-from orchestrator.data.sources import Prompt, PromptSource, agentic, eval_prompts, training_rows
+from orchestrator.data.sources import DataError, Prompt, PromptSource, agentic, eval_prompts, training_rows
+from orchestrator.run import checkpoints
 from orchestrator.run.agents import AgentSetup, prepare_agent
 from orchestrator.run.build.specs import (
     lora_kwargs,
@@ -122,7 +123,7 @@ class Prepared:
     name: str
     model_path: str
     specs: list[RewardSpec]
-    prompts: PromptSource
+    prompts: PromptSource | StreamSource | None  # the training prompt stream (None: an eval-only run)
     run_dir: Path
     eval_prompts: list[Prompt] | None = None  # the held-out prompts, tokenized (None: no eval block)
     eval_specs: list[RewardSpec] | None = None  # eval.rewards as specs (None: the training rewards score evals)
@@ -131,6 +132,12 @@ class Prepared:
     # in `specs` order: what the aggregator weights and gates
     vision: bool = False  # a vision-language model: prompts carry images to the generators and the learner
     teacher: TeacherSpec | None = None  # on-policy distillation's teacher, its model resolved (None: none)
+    train: bool = True  # False: `rayward eval` (no training data, learner or teacher; generators serve `policy`)
+    policy: str | None = None  # the weights the generators start with: a checkpoint to evaluate, else model_path
+    step: int = 0  # the optimizer step `policy` holds (an eval-only run's report)
+
+    def __post_init__(self) -> None:
+        self.policy = self.policy or self.model_path
 
 
 def load_tokenizer(cfg: RunConfig, model_path: str) -> Any:
@@ -217,3 +224,36 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
                     prompts, Path(cfg.logging.dir) / name, held_out, None if eval_specs is None else
                     resolve_judges(eval_specs), agent, [*cfg.rewards, *extra], vision=images is not None,
                     teacher=teacher)
+
+
+def prepare_evaluation(cfg: RunConfig, name: str, checkpoint: str | Path | None = None) -> Prepared:
+    """`rayward eval`'s checks, the run's own in the same order (cfg has an eval block): the checkpoint is a
+    model directory, the tokenizer and processor load, the held-out data and its rewards (the eval's own, else the
+    training rewards) import, tools and environments check out on the held-out rows; no training data, learner or
+    teacher. Only the scoring rewards' built-in judges are built."""
+    assert cfg.eval is not None
+    model_path = resolve_model(cfg)  # the tokenizer's, and the policy's when no checkpoint is given
+    policy, step = model_path, 0
+    if checkpoint is not None:
+        ckpt = Path(checkpoint)
+        if not (ckpt / "config.json").is_file():
+            raise ConfigError(f"--checkpoint {str(checkpoint)!r}: not an HF model directory (no config.json)")
+        policy, step = str(ckpt), checkpoints.saved_step(ckpt) or 0
+    tokenizer = load_tokenizer(cfg, model_path)
+    images = load_images(cfg, model_path)
+    try:
+        held_out, eval_specs = prepare_eval(cfg, tokenizer, images)
+    except DataError as err:
+        raise ConfigError(str(err)) from None
+    assert held_out is not None
+    specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs, seed=cfg.seed)
+    dataset = [p.row for p in held_out]
+    agent = prepare_agent(cfg, tokenizer, dataset, specs, dataset)  # tools: checked as a run checks them
+    specs += agent.env_reward_specs if agent else []
+    if eval_specs is None:
+        specs = resolve_judges(specs)
+    else:
+        eval_specs = resolve_judges(eval_specs)
+    return Prepared(cfg, name, model_path, specs, None, Path(cfg.logging.dir) / name, held_out, eval_specs, agent,
+                    [*cfg.rewards, *(agent.env_rewards if agent else [])], vision=images is not None, train=False,
+                    policy=policy, step=step)

@@ -200,15 +200,23 @@ class Groups:
     """A run's actor groups: started (`start_groups`), or the loop tests' fakes of them."""
 
     generators: Generators
-    learner: Learner
+    learner: Learner | None  # None: an eval-only run
     reward_pool: RewardScorer
-    weights: WeightTransfer  # the learner's weights into the generators
+    weights: WeightTransfer | None  # the learner's weights into the generators (None: an eval-only run)
     eval_pool: RewardScorer | None = None  # eval.rewards' own pool
     env_pool: EnvPoolView | None = None  # a run with tools
 
+    def kill(self) -> None:
+        for group in (self.generators, self.learner, self.reward_pool, self.eval_pool, self.env_pool):
+            if group is not None:
+                group.kill()
+
 
 def start_groups(p: Prepared) -> Groups:
-    """Start the run's actor groups and form the weight transfer (Ray must be initialised)."""
+    """Start the run's actor groups and form the weight transfer (Ray must be initialised); an eval-only run's
+    (`prepare_evaluation`) are `start_eval_groups`'."""
+    if not p.train:
+        return start_eval_groups(p)
     cfg = p.cfg
     reward_pool = start_reward_pool(cfg, p.name, p.specs, judges=start_judge_pools(cfg, p.name, p.rewards, p.specs),
                                     teacher=start_teacher_pool(cfg, p.name, p.teacher))
@@ -220,7 +228,7 @@ def start_groups(p: Prepared) -> Groups:
                                       judges=judges)
     env_pool = start_env_pool(cfg, p.name, p.agent.spec) if p.agent is not None else None
     agent = agent_kwargs(cfg, p.agent, env_pool) if p.agent is not None else None
-    generators = start_generators(cfg, p.name, p.model_path, agent=agent)
+    generators = start_generators(cfg, p.name, p.policy, agent=agent)
     learner = start_learner(p, reward_pool)
     # The engines load while the learner does; the weight group's deadline (weight_sync.timeout_s) is for forming
     # the group, not for loading a model.
@@ -249,3 +257,25 @@ def start_learner(p: Prepared, reward_pool: RewardPoolGroup, say: Callable[[str]
     )
     learner.wait_started(PLACEMENT_TIMEOUT_S, say)
     return learner
+
+
+def start_eval_groups(p: Prepared) -> Groups:
+    """`rayward eval`'s groups, started as a run's: the scoring rewards' pool `NAME/eval-reward-pool` (the eval's
+    own rewards, else the training ones) with its judge pools, the environment pool of a run with tools, and the
+    generators serving `p.policy`; no learner. A start that fails kills what was started."""
+    cfg = p.cfg
+    assert cfg.eval is not None
+    specs, scored = (p.eval_specs, cfg.eval.rewards) if p.eval_specs is not None else (p.specs, p.rewards)
+    started = Groups(generators=None, learner=None, reward_pool=None, weights=None)  # type: ignore[arg-type]
+    try:
+        judges = start_judge_pools(cfg, p.name, scored or [], specs, role="eval-judge")
+        started.reward_pool = start_reward_pool(cfg, p.name, specs, role="eval-reward", judges=judges)
+        agent = None
+        if p.agent is not None:  # the environments the eval's trajectories run their tools in
+            started.env_pool = start_env_pool(cfg, p.name, p.agent.spec)
+            agent = agent_kwargs(cfg, p.agent, started.env_pool, cfg.eval.data.prompt_column)
+        started.generators = start_generators(cfg, p.name, p.policy, agent=agent)
+    except BaseException:
+        started.kill()
+        raise
+    return started

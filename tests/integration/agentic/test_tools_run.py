@@ -123,7 +123,7 @@ def test_the_completions_log_holds_the_conversations(tools_run):
 @pytest.mark.scenario
 def test_rayward_eval_runs_the_tools(tools_run, tmp_path):
     """`rayward eval` on the config: its own environment pool, the environment's reward, conversations reported."""
-    from orchestrator.run.train import evaluate
+    from orchestrator.run.evaluate import evaluate
 
     cfg = load_config(ROOT / "configs" / "tools.yaml", [
         f"logging.dir={tmp_path}", "eval.data.path=boxes", "eval.max_samples=2", "eval.num_generations=2",
