@@ -1,7 +1,8 @@
 """A run's life, from the config to the last checkpoint.
 
     train.py       `train(cfg)`: check, start or join Ray, build, resume, parity check, the supervised loop, teardown
-    build.py       the build: cheap checks before Ray, the actor groups, the assembled `Run`
+    evaluate.py    `evaluate(cfg, checkpoint)`: `rayward eval`, an eval-only run built as a run is
+    build/         the build: cheap checks before Ray, the actor groups, the assembled `Run`
     agents.py      tools, environments and agent functions checked before Ray starts (`AgentSetup`)
     state.py       `Run` (the built run's groups and choices), `Progress`, `FaultLog`
     groups.py      the groups a run holds as Protocols: what the driver calls (real groups and tests' fakes)

@@ -6,6 +6,8 @@
     judge.py     the tiny judge of the letter task (`tiny-judge`)
     teacher.py   the tiny distillation teacher of the letter task (`tiny-teacher`)
     vlm.py       the tiny vision-language models (`tiny-vlm`, `tiny-vlm-tools`)
+    warmup.py    how the warmed-up ones pass their gates on any CPU: portable init, a settling schedule, gates
+                 with bounded retries, the build record
 
 `resolve(name)` is how a model field (the policy's, a judge's, a teacher's) reads: a built-in name builds that
 model into the cache on first use and gives its directory; any other name is a path or hub id, as given.

@@ -7,10 +7,11 @@ one character in seconds, but not to find the first of sixteen random tokens in 
 rubric is `verdict`: the answer's first character is the letter (the built-in `starts_with_letter` also skips
 leading spaces), and every verdict of a run can be checked against it (tests and configs/judge.yaml do).
 
-It has the tiny model's tokenizer (orchestrator/builtin/models/tiny.py) and width, and a short deterministic SFT on synthetic
-answers, half of them starting with the letter, a quarter with another of the task's letters. The build checks
-its greedy verdicts on fresh answers and refuses to cache a judge that agrees with the rubric less than
-MIN_AGREEMENT of the time.
+It has the tiny model's tokenizer (orchestrator/builtin/models/tiny.py) and width, and a short SFT on synthetic
+answers, a third starting with the letter, a third with another of the task's letters (the hard case: a letter, the
+wrong one) and a third with anything else. Its gate: its greedy verdicts on fresh answers (half of them starting
+with the letter, as the policy's would) agree with the rubric at least MIN_AGREEMENT of the time
+(orchestrator/builtin/models/warmup.py: a build that misses it is retrained from the next seed).
 
 `ensure_tiny_judge()` builds it once into rayward's cache (as orchestrator/builtin/models/tiny.py does the tiny model).
 """
@@ -28,10 +29,11 @@ from orchestrator.builtin.models.tiny import (
     qwen2_config,
     sft_tiny,
 )
+from orchestrator.builtin.models.warmup import Gate
 from orchestrator.builtin.tasks.letters import LETTERS
 
 # Bump when anything below changes the files written, so stale caches are not reused.
-CACHE_NAME = "tiny-judge-v1"
+CACHE_NAME = "tiny-judge-v2"  # v2: the hard third of the answers, the settling schedule, the gate
 
 # The judge's prompt, as a judge reward's `template` (configs/judge.yaml uses it verbatim).
 TEMPLATE = "{completion:.1}\nLetter: {letter}\nCorrect?"
@@ -43,8 +45,14 @@ NUM_LAYERS = 2
 SFT_SEED = 0
 SFT_BATCH = 32
 SFT_LR = 1e-3
-SFT_STEPS = 800
-SFT_THREADS = 1  # a fixed thread count keeps the float sums, hence the weights, the same from build to build
+SFT_WARMUP = 100
+SFT_STEPS = 1000
+SFT_THREADS = 1  # a model this small trains as fast on one thread
+# The answers it is taught on: (starting with the letter, with another of the task's letters); the rest start with
+# anything else. Taught on the checked mix (a quarter of the hard case), a judge this small learns "starts with a
+# task letter" and stalls there (a tenth of its verdicts wrong); a third of hard cases teaches the comparison.
+TRAIN_SHARES = (1 / 3, 1 / 3)
+CHECK_SHARES = (0.5, 0.25)  # the policy's answers: half right
 CHECK_SAMPLES = 1000
 MIN_AGREEMENT = 0.99
 
@@ -62,14 +70,15 @@ def first_chars(tokenizer: Any) -> dict[str, list[int]]:
     return out
 
 
-def synthetic_answer(rng: random.Random, tokenizer: Any, letter: str, by_first: dict[str, list[int]]) -> str:
-    """One answer the policy could write, starting with `letter` half of the time: its first token drawn from the
-    tokens that start with the letter, or (a quarter each) with another of the task's letters or with anything
-    else, then up to MAX_ANSWER_TOKENS random tokens."""
+def synthetic_answer(rng: random.Random, tokenizer: Any, letter: str, by_first: dict[str, list[int]],
+                     shares: tuple[float, float] = CHECK_SHARES) -> str:
+    """One answer the policy could write: its first token drawn from the tokens that start with `letter` (share
+    shares[0]), with another of the task's letters (shares[1]) or with anything else, then up to MAX_ANSWER_TOKENS
+    random tokens."""
     draw = rng.random()
-    if draw < 0.5:
+    if draw < shares[0]:
         first = by_first[letter]
-    elif draw < 0.75:
+    elif draw < shares[0] + shares[1]:
         first = by_first[rng.choice([c for c in LETTERS if c != letter])]
     else:
         first = by_first[rng.choice([c for c in by_first if c != letter])]
@@ -92,7 +101,7 @@ def _batch(tokenizer: Any, rng: random.Random) -> tuple[Any, Any]:
     seqs = []
     for _ in range(SFT_BATCH):
         letter = rng.choice(LETTERS)
-        answer = synthetic_answer(rng, tokenizer, letter, by_first)
+        answer = synthetic_answer(rng, tokenizer, letter, by_first, TRAIN_SHARES)
         prompt = judge_ids(tokenizer, letter, answer)
         target = tokenizer(YES if verdict(answer, letter) else NO, add_special_tokens=False)["input_ids"] + [eos]
         seqs.append((prompt + target, len(prompt)))
@@ -122,8 +131,8 @@ def agreement(model: Any, tokenizer: Any, n: int = CHECK_SAMPLES, seed: int = SF
 
 
 def build_tiny_judge(path: str | Path, seed: int = SFT_SEED) -> Path:
-    """Write the tiny judge (float32) plus tokenizer to `path`; returns the path. RuntimeError when its verdicts
-    agree with the rubric on less than MIN_AGREEMENT of fresh answers."""
+    """Write the tiny judge (float32) plus tokenizer to `path`; returns the path. RuntimeError when no build's
+    verdicts agree with the rubric on MIN_AGREEMENT of fresh answers."""
     from transformers import AutoTokenizer
 
     out = Path(path)
@@ -134,10 +143,10 @@ def build_tiny_judge(path: str | Path, seed: int = SFT_SEED) -> Path:
     (out / "chat_template.jinja").unlink(missing_ok=True)
     tokenizer.save_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)  # as the engine loads it
-    agree = sft_tiny(out, qwen2_config(NUM_LAYERS), lambda rng: _batch(tokenizer, rng), steps=SFT_STEPS, lr=SFT_LR,
-                     seed=seed, threads=SFT_THREADS, score=lambda model: agreement(model, tokenizer),
-                     minimum=MIN_AGREEMENT, what="tiny judge: its verdicts agree with starts_with_letter on fresh answers")
-    (out / "agreement.txt").write_text(f"{agree}\n")
+    sft_tiny(out, qwen2_config(NUM_LAYERS), lambda rng: _batch(tokenizer, rng), steps=SFT_STEPS, lr=SFT_LR,
+             warmup=SFT_WARMUP, seed=seed, threads=SFT_THREADS,
+             score=lambda model: {"agreement": agreement(model, tokenizer)}, gates={"agreement": Gate(MIN_AGREEMENT)},
+             what="tiny judge (its verdicts against starts_with_letter on fresh answers)")
     return out
 
 

@@ -28,12 +28,14 @@ from orchestrator.builtin.models.tiny import (
     SPECIAL_TOKENS,
     TIE_WORD_EMBEDDINGS,
     VOCAB_SIZE,
+    WIDE_INIT_STD,
     _build_tokenizer,
     ensure_cached,
 )
+from orchestrator.builtin.models.warmup import portable_normal_
 
 # Bump when anything below changes the files written, so stale caches are not reused.
-CACHE_VERSION = "v1"
+CACHE_VERSION = "v2"  # v2: the portable init (warmup.portable_normal_)
 FAMILIES = ("qwen3_moe", "qwen2_moe")
 
 NUM_EXPERTS = 8
@@ -80,16 +82,19 @@ def build_tiny_moe(path: str | Path, family: str = "qwen3_moe", seed: int = 0, n
     out.mkdir(parents=True, exist_ok=True)
     _build_tokenizer(out)
     config = moe_config(family)
-    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.float32)
-    with torch.no_grad():  # the tiny model's wide init (orchestrator/builtin/models/tiny.py says why)
-        for name, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)
-            if near_ties and name.endswith("mlp.gate.weight"):  # [experts, hidden]
-                for first in range(0, p.shape[0], TIE_GROUP):
-                    group = p[first : first + TIE_GROUP]
-                    group.copy_(group[:1].expand_as(group) + NEAR_TIE_NOISE * torch.randn_like(group))
+    portable_normal_(model, seed, WIDE_INIT_STD)  # the tiny model's wide init, the same bits on every CPU
+    if near_ties:
+        import numpy as np
+
+        noise = np.random.Generator(np.random.PCG64(seed + 1))
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("mlp.gate.weight"):  # [experts, hidden]
+                    for first in range(0, p.shape[0], TIE_GROUP):
+                        group = p[first : first + TIE_GROUP]
+                        jitter = torch.from_numpy(noise.standard_normal(tuple(group.shape), dtype=np.float32))
+                        group.copy_(group[:1].expand_as(group) + NEAR_TIE_NOISE * jitter)
     model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
     model.save_pretrained(out)
     return out

@@ -16,8 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchestrator.builtin.models.warmup import Gate, Passed, gated, portable_normal_, record, sft
+
 # Bump when anything below changes the files written, so stale caches are not reused.
-CACHE_NAME = "tiny-model-v1"
+CACHE_NAME = "tiny-model-v2"  # v2: the portable init (warmup.portable_normal_)
 
 # vLLM's CPU attention kernels reject head_dim 16 but accept 64: hidden / heads must be 64.
 HIDDEN_SIZE = 128
@@ -30,6 +32,9 @@ VOCAB_SIZE = 512
 MAX_POSITIONS = 1024
 # Tied like Qwen2.5-0.5B/1.5B, so the tied lm_head path of vLLM's in-place reload is exercised.
 TIE_WORD_EMBEDDINGS = True
+# The random tiny model's init: HF's default (std 0.02) gives near-uniform next-token distributions; a wider one
+# makes logprobs (and any weight-sync bug) visible in tests.
+WIDE_INIT_STD = 0.2
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -122,64 +127,54 @@ def qwen2_config(num_layers: int = NUM_LAYERS) -> Any:
     )
 
 
-def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
-    """Write a random tiny Qwen2ForCausalLM (float32) plus tokenizer to `path`; returns the path."""
+def fresh_qwen2(config: Any, seed: int, std: float | None = None) -> Any:
+    """A new Qwen2ForCausalLM of `config` (float32) whose weight matrices are N(0, std) from `seed`, the same on
+    every CPU (warmup.portable_normal_); std default: the config's initializer_range, as transformers inits."""
     import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
 
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    portable_normal_(model, seed, config.initializer_range if std is None else std)
+    return model
+
+
+def save_model(model: Any, out: Path) -> None:
+    """The model's weights and a generation config that stops on the end of turn and pads with <|endoftext|>."""
+    from transformers import GenerationConfig
+
+    c = model.config
+    model.generation_config = GenerationConfig(eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id)
+    model.save_pretrained(out)
+
+
+def build_tiny_model(path: str | Path, seed: int = 0) -> Path:
+    """Write a random tiny Qwen2ForCausalLM (float32) plus tokenizer to `path`; returns the path. The same bits on
+    every CPU (a test builds it under another CPU capability and compares)."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     _build_tokenizer(out)
-    config = qwen2_config()
-    pad_id, eos_id = config.pad_token_id, config.eos_token_id
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
-    # HF's default init (std 0.02) gives near-uniform next-token distributions; a wider init makes
-    # logprobs (and any weight-sync bug) visible in tests.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)
-    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
-    model.save_pretrained(out)
+    save_model(fresh_qwen2(qwen2_config(), seed, std=WIDE_INIT_STD), out)
     return out
 
 
 def sft_tiny(
-    out: Path, config: Any, batch: Callable[[random.Random], tuple[Any, Any]], *, steps: int, lr: float, seed: int,
-    score: Callable[[Any], float], minimum: float, what: str, threads: int = 1,
-) -> float:
-    """A fresh tiny Qwen2 of `config` trained on `batch(rng)` ((input ids, labels) tensors): `steps` Adam steps at
-    `lr`, on `threads` torch threads (a fixed count keeps the float sums, hence the weights, the same from build to
-    build); then `score(model)`, and RuntimeError("`what`: score (wanted minimum)") below `minimum`, else the model
-    saved to `out` (float32, eos and pad in its generation config). Returns the score (the warmed-up tiny judge and
-    teacher are built this way)."""
-    import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
+    out: Path, config: Any, batch: Callable[[random.Random], tuple[Any, Any]], *, steps: int, lr: float, warmup: int,
+    seed: int, score: Callable[[Any], dict[str, float]], gates: dict[str, Gate], what: str, threads: int = 1,
+) -> Passed:
+    """A fresh tiny Qwen2 of `config` trained on `batch(rng)` ((input ids, labels) tensors; warmup.sft: `steps` Adam
+    steps at `lr`, warm-up then cosine, on `threads` torch threads), scored by `score(model)` against `gates`,
+    retrained from the next seed while it misses one (warmup.gated: RuntimeError naming `what` and the scores when
+    no build passes); the passing model saved to `out` with its build record. Returns it (the warmed-up tiny judge
+    and teacher are built this way)."""
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        torch.manual_seed(seed)
-        rng = random.Random(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
-        model.train()
-        for _ in range(steps):
-            input_ids, labels = batch(rng)
-            loss = model(input_ids=input_ids, labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        model.eval()
-        got = score(model)
-    finally:
-        torch.set_num_threads(before)
-    if got < minimum:
-        raise RuntimeError(f"{what}: {got:.1%} (wanted {minimum:.0%})")
-    model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
-    model.save_pretrained(out)
-    return got
+    def build(s: int) -> tuple[Any, dict[str, float]]:
+        model = sft(fresh_qwen2(config, s), batch, steps=steps, lr=lr, warmup=warmup, seed=s, threads=threads)
+        return model, score(model)
+
+    passed = gated(build, gates, seed=seed, what=what)
+    save_model(passed.model, out)
+    record(out, passed)
+    return passed
 
 
 def ensure_tiny_model(cache_dir: str | Path | None = None) -> Path:

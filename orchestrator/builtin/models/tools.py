@@ -30,12 +30,15 @@ from orchestrator.builtin.models.tiny import (
     SPECIAL_TOKENS,
     VOCAB_SIZE,
     ensure_cached,
+    fresh_qwen2,
     qwen2_config,
+    save_model,
 )
+from orchestrator.builtin.models.warmup import Gate, gated, record
 from orchestrator.builtin.tasks.boxes import NUM_BOXES, BoxEnv, boxes_dataset
 
 # Bump when anything below changes the files written, so stale caches are not reused.
-CACHE_NAME = "tiny-tools-v1"
+CACHE_NAME = "tiny-tools-v2"  # v2: the portable init and the gate
 
 # Single non-special tokens, as in Qwen2.5: the response parser and `skip_special_tokens` decoding keep them.
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -53,6 +56,11 @@ SFT_STEPS_MIXED = 150
 # One thread: a model this small trains about as fast on one, and a fixed thread count keeps the float sums, hence
 # the weights, the same from build to build.
 SFT_THREADS = 1
+# The gate (`protocol`): greedy episodes on GATE_ROWS fresh rows; most open a box with a well-formed call and submit
+# the code it held.
+GATE_ROWS = 16
+MIN_CALLS = 0.9
+MIN_COPIES = 0.75
 
 
 def chat_template() -> str:
@@ -234,6 +242,8 @@ def warm_up(model: Any, tokenizer: Any, seed: int = SFT_SEED) -> None:
 
     rng = random.Random(seed)
     tools = task_tools()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(SFT_THREADS)
     opt = torch.optim.Adam(model.parameters(), lr=SFT_LR)
     model.train()
     for step in range(SFT_STEPS_SHORT + SFT_STEPS_MIXED):
@@ -244,29 +254,26 @@ def warm_up(model: Any, tokenizer: Any, seed: int = SFT_SEED) -> None:
         loss.backward()
         opt.step()
     model.eval()
+    torch.set_num_threads(threads)
 
 
 def build_tiny_tool_model(path: str | Path, seed: int = SFT_SEED) -> Path:
-    """Write the warmed-up tiny tool model (float32) plus tokenizer to `path`; returns the path."""
-    import torch
-    from transformers import GenerationConfig, Qwen2ForCausalLM
-
+    """Write the warmed-up tiny tool model (float32) plus tokenizer to `path`; returns the path. RuntimeError when
+    no build passes its gates (`protocol`: well-formed calls, the code copied)."""
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer(out)
-    config = qwen2_config()
-    pad_id, eos_id = config.pad_token_id, config.eos_token_id
-    threads = torch.get_num_threads()
-    torch.set_num_threads(SFT_THREADS)
-    try:
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+
+    def build(s: int) -> tuple[Any, dict[str, float]]:
+        model = fresh_qwen2(qwen2_config(), s)
         _identity_value_output(model)
-        warm_up(model, tokenizer, seed)
-    finally:
-        torch.set_num_threads(threads)
-    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
-    model.save_pretrained(out)
+        warm_up(model, tokenizer, s)
+        return model, protocol(model, tokenizer)
+
+    passed = gated(build, {"calls": Gate(MIN_CALLS), "copies": Gate(MIN_COPIES)}, seed=seed,
+                   what="tiny tool model (greedy box episodes: well-formed calls, the code copied)")
+    save_model(passed.model, out)
+    record(out, passed)
     return out
 
 
@@ -301,6 +308,25 @@ def ensure_stock_tool_model(cache_dir: str | Path | None = None) -> Path:
     """The tiny tool model as the hub would ship it: TRL's stock qwen2_5 template, no saved response schema."""
     tool_model = ensure_tiny_tool_model(cache_dir)
     return without_response_template(tool_model, tool_model.parent / f"{tool_model.name}-stock-template")
+
+
+def protocol(model: Any, tokenizer: Any, rows: int = GATE_ROWS, seed: int = SFT_SEED + 2) -> dict[str, float]:
+    """The gate's scores, from greedy episodes on `rows` fresh rows: `calls`, the share whose first turn is a
+    well-formed `open_box` call (an int box), and `copies`, the share whose second turn submits the code that box
+    held (which box it opens is left to RL: the warm-up opens one at random)."""
+    eps = play(model, tokenizer, boxes_dataset(size=rows, seed=seed), temperature=0.0)
+    calls = copies = 0
+    for e in eps:
+        first = (e["turns"][0].get("tool_calls") or [{}])[0].get("function", {})
+        box = first.get("arguments", {}).get("box") if first.get("name") == "open_box" else None
+        if not isinstance(box, int) or not 1 <= box <= NUM_BOXES:
+            continue
+        calls += 1
+        env = BoxEnv()
+        env.reset(**e["row"])
+        second = (e["turns"][1].get("tool_calls") or [{}])[0].get("function", {}) if len(e["turns"]) > 1 else {}
+        copies += second.get("name") == "submit" and str(second.get("arguments", {}).get("code")) == env.open_box(box)
+    return {"calls": calls / len(eps), "copies": copies / len(eps)}
 
 
 def play(
@@ -366,8 +392,10 @@ def _generate(model: Any, tokenizer: Any, prompts: list[list[int]], temperature:
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=temperature,
-                             top_k=0, top_p=1.0, max_new_tokens=max_new_tokens, pad_token_id=pad)
+        sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(
+            do_sample=False)  # temperature 0: greedy
+        out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+                             pad_token_id=pad, **sampling)
     eos = tokenizer.convert_tokens_to_ids(IM_END)
     news = []
     for seq in out[:, width:].tolist():

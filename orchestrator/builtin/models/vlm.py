@@ -16,6 +16,7 @@ then agree across images to 1e-6).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,10 @@ from orchestrator.builtin.models.tiny import (
     _build_tokenizer,
     ensure_cached,
 )
+from orchestrator.builtin.models.warmup import Gate, gated, portable_normal_, record
 
 # Bump when anything below changes the files written, so stale caches are not reused.
-CACHE_NAME = "tiny-vlm-v2"
+CACHE_NAME = "tiny-vlm-v3"  # v3: the portable init and the gates
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 # The tokenizer's 512 + 4 vision tokens, rounded up to a multiple of 8.
 VOCAB_SIZE = 520
@@ -59,17 +61,28 @@ MAX_PIXELS = 112 * 112
 # tower's smaller, so its 2 blocks keep the patch colours distinguishable at the output.
 LM_INIT_STD = 0.2
 VISION_INIT_STD = 0.05
-# The warm-up: WARMUP_STEPS supervised steps of WARMUP_BATCH `colors` rows (image -> its letter, <|im_end|>) at
-# WARMUP_LR (Adam). Deliberately short: the model leaves it answering a letter most of the time and the right one
-# about 4 times in 10 (above the blind 1 in 4: some signal in every group), far from solved, so GRPO has the rest to
-# learn, from the image. (Twenty steps of the same nearly solve the task.)
+# The warm-up: WARMUP_STEPS supervised steps of WARMUP_BATCH `colors` rows (image -> a letter, <|im_end|>) at
+# WARMUP_LR (Adam): the first WARMUP_LINK_STEPS answer with the image's letter (the link), the rest with it
+# WARMUP_CORRECT of the time and a random letter otherwise. Deliberately short: the model leaves it answering a letter
+# nearly always and the right one about 3 times in 10 (above the blind 1 in 4: some signal in every group), far from
+# solved, so GRPO has the rest to learn, from the image. Trained on random answers from the start, the model learns
+# to ignore the image altogether; whether it keeps the link is decided by the seed (the gates below).
 WARMUP_STEPS = 40
-WARMUP_CORRECT = 0.2
+WARMUP_LINK_STEPS = 20
+WARMUP_CORRECT = 0.4
 WARMUP_BATCH = 16
 WARMUP_LR = 3e-3
 WARMUP_SEED = 1
 # The warm-up's torch threads (2 cores here), restored after.
 WARMUP_THREADS = 2
+# The gates (orchestrator/builtin/models/warmup.py), on GATE_ROWS fresh rows: the answer's form (a letter is the
+# likely next token) and a link from the picture to the letter that is there but weak (above the blind 1 in 4, far
+# from solved), so GRPO has signal and room.
+GATE_ROWS = 32
+LETTER_GATES = {"letter": Gate(0.6), "right": Gate(0.29, 0.8)}
+# Whether the tiny VLM links picture to letter in a short warm-up is close to a coin flip per seed (the link
+# appears abruptly or not at all): more attempts than the text models need.
+VLM_ATTEMPTS = 5
 
 
 def chat_template() -> str:
@@ -114,13 +127,18 @@ def build_tiny_vlm(path: str | Path, seed: int = 0, warm: bool = True) -> Path:
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
     template = chat_template()
     tokenizer.chat_template = template
-    return _write_vlm(out, tokenizer, template, seed, warm_up if warm else None)
+    return _write_vlm(out, tokenizer, template, seed, (warm_up, letter_scores, LETTER_GATES,
+                                                           "tiny VLM (colors: a letter, and some link to the colour)") if warm else None)
 
 
-def _write_vlm(out: Path, tokenizer: Any, template: str | None, seed: int,
-               warm: Callable[[Any, Any], None] | None) -> Path:
-    """A tiny Qwen2.5-VL for `tokenizer` (its vision tokens added), initialized from `seed`, warmed up by
-    `warm(model, processor)` if given, written to `out` with its processor (`template` its chat template)."""
+# A warm-up: train(model, processor, seed=...) in place, score(model, processor) -> scores, their gates, what it is.
+WarmUp = tuple[Callable[..., None], Callable[[Any, Any], dict[str, float]], dict[str, Gate], str]
+
+
+def _write_vlm(out: Path, tokenizer: Any, template: str | None, seed: int, warm: WarmUp | None) -> Path:
+    """A tiny Qwen2.5-VL for `tokenizer` (its vision tokens added), its weight matrices drawn from `seed` (the same
+    on every CPU), warmed up by `warm` if given (retrained from the next seed while a gate misses: warmup.gated),
+    written to `out` with its processor (`template` its chat template) and its build record."""
     import torch
     from transformers import (
         GenerationConfig,
@@ -131,18 +149,29 @@ def _write_vlm(out: Path, tokenizer: Any, template: str | None, seed: int,
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in [*VISION_TOKENS, IM_END, PAD_TOKEN]}
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(vlm_config(ids)).to(torch.float32)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, VISION_INIT_STD if ".visual." in f".{name}" else LM_INIT_STD)
     processor = Qwen2_5_VLProcessor(
         image_processor=Qwen2VLImageProcessor(min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS),
         tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(), chat_template=template,
     )
-    if warm is not None:
-        warm(model, processor)
+
+    def fresh(s: int) -> Any:
+        model = Qwen2_5_VLForConditionalGeneration(vlm_config(ids)).to(torch.float32)
+        portable_normal_(model, s, lambda name: VISION_INIT_STD if ".visual." in f".{name}" else LM_INIT_STD)
+        return model
+
+    if warm is None:
+        model = fresh(seed)
+    else:
+        train, score, gates, what = warm
+
+        def build(s: int) -> tuple[Any, dict[str, float]]:
+            model = fresh(s)
+            train(model, processor, seed=WARMUP_SEED + s)
+            return model, score(model, processor)
+
+        passed = gated(build, gates, seed=seed, what=what, attempts=VLM_ATTEMPTS)
+        model = passed.model
+        record(out, passed)
     model.generation_config = GenerationConfig(eos_token_id=ids[IM_END], pad_token_id=ids[PAD_TOKEN])
     model.save_pretrained(out)
     processor.save_pretrained(out)
@@ -180,7 +209,7 @@ def _supervised(model: Any, processor: Any, batch: Batch, steps: int, lr: float,
     model.eval()
 
 
-def warm_up(model: Any, processor: Any, steps: int = WARMUP_STEPS, seed: int = WARMUP_SEED) -> None:
+def warm_up(model: Any, processor: Any, *, steps: int = WARMUP_STEPS, seed: int = WARMUP_SEED) -> None:
     """Teach the answer's form on `colors` images with random answers (see the module docstring)."""
     import torch
 
@@ -188,11 +217,13 @@ def warm_up(model: Any, processor: Any, steps: int = WARMUP_STEPS, seed: int = W
     from orchestrator.builtin.tasks.letters import LETTERS
 
     end = processor.tokenizer.convert_tokens_to_ids(IM_END)
+    step = itertools.count()
 
     def batch(rng: Any) -> tuple[Any, Any, dict[str, Any]]:
+        correct = 1.0 if next(step) < WARMUP_LINK_STEPS else WARMUP_CORRECT
         letters = [rng.choice(LETTERS) for _ in range(WARMUP_BATCH)]
         pictures = [color_image(a, rng) for a in letters]
-        answers = [a if rng.random() < WARMUP_CORRECT else rng.choice(LETTERS) for a in letters]
+        answers = [a if rng.random() < correct else rng.choice(LETTERS) for a in letters]
         chats = [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]] * len(answers)
         texts = processor.apply_chat_template(chats, add_generation_prompt=True, tokenize=False)
         inputs = processor(text=texts, images=pictures, return_tensors="pt")
@@ -204,6 +235,46 @@ def warm_up(model: Any, processor: Any, steps: int = WARMUP_STEPS, seed: int = W
     _supervised(model, processor, batch, steps, WARMUP_LR, seed)
 
 
+def _logits(model: Any, processor: Any, ids: Any, pixels: dict[str, Any]) -> Any:
+    """[L, V] logits of `ids` ([1, L], image placeholders expanded) with the images' pixel inputs."""
+    import torch
+
+    image_token = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    with torch.inference_mode():
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels["pixel_values"],
+                     image_grid_thw=pixels["image_grid_thw"], mm_token_type_ids=(ids == image_token).int()).logits[0]
+
+
+def letter_probabilities(model: Any, processor: Any, inputs: list[tuple[Any, dict[str, Any]]], answers: list[str]
+                         ) -> tuple[float, float]:
+    """(mean P(a letter of LETTERS) as the next token, mean P(the row's letter) among the letters) after each
+    (ids, pixel inputs): the warm-up's form and its link from picture to letter."""
+    from orchestrator.builtin.tasks.letters import LETTERS
+
+    letter_ids = [processor.tokenizer.encode(c, add_special_tokens=False)[0] for c in LETTERS]
+    form = right = 0.0
+    for (ids, pixels), answer in zip(inputs, answers, strict=True):
+        p = _logits(model, processor, ids, pixels)[-1].softmax(-1)[letter_ids]
+        form += p.sum().item()
+        right += (p[LETTERS.index(answer)] / p.sum()).item()
+    return form / len(inputs), right / len(inputs)
+
+
+def letter_scores(model: Any, processor: Any, rows: int = GATE_ROWS, seed: int = WARMUP_SEED + 7) -> dict[str, float]:
+    """The colors warm-up's gate scores on `rows` fresh rows (`letter_probabilities`)."""
+    from orchestrator.builtin.tasks.colors import PROMPT, colors_dataset
+
+    data = colors_dataset(rows, seed=seed)
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    inputs = []
+    for r in data:
+        encoded = processor(text=[text], images=[r["image"]], return_tensors="pt")
+        inputs.append((encoded["input_ids"], encoded))
+    form, right = letter_probabilities(model, processor, inputs, [r["letter"] for r in data])
+    return {"letter": form, "right": right}
+
+
 def ensure_tiny_vlm(cache_dir: str | Path | None = None) -> Path:
     """Build the tiny VLM once into the cache dir (as orchestrator/builtin/models/tiny.py: ensure_tiny_model)."""
     return ensure_cached(CACHE_NAME, build_tiny_vlm, cache_dir)
@@ -212,7 +283,7 @@ def ensure_tiny_vlm(cache_dir: str | Path | None = None) -> Path:
 # --- the tiny tool-calling VLM: the cards task (orchestrator/builtin/tasks/cards.py) ---------------------------------
 
 # Bump when anything below changes the files written, so stale caches are not reused.
-TOOLS_CACHE_NAME = "tiny-vlm-tools-v1"
+TOOLS_CACHE_NAME = "tiny-vlm-tools-v2"  # v2: the portable init and the gates
 # Its warm-up: whole episodes (the prompt with the tool list, the `look` call, the card's picture as the tool's
 # result, one letter) at TOOLS_WARMUP_LR. The call is always the same, so it is learned exactly; the letter is the
 # card's TOOLS_WARMUP_CORRECT of the time, else a random one: a partial link from the picture to the letter, for
@@ -224,6 +295,7 @@ TOOLS_WARMUP_CORRECT = 0.5
 TOOLS_WARMUP_BATCH = 16
 TOOLS_WARMUP_LR = 3e-3
 TOOLS_CORPUS_ROWS = 64
+CARD_GATES = {"call": Gate(0.9), "letter": Gate(0.6), "right": Gate(0.29, 0.8)}
 
 
 def tool_chat_template() -> str:
@@ -290,7 +362,8 @@ def build_tiny_tool_vlm(path: str | Path, seed: int = 0, warm: bool = True) -> P
     out.mkdir(parents=True, exist_ok=True)
     _tool_tokenizer(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
-    return _write_vlm(out, tokenizer, tool_chat_template(), seed, warm_up_tools if warm else None)
+    return _write_vlm(out, tokenizer, tool_chat_template(), seed, (warm_up_tools, card_scores, CARD_GATES,
+                      "tiny tool VLM (cards: the call, a letter, some link to the card)") if warm else None)
 
 
 def tool_episode_ids(processor: Any, row: dict[str, Any], answer: str) -> tuple[list[int], list[int], Any]:
@@ -316,7 +389,7 @@ def tool_episode_ids(processor: Any, row: dict[str, Any], answer: str) -> tuple[
     return ids, mask, picture
 
 
-def warm_up_tools(model: Any, processor: Any, steps: int = TOOLS_WARMUP_STEPS, seed: int = WARMUP_SEED) -> None:
+def warm_up_tools(model: Any, processor: Any, *, steps: int = TOOLS_WARMUP_STEPS, seed: int = WARMUP_SEED) -> None:
     """Teach the cards episode's form (see TOOLS_WARMUP_STEPS), in place."""
     import torch
 
@@ -332,6 +405,30 @@ def warm_up_tools(model: Any, processor: Any, steps: int = TOOLS_WARMUP_STEPS, s
         return input_ids, labels, processor.image_processor(images=[p for _, _, p in episodes], return_tensors="pt")
 
     _supervised(model, processor, batch, steps, TOOLS_WARMUP_LR, seed)
+
+
+def card_scores(model: Any, processor: Any, rows: int = GATE_ROWS, seed: int = WARMUP_SEED + 7) -> dict[str, float]:
+    """The cards warm-up's gate scores on `rows` fresh rows: `call`, the mean probability of the `look` call's tokens
+    (teacher-forced), and after the card's picture `letter_probabilities`' form and link."""
+    import torch
+
+    from orchestrator.builtin.tasks.cards import cards_dataset
+
+    call = 0.0
+    inputs, answers = [], []
+    for r in cards_dataset(rows, seed=seed):
+        ids, mask, picture = tool_episode_ids(processor, r, r["letter"])
+        pixels = processor.image_processor(images=[picture], return_tensors="pt")
+        first = mask.index(1)
+        end = first + mask[first:].index(0)  # the call's tokens: the first run of model tokens
+        seq = torch.tensor([ids])
+        logp = _logits(model, processor, seq, pixels)[first - 1: end - 1].log_softmax(-1)
+        call += logp.gather(-1, seq[0, first:end, None]).squeeze(-1).mean().exp().item()
+        answer = len(ids) - list(reversed(mask)).index(0)  # the answer's first position
+        inputs.append((seq[:, :answer], pixels))
+        answers.append(r["letter"])
+    form, right = letter_probabilities(model, processor, inputs, answers)
+    return {"call": call / rows, "letter": form, "right": right}
 
 
 def ensure_tiny_tool_vlm(cache_dir: str | Path | None = None) -> Path:
