@@ -16,25 +16,14 @@ class EngineModel:
     """A model on one vLLM engine of its own (`spec.model`, `spec.seed`), or over an engine loop built elsewhere
     (`from_loop`: tests' scripted engine). Subclasses answer requests (JudgeEngine.judge, TeacherEngine.logprobs)."""
 
-    def __init__(
-        self,
-        spec: Any,
-        *,
-        max_model_len: int = 1024,
-        dtype: str = "float32",
-        kv_cache_gib: float = 1.0,
-        gpu_memory_utilization: float = 0.3,
-        engine_kwargs: dict[str, Any] | None = None,
-        sys_path: list[str] | None = None,
-    ) -> None:
-        """engine_kwargs: the engine's own vLLM arguments (the config's `engine_kwargs`); sys_path: where the
-        user's code is imported from (a judge's parser)."""
+    def __init__(self, spec: Any, *, max_model_len: int = 1024, sys_path: list[str] | None = None,
+                 **engine: Any) -> None:
+        """engine: `open_engine`'s options (dtype, kv_cache_gib, gpu_memory_utilization, engine_kwargs: the
+        engine's own vLLM arguments); sys_path: where the user's code is imported from (a judge's parser)."""
         user_code.add_to_sys_path(sys_path)
-        engine = open_engine(spec.model, seed=spec.seed, dtype=dtype, max_model_len=max_model_len,
-                             kv_cache_gib=kv_cache_gib, gpu_memory_utilization=gpu_memory_utilization,
-                             engine_kwargs=engine_kwargs)
-        self.llm = engine.llm
-        self._setup(spec, engine.loop, max_model_len, self.llm.get_tokenizer())
+        opened = open_engine(spec.model, seed=spec.seed, max_model_len=max_model_len, **engine)
+        self.llm = opened.llm
+        self._setup(spec, opened.loop, max_model_len, self.llm.get_tokenizer())
 
     @classmethod
     def from_loop(cls, spec: Any, loop: Any, tokenizer: Any = None, max_model_len: int = 1024) -> Any:

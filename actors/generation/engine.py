@@ -537,11 +537,11 @@ class OpenedEngine:
 def open_engine(
     model: str,
     *,
-    seed: int,
-    dtype: str,
-    max_model_len: int,
-    kv_cache_gib: float,
-    gpu_memory_utilization: float,
+    seed: int = 0,
+    dtype: str = "float32",
+    max_model_len: int = 1024,
+    kv_cache_gib: float = 1.0,
+    gpu_memory_utilization: float = 0.3,  # a judge's or a teacher's default; the generators give their own
     tensor_parallel_size: int = 1,
     cpu_share: Share | None = None,
     enforce_eager: bool = True,
