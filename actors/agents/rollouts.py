@@ -68,6 +68,8 @@ class ToolRollouts(_Agentic):
     def attach(self, loop: EngineLoop, tokenizer: Any, vision: Images | None) -> None:
         super().attach(loop, tokenizer, vision)
         self.vision = vision
+        if vision is not None:
+            self.tool_images_problem = chat.tool_images_problem(tokenizer, vision.image_token_id)
 
     def driver(self, turns: TurnSettings, sampling: Sampling) -> AgentLoop:
         assert self.loop is not None, "attach first"
