@@ -9,7 +9,8 @@ calls as the batch goes:
     arrived(chunks)        the batch's chunks are cut: what needs no reward's result starts now (the teacher)
     scored(chunk, scores)  a chunk's worker rewards are in: what reads them starts (the judges, their gates)
     wait()                 every chunk is scored: what must end before the merge (the judges' columns)
-    cancel()               the batch failed: what still runs is not awaited
+    cancel()               the batch failed (or a judge raised, on_error: raise): what still runs is not
+                           awaited
     merge(merged)          the batch's scores, merged: the stage's answers and its pools' stats into them
 """
 
@@ -40,6 +41,8 @@ class StageRun(Protocol):
 
 
 class Stage(Protocol):
+    """A stage beside the pool's workers, for the pool's life (the module docstring)."""
+
     async def begin(self, batch: RewardBatch) -> StageRun | None: ...
 
 
