@@ -34,115 +34,34 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from actors.learner import checkpoint
-from actors.learner.distributed import init_process_group, shard, tied_names
-from actors.learner.layout import VARLEN_ATTENTION, Packed, Padded, pack, packing_refusal, pad
-from actors.learner.lora import apply_lora, merged_view
+from actors.learner.distributed import gather_metrics, place, sum_over_ranks
+from actors.learner.layout import VARLEN_ATTENTION, Packed, Padded, pack, pad
 from actors.learner.loss import LossInputs, loss_fn, vllm_importance_weights
 from actors.learner.micro_batches import MicroBatchPlan, plan_micro_batches
+from actors.learner.model import base_model, engine_view, eval_mode, load_policy, load_reference, pad_token_id
+from actors.learner.model import meta_model as meta_model  # re-exported: orchestrator/run/build.py imports it
+from actors.learner.optim import clip_gradients, make_optimizer
+from actors.learner.packing import choose_packing, probe_gap
 from actors.learner.routing import Replay, agreement, aux_loss_coef, layout_flags, layout_routes
-from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, ParallelSpec
-from actors.runtime.cpus import describe, omp_waits, pick_cores
+from actors.learner.specs import LearnerSpec, ParallelSpec
+from actors.runtime.cpus import describe, omp_waits
 from actors.types import TrainBatch, TrainerState, TrainResult
 from actors.vision import PIXEL_VALUES, PLACEHOLDER_BIAS, Images
-from actors.weights.sender import WeightSender, checkpoint_view, plain_view
+from actors.weights.sender import WeightSender
 
 logger = logging.getLogger("rayward.learner")
 
-# The packing check at start-up: three samples whose two short ones share a packed row (rows are capped at the
-# padded layout's row length, 3 + 5), against the padded layout. A model that does not see where a packed row's samples start
-# conditions the third sample on the second: its log-probs move by nats, not by rounding.
-PROBE_PROMPTS = [[5, 17, 42], [8, 99], [23, 61]]
-PROBE_COMPLETIONS = [[7, 150, 33, 12, 77], [12, 33], [77, 5]]
-# The largest packed-vs-padded log-prob gap (nats) that is rounding: float32 adds in another order (1e-6 on the
-# tiny model); bfloat16 / float16 round every layer's activations to 8 / 11 bits, which a deep model compounds.
-PROBE_ATOL_FP32 = 1e-3
-PROBE_ATOL_HALF = 0.25
-
-
-def _lr_lambda(kind: str, warmup_steps: int, max_steps: int) -> Callable[[int], float]:
-    def f(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        if kind == "constant":
-            return 1.0
-        progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
-        if kind == "linear":
-            return max(0.0, 1.0 - progress)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))  # cosine
-
-    return f
-
-
-# CPU learners: one torch thread per this many parameters, up to the cores the learner may use. A thread's share of
-# a small model's matrices is too small to pay for the OpenMP barriers, which on a busy machine stall whenever one
-# thread is descheduled, so a tiny model trains fastest on one thread; a model of a hundred million parameters and
-# more has enough work per thread to gain from every core.
-PARAMS_PER_THREAD = 20_000_000
-
-
-def threads_for(num_params: int, cores: int) -> int:
-    return max(1, min(cores, num_params // PARAMS_PER_THREAD))
-
-
-def auto_class(config: Any) -> Any:
-    """The transformers auto class that builds the policy with its output head: a vision-language model's
-    (image-text-to-text: its vision tower, projector and language model), else a causal LM's."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
-
-
-def meta_model(model: str, trust_remote_code: bool = False, attn_implementation: str | None = None) -> torch.nn.Module:
-    """The model's architecture on the meta device (no weights, no memory): for checks before anything loads."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
-    with torch.device("meta"):
-        return auto_class(config).from_config(
-            config, trust_remote_code=trust_remote_code, **_attn_kwargs(attn_implementation)
-        )
-
-
-def pad_token_id(config: Any) -> int:
-    """The pad id (0 where the config names none); a vision-language model's is in its text config."""
-    pad = getattr(config, "pad_token_id", None)
-    if pad is None and hasattr(config, "get_text_config"):
-        pad = getattr(config.get_text_config(), "pad_token_id", None)
-    return pad or 0
-
-
-def _attn_kwargs(attn_implementation: str | None) -> dict[str, str]:
-    return {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-
-
-def enable_gradient_checkpointing(model: torch.nn.Module, kwargs: dict[str, Any] | None) -> None:
-    """transformers' gradient checkpointing (every decoder layer recomputed in the backward pass), or a clear
-    error for an architecture without it."""
-    if not getattr(model, "supports_gradient_checkpointing", False):
-        raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
-
-@contextlib.contextmanager
-def _eval(model: torch.nn.Module) -> Iterator[None]:
-    """Eval mode for a no-grad forward of the policy: no (LoRA) dropout and no checkpointing, which only
-    matters for a backward (reentrant checkpointing warns without inputs that require grad)."""
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train()
+_eval = eval_mode  # its old name here, which tests/gpu/smoke.py imports
 
 
 class Learner:
@@ -167,12 +86,12 @@ class Learner:
         self.rank, self.world_size, self.sharded = rank, world_size, self.parallel.sharded
         torch.manual_seed(spec.seed)
         random.seed(spec.seed)
-        self.device = self._init_device(spec.device)
+        self.device, self.cores = place(self.parallel, spec.device)
         self.dtype = getattr(torch, spec.model.dtype)
         self.lora = spec.model.lora
-        self.model, self.tied = self._load_policy(spec.model)
-        self.ref_model = self._load_reference(spec.model)
-        self.optimizer, self.scheduler = self._make_optimizer(spec.optim)
+        self.model, self.tied = load_policy(spec.model, self.dtype, self.device, self.sharded, self.cores)
+        self.ref_model = load_reference(spec.model, spec.loss.beta, self.dtype, self.device, self.sharded)
+        self.optimizer, self.scheduler = make_optimizer(self.model, spec.optim)
         self.pad_id = pad_token_id(self.model.config)
         # A vision-language model: its processor makes each micro-batch's pixel inputs (actors/vision.py).
         self.vision = (Images(spec.model.name_or_path, spec.model.processor_kwargs, spec.model.trust_remote_code)
@@ -182,14 +101,13 @@ class Learner:
             self._placeholder_bias = torch.tensor([PLACEHOLDER_BIAS] * len(self.vision.placeholder_ids),
                                                   device=self.device)
         self.one_row = self.model.config._attn_implementation in VARLEN_ATTENTION
-        self.packed = self._choose_packing(spec.step.padding_free)
+        probe = functools.partial(probe_gap, self.model, self._forward_logps, self._lay_out, world_size)
+        self.packed = choose_packing(spec.step.padding_free, base_model(self.model, self.lora is not None),
+                                     self.dtype, probe)
         self.global_step = 0
         self._rng = random.Random(spec.seed)  # the micro-batch shuffle: the same draws on every rank
         self.reward_pool = reward_pool
-        view = merged_view(self.model, self.tied) if self.lora is not None else plain_view(self.model, self.tied)
-        # What the engines load: the checkpoint's names and shapes (an MoE's experts one by one).
-        base = self.model.get_base_model() if self.lora is not None else self.model
-        view = checkpoint_view(self.model, view, base)
+        view = engine_view(self.model, self.tied, self.lora is not None)
         self.weights = WeightSender(self.model, view=view, dtype=self.dtype, rank=rank, device=self.device)
         # Mixture of experts: routing replay (actors/learner/routing.py) and the load-balancing loss (TRL's rule).
         mode = spec.step.router_replay
@@ -198,115 +116,9 @@ class Learner:
         self.aux_coef = aux_loss_coef(self.model, spec.step.router_aux_loss_coef)
         self._aux: torch.Tensor | None = None  # the last policy forward's aux_loss
 
-    # --- construction, in the order __init__ calls them ------------------------------------------------
-
-    def _init_device(self, device: str | None) -> torch.device:
-        """This rank's device, after joining the ranks' process group (FSDP)."""
-        kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.cores = pick_cores(None) if kind == "cpu" else []
-        if self.sharded:
-            p = self.parallel
-            return init_process_group(p.rank, p.world_size, p.init_method, kind)
-        return torch.device(kind)
-
-    def _from_pretrained(self, spec: ModelSpec) -> torch.nn.Module:
-        """The model's weights on this rank's device; FSDP: float32 masters on the CPU (fully_shard moves each rank's
-        shard to its device, and computes in the spec's dtype)."""
-        from transformers import AutoConfig
-
-        dtype = torch.float32 if self.sharded else self.dtype
-        config = AutoConfig.from_pretrained(spec.name_or_path, trust_remote_code=spec.trust_remote_code)
-        model = auto_class(config).from_pretrained(
-            spec.name_or_path, dtype=dtype, trust_remote_code=spec.trust_remote_code,
-            **_attn_kwargs(spec.attn_implementation),
-        )
-        return model if self.sharded else model.to(self.device)
-
-    def _load_policy(self, spec: ModelSpec) -> tuple[torch.nn.Module, dict[str, str]]:
-        """The policy ready to train, and its tied names. The order matters: tied names are HF names, taken before
-        any wrapping or sharding; dropout is turned off before LoRA adds its own (lora_dropout is the user's choice);
-        checkpointing is on before PEFT wraps the model (PEFT then makes the embeddings' output require grad, which
-        reentrant checkpointing needs when the base is frozen); sharding comes last."""
-        model = self._from_pretrained(spec)
-        tied = tied_names(model)
-        if self.device.type == "cpu":  # not Ray's OMP_NUM_THREADS=1 for a fractional num_cpus
-            torch.set_num_threads(threads_for(sum(p.numel() for p in model.parameters()), len(self.cores)))
-        model.train()
-        for m in model.modules():  # GRPO ratios assume the same function at sampling and training time
-            if isinstance(m, torch.nn.Dropout):
-                m.p = 0.0
-        if spec.gradient_checkpointing:
-            enable_gradient_checkpointing(model, spec.gradient_checkpointing_kwargs)
-        if spec.lora is not None:
-            model = apply_lora(model, spec.lora)
-        if self.sharded:
-            shard(model, self.dtype, self.device)
-        return model, tied
-
-    def _load_reference(self, spec: ModelSpec) -> torch.nn.Module | None:
-        """The KL reference: a frozen copy of the initial policy next to it. None with beta = 0 (no KL term, as TRL)
-        and with LoRA (the reference is the policy with its adapters disabled, as TRL)."""
-        if self.loss_config.beta == 0.0 or spec.lora is not None:
-            return None
-        ref = self._from_pretrained(spec).eval()
-        ref.requires_grad_(False)
-        if self.sharded:
-            shard(ref, self.dtype, self.device)
-        return ref
-
-    def _make_optimizer(
-        self, spec: OptimSpec
-    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-        """The optimizer over the trainable parameters (LoRA: the adapters) and its learning-rate schedule."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if spec.optim == "adamw_torch":
-            optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-                params, lr=spec.learning_rate, betas=spec.adam_betas, weight_decay=spec.weight_decay
-            )
-        elif spec.optim == "sgd":
-            optimizer = torch.optim.SGD(params, lr=spec.learning_rate, weight_decay=spec.weight_decay)
-        else:
-            raise ValueError(f"unknown optim {spec.optim!r}")
-        schedule = _lr_lambda(spec.lr_scheduler_type, spec.warmup_steps, spec.max_steps)
-        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-
     def ping(self) -> None:
         """The driver's hang check (called in the actor's health concurrency group, so it answers while a train
         step runs; a rank that does not answer is stopped or wedged)."""
-
-    def _choose_packing(self, wanted: bool | None) -> bool:
-        """Whether micro-batches are packed: not when `wanted` is False; else where the architecture and attention
-        implementation compute packed rows as separate samples (`packing_refusal`) and the probe agrees (its
-        packed log-probs equal the padded layout's; every rank runs it, the worst gap counts). Where they do not:
-        an error when `wanted` is True, padded with a warning when None."""
-        if wanted is False:
-            return False
-        hf = self.model.get_base_model() if self.lora is not None else self.model
-        why = packing_refusal(hf)
-        if why is None:
-            gap = self._probe_packing()
-            atol = PROBE_ATOL_FP32 if self.dtype == torch.float32 else PROBE_ATOL_HALF
-            if not gap <= atol:
-                why = (f"packed rows of {type(hf).__name__} give log-probs {gap:.3g} nats away from the padded "
-                       f"layout's (more than rounding, {atol:g}): its samples see each other")
-        if why is None:
-            return True
-        if wanted:
-            raise ValueError(f"grpo.padding_free: {why}; set grpo.padding_free=false (padded micro-batches)")
-        logger.warning("grpo.padding_free: %s; training on padded micro-batches", why)
-        return False
-
-    @torch.no_grad()
-    def _probe_packing(self) -> float:
-        """The largest |packed - padded| log-prob of the probe's completion tokens (over ranks)."""
-        with _eval(self.model):
-            want = self._forward_logps(self.model, self._pad(PROBE_PROMPTS, PROBE_COMPLETIONS), with_entropy=False)[0]
-            got = self._forward_logps(self.model, self._pack(PROBE_PROMPTS, PROBE_COMPLETIONS), with_entropy=False)[0]
-        mask = torch.zeros_like(want)
-        for r, c in enumerate(PROBE_COMPLETIONS):
-            mask[r, : len(c)] = 1
-        gap = ((got - want).abs() * mask).max().item()
-        return self._sum_over_ranks([gap], op="max")[0]
 
     def cpu_threads(self) -> str:
         """How this rank computes, for the start-up log."""
@@ -332,6 +144,10 @@ class Learner:
 
     def _pack(self, prompts: list[list[int]], completions: list[list[int]]) -> Packed:
         return pack(prompts, completions, self.pad_id, self.device, one_row=self.one_row)
+
+    def _lay_out(self, prompts: list[list[int]], completions: list[list[int]], packed: bool
+                 ) -> Packed | Padded:
+        return self._pack(prompts, completions) if packed else self._pad(prompts, completions)
 
     def layout(self, prompts: list[list[int]], completions: list[list[int]],
                images: list[tuple[Any, ...]] | None = None) -> Packed | Padded:
@@ -359,7 +175,7 @@ class Learner:
     def _takes_token_types(self) -> bool:
         import inspect
 
-        base = self.model.get_base_model() if self.lora is not None else self.model
+        base = base_model(self.model, self.lora is not None)
         return "mm_token_type_ids" in inspect.signature(base.forward).parameters
 
     def _forward_logps(
@@ -446,7 +262,7 @@ class Learner:
                     total_loss += self._slot(batch, plan, slot, s, idx, mb, first, masks, num_items, frozen, sums)
                 if recorded is not None and not slot.padding:
                     routes[slot.micro_batch] = self.replay.stack(recorded)  # R2: replayed by the later passes
-            grad_norm = self._clip()
+            grad_norm = clip_gradients(self.model, self.spec.optim.max_grad_norm, self.sharded)
             self.weights.settle()  # an overlapped weight send reads the parameters until it is done
             self.optimizer.step()
             self.scheduler.step()
@@ -590,8 +406,8 @@ class Learner:
         rank's real micro-batches); learner/micro_batches: micro-batches in the step (all ranks)."""
         real = sum(len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids, strict=True))
         mine = [rows[slot.micro_batch] for slot in plan.slots if not slot.padding]
-        counted, positions = self._sum_over_ranks(
-            [float(sum(r.real_tokens for r in mine)), float(sum(r.positions for r in mine))]
+        counted, positions = sum_over_ranks(
+            [float(sum(r.real_tokens for r in mine)), float(sum(r.positions for r in mine))], self.world_size
         )
         return {
             "learner/tokens_per_s": real * self.spec.step.num_iterations / compute_s,
@@ -617,8 +433,8 @@ class Learner:
         """The step's metrics from every rank's per-micro-batch values: means, and the extremes of `_max` / `_min`
         names. loss: per optimizer step, the sum of its micro-batch losses (over ranks); grad_norm: already global
         (the norm of the full gradient)."""
-        sums = self._gather_metrics(sums)
-        sums["loss"] = self._sum_over_ranks(losses)
+        sums = gather_metrics(sums, self.world_size)
+        sums["loss"] = sum_over_ranks(losses, self.world_size)
         sums["grad_norm"] = norms
         out = {k: sum(v) / len(v) for k, v in sums.items() if v and not k.endswith(("_max", "_min"))}
         out.update(
@@ -629,30 +445,6 @@ class Learner:
             }
         )
         return out
-
-    def _gather_metrics(self, sums: dict[str, list[float]]) -> dict[str, list[float]]:
-        """Every rank's per-micro-batch metric values, concatenated (identity on one rank)."""
-        if self.world_size == 1:
-            return sums
-        import torch.distributed as dist
-
-        parts: list[Any] = [None] * self.world_size
-        dist.all_gather_object(parts, dict(sums))
-        merged: dict[str, list[float]] = defaultdict(list)
-        for part in parts:
-            for k, v in part.items():
-                merged[k].extend(v)
-        return merged
-
-    def _sum_over_ranks(self, values: list[float], op: str = "sum") -> list[float]:
-        """Each value summed (op "sum") or maxed ("max") over ranks (identity on one rank)."""
-        if self.world_size == 1:
-            return values
-        import torch.distributed as dist
-
-        t = torch.tensor(values, dtype=torch.float64)  # a CPU tensor: gloo carries it, also next to NCCL
-        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-        return t.tolist()
 
     def _push_state(self, reward_state: TrainerState | None) -> None:
         if self.reward_pool is None:
@@ -707,17 +499,6 @@ class Learner:
             metrics["sampling/importance_sampling_ratio/mean"] = wv.mean().item()
             metrics["sampling/importance_sampling_ratio/max"] = wv.max().item()
         return w, metrics
-
-    def _clip(self) -> float:
-        """Clip the gradient to max_grad_norm (None: no clipping); returns its norm before clipping."""
-        max_norm = self.spec.optim.max_grad_norm
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.sharded:  # DTensor shards: clip_grad_norm_ reduces the norm over ranks (max_norm inf: no clip)
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm or math.inf)
-            return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if max_norm is None:
-            return float(torch.norm(torch.stack([p.grad.norm() for p in params])).item()) if params else 0.0
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm).item())
 
     # --- weights and checkpoints ----------------------------------------------------------------------
 
