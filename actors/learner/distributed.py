@@ -1,16 +1,22 @@
-"""The learner ranks' process group and FSDP2 sharding, and the state-dict views the weights and checkpoints need.
+"""The learner ranks' process group and FSDP2 sharding, the state-dict views the weights and checkpoints need,
+and the reductions of the step's numbers over ranks.
 
-Several learner ranks (one Ray actor each, or one process each in tests) form one torch.distributed process group
-(gloo on CPU, NCCL on CUDA) and shard the policy and the reference model with FSDP2.
+Several learner ranks (one Ray actor each, or one process each in tests) form one torch.distributed process
+group (gloo on CPU, NCCL on CUDA) and shard the policy and the reference model with FSDP2. Each reduction is
+the identity on one rank, so a single-rank learner never touches torch.distributed.
 """
 
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from datetime import timedelta
+from typing import Any
 
 import torch
 
+from actors.learner.specs import ParallelSpec
+from actors.runtime.cpus import pick_cores
 from actors.runtime.net import free_port, interface_of, node_ip
 
 # Seconds a rank waits in a collective before raising. Long, because the other ranks wait at a barrier
@@ -32,6 +38,16 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
         else:
             first[ptr] = name
     return out
+
+
+def place(parallel: ParallelSpec, device: str | None) -> tuple[torch.device, list[int]]:
+    """This rank's device (`device`, or CUDA when there is one), after joining the ranks' process group
+    (FSDP), and the CPU cores a CPU learner may compute on (actors/runtime/cpus.py; none on CUDA)."""
+    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cores = pick_cores(None) if kind == "cpu" else []
+    if parallel.sharded:
+        return init_process_group(parallel.rank, parallel.world_size, parallel.init_method, kind), cores
+    return torch.device(kind), cores
 
 
 def init_process_group(rank: int, world_size: int, init_method: str | None, kind: str) -> torch.device:
@@ -88,3 +104,29 @@ def shard(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> N
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)  # a plain SUM; factor 1 alone asks for PREMUL_SUM (no gloo)
+
+
+def gather_metrics(sums: dict[str, list[float]], world_size: int) -> dict[str, list[float]]:
+    """Every rank's per-micro-batch metric values, concatenated in rank order (identity on one rank)."""
+    if world_size == 1:
+        return sums
+    import torch.distributed as dist
+
+    parts: list[Any] = [None] * world_size
+    dist.all_gather_object(parts, dict(sums))
+    merged: dict[str, list[float]] = defaultdict(list)
+    for part in parts:
+        for k, v in part.items():
+            merged[k].extend(v)
+    return merged
+
+
+def sum_over_ranks(values: list[float], world_size: int, op: str = "sum") -> list[float]:
+    """Each value summed (op "sum") or maxed ("max") over ranks (identity on one rank)."""
+    if world_size == 1:
+        return values
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)  # a CPU tensor: gloo carries it, also next to NCCL
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return t.tolist()

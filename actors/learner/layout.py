@@ -26,7 +26,7 @@ computes the positions that predict completion tokens only (`head_only`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,11 @@ VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")  # cu_seqlens from
 # config.layer_types of a stack of attention layers only. Linear-attention, state-space and convolution layers
 # (Qwen3-Next, Qwen3.5's gated delta net, LFM2, Jamba) carry state along the row across position_ids resets.
 ATTENTION_LAYERS = ("full_attention", "sliding_attention")
+
+
+# The learner's log-prob forward of a micro-batch: (model, rows, with_entropy) -> ([B, T] log-probs, [B, T]
+# entropy or None); its parts (the packing probe, routing replay's first pass) run it on rows of their own.
+Forward = Callable[..., tuple[Tensor, Tensor | None]]
 
 
 def packing_refusal(model: torch.nn.Module) -> str | None:

@@ -103,7 +103,7 @@ def test_the_head_runs_on_completion_positions_only(tiny_model_path):
 def test_packing_refuses_state_carrying_layers_and_unknown_attention(tiny_model_path):
     from transformers import AutoModelForCausalLM, Lfm2Config
 
-    from actors.learner.learner import meta_model
+    from actors.learner.model import meta_model
 
     assert packing_refusal(meta_model(tiny_model_path)) is None  # Qwen2, sdpa
     why = packing_refusal(meta_model(tiny_model_path, attn_implementation="paged|eager"))

@@ -133,7 +133,7 @@ def test_gradient_checkpointing_on_a_model_without_it_is_refused(no_checkpointin
 
 
 def test_cpu_threads_follow_model_size_and_the_cores_allowed():
-    from actors.learner.learner import PARAMS_PER_THREAD, threads_for
+    from actors.learner.model import PARAMS_PER_THREAD, threads_for
 
     assert threads_for(200_000, 8) == 1  # the tiny model: one thread
     assert threads_for(5 * PARAMS_PER_THREAD, 2) == 2  # a 100M model on a 2-core box: both cores

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from actors.learner import layout
-from actors.learner.learner import Learner, mask_turns
+from actors.learner.learner import Learner
+from actors.learner.sampling import mask_turns
 from actors.types import TrainBatch
 from tests.fixtures.learner import TIMED_METRICS, spec
 from tests.fixtures.tolerance import TINY_MODEL, assert_close_at_scale

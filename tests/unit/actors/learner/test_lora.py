@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load as safetensors_load
 
-from actors.learner.learner import Learner, meta_model
+from actors.learner.learner import Learner
 from actors.learner.lora import LoraError, apply_lora, hf_name
+from actors.learner.model import meta_model
 from actors.types import TrainBatch
 from tests.fixtures.learner import batch, spec
 from tests.fixtures.tolerance import TINY_MODEL, assert_close_at_scale, same_order
