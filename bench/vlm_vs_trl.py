@@ -27,7 +27,7 @@ steps excluded), TRL's median over each one's (= the ratio of steps/s), per-phas
 process role, and the goal line for each rayward system: rayward >= 3x TRL's steps/s. See bench/README.md.
 
 TRL runs at torch's default threads (a thread per core), as bench/trl_vs_rayward.py runs it; rayward's learner
-picks one thread for a model this small (actors/learner/learner.py threads_for) and its actors that share cores
+picks one thread for a model this small (actors/learner/model.py threads_for) and its actors that share cores
 wait passively (OMP_WAIT_POLICY=PASSIVE, actors/runtime/cpus.py). On this model TRL's step is thousands of tiny ops, so its
 speed depends on that choice and on whatever else runs on the machine: on the 2-core VM with other work running,
 TRL's step took 16-21 s at 2 threads, 1.8 s at 2 threads with OMP_WAIT_POLICY=PASSIVE and 1.2 s at 1 thread (see

@@ -56,7 +56,6 @@ from actors.learner.layout import VARLEN_ATTENTION, Packed, Padded, pack, pad
 from actors.learner.loss import LossInputs, loss_fn
 from actors.learner.micro_batches import MicroBatchPlan, plan_micro_batches
 from actors.learner.model import base_model, engine_view, eval_mode, load_policy, load_reference, pad_token_id
-from actors.learner.model import meta_model as meta_model  # re-exported: orchestrator/run/build.py imports it
 from actors.learner.moe import aux_loss_part, replay_part
 from actors.learner.optim import clip_gradients, make_optimizer
 from actors.learner.packing import choose_packing, probe_gap
@@ -71,7 +70,6 @@ from actors.vision import Images
 from actors.weights.sender import WeightSender
 
 logger = logging.getLogger("rayward.learner")
-_eval = eval_mode  # its old name here, which tests/gpu/smoke.py imports
 
 
 class Learner:

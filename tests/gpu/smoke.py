@@ -535,7 +535,7 @@ def check_vlm_bf16(device: str) -> str:
             importlib.import_module(module)
         except ImportError:
             raise Skip(why) from None
-    from actors.learner.learner import _eval
+    from actors.learner.model import eval_mode as _eval
     from actors.types import TrainBatch
     from orchestrator.builtin.tasks.colors import PROMPT, colors_dataset
 

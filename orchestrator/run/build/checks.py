@@ -67,8 +67,8 @@ def check_learner_model(cfg: RunConfig, model_path: str) -> None:
             or g.router_replay or g.router_aux_loss_coef):
         return
     from actors.learner.layout import packing_refusal
-    from actors.learner.learner import meta_model
     from actors.learner.lora import LoraError, apply_lora
+    from actors.learner.model import meta_model
 
     try:
         model = meta_model(model_path, cfg.model.trust_remote_code)
