@@ -7,8 +7,8 @@
     GET /api/run/{i}/tokens?step=S&sample=K    one sample's token record (404 without one)
     GET /api/run/{i}/file/images/NAME          an image the completions log names (under <run dir>/images only)
 
-Every request for a run first reads what its files gained since the last (store.py): a page that polls follows
-a running run, and a finished run costs a stat per file.
+Every request for a run first reads what the files it answers from gained since the last (store.py): a page that
+polls follows a running run, and a finished run costs a stat per file.
 """
 
 from __future__ import annotations
@@ -62,11 +62,9 @@ def _int(request: web.Request, name: str, default: int | None = None) -> int | N
 def _run(request: web.Request) -> RunView:
     runs = request.app[RUNS_KEY]
     try:
-        run = runs[int(request.match_info["run"])]
+        return runs[int(request.match_info["run"])]
     except (ValueError, IndexError):
         raise web.HTTPNotFound(text=f"no run {request.match_info['run']!r}: the page serves {len(runs)}") from None
-    run.refresh()
-    return run
 
 
 async def index(request: web.Request) -> web.FileResponse:
@@ -74,15 +72,12 @@ async def index(request: web.Request) -> web.FileResponse:
 
 
 async def runs(request: web.Request) -> web.Response:
-    out = []
-    for i, run in enumerate(request.app[RUNS_KEY]):
-        run.refresh()
-        out.append({"id": i, **run.info()})
-    return _json(out, request)
+    return _json([{"id": i, **run.info()} for i, run in enumerate(request.app[RUNS_KEY])], request)
 
 
 async def metrics(request: web.Request) -> web.Response:
     run = _run(request)
+    run.metrics.refresh()
     data = run.metrics.payload(since=_int(request, "since", 0), epoch=_int(request, "epoch"))
     data["updated_s"] = run.updated_s()
     return _json(data, request)
@@ -90,6 +85,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def steps(request: web.Request) -> web.Response:
     run = _run(request)
+    run.refresh_samples()
     token_steps = sorted({s for s, _ in run.tokens.lines})
     return _json({"epoch": run.completions.epoch, "steps": run.completions.steps(), "token_steps": token_steps,
                   "tokens": run.tokens.exists}, request)
@@ -97,6 +93,7 @@ async def steps(request: web.Request) -> web.Response:
 
 async def samples(request: web.Request) -> web.Response:
     run = _run(request)
+    run.refresh_samples()
     all_steps = run.completions.steps()
     step = _int(request, "step")
     if step is None:
@@ -111,6 +108,7 @@ async def samples(request: web.Request) -> web.Response:
 
 async def tokens(request: web.Request) -> web.Response:
     run = _run(request)
+    run.refresh_samples()
     step, sample = _int(request, "step"), _int(request, "sample")
     record = None if step is None or sample is None else run.tokens.read(step, sample)
     if record is None:

@@ -239,9 +239,9 @@ class RunView:
         self.completions = CompletionsIndex(self.dir / COMPLETIONS_FILE)
         self.tokens = TokensIndex(self.dir / TOKENS_FILE)
 
-    def refresh(self) -> None:
-        """Read what the run appended since the last call (a stat per file when nothing was)."""
-        self.metrics.refresh()
+    def refresh_samples(self) -> None:
+        """Read what the completions log and the token record gained since the last call (a stat per file when
+        nothing). Apart from the metrics: the curves never wait for a long run's completions log to be indexed."""
         self.completions.refresh()
         self.tokens.refresh()
 

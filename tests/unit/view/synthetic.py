@@ -138,3 +138,33 @@ def _tokenize(tokenizer: Any, row: dict[str, Any]) -> tuple[list[int], list[int]
         mask += [1 if msg.get("role") == "assistant" else 0] * len(piece)
         before = text
     return ids, mask
+
+
+def long_run(run_dir: Path, steps: int, *, rows_per_step: int = 64, group_size: int = 8, token_samples: int = 4,
+             eval_every: int = 50, seed: int = 0) -> Path:
+    """A long finished run shaped like the demo's (its metrics row's keys, 64 completions a step, 16 tokens each,
+    an eval row every eval_every steps), written at once: the page's first-paint measure."""
+    rng = random.Random(seed)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    template = json.loads((Path(__file__).parents[2] / "integration" / "view" / "recorded" / "demo" / METRICS_FILE)
+                          .read_text().splitlines()[-1])
+    with open(run_dir / METRICS_FILE, "w") as f:
+        for step in range(1, steps + 1):
+            row = {k: (v * (0.8 + 0.4 * rng.random()) if isinstance(v, float) else v) for k, v in template.items()}
+            row.update(step=step, reward=min(1.0, step / steps + 0.05 * rng.random()), global_step=step)
+            f.write(json.dumps(row) + "\n")
+            if eval_every and step % eval_every == 0:
+                f.write(json.dumps({"step": step, "eval/reward": step / steps, "eval/pass@1": step / steps / 2,
+                                    "eval/pass@8": min(1.0, 2 * step / steps), "eval/prompts": 16}) + "\n")
+    recorder = TokenRecorder(run_dir, token_samples, decode=char_decode)
+    with open(run_dir / COMPLETIONS_FILE, "w") as f:
+        for step in range(1, steps + 1):
+            for i in range(rows_per_step):
+                total = rng.random()
+                f.write(json.dumps({"step": step, "policy_version": step - 1, "prompt_index": step * 8 + i // group_size,
+                                    "prompt": "Write the letter d:", "completion": "".join(
+                                        rng.choice("abcd efgh") for _ in range(24)), "total": total,
+                                    "advantage": total - 0.5, "rewards/letter": total, "gated/letter": total}) + "\n")
+            recorder.record(step, [[rng.randrange(512) for _ in range(16)] for _ in range(rows_per_step)],
+                            [[-rng.random() * 4 for _ in range(16)] for _ in range(rows_per_step)])
+    return run_dir
