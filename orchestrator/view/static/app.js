@@ -420,11 +420,13 @@ function groupCard(g, rows, names, agentic, recorded) {
   return el("div", {class: "group" + (g.flat ? " flat" : ""), "data-group": g.key}, head, promptNode(g.prompt), table);
 }
 
-// Tokens where the row says (completion_length), else characters of the text the model wrote.
+// Tokens where the row says (completion_length), else characters of what the model wrote (a conversation's
+// assistant messages and their tool calls; not the tool results).
 function lengthCell(r) {
   if (typeof r.completion_length === "number") return el("td", {text: String(r.completion_length), title: "tokens"});
   const c = r.completion;
-  const text = Array.isArray(c) ? c.filter(m => m && m.role !== "tool").map(m => partsText(m.content)).join("") : rowText(c);
+  const text = Array.isArray(c) ? c.filter(m => m && m.role !== "tool").map(m => partsText(m.content) +
+    (m.tool_calls || []).map(callText).join("")).join("") : rowText(c);
   return el("td", {class: "muted", text: `${text.length} ch`, title: "characters (the completions log has no token count)"});
 }
 
@@ -478,7 +480,7 @@ function tokenView(rec) {
     : ["linear-gradient(90deg, rgba(234,88,12,0), rgba(234,88,12,.85))", `log-prob 0 … −${LOGPROB_FULL}`];
   const head = el("div", {class: "tokhead"},
     el("b", {text: `step ${rec.step}, sample ${rec.sample}`}),
-    el("span", {text: `${rec.length ?? n} tokens${rec.length ? ` (first ${n} recorded)` : ""}, ${inLoss} in the loss`}),
+    el("span", {text: `${rec.length ?? n} token${(rec.length ?? n) === 1 ? "" : "s"}${rec.length ? ` (first ${n} recorded)` : ""}, ${inLoss} in the loss`}),
     el("label", {}, "shade ", modeSel),
     el("span", {}, el("span", {class: "scale", style: `background: ${scale[0]}`}), " " + scale[1]),
     el("span", {class: "tok out", text: "not in the loss"}),
@@ -512,7 +514,8 @@ function tokenTip(e, rec) {
   tip.textContent = lines.join("\n");
   tip.hidden = false;
   tip.style.left = Math.min(e.clientX + 12, window.innerWidth - 430) + "px";
-  tip.style.top = (e.clientY + 16) + "px";
+  const below = e.clientY + 16;  // under the pointer, or above it near the window's bottom
+  tip.style.top = (below + tip.offsetHeight > window.innerHeight ? e.clientY - tip.offsetHeight - 8 : below) + "px";
 }
 
 // --- loading and following ---------------------------------------------------------------------------------

@@ -125,6 +125,8 @@ def token_record_for(run_dir: Path, tokenizer: Any, samples_per_step: int = 4, s
 
 def _tokenize(tokenizer: Any, row: dict[str, Any]) -> tuple[list[int], list[int]]:
     completion = row["completion"]
+    if isinstance(completion, list) and len(completion) == 1 and not completion[0].get("tool_calls"):
+        completion = completion[0].get("content") or ""  # a conversational prompt's one-turn answer
     if isinstance(completion, str):
         ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
         return ids, [1] * len(ids)
