@@ -207,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--dir", default="runs", help="logging dir the run name is under (default: runs)")
     pl.add_argument("--out", help="PNG path (default: <run dir>/plot.png)")
     pl.set_defaults(func=_cmd_plot)
+    from orchestrator.view.cli import add_view_parser
+
+    add_view_parser(sub, parents=[debug])
 
     s = sub.add_parser("scale", help="resize a running run's reward, environment, judge or teacher pool, or set its "
                                      "autoscaling bounds")
@@ -313,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.path.insert(0, path)
     debug = getattr(args, "debug", False)
     try:
-        if args.command not in ("tiny-model", "rewards", "config-reference", "samples", "plot"):
+        if args.command not in ("tiny-model", "rewards", "config-reference", "samples", "plot", "view"):
             from orchestrator.cli.auth import prepare_client_auth
 
             prepare_client_auth()  # before anything imports ray: Ray 2.60 reads RAY_AUTH_MODE at import
