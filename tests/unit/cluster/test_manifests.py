@@ -412,3 +412,10 @@ def test_prometheus_script_scrapes_rays_service_discovery_file(tmp_path):
     missing = subprocess.run(["bash", str(CLUSTER / "prometheus.sh")], env={**env, "PROMETHEUS": "no-such-binary"},
                              capture_output=True, text=True)
     assert missing.returncode == 1 and "apt-get install prometheus" in missing.stderr
+
+
+def test_cluster_readme_has_a_row_for_every_file():
+    """cluster/README.md's table describes each file of cluster/ (a new one gets its row)."""
+    rows = set(re.findall(r"^\| `([^`]+)` \|", (CLUSTER / "README.md").read_text(), re.M))
+    files = {str(f.relative_to(CLUSTER)) for f in CLUSTER.rglob("*") if f.is_file() and f.name != "README.md"}
+    assert files <= rows, sorted(files - rows)
