@@ -12,8 +12,16 @@ from orchestrator.config.base import _Section
 class LoggingConfig(_Section):
     dir: str = "runs"
     """Root directory; each run writes metrics.jsonl (and checkpoints) under `<dir>/<run name>/`."""
-    report_to: list[Literal["jsonl", "tensorboard", "wandb", "mlflow"]] = ["jsonl"]
-    """Metric sinks. jsonl is always useful; the others need their package installed."""
+    report_to: list[Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio", "all"]] = ["jsonl"]
+    """Metric sinks: `jsonl` (metrics.jsonl, always useful), `tensorboard`, `wandb` (Weights & Biases), `mlflow`,
+    `trackio` (Hugging Face's local-first tracker); `all`: jsonl and every one of the others that is installed (as
+    transformers reads it). A named tracker needs its package installed. A resumed or restarted run logs into the
+    same tracker run (its id kept in the run directory)."""
+    run_name: str | None = None
+    """The run's name in the trackers (TRL's `run_name`); default the run's name."""
+    project: str | None = None
+    """The trackers' project (TRL's `project`; W&B project, MLflow experiment, trackio project); default
+    `rayward`, or the tracker's own environment variable (WANDB_PROJECT, MLFLOW_EXPERIMENT_NAME) where set."""
     progress: bool = True
     """Print one progress line per step on the driver."""
     check_logprob_parity: bool = True
@@ -27,3 +35,7 @@ class LoggingConfig(_Section):
     log_completions: bool = True
     """Write every trained sample to `<dir>/<run name>/completions.jsonl` (TRL's name): step, prompt, completion,
     each reward raw and gated, total, advantage, and the reward functions' log_extra columns."""
+    token_samples: int = Field(4, ge=0)
+    """Completions per step recorded token by token in `<dir>/<run name>/tokens.jsonl` for `rayward view` (each
+    token's id, text, sampling and learner log-probs, loss mask, policy version), spread over the step's groups;
+    0: none. Needs log_completions."""
