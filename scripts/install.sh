@@ -42,19 +42,24 @@ if [ "$TARGET" = cpu ]; then
   "$VENV/bin/python" scripts/torchvision_cpu.py
 fi
 "$VENV/bin/python" -c "import transformers, torchvision, vllm, ray, trl; print('rayward install ok: vllm', vllm.__version__, 'ray', ray.__version__)"
-# Prometheus, for the dashboard's charts (cluster/prometheus.sh) and the test that checks every chart's query:
-# Debian's package, only where this runs as root with apt-get (CI containers). Best effort: the install never
-# fails for it, and without it that one test is skipped. RAYWARD_INSTALL_PROMETHEUS=0 leaves the system alone.
-# (On a host with systemd the package also starts its own service on :9090.)
-if [ "${RAYWARD_INSTALL_PROMETHEUS:-1}" = 1 ] && ! command -v prometheus >/dev/null 2>&1; then
+# System packages some tests use, from Debian's packages where this runs as root with apt-get (CI containers), best
+# effort: the install never fails for them, and each test that needs one skips without it, saying so.
+#   prometheus                  the dashboard's charts (cluster/prometheus.sh) and the test of every chart's query
+#   chromium, chromium-driver   `rayward view`'s browser tests (Selenium drives headless Chromium)
+# RAYWARD_INSTALL_SYSTEM=0 (or the older RAYWARD_INSTALL_PROMETHEUS=0) leaves the system alone. (On a host with
+# systemd the prometheus package also starts its own service on :9090.)
+wanted=()
+command -v prometheus >/dev/null 2>&1 || wanted+=(prometheus)
+command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || wanted+=(chromium chromium-driver)
+if [ "${RAYWARD_INSTALL_SYSTEM:-${RAYWARD_INSTALL_PROMETHEUS:-1}}" = 1 ] && [ "${#wanted[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1; }
+    apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${wanted[@]}" >/dev/null 2>&1; }
     if apt_install || { apt-get update -q >/dev/null 2>&1 && apt_install; }; then
-      echo "installed prometheus ($(command -v prometheus))"
+      echo "installed ${wanted[*]}"
     else
-      echo "note: apt-get could not install prometheus; the Prometheus dashboard test will be skipped"
+      echo "note: apt-get could not install ${wanted[*]}; the tests that need them will be skipped"
     fi
   else
-    echo "note: no prometheus binary (Debian/Ubuntu: sudo apt-get install prometheus); the Prometheus dashboard test will be skipped"
+    echo "note: missing ${wanted[*]} (Debian/Ubuntu: sudo apt-get install ${wanted[*]}); the tests that need them will be skipped"
   fi
 fi
