@@ -434,6 +434,9 @@ class TrainBatch:
     # On-policy distillation, per completion: the teacher's log-prob of each completion token (Scores'; [] where
     # the teacher gave none: the sample is out of the distillation term). None: no teacher.
     teacher_logprobs: list[list[float]] | None = None
+    # Rows whose first-pass learner log-probs come back in TrainResult.token_logprobs (the token record that
+    # `rayward view` shows beside the sampler's).
+    record: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.teacher_logprobs is not None:
@@ -486,6 +489,9 @@ class TrainResult:
     metrics: dict[str, float]
     num_tokens: float  # loss tokens in the batch (TRL's num_tokens)
     compute_s: float  # the learner's wall time on the batch (time/train_compute)
+    # TrainBatch.record's rows: the learner's log-prob of each completion token at the step's first pass (the
+    # distribution the engines sample from: temperature and placeholder bias applied)
+    token_logprobs: dict[int, list[float]] = field(default_factory=dict)
 
 
 @dataclass

@@ -121,6 +121,17 @@ def gather_metrics(sums: dict[str, list[float]], world_size: int) -> dict[str, l
     return merged
 
 
+def gather_records(records: dict[int, list[float]], world_size: int) -> dict[int, list[float]]:
+    """Every rank's per-row records merged (each row is one rank's; identity on one rank)."""
+    if world_size == 1:
+        return records
+    import torch.distributed as dist
+
+    parts: list[Any] = [None] * world_size
+    dist.all_gather_object(parts, records)
+    return {k: v for part in parts for k, v in part.items()}
+
+
 def sum_over_ranks(values: list[float], world_size: int, op: str = "sum") -> list[float]:
     """Each value summed (op "sum") or maxed ("max") over ranks (identity on one rank)."""
     if world_size == 1:

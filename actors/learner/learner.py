@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from actors.learner import checkpoint
-from actors.learner.distributed import place
+from actors.learner.distributed import gather_records, place
 from actors.learner.inputs import model_inputs
 from actors.learner.layout import VARLEN_ATTENTION, Packed, Padded, pack, pad
 from actors.learner.loss import LossInputs, loss_fn
@@ -260,7 +260,7 @@ class Learner:
         compute_s = time.perf_counter() - t0
         out.update(throughput_metrics(ctx, self.spec.step.num_iterations, self.world_size, compute_s))
         return TrainResult(global_step=self.global_step, metrics=out, num_tokens=float(ctx.num_items),
-                           compute_s=compute_s)
+                           compute_s=compute_s, token_logprobs=gather_records(ctx.recorded, self.world_size))
 
     def _plan(self, batch: TrainBatch) -> MicroBatchPlan:
         """This step's micro-batches and this rank's slots; warns about samples longer than the token budget."""
@@ -327,6 +327,9 @@ class Learner:
         multi_turn = batch.completion_mask is not None
         is_weights, metrics = self.correction.first_pass(logp, sampling, mask, by_turn=multi_turn)
         ctx.add(metrics)
+        for r, i in enumerate(idx):
+            if i in batch.record:
+                ctx.recorded[i] = logp[r, : len(batch.completion_ids[i])].tolist()
         ctx.sums["entropy"].append(((entropy * mask).sum() / mask.sum().clamp(min=1)).item())
         return LossInputs(
             logp,  # replaced by the live logp on every pass

@@ -34,6 +34,7 @@ class StepContext:
     frozen: list[LossInputs | None]  # each real slot's loss inputs bar the live logp, from the first pass
     routes: dict[int, Tensor | None] = field(default_factory=dict)  # micro-batch -> routes it replays
     sums: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))  # metric -> values
+    recorded: dict[int, list[float]] = field(default_factory=dict)  # batch.record's rows: first-pass log-probs
 
     def samples(self, slot: Slot) -> list[int]:
         """The batch rows of the slot's micro-batch."""

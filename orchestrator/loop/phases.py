@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from ray.exceptions import RayActorError
@@ -143,7 +143,8 @@ def to_train_batch(run: Run, selection: Selection) -> StepBatch:
     )
     metrics = {**adv.metrics, **step_metrics(rollouts, scores), **selection.metrics}
     metrics.update(run.prompts.metrics())  # a curriculum's pools and draws; a stream's skipped rows
-    return StepBatch(rollouts, scores, adv.batch, metrics, adv.table)
+    batch = replace(adv.batch, record=run.tokens.picks(len(adv.batch)))  # the learner returns their log-probs
+    return StepBatch(rollouts, scores, batch, metrics, adv.table)
 
 
 def step_metrics(rollouts: Rollouts, scores: Scores) -> dict[str, float]:
@@ -243,6 +244,10 @@ def log_step(
         run.tool_watch.observe(run.progress.global_step, step.rollouts.trajectories)
     if run.cfg.logging.log_completions:
         log_completions(run, step)
+        r = step.rollouts
+        run.tokens.record(run.progress.global_step, r.completion_ids, r.sampling_logprobs, prompt_index=r.prompt_index,
+                          learner_logprobs=[trained.token_logprobs.get(i) for i in range(len(r))],
+                          masks=r.completion_mask(), versions=r.versions)
 
 
 def log_completions(run: Run, step: StepBatch) -> None:
@@ -252,9 +257,11 @@ def log_completions(run: Run, step: StepBatch) -> None:
     sample's place in its group, its id). With tools the completion is the whole conversation (assistant messages
     with their tool_calls, tool messages with the results), with its stop reason, turns, tool calls and failures."""
     r, rows = step.rollouts, []
+    mask = r.completion_mask()  # agentic: the tokens the model sampled (tool results are not its length)
+    lengths = [len(c) for c in r.completion_ids] if mask is None else [sum(m) for m in mask]
     for i in range(len(r)):
         row = {"step": run.progress.global_step, "policy_version": r.policy_version, "prompt_index": r.prompt_index[i],
-               "prompt": r.prompts[i], "completion": r.completions[i]}
+               "prompt": r.prompts[i], "completion": r.completions[i], "completion_length": lengths[i]}
         if r.trajectories is not None:  # the completion is the conversation: assistant and tool messages
             t = r.trajectories[i]
             row.update(stop_reason=t.stop_reason, turns=t.turns, tool_calls=t.tool_calls,

@@ -31,6 +31,7 @@ from orchestrator.run.groups import EnvPoolView, Generators, Learner, RewardScor
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
 from orchestrator.telemetry.tool_calls import ToolCallWatch
+from orchestrator.view.records import NoTokenRecord, TokenRecorder
 
 
 @dataclass
@@ -122,4 +123,5 @@ class Run:
     sampler: Sampler = field(default_factory=OneTurn)  # one-turn completions, or agentic rollouts with tools
     env_pool: EnvPoolView | None = None  # NAME/env-pool: the environments of agentic rollouts (None: one-turn)
     tool_watch: ToolCallWatch | None = None  # agentic: says on the terminal when tool calls mostly fail
+    tokens: TokenRecorder | NoTokenRecord = field(default_factory=NoTokenRecord)  # rayward view's token record
     progress: Progress = field(default_factory=Progress)

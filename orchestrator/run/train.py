@@ -93,6 +93,7 @@ def _announce(p: Prepared, mode: str | None, say: Any) -> list[Path]:
     address, source = ray_address(cfg.cluster)
     joins = f"; joining the Ray cluster at {address} ({source})" if source == "RAY_ADDRESS" else ""
     say(f"rayward run {p.name!r}: logs and checkpoints in {p.run_dir}{joins}")
+    say(f"rayward: watch its samples and curves: rayward view {p.run_dir}")
     if p.agent is not None and p.agent.template_note is not None:
         say(f"rayward: note: {p.agent.template_note}")
     if p.agent is not None and p.agent.images_note is not None:

@@ -108,6 +108,10 @@ class TokenRecorder:
         self.decode = decode
         self.max_tokens = max_tokens
 
+    def picks(self, num_rows: int) -> tuple[int, ...]:
+        """The rows of a step of `num_rows` this recorder will write (the learner returns their log-probs)."""
+        return tuple(pick_samples(num_rows, self.samples_per_step))
+
     def record(
         self, step: int, completion_ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]], *,
         prompt_index: Sequence[int] | None = None, learner_logprobs: Sequence[Sequence[float] | None] | None = None,
@@ -133,3 +137,13 @@ class TokenRecorder:
         with open(self.path, "ab") as f:  # one write: a reader sees whole lines, or a torn last one it skips
             f.write(data)
         return len(data)
+
+
+class NoTokenRecord:
+    """A run without a token record (logging.token_samples 0, or no completions log)."""
+
+    def picks(self, num_rows: int) -> tuple[int, ...]:
+        return ()
+
+    def record(self, *args: Any, **kwargs: Any) -> int:
+        return 0

@@ -30,6 +30,7 @@ from orchestrator.run.state import Evaluator, FaultLog, Run
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
 from orchestrator.telemetry.tool_calls import ToolCallWatch
+from orchestrator.view.records import NoTokenRecord, TokenRecorder, decode_tokens
 
 
 def selector(cfg: RunConfig, aggregator: RewardAggregator) -> Selector:
@@ -128,9 +129,20 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
         sampler=rollout_kind(p.agent, p.vision, p.cfg.data.prompt_column, teacher=p.teacher is not None),
         env_pool=groups.env_pool,
         tool_watch=ToolCallWatch(logger.display.message) if p.agent is not None else None,
+        tokens=token_record(cfg, p),
     )
     run.evaluate = run_evaluator(run, p)
     return run
+
+
+def token_record(cfg: RunConfig, p: Prepared) -> TokenRecorder | NoTokenRecord:
+    """`rayward view`'s token record (logging.token_samples completions a step, decoded by the run's tokenizer), or
+    none (token_samples 0, or no completions log to pair it with)."""
+    n = cfg.logging.token_samples
+    if not n or not cfg.logging.log_completions or p.prompts is None:
+        return NoTokenRecord()
+    tokenizer = p.prompts.encode.tokenizer
+    return TokenRecorder(p.run_dir, n, decode=lambda ids: decode_tokens(tokenizer, ids))
 
 
 def build_run(p: Prepared, display: Display | None = None) -> Run:

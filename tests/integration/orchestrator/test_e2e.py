@@ -182,3 +182,22 @@ def test_the_terminal_shows_a_live_bar_and_only_rayward_lines(demo: Demo):
     assert re.search(r"^\(Generator pid=\d+ stderr\) .*Loading safetensors checkpoint shards", log, re.M), log[-3000:]
     assert "Triton" in log or "NUMA" in log, log[-3000:]
     assert re.search(r"^\(Learner.* pid=\d+.*\) .*Writing model shards", log, re.M), log[-3000:]
+
+
+def test_the_token_record_pairs_the_samplers_and_the_learners_logprobs(demo: Demo):
+    """tokens.jsonl (rayward view's token view): logging.token_samples lines a step, each a completions.jsonl row's
+    tokens with the sampler's log-probs and the learner's first-pass ones. The learner's were computed by the weights
+    the engine sampled with (synced, policy_version = step - 1 in the sync loop): they agree to the parity check's
+    gap, and the 3-decimal rounding."""
+    lines = [json.loads(x) for x in (demo.run_dir / "tokens.jsonl").read_text().splitlines()]
+    n = demo.cfg.logging.token_samples
+    assert len(lines) == n * demo.cfg.grpo.max_steps and {x["step"] for x in lines} == set(range(1, 41))
+    completions = [json.loads(x) for x in (demo.run_dir / "completions.jsonl").read_text().splitlines()]
+    by_step: dict[int, list[dict]] = {}
+    for c in completions:
+        by_step.setdefault(c["step"], []).append(c)
+    for x in lines:
+        row = by_step[x["step"]][x["sample"]]
+        assert row["prompt_index"] == x["prompt_index"] and row["completion_length"] == len(x["ids"])
+        gap = max(abs(a - b) for a, b in zip(x["logprobs"], x["learner_logprobs"], strict=True))
+        assert gap < 2e-3, (x["step"], x["sample"], gap)

@@ -138,3 +138,20 @@ def test_cpu_threads_follow_model_size_and_the_cores_allowed():
     assert threads_for(200_000, 8) == 1  # the tiny model: one thread
     assert threads_for(5 * PARAMS_PER_THREAD, 2) == 2  # a 100M model on a 2-core box: both cores
     assert threads_for(5 * PARAMS_PER_THREAD, 16) == 5
+
+
+def test_the_recorded_rows_come_back_with_their_first_pass_logprobs(tiny_model_path):
+    """TrainBatch.record: the token record's rows (rayward view) get the learner's log-probs of their completion
+    tokens from the step's first pass, before the update; the other rows none."""
+    from dataclasses import replace
+
+    lr = make(tiny_model_path, temperature=0.7)
+    b = replace(batch([1.0, -1.0, 1.0, -1.0]), record=(0, 3))
+    with torch.no_grad():
+        want, _ = lr._forward_logps(lr.model, lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
+    got = lr.train_step(b).token_logprobs
+    assert sorted(got) == [0, 3]
+    for i in (0, 3):
+        assert len(got[i]) == len(b.completion_ids[i])
+        assert_close_at_scale(torch.tensor(got[i]), want[i, : len(got[i])], TINY_MODEL)
+    assert lr.train_step(batch([1.0, -1.0])).token_logprobs == {}  # nothing asked, nothing sent
