@@ -1,6 +1,5 @@
-"""Runs on a shared Ray cluster through the Ray Jobs API: submit, status, logs (-f), stop, list; and `scale`,
-which resizes a running run's reward or environment pool as a Ray client of the cluster (its GCS address, not
-the dashboard).
+"""Runs on a shared Ray cluster through the Ray Jobs API: submit, status, logs (-f), stop, list (and `rayward
+scale`, orchestrator/cli/scale.py, a small job of its own): every command takes the dashboard address.
 
 `rayward submit CONFIG [overrides] --address http://HEAD:8265` validates the config here first (a typo fails
 on the laptop, not after an upload), then submits `python -m orchestrator run CONFIG overrides --name NAME`
@@ -48,14 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.runtime.autoscale import AutoscaleSettings
-from actors.types import PoolStats
 from orchestrator.cli.auth import AuthError, explain_auth_failure, find_token, prepare_client_auth
 from orchestrator.config import (
-    DEFAULT_DOWNSCALE_DELAY_S,
-    DEFAULT_LOOK_BACK_S,
-    DEFAULT_TARGET_UTILIZATION,
-    DEFAULT_UPSCALE_DELAY_S,
     RUN_NAME_PATTERN,
 )
 
@@ -251,13 +244,16 @@ def build_submission(
     )
 
 
+def rayward_modules() -> list[str]:
+    """rayward's own packages' directories (a job's py_modules), found without importing them (importing rayward
+    imports TRL, torch and PEFT: seconds before a submit that needs none of them)."""
+    return [str(Path(importlib.util.find_spec(name).origin).parent) for name in ("orchestrator", "actors", "rayward")]
+
+
 def _ship_rayward(runtime_env: dict[str, Any], root: Path, ship: bool) -> None:
     if not ship:
         return
-    # The packages' directories, found without importing them (importing rayward imports TRL, torch and PEFT:
-    # seconds before a submit that needs none of them).
-    modules = [str(Path(importlib.util.find_spec(name).origin).parent) for name in ("orchestrator", "actors", "rayward")]
-    modules = [m for m in modules if not _inside(Path(m), root)]
+    modules = [m for m in rayward_modules() if not _inside(Path(m), root)]
     if modules:
         runtime_env["py_modules"] = modules
 
@@ -542,72 +538,6 @@ def list_runs(address: str, *, show_all: bool = False, as_json: bool = False, ou
     for r in rows:
         print(f"{r['run']:28s} {r['status']:10s} {_fmt_time(r['start_time']):19s}  {r['submission_id']}", file=out)
     return 0
-
-
-def scale(address: str | None, run: str, *, reward_workers: int | None = None, env_workers: int | None = None,
-          judge_engines: int | None = None, judge: str | None = None, teacher_engines: int | None = None,
-          min_workers: int | None = None, max_workers: int | None = None, pool: str = "reward") -> PoolStats:
-    """Pin run `run`'s reward pool at `reward_workers` (or its environment pool at `env_workers`, the engines of
-    judge reward `judge` at `judge_engines`, the distillation teacher's at `teacher_engines`), or set the
-    autoscaling bounds of `pool` ("reward", "env", "judge" or "teacher"; with both bounds, a pool without autoscaling turns it on with the config's defaults); returns the
-    pool's state after it. `judge` may be left out when the run has one judge reward. Joins the cluster at the GCS
-    `address` (default: auto). UnreachableError when nothing answers there; ScaleRefused for a run or pool that
-    does not exist or a change the pool refuses (its own message)."""
-    fresh = _fresh_autoscale(run, min_workers, max_workers, pool)  # bad bounds fail before Ray starts
-    import ray
-    from ray.exceptions import RayTaskError
-
-    from orchestrator.run.cluster import UnreachableError, check_reachable, namespace
-
-    address = address or "auto"
-    check_reachable(address)
-    try:
-        ray.init(address=address, namespace=namespace(run), log_to_driver=False)
-    except ConnectionError as err:
-        raise UnreachableError(f"cannot connect to Ray at {address}: {err}") from None
-    role = _judge_role(run, judge) if pool == "judge" else pool
-    try:
-        handle = ray.get_actor(f"{run}/{role}-pool")
-    except ValueError:
-        what = {"reward": "no run named", "env": "no environment pool (no tools or environment_factory) in run",
-                "teacher": "no distillation teacher in run"}.get(pool, f"no judge reward {judge!r} in run")
-        raise ScaleRefused(f"{what} {run!r} on this cluster (no actor {run}/{role}-pool)") from None
-    try:
-        count = {"reward": reward_workers, "env": env_workers, "judge": judge_engines, "teacher": teacher_engines}[pool]
-        if count is not None:
-            return ray.get(handle.scale.remote(count))
-        return ray.get(handle.set_bounds.remote(min_workers, max_workers, fresh=fresh))
-    except RayTaskError as err:  # the pool refused (e.g. bounds out of order): its message, not a traceback
-        raise ScaleRefused(f"{run}: {getattr(err, 'cause', None) or err}") from None
-
-
-def _judge_role(run: str, judge: str | None) -> str:
-    """The pool role of the run's judge reward `judge` (`judge-<reward>`); None: the run's only judge reward's
-    (ScaleRefused when it has none or several). Ray must be initialised in the run's namespace."""
-    if judge is not None:
-        return f"judge-{judge}"
-    from ray.util import list_named_actors
-
-    prefix = f"{run}/judge-"
-    found = sorted(n[len(prefix):-len("-pool")] for n in list_named_actors() if n.startswith(prefix)
-                   and n.endswith("-pool"))
-    if len(found) != 1:
-        raise ScaleRefused(f"{run}: " + ("no judge reward in this run" if not found else
-                                         f"the run has judge rewards {found}: name one with --judge REWARD"))
-    return f"judge-{found[0]}"
-
-
-def _fresh_autoscale(run: str, min_workers: int | None, max_workers: int | None,
-                     pool: str = "reward") -> AutoscaleSettings | None:
-    """With both bounds: the settings a pool without autoscaling starts from (the config's defaults)."""
-    if min_workers is None or max_workers is None:
-        return None
-    if not 1 <= min_workers <= max_workers:
-        raise ScaleRefused(f"{run}: {pool} autoscaling needs 1 <= min_workers <= max_workers, got "
-                           f"{min_workers}..{max_workers}")
-    return AutoscaleSettings(min_workers, max_workers, target_utilization=DEFAULT_TARGET_UTILIZATION,
-                             look_back_s=DEFAULT_LOOK_BACK_S, upscale_delay_s=DEFAULT_UPSCALE_DELAY_S,
-                             downscale_delay_s=DEFAULT_DOWNSCALE_DELAY_S)
 
 
 def guarded(command: str, fn, *args: Any, **kwargs: Any) -> int:

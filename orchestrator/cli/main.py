@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from orchestrator.cli.auth import AuthError
 from orchestrator.config import ConfigError, load_config
@@ -71,15 +72,18 @@ def _cmd_scale(args: argparse.Namespace) -> int:
               "--min/--max) sizes", file=sys.stderr)
         return EXIT_BAD_INPUT
     from orchestrator.cli import jobs
+    from orchestrator.cli.scale import ScaleRequest, scale
 
+    count = next((n for n in pinned.values() if n is not None), None)
+    request = ScaleRequest(args.run, pool, count, args.min, args.max, args.judge)
     try:
-        stats = jobs.scale(args.address, args.run, reward_workers=args.reward_workers, env_workers=args.env_workers,
-                           judge_engines=args.judge_engines, judge=args.judge,
-                           teacher_engines=args.teacher_engines, min_workers=args.min,
-                           max_workers=args.max, pool=pool)
+        stats = scale(jobs.normalize_address(args.address), request)
     except jobs.ScaleRefused as err:
         print(f"rayward scale: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (jobs.JobsError, AuthError) as err:
+        print(f"rayward scale: {err}", file=sys.stderr)
+        return EXIT_UNREACHABLE if "reach" in str(err) or "no answer" in str(err) else EXIT_FAILED
     what = f"{pool} engines" if pool in ("judge", "teacher") else f"{pool} workers"
     print(f"rayward scale: {args.run}: {what} -> {stats.target_workers} ({stats.workers} live, "
           f"{stats.starting} starting, {stats.retiring} retiring); autoscaling {stats.autoscale}")
@@ -160,10 +164,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
     )
 
 
+ADDRESS_HELP = ("Ray dashboard / Jobs API URL, as every client command takes it (default: $RAY_API_SERVER_ADDRESS, "
+                "$RAY_ADDRESS or http://127.0.0.1:8265)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rayward", description="GRPO training on Ray: vLLM generators, reward pool, learner")
     sub = p.add_subparsers(dest="command", required=True)
-
     # --verbose / --debug: what a run shows (run, and submit for the job's driver)
     shown = argparse.ArgumentParser(add_help=False)
     shown.add_argument("-v", "--verbose", action="store_true",
@@ -172,7 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     shown.add_argument("--debug", action="store_true", help="full tracebacks (Ray's and rayward's) on errors")
     debug = argparse.ArgumentParser(add_help=False)
     debug.add_argument("--debug", action="store_true", help="full tracebacks on errors")
+    _add_training(sub, shown, debug)
+    _add_run_readers(sub, debug)
+    _add_scale(sub)
+    _add_tools(sub)
+    _add_jobs(sub, shown)
+    return p
 
+
+def _add_training(sub: Any, shown: argparse.ArgumentParser, debug: argparse.ArgumentParser) -> None:
     r = sub.add_parser("run", parents=[shown], help="train on an embedded local Ray cluster (or cluster.address)")
     r.add_argument("config", help="YAML config (see configs/)")
     r.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. grpo.max_steps=10")
@@ -193,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--output", help="JSON report path (default: <logging.dir>/<name>/eval.json)")
     e.set_defaults(func=_cmd_eval)
 
+
+def _add_run_readers(sub: Any, debug: argparse.ArgumentParser) -> None:
+    """What reads a run directory: samples, plot, view."""
+    from orchestrator.view.cli import add_view_parser
+
     run_help = "run directory, or a run name under --dir"
     sm = sub.add_parser("samples", parents=[debug], help="a run's latest samples: prompt, completion, rewards")
     sm.add_argument("run", help=run_help)
@@ -207,9 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--dir", default="runs", help="logging dir the run name is under (default: runs)")
     pl.add_argument("--out", help="PNG path (default: <run dir>/plot.png)")
     pl.set_defaults(func=_cmd_plot)
-    from orchestrator.view.cli import add_view_parser
-
     add_view_parser(sub, parents=[debug])
+
+
+def _add_scale(sub: Any) -> None:
+    from orchestrator.cli.jobs import default_address
+    from orchestrator.cli.scale import POOLS
 
     s = sub.add_parser("scale", help="resize a running run's reward, environment, judge or teacher pool, or set its "
                                      "autoscaling bounds")
@@ -225,31 +248,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pin the distillation teacher's engine pool at this many engines (pauses its autoscaling)")
     s.add_argument("--min", type=int, help="autoscale with at least this many workers (turns autoscaling on)")
     s.add_argument("--max", type=int, help="autoscale with at most this many workers (turns autoscaling on)")
-    s.add_argument("--pool", choices=("reward", "env", "judge", "teacher"), default="reward",
-                   help="the pool --min/--max apply to (default: reward)")
-    s.add_argument("--address", help="Ray GCS address (default: auto)")
+    s.add_argument("--pool", choices=POOLS, default="reward", help="the pool --min/--max apply to (default: reward)")
+    s.add_argument("--address", default=default_address(), help=ADDRESS_HELP)
     s.set_defaults(func=_cmd_scale)
 
+
+def _add_tools(sub: Any) -> None:
     t = sub.add_parser("tiny-model", help="write the offline tiny model + tokenizer as an HF checkpoint")
     t.add_argument("path")
     t.add_argument("--seed", type=int, default=0)
     t.set_defaults(func=_cmd_tiny_model)
-
     sub.add_parser("rewards", help="list built-in reward functions").set_defaults(func=_cmd_rewards)
     sub.add_parser("config-reference", help="print every config field (markdown)").set_defaults(
         func=_cmd_config_reference
     )
 
+
+def _add_jobs(sub: Any, shown: argparse.ArgumentParser) -> None:
+    """The Jobs API client commands: submit, status, logs, stop, list."""
     from orchestrator.cli.jobs import DEFAULT_MAX_FILE_MIB, default_address
 
-    addr_help = "Ray dashboard / Jobs API URL (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS or http://127.0.0.1:8265)"
     j = sub.add_parser("submit", parents=[shown], help="submit a run to a Ray cluster through the Jobs API")
     j.add_argument("config", help="YAML config (validated here before anything is uploaded), or a Python script "
                    "(a TRL script using rayward.GRPOTrainer), run as `python SCRIPT args` with its directory")
     j.add_argument("overrides", nargs="*", help="dotted overrides, anywhere on the line, e.g. grpo.max_steps=10 (a "
                    "script: its arguments)")
     j.add_argument("--name", help="run name (default: config name or generated); the job id is rayward-NAME")
-    j.add_argument("--address", default=default_address(), help=addr_help)
+    j.add_argument("--address", default=default_address(), help=ADDRESS_HELP)
     j.add_argument("--working-dir", default=None, help="directory shipped as the job's working_dir (default: ., "
                    "or the script's directory)")
     j.add_argument("--exclude", action="append", default=[], help="extra gitignore-style exclude (repeatable)")
@@ -272,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         c = sub.add_parser(cmd, help=text)
         c.add_argument("run", help="run name (or a submission id)")
-        c.add_argument("--address", default=default_address(), help=addr_help)
+        c.add_argument("--address", default=default_address(), help=ADDRESS_HELP)
         if cmd == "status":
             c.add_argument("--json", action="store_true", help="one JSON object")
         if cmd == "logs":
@@ -281,11 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the job to stop")
         c.set_defaults(func=fn)
     ls = sub.add_parser("list", help="runs submitted to the cluster")
-    ls.add_argument("--address", default=default_address(), help=addr_help)
+    ls.add_argument("--address", default=default_address(), help=ADDRESS_HELP)
     ls.add_argument("--all", action="store_true", help="every job, not only rayward runs")
     ls.add_argument("--json", action="store_true", help="a JSON list")
     ls.set_defaults(func=_cmd_list)
-    return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

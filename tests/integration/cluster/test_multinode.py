@@ -91,8 +91,9 @@ def _wait(pred, what: str, proc: subprocess.Popen, log: Path, every: float = 1.0
 
 
 def _scale(cluster: Cluster, n: int) -> str:
-    """`rayward scale RUN --reward-workers n` (again: a no-op that reports the pool); returns its line."""
-    p = subprocess.run([rayward_exe(), "scale", RUN, "--reward-workers", str(n), "--address", cluster.gcs],
+    """`rayward scale RUN --reward-workers n --address <dashboard URL>` (again: a no-op that reports the pool), as a
+    laptop behind a port-forward of 8265 alone would; returns its line."""
+    p = subprocess.run([rayward_exe(), "scale", RUN, "--reward-workers", str(n), "--address", cluster.dashboard],
                        cwd=ROOT, env=client_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and f"reward workers -> {n}" in p.stdout, (
         f"rayward scale {n} failed (rc {p.returncode}): {p.stdout}\n{p.stderr[-3000:]}{_auth_hint(p.stderr)}")

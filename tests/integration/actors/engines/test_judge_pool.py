@@ -5,7 +5,9 @@ tests/unit/actors/engines/test_judge.py."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 
 import pytest
@@ -109,12 +111,15 @@ def test_requests_no_engine_takes_are_answered_timeout(ray_cluster, tmp_path):
 
 @pytest.mark.scenario
 def test_rayward_scale_judge_engines(ray_cluster, tmp_path):
-    """What a user types, in a process of its own, against a running run's judge pool: the run's only judge is
-    found without --judge; bounds name it."""
+    """`rayward scale`'s job body (`python -m orchestrator.cli.scale`, what the job the CLI submits through the
+    dashboard runs) in a process of its own, against a running run's judge pool: the run's only judge is found
+    without --judge; bounds name it."""
     import subprocess
 
+    from orchestrator.cli.scale import RESULT
     from orchestrator.run.cluster import namespace
-    from tests.fixtures.cluster import client_env, rayward_exe
+    from tests.conftest import ROOT
+    from tests.fixtures.cluster import client_env
 
     ray = ray_cluster
     name = "j-cli"
@@ -123,17 +128,17 @@ def test_rayward_scale_judge_engines(ray_cluster, tmp_path):
     gcs = ray.get_runtime_context().gcs_address
 
     def scale(*args, code=0):
-        p = subprocess.run([rayward_exe(), "scale", name, *args, "--address", gcs], env=client_env(),
-                           capture_output=True, text=True, timeout=WAIT_S)
+        p = subprocess.run([sys.executable, "-m", "orchestrator.cli.scale", name, "--pool", "judge", *args],
+                           env=client_env(RAY_ADDRESS=gcs), cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
         assert p.returncode == code, p.stderr[-3000:]
-        return p.stdout.strip() if code == 0 else p.stderr
+        return p.stdout.strip()
 
-    assert scale("--judge-engines", "3").startswith(f"rayward scale: {name}: judge engines -> 3 (")
+    assert json.loads(scale("--count", "3").split(RESULT)[1])["target_workers"] == 3
     wait_for_stats(ray, pool, lambda s: s.workers == 3, "3 live engines", WAIT_S)
-    assert scale("--pool", "judge", "--judge", "judged", "--min", "1", "--max", "2").endswith("autoscaling 1..2")
+    assert json.loads(scale("--judge", "judged", "--min", "1", "--max", "2").split(RESULT)[1])["autoscale"] == "1..2"
     wait_for_stats(ray, pool, lambda s: s.target_workers == 2 and s.retiring == 0, "the pool at its new maximum",
                    WAIT_S)
-    assert "no judge reward 'nope' in run 'j-cli'" in scale("--judge-engines", "2", "--judge", "nope", code=2)
+    assert "no judge reward 'nope' in run 'j-cli'" in scale("--count", "2", "--judge", "nope", code=2)
     kill_pool(ray, pool)
 
 

@@ -5,9 +5,11 @@ SIGSTOPped worker, retiring workers with open sessions, and `rayward scale --env
 Nothing here is timed. A call that must be in flight while the test acts waits on a gate file the test creates
 once it has seen what it waits for, so the order of events is fixed whatever the machine's speed."""
 
+import json
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -15,8 +17,10 @@ from actors.envs.client import EnvSessionLost, PoolEnvironments
 from actors.envs.pool import EnvPool
 from actors.envs.spec import EnvSpec
 from actors.types import EnvRequest, ToolCall
+from orchestrator.cli.scale import RESULT
+from tests.conftest import ROOT
 from tests.fixtures import envs as fixture_envs
-from tests.fixtures.cluster import client_env, rayward_exe
+from tests.fixtures.cluster import client_env
 from tests.fixtures.waiting import wait_for_stats
 
 WAIT_S = 180.0  # any wait below on a loaded machine; reached only when what is awaited never happens
@@ -210,7 +214,9 @@ def test_retiring_workers_finish_their_sessions(ray_cluster):
 
 @fault_case
 def test_rayward_scale_env_workers(ray_cluster):
-    """What a user types, in a process of its own, against a running run's environment pool."""
+    """`rayward scale`'s job body (`python -m orchestrator.cli.scale`, what the job the CLI submits through the
+    dashboard runs; that route: tests/integration/cluster/test_multinode.py) in a process of its own, against a
+    running run's environment pool."""
     from orchestrator.run.cluster import namespace
 
     ray = ray_cluster
@@ -219,22 +225,21 @@ def test_rayward_scale_env_workers(ray_cluster):
     wait_for(ray, pool, lambda s: s.workers == 1, "the first worker")
     gcs = ray.get_runtime_context().gcs_address
 
-    def scale(*args):
-        p = subprocess.run([rayward_exe(), "scale", name, *args, "--address", gcs], env=client_env(),
-                           capture_output=True, text=True, timeout=WAIT_S)
-        assert p.returncode == 0, p.stderr[-3000:]
+    def scale(*args, run=name, code=0):
+        p = subprocess.run([sys.executable, "-m", "orchestrator.cli.scale", run, "--pool", "env", *args],
+                           env=client_env(RAY_ADDRESS=gcs), cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
+        assert p.returncode == code, p.stderr[-3000:]
         return p.stdout.strip()
 
-    assert scale("--env-workers", "3").startswith(f"rayward scale: {name}: env workers -> 3 (")
+    assert json.loads(scale("--count", "3").split(RESULT)[1])["target_workers"] == 3
     wait_for(ray, pool, lambda s: s.workers == 3, "3 live workers")
-    assert scale("--pool", "env", "--min", "1", "--max", "2").endswith("autoscaling 1..2")
+    assert json.loads(scale("--min", "1", "--max", "2").split(RESULT)[1])["autoscale"] == "1..2"
     stats = wait_for(ray, pool, lambda s: s.target_workers == 2 and s.retiring == 0, "the pool at its new maximum")
     assert stats.decisions == 2
     reasons = [d["reason"] for d in ray.get(pool.decision_log.remote())]
     assert reasons[0] == ("pinned by `rayward scale --env-workers`")  # no autoscaling to pause
-    p = subprocess.run([rayward_exe(), "scale", "no-such-run", "--env-workers", "2", "--address", gcs],
-                       env=client_env(), capture_output=True, text=True, timeout=WAIT_S)
-    assert p.returncode == 2 and "no environment pool (no tools or environment_factory) in run 'no-such-run'" in p.stderr
+    refused = scale("--count", "2", run="no-such-run", code=2)
+    assert "no environment pool (no tools or environment_factory) in run 'no-such-run'" in refused
     kill_pool(ray, pool)
 
 

@@ -317,6 +317,25 @@ def test_run_metrics_on_the_nodes_metrics_endpoint(head, demo_run):
     print(f"ray_rayward_global_step{{run={name!r}}}: {max(steps0):.0f} -> {max(later):.0f}")
 
 
+def test_scale_through_the_dashboard_address_alone(head, demo_run):
+    """`rayward scale` with the same --address as every other command (the dashboard URL; the GCS port is never
+    given): the running run's reward pool goes to 3 workers and back to 2; the scale jobs are not listed as runs."""
+    name, _ = demo_run
+    up = rayward("scale", name, "--reward-workers", "3", "--address", head.address)
+    assert up.returncode == 0 and f"rayward scale: {name}: reward workers -> 3 (" in up.stdout, up.stderr[-2000:]
+    deadline = time.monotonic() + 120
+    while len([a for a in job_status(head, name)["actors"]
+               if a["name"].startswith(f"{name}/reward-") and a["state"] == "ALIVE"]) < 4:  # the pool + 3 workers
+        assert time.monotonic() < deadline, job_status(head, name)["actors"]
+        time.sleep(1)
+    down = rayward("scale", name, "--reward-workers", "2", "--address", head.address)
+    assert down.returncode == 0 and "reward workers -> 2 (" in down.stdout, down.stderr[-2000:]
+    nope = rayward("scale", "no-such-run", "--reward-workers", "2", "--address", head.address)
+    assert nope.returncode == 2 and "no run named 'no-such-run'" in nope.stderr, nope.stderr
+    listed = json.loads(rayward("list", "--json", "--address", head.address).stdout)
+    assert not [x for x in listed if "scale" in x["submission_id"]], listed
+
+
 def test_run_succeeds_and_its_logs_are_readable(head, demo_run):
     name, logdir = demo_run
     st = wait_status(head, name, {"SUCCEEDED"}, timeout_s=240)

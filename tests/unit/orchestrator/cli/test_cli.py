@@ -104,7 +104,7 @@ def test_eval_rejects_bad_input_before_starting_anything(args, message, capsys, 
 def test_scale_unreachable_address_is_one_line(capsys):
     code = main(["scale", "no-such-run", "--reward-workers", "2", "--address", "127.0.0.1:1"])
     err = capsys.readouterr().err
-    assert code == 3 and "cannot reach a Ray cluster at 127.0.0.1:1" in err and len(err.strip().splitlines()) == 1
+    assert code == 3 and "cannot reach the Ray dashboard at http://127.0.0.1:1" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("args", [[], ["--reward-workers", "4", "--max", "8"]])

@@ -12,7 +12,7 @@ DEMO = str(ROOT / "configs" / "demo.yaml")
 def test_env_workers_passes_the_argument_checks(capsys):
     # unreachable address: exit 3 shows the arguments were accepted and Ray was asked
     assert main(["scale", "some-run", "--env-workers", "2", "--address", "127.0.0.1:1"]) == 3
-    assert "cannot reach a Ray cluster at 127.0.0.1:1" in capsys.readouterr().err
+    assert "cannot reach the Ray dashboard at http://127.0.0.1:1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args", [["--env-workers", "2", "--reward-workers", "2"], ["--env-workers", "2", "--max", "3"]])
@@ -23,7 +23,7 @@ def test_one_action_at_a_time(args, capsys):
 
 def test_judge_engines_passes_the_argument_checks_and_judge_needs_a_judge_action(capsys):
     assert main(["scale", "some-run", "--judge-engines", "2", "--judge", "j", "--address", "127.0.0.1:1"]) == 3
-    assert "cannot reach a Ray cluster at 127.0.0.1:1" in capsys.readouterr().err
+    assert "cannot reach the Ray dashboard at http://127.0.0.1:1" in capsys.readouterr().err
     assert main(["scale", "some-run", "--reward-workers", "2", "--judge", "j", "--address", "127.0.0.1:1"]) == 2
     assert "--judge names the judge reward whose engines" in capsys.readouterr().err
     assert main(["scale", "some-run", "--judge-engines", "2", "--env-workers", "1", "--address", "127.0.0.1:1"]) == 2
@@ -54,7 +54,7 @@ def test_run_refuses_bad_tools_and_environments_before_starting_anything(overrid
 
 def test_teacher_engines_passes_the_argument_checks_and_is_one_action(capsys):
     assert main(["scale", "some-run", "--teacher-engines", "2", "--address", "127.0.0.1:1"]) == 3
-    assert "cannot reach a Ray cluster at 127.0.0.1:1" in capsys.readouterr().err
+    assert "cannot reach the Ray dashboard at http://127.0.0.1:1" in capsys.readouterr().err
     assert main(["scale", "some-run", "--teacher-engines", "2", "--judge-engines", "1", "--address", "127.0.0.1:1"]) == 2
     assert "for the distillation teacher's --teacher-engines N, or --pool teacher --min/--max" in (
         capsys.readouterr().err)
