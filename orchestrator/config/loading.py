@@ -112,10 +112,10 @@ def config_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> li
     return rows
 
 
-# The page of docs/ that explains each field, by dotted key prefix (the longest prefix of a key wins; a list's `[]`
-# is left out: `rewards.judge` is `rewards[].judge`). Every field's full docstring is in its page's "Options"
-# block, and its row of docs/config.md links there (scripts/update_config_reference.py writes both). A field added
-# to a section lands on the section's page; an entry here moves it to another.
+# The page of docs/ that explains each field, by dotted key prefix (the longest prefix of a key wins; a list's
+# `[]` is left out: `rewards.judge` is `rewards[].judge`). Every field's whole docstring is in its page's
+# "Options" block, and its row of docs/config.md links there (scripts/update_config_reference.py writes
+# both). A field added to a section lands on the section's page; an entry here moves it to another.
 DOCS_PAGES: dict[str, str] = {
     "name": "watching.md",
     "seed": "faults.md",
@@ -198,8 +198,8 @@ def _outside(text: str) -> Iterator[tuple[int, str]]:
 
 
 def first_sentence(doc: str) -> str:
-    """A docstring's first sentence: up to the first period outside brackets and code that ends a word (not e.g.,
-    i.e., ...) and is followed by a space or the end."""
+    """A docstring's first sentence: up to the first period outside brackets and code that ends a word (not
+    e.g., i.e., ...) and is followed by a space or the end."""
     for i, c in _outside(doc):
         if c == "." and doc[i + 1 : i + 2] in ("", " ", "\n"):
             word = re.search(r"[\w.]*$", doc[:i])

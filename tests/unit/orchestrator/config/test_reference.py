@@ -1,6 +1,7 @@
-"""The config reference (orchestrator/config/loading.py's reference functions, scripts/update_config_reference.py):
-`rayward config-reference` prints every field of the tree, docs/config.md and each feature page's Options block
-are current and lose no field, default or word of a docstring, and the manual lists every page."""
+"""The config reference (orchestrator/config/loading.py's reference functions,
+scripts/update_config_reference.py): `rayward config-reference` prints every field of the tree, docs/config.md
+and each feature page's Options block are current and lose no field, default or word of a docstring, and the
+manual lists every page."""
 
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ def section_of(annotation: object) -> type[BaseModel] | None:
 
 
 def tree(model: type[BaseModel] = RunConfig, prefix: str = "") -> Iterator[tuple[str, str]]:
-    """(dotted key, default) of every field, walked from the pydantic models: a section's fields under its name, an
-    optional section's own row first, and the top-level `rewards` list's entry fields under `rewards[]` (a nested
-    list of rewards, `eval.rewards`, is one row: it takes the same entries)."""
+    """(dotted key, default) of every field, walked from the pydantic models: a section's fields under its
+    name, an optional section's own row first, and the top-level `rewards` list's entry fields under
+    `rewards[]` (a nested list of rewards, `eval.rewards`, is one row: it takes the same entries)."""
     for name, field in model.model_fields.items():
         key, ann = prefix + name, field.annotation
         listed = typing.get_args(ann)[0] if typing.get_origin(ann) is list and not prefix else None
@@ -54,7 +55,8 @@ def tree(model: type[BaseModel] = RunConfig, prefix: str = "") -> Iterator[tuple
                 yield key, repr(field.get_default())
             yield from tree(sub, f"{key}.")
         else:
-            yield key, "(required)" if field.is_required() else repr(field.get_default(call_default_factory=True))
+            required = field.is_required()
+            yield key, "(required)" if required else repr(field.get_default(call_default_factory=True))
 
 
 def printed() -> list[tuple[str, str, str]]:
@@ -92,8 +94,8 @@ def entries(page: str) -> dict[str, tuple[str, str]]:
 
 
 def test_the_generated_docs_are_current():
-    assert not ref.stale(), (
-        f"stale: {[str(p.relative_to(ROOT)) for p in ref.stale()]}: run `python scripts/update_config_reference.py`")
+    stale = [str(p.relative_to(ROOT)) for p in ref.stale()]
+    assert not stale, f"stale: {stale}: run `python scripts/update_config_reference.py`"
 
 
 def test_config_reference_prints_every_field_of_the_tree():
@@ -110,9 +112,9 @@ def test_config_md_has_every_field_once_under_its_sections_heading():
         top = key.split(".")[0].removesuffix("[]")
         names = re.findall(r"`([^`]+)`", heading or "")
         assert top in names and (len(names) == 1 or key == top), f"{key} under `## {heading}`"
-    assert {h for h, _ in rows} >= {f"`{s}`" for s in ("model", "data", "generation", "grpo", "rewards", "cluster",
-                                                        "eval", "loop", "weight_sync", "logging", "agent",
-                                                        "distillation")}
+    sections = ("model", "data", "generation", "grpo", "rewards", "cluster", "eval", "loop", "weight_sync",
+                "logging", "agent", "distillation")
+    assert {h for h, _ in rows} >= {f"`{s}`" for s in sections}
 
 
 def test_config_md_rows_are_short():
@@ -121,9 +123,9 @@ def test_config_md_rows_are_short():
 
 
 def test_every_docstring_is_whole_on_its_page_and_each_row_says_where():
-    """A row of docs/config.md is its field's whole docstring, or the start of it and a link to the entry on the
-    field's page that holds all of it (the entry of a field with the same long text, which the field's own entry
-    links to)."""
+    """A row of docs/config.md is its field's whole docstring, or the start of it and a link to the entry on
+    the field's page that holds all of it (the entry of a field with the same long text, which the field's own
+    entry links to)."""
     rows = {key: meaning for _, (key, _, meaning) in config_md_rows()}
     for key, _, doc in config_reference():
         page = docs_page(key)[1]
@@ -139,7 +141,8 @@ def test_every_docstring_is_whole_on_its_page_and_each_row_says_where():
         if meaning != flat(doc):
             m = re.fullmatch(r"(.*) \[more\]\(([\w.-]+)#(config\.[^)]+)\)", meaning)
             assert m, f"{key}: its row of docs/config.md is cut but links to no entry"
-            assert entries(m.group(2))[m.group(3)][1] == flat(doc), f"{key}: its `more` link holds another text"
+            held = entries(m.group(2))[m.group(3)][1]
+            assert held == flat(doc), f"{key}: its `more` link leads to another text"
             assert flat(doc).startswith(m.group(1).removesuffix(" …")), key
 
 
@@ -148,7 +151,8 @@ def test_docs_pages_names_fields_and_pages_with_an_options_heading():
     for prefix, page in DOCS_PAGES.items():
         assert any(k == prefix or k.startswith(prefix + ".") for k in keys), f"DOCS_PAGES: no field {prefix}"
         text = (DOCS / page).read_text()
-        assert "\n## Options\n" in text.split(ref.OPTIONS_START)[0], f"docs/{page}: no `## Options` above its block"
+        above = text.split(ref.OPTIONS_START)[0]
+        assert "\n## Options\n" in above, f"docs/{page}: no `## Options` above its block"
     with pytest.raises(KeyError, match="no entry of DOCS_PAGES"):
         docs_page("nonexistent.field")
     assert docs_page("rewards[].judge.engines.num_cpus") == ("rewards", "rewards.md")
@@ -184,7 +188,8 @@ def test_first_sentence_skips_brackets_code_and_abbreviations():
     assert first_sentence("Micro-batch size. One step accumulates.") == "Micro-batch size."
     assert first_sentence("LoRA (PEFT): e.g. {r: 8}. The rest.") == "LoRA (PEFT): e.g. {r: 8}."
     assert first_sentence("Std (Dr. GRPO) per `a. b` token. More.") == "Std (Dr. GRPO) per `a. b` token."
-    assert first_sentence("Why: actors/runtime/cpus.py and 0.5 of it") == "Why: actors/runtime/cpus.py and 0.5 of it"
+    no_end = "Why: actors/runtime/cpus.py and 0.5 of it"
+    assert first_sentence(no_end) == no_end
 
 
 def test_summary_cuts_at_the_last_clause_that_fits():
