@@ -1,5 +1,5 @@
 """A curriculum over prompts: per-prompt statistics from the run's own scores, and the samplers that read them
-(`data.sampler`: `difficulty`, or a user's function). The uniform sampler is data.py's PromptSource order.
+(`data.sampler`: `difficulty`, or a user's function). The uniform sampler is sources.py's PromptSource order.
 
 **Statistics** (`PromptStats`, per dataset row): times drawn and scored, the last scored group's pass rate (the share
 of its completions whose weighted total reward is at least data.difficulty.pass_threshold), its reward mean and

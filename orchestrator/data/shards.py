@@ -1,6 +1,6 @@
 """Prompt datasets read as a stream (`data.streaming: true`): shards of parquet or jsonl files (a directory, a glob, one
 file) or a dataset saved with `datasets.save_to_disk`, read as drawn, so the driver's memory stays flat in the
-dataset's size; the run's prompt stream over them (`StreamSource`, the twin of data.py's PromptSource), its position
+dataset's size; the run's prompt stream over them (`StreamSource`, the twin of sources.py's PromptSource), its position
 a `StreamPosition` that every checkpoint keeps, so a resume is exact.
 
 **Order.** Each epoch reads the shards in an order shuffled from the run's seed (file order without
@@ -26,14 +26,21 @@ from __future__ import annotations
 
 import glob
 import json
-import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config import DataConfig, DataSource
-from orchestrator.data.sources import EVAL_DRAW, DataError, DataPosition, Prompt, PromptEncoder, replay_skip
+from orchestrator.data.sources import (
+    EVAL_DRAW,
+    DataError,
+    DataPosition,
+    EpochOrder,
+    Prompt,
+    PromptEncoder,
+    replay_skip,
+)
 
 # The file kinds a stream reads.
 SUFFIXES = (".parquet", ".jsonl")
@@ -249,32 +256,29 @@ class StreamSource:
         self.prompt_optional, self.log = prompt_optional, log
         self.encode = PromptEncoder(tokenizer, cfg.prompt_column, template_kwargs, images)
         self.buffer_size = cfg.shuffle_buffer_size if cfg.shuffle_dataset else 1
-        self._rng = random.Random(seed)
-        self.epoch, self.served, self.skipped = 0, 0, 0
+        self.order = EpochOrder(len(shard_list), cfg.shuffle_dataset, seed)  # its rng also draws from the buffer
+        self.served, self.skipped = 0, 0
+        self.curriculum = None  # a stream samples uniformly (DataConfig refuses a curriculum with streaming)
         self._skip: set[int] = set()
         self._buffer: list[tuple[tuple[int, int], dict[str, Any]]] = []
-        self._order: list[int] = []
-        self._cursor = 0
         self._reader: _Reader | None = None
-        self._new_epoch(first=True)
         self.rows = peek(shard_list, PEEK_ROWS, cfg, prompt_optional=prompt_optional)
+
+    @property
+    def epoch(self) -> int:
+        return self.order.epoch
 
     # --- reading ------------------------------------------------------------------------------------------
 
-    def _new_epoch(self, first: bool = False) -> None:
-        self._order = list(range(len(self.shards)))
-        if self.cfg.shuffle_dataset:
-            self._rng.shuffle(self._order)
-        self._cursor = 0
+    def _new_epoch(self) -> None:
+        self.order.new_epoch()
         self._reader = None
-        if not first:
-            self.epoch += 1
 
     def _open(self, offset: int = 0) -> _Reader | None:
         """The reader of the shard at the cursor (from `offset`), or None past the last shard."""
-        if self._cursor >= len(self._order):
+        if self.order.done:
             return None
-        s = self._order[self._cursor]
+        s = self.order.current()
         return _Reader(s, offset, self.shards[s].read(offset))
 
     def _next_row(self) -> tuple[tuple[int, int], dict[str, Any]] | None:
@@ -288,7 +292,7 @@ class StreamSource:
             try:
                 row = next(r.rows)
             except StopIteration:
-                self._cursor += 1
+                self.order.cursor += 1
                 self._reader = None
                 continue
             except BadRow as err:
@@ -297,12 +301,12 @@ class StreamSource:
                 self._bad(str(err))
                 continue
             except BadShard as err:
-                self._cursor += 1
+                self.order.cursor += 1
                 self._reader = None
                 self._bad(str(err))
                 continue
             except Exception as err:  # noqa: BLE001 - the reader's own failure: the shard is unreadable from here
-                self._cursor += 1
+                self.order.cursor += 1
                 self._reader = None
                 self._bad(f"{self.shards[r.shard].name}: cannot be read ({type(err).__name__}: {err})")
                 continue
@@ -334,7 +338,7 @@ class StreamSource:
             if self._buffer:
                 if self.buffer_size == 1:
                     return self._buffer.pop()
-                i = self._rng.randrange(len(self._buffer))
+                i = self.order.rng.randrange(len(self._buffer))
                 item = self._buffer[i]
                 self._buffer[i] = self._buffer[-1]
                 self._buffer.pop()
@@ -366,14 +370,15 @@ class StreamSource:
     @property
     def epoch_progress(self) -> float:
         """Fractional epochs served: whole epochs, and the share of this epoch's shards read."""
-        return self.epoch + self._cursor / len(self.shards)
+        return self.epoch + self.order.cursor / len(self.shards)
 
     # --- position -----------------------------------------------------------------------------------------
 
     def state(self) -> StreamPosition:
         offset = self._reader.offset if self._reader is not None else 0
-        return StreamPosition(self.epoch, list(self._order), self._cursor, offset, [ref for ref, _ in self._buffer],
-                              self.served, self._rng.getstate(), tuple(sorted(self._skip)), self.skipped)
+        o = self.order
+        return StreamPosition(o.epoch, list(o.order), o.cursor, offset, [ref for ref, _ in self._buffer],
+                              self.served, o.rng.getstate(), tuple(sorted(self._skip)), self.skipped)
 
     def untrained_position(self, mark: StreamPosition, untrained: list[range]) -> StreamPosition:
         """PromptSource.untrained_position's, for a stream."""
@@ -383,16 +388,15 @@ class StreamSource:
         if not isinstance(position, StreamPosition):
             raise DataError("data.streaming: the checkpoint's data position is an in-memory dataset's; resume it "
                             "with data.streaming false (or start the run afresh)")
-        self.epoch, self.served, self.skipped = position.epoch, position.served, position.skipped
-        self._order, self._cursor = list(position.shard_order), position.shard_cursor
+        self.served, self.skipped = position.served, position.skipped
+        self.order.restore(position.epoch, position.shard_order, position.shard_cursor, position.rng)
         self._skip = set(position.skip)
-        self._rng.setstate(position.rng)
         by_shard: dict[int, list[int]] = {}
         for s, i in position.buffer:
             by_shard.setdefault(s, []).append(i)
         rows = {s: self.shards[s].get(indices) for s, indices in by_shard.items()}
         self._buffer = [((s, i), rows[s][i]) for s, i in position.buffer]
-        self._reader = self._open(position.offset) if self._cursor < len(self._order) else None
+        self._reader = self._open(position.offset) if not self.order.done else None
 
 
 def peek(shard_list: list[Shard], n: int, cfg: DataSource, *, prompt_optional: bool = False) -> list[dict[str, Any]]:

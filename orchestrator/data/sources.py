@@ -9,7 +9,7 @@ import hashlib
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from actors.types import EMPTY_PROMPT, Rollouts, Sample
 from actors.vision import ImageError, Images, to_image
@@ -349,6 +349,66 @@ def replay_skip(mark: int, skip: tuple[int, ...], served: int, untrained: list[r
     return tuple(sorted(set(skip) | {d for d in range(mark, served) if d not in replay}))
 
 
+class EpochOrder:
+    """A pass over `n` items (a dataset's rows, a stream's shards) epoch after epoch, shuffled per epoch if asked:
+    this epoch's order, the cursor into it, the epoch, and the random generator that shuffles the next one (all of
+    it in every checkpoint, so a resumed run draws what the stopped one would have)."""
+
+    def __init__(self, n: int, shuffle: bool, seed: int) -> None:
+        self.n, self.shuffle = n, shuffle
+        self.rng = random.Random(seed)
+        self.order: list[int] = []
+        self.cursor = 0
+        self.epoch = 0
+        self.new_epoch(first=True)
+
+    def new_epoch(self, first: bool = False) -> None:
+        self.order = list(range(self.n))
+        if self.shuffle:
+            self.rng.shuffle(self.order)
+        self.cursor = 0
+        if not first:
+            self.epoch += 1
+
+    @property
+    def done(self) -> bool:
+        """This epoch's order is used up."""
+        return self.cursor >= len(self.order)
+
+    def current(self) -> int:
+        return self.order[self.cursor]
+
+    def restore(self, epoch: int, order: list[int], cursor: int, rng: tuple[Any, ...]) -> None:
+        self.epoch, self.order, self.cursor = epoch, list(order), cursor
+        self.rng.setstate(rng)
+
+
+class PromptStream(Protocol):
+    """What the loop draws prompts from, in memory (`PromptSource`) or streamed from shards
+    (orchestrator/data/shards.py `StreamSource`): batches of Prompts, each a new draw; the scored groups shown back
+    (a curriculum's statistics); a position in every checkpoint, and the position that replays untrained batches."""
+
+    encode: PromptEncoder  # rows -> Prompts (the tokenizer, the chat template, images)
+    rows: list[dict[str, Any]]  # the rows the start-up checks read (a stream: its first ones)
+    served: int  # draws so far
+    curriculum: Any  # a data.sampler's curriculum, or None
+
+    @property
+    def epoch_progress(self) -> float: ...
+
+    def next_batch(self, k: int) -> list[Prompt]: ...
+
+    def observe(self, draws: list[int], totals: list[float], group_size: int, step: int) -> None: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def state(self) -> Any: ...
+
+    def untrained_position(self, mark: Any, untrained: list[range]) -> Any: ...
+
+    def restore(self, position: Any) -> None: ...
+
+
 class PromptSource:
     """Serves prompts `k` at a time, epoch after epoch, shuffled per epoch if asked; tokenizes them as it serves
     them. Every draw has an index (`served` counts them): its Prompt's `draw`.
@@ -369,21 +429,13 @@ class PromptSource:
         self._row_of: dict[int, int] = {}  # curriculum: draw -> its row, until the draw is observed
         self._replay: list[tuple[int, int]] = []  # curriculum: (draw, row) to serve first (a resumed run's)
         self.encode = PromptEncoder(tokenizer, cfg.prompt_column, template_kwargs, images)
-        self._rng = random.Random(seed)
-        self._order: list[int] = []
-        self._cursor = 0
+        self.order = EpochOrder(len(rows), cfg.shuffle_dataset, seed)
         self._skip: set[int] = set()
-        self.epoch = 0
         self.served = 0
-        self._new_epoch(first=True)
 
-    def _new_epoch(self, first: bool = False) -> None:
-        self._order = list(range(len(self.rows)))
-        if self.cfg.shuffle_dataset:
-            self._rng.shuffle(self._order)
-        self._cursor = 0
-        if not first:
-            self.epoch += 1
+    @property
+    def epoch(self) -> int:
+        return self.order.epoch
 
     @property
     def epoch_progress(self) -> float:
@@ -396,10 +448,10 @@ class PromptSource:
             return self._curriculum_batch(k)
         out = []
         while len(out) < k:
-            if self._cursor >= len(self._order):
-                self._new_epoch()
-            i, draw = self._order[self._cursor], self.served
-            self._cursor += 1
+            if self.order.done:
+                self.order.new_epoch()
+            i, draw = self.order.current(), self.served
+            self.order.cursor += 1
             self.served += 1
             if draw in self._skip:
                 self._skip.discard(draw)
@@ -432,8 +484,8 @@ class PromptSource:
 
     def state(self) -> DataPosition:
         """The position of the next draw."""
-        return DataPosition(self.epoch, self._cursor, self._order, self.served, self._rng.getstate(),
-                            tuple(sorted(self._skip)),
+        o = self.order
+        return DataPosition(o.epoch, o.cursor, o.order, self.served, o.rng.getstate(), tuple(sorted(self._skip)),
                             None if self.curriculum is None else self.curriculum.state(), tuple(self._replay))
 
     def untrained_position(self, mark: DataPosition, untrained: list[range]) -> DataPosition:
@@ -446,10 +498,9 @@ class PromptSource:
         return replace(mark, skip=replay_skip(mark.served, mark.skip, self.served, untrained))
 
     def restore(self, position: DataPosition) -> None:
-        self.epoch, self._cursor, self.served = position.epoch, position.cursor, position.served
-        self._order = list(position.order)
+        self.order.restore(position.epoch, position.order, position.cursor, position.rng)
+        self.served = position.served
         self._skip = set(position.skip)
-        self._rng.setstate(position.rng)
         if self.curriculum is not None:
             if position.curriculum is None:
                 raise DataError("data.sampler: the checkpoint has no curriculum state (its run sampled uniformly)")

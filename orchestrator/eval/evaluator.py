@@ -33,9 +33,9 @@ from actors.runtime.group import Pending
 from actors.types import Rollouts, Sample, Sampling, Scores, TrainerState
 from orchestrator.algo.aggregation import RewardAggregator, raw_matrix, weighted_totals
 from orchestrator.algo.grpo import nan_to_none
-from orchestrator.data.sources import Prompt, PromptSource, to_rollouts
+from orchestrator.data.sources import Prompt, PromptStream, to_rollouts
 from orchestrator.eval.metrics import EvalSchedule, eval_metrics
-from orchestrator.loop.rollout import OneTurn, Sampler, agent_metrics, row_seeds
+from orchestrator.loop.rollout import OneTurn, RolloutKind, agent_metrics, row_seeds
 from orchestrator.run.checkpoints import BestCheckpoint
 from orchestrator.run.groups import Generators, RewardScorer
 from orchestrator.telemetry.metrics import MetricsLogger, image_files
@@ -56,7 +56,7 @@ class EvalSet:
     chunk_groups: int
     pass_threshold: float
     max_steps: int  # trainer_state.max_steps the eval rewards see
-    sampler: Sampler = field(default_factory=OneTurn)  # one-turn, or agentic with the run's tools (as training)
+    rollout: RolloutKind = field(default_factory=OneTurn)  # one-turn, or agentic with the run's tools (as training)
 
     @property
     def group_size(self) -> int:
@@ -99,7 +99,7 @@ def submit_eval(es: EvalSet, generators: Generators, step: int, epoch: float = 0
     # Seeds per row, fixed across evals: two evals differ by the policy, not by the dice; vLLM adds j to a
     # prompt's seed for its j-th completion, so rows are n apart and repeated prompts still differ.
     seeds = row_seeds(es.seed, 0, len(es.prompts), es.group_size)
-    return PendingEval(step, epoch, es.sampler.submit(generators, es.prompts, seeds, es.sampling, min_version))
+    return PendingEval(step, epoch, es.rollout.submit(generators, es.prompts, seeds, es.sampling, min_version))
 
 
 def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
@@ -112,7 +112,7 @@ def advance(es: EvalSet, p: PendingEval, *, block: bool = False) -> bool:
         rollouts = to_rollouts(es.prompts, groups, p.step, prompt_column=es.prompt_column,
                                group_size=es.group_size)
         state = TrainerState(global_step=p.step, max_steps=es.max_steps, epoch=p.epoch)
-        p.scoring = (rollouts, es.pool.submit_score(es.sampler.reward_batch(rollouts), es.chunk_groups, state=state))
+        p.scoring = (rollouts, es.pool.submit_score(es.rollout.reward_batch(rollouts), es.chunk_groups, state=state))
     return p.scoring[1].done()
 
 
@@ -172,7 +172,7 @@ class _Evaluator:
 
     def __init__(
         self, es: EvalSet, schedule: EvalSchedule, *, generators: Generators, logger: MetricsLogger, display: Display,
-        prompts: PromptSource, best: BestCheckpoint | None, log_completions: bool,
+        prompts: PromptStream, best: BestCheckpoint | None, log_completions: bool,
     ):
         self.es, self.schedule, self.generators, self.logger, self.display = es, schedule, generators, logger, display
         self.prompts, self.best_checkpoint, self.log_completions = prompts, best, log_completions

@@ -38,7 +38,7 @@ class Part:
 
 def _stream(run: Run, batch_version: int, member: int, prompts: list[Prompt],
             seeds: list[int]) -> Stream[FinishedGroups]:
-    return run.sampler.stream(run.generators, member, prompts, seeds, run.sampling, batch_version)
+    return run.rollout.stream(run.generators, member, prompts, seeds, run.sampling, batch_version)
 
 
 @dataclass

@@ -90,7 +90,7 @@ def generate(run: Run, prompts: list[Prompt]) -> Rollouts:
     version = run.progress.policy_version
     seeds = seeds_of(run, prompts, version)
     groups = with_generator_restarts(
-        run, lambda: run.sampler.generate(run.generators, prompts, seeds, run.sampling, version)
+        run, lambda: run.rollout.generate(run.generators, prompts, seeds, run.sampling, version)
     )
     return rollouts_of(run, prompts, groups, version)
 
@@ -99,7 +99,7 @@ def generate(run: Run, prompts: list[Prompt]) -> Rollouts:
 
 
 def submit_score(run: Run, rollouts: Rollouts) -> Pending[Scores]:
-    return run.reward_pool.submit_score(run.sampler.reward_batch(rollouts), run.cfg.cluster.reward_chunk_groups)
+    return run.reward_pool.submit_score(run.rollout.reward_batch(rollouts), run.cfg.cluster.reward_chunk_groups)
 
 
 def score(run: Run, rollouts: Rollouts) -> Scores:

@@ -1,4 +1,4 @@
-"""How a run's generators turn prompts into samples (its `Sampler`), chosen once when the run is built
+"""How a run's generators turn prompts into samples (its `RolloutKind`), chosen once when the run is built
 (build.rollout_kind):
 
     OneTurn   one completion per sample: Generator.generate / generate_stream on the prompts' token ids
@@ -30,7 +30,7 @@ from orchestrator.run.groups import Generators
 STOP_REASONS: tuple[StopReason, ...] = ("stop", "max_turns", "length", "timeout", "env_error")
 
 
-class Sampler(Protocol):
+class RolloutKind(Protocol):
     """Generation as the phases, the pipelined bookkeeping and the evaluator call it."""
 
     def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],

@@ -2,7 +2,7 @@
 record of where it is (`Progress`).
 
     generators   Generators: GeneratorGroup (cluster.num_generators)   generate, rollout, streams, restarts
-    sampler      OneTurn or Agentic (orchestrator/loop/rollout.py)           which generator calls make samples
+    rollout      OneTurn or Agentic (orchestrator/loop/rollout.py)           which generator calls make samples
     learner      Learner: LearnerGroup (cluster.num_learners ranks)     train_step, checkpoints, losses
     reward_pool  RewardScorer: RewardPoolGroup, NAME/reward-pool        score
     env_pool     EnvPoolView: EnvPoolGroup, NAME/env-pool (tools only)  the generators' environments' stats
@@ -25,8 +25,8 @@ from actors.weights.transfer import WeightTransfer
 from orchestrator.algo.aggregation import RewardAggregator
 from orchestrator.algo.selection import Selector
 from orchestrator.config import RunConfig
-from orchestrator.data.sources import DataPosition, PromptSource
-from orchestrator.loop.rollout import OneTurn, Sampler
+from orchestrator.data.sources import DataPosition, PromptStream
+from orchestrator.loop.rollout import OneTurn, RolloutKind
 from orchestrator.run.groups import EnvPoolView, Generators, Learner, RewardScorer
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
@@ -106,7 +106,7 @@ class Run:
     cfg: RunConfig
     name: str
     run_dir: Path
-    prompts: PromptSource
+    prompts: PromptStream  # in memory (PromptSource) or streamed from shards (StreamSource)
     generators: Generators
     learner: Learner
     reward_pool: RewardScorer
@@ -120,7 +120,7 @@ class Run:
     display: Display  # the one way the driver tells the user something: display.message(text)
     faults: FaultLog  # recoveries, restarts and hang kills: a line on the display and a record in faults.jsonl
     eval_pool: RewardScorer | None = None  # NAME/eval-reward-pool, when eval.rewards has rewards of its own
-    sampler: Sampler = field(default_factory=OneTurn)  # one-turn completions, or agentic rollouts with tools
+    rollout: RolloutKind = field(default_factory=OneTurn)  # one-turn completions, or agentic rollouts with tools
     env_pool: EnvPoolView | None = None  # NAME/env-pool: the environments of agentic rollouts (None: one-turn)
     tool_watch: ToolCallWatch | None = None  # agentic: says on the terminal when tool calls mostly fail
     tokens: TokenRecorder | NoTokenRecord = field(default_factory=NoTokenRecord)  # rayward view's token record

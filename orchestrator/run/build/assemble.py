@@ -17,10 +17,10 @@ from orchestrator.config import (
     RewardConfig,
     RunConfig,
 )
-from orchestrator.data.sources import Prompt, PromptSource
+from orchestrator.data.sources import Prompt, PromptStream
 from orchestrator.eval.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
 from orchestrator.eval.metrics import Best, EvalSchedule
-from orchestrator.loop.rollout import OneTurn, Sampler
+from orchestrator.loop.rollout import OneTurn, RolloutKind
 from orchestrator.run.build.checks import Prepared
 from orchestrator.run.build.specs import rollout_kind, training_sampling
 from orchestrator.run.build.start import Groups, start_groups, start_learner, weight_transfer
@@ -69,11 +69,11 @@ def observed(select: Selector, prompts: Any, aggregator: RewardAggregator) -> Se
 
 
 def eval_set(cfg: RunConfig, prompts: list[Prompt], pool: RewardScorer,
-             rewards: list[RewardConfig] | None = None, sampler: Sampler | None = None) -> EvalSet:
+             rewards: list[RewardConfig] | None = None, rollout: RolloutKind | None = None) -> EvalSet:
     """What every eval of the run generates and how it is scored (cfg.eval set): the training batches' sampling,
     with eval's num_generations, and its max_completion_length and temperature where given. rewards: the
     training rewards the pool scores (Prepared.rewards: with environment rewards; default cfg.rewards), used
-    unless eval has its own. sampler: the run's (rollout_kind; default one-turn)."""
+    unless eval has its own. rollout: the run's (rollout_kind; default one-turn)."""
     e, train = cfg.eval, training_sampling(cfg)
     sampling = replace(
         train, n=e.num_generations,
@@ -84,12 +84,12 @@ def eval_set(cfg: RunConfig, prompts: list[Prompt], pool: RewardScorer,
         prompts=prompts, prompt_column=e.data.prompt_column, sampling=sampling, seed=cfg.seed, pool=pool,
         aggregator=RewardAggregator(e.rewards if e.rewards is not None else rewards or cfg.rewards),
         chunk_groups=cfg.cluster.reward_chunk_groups, pass_threshold=e.pass_threshold, max_steps=cfg.grpo.max_steps,
-        sampler=sampler or OneTurn(),
+        rollout=rollout or OneTurn(),
     )
 
 
 def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Generators, learner: Learner,
-              logger: MetricsLogger, prompts: PromptSource, run_dir: Path) -> Evaluator:
+              logger: MetricsLogger, prompts: PromptStream, run_dir: Path) -> Evaluator:
     """The run's held-out evaluator: none, blocking between steps (sync loop), or overlapped with training
     (pipelined loop); with grpo.save_best, keeping checkpoint-best."""
     if es is None:
@@ -115,7 +115,7 @@ def run_logger(p: Prepared, display: Display | None = None) -> MetricsLogger:
 
 
 def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
-    """The run from its groups: the choices made from the config (the sampling, the sampler, the selector,
+    """The run from its groups: the choices made from the config (the sampling, the rollout kind, the selector,
     the aggregation, the evaluator) bound to them."""
     cfg, gen = p.cfg, p.cfg.generation
     aggregator = RewardAggregator(p.rewards)
@@ -126,7 +126,7 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
         sampling=training_sampling(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
         faults=FaultLog(p.run_dir, logger.display.message), eval_pool=groups.eval_pool,
-        sampler=rollout_kind(p.agent, p.vision, p.cfg.data.prompt_column, teacher=p.teacher is not None),
+        rollout=rollout_kind(p.agent, p.vision, p.cfg.data.prompt_column, teacher=p.teacher is not None),
         env_pool=groups.env_pool,
         tool_watch=ToolCallWatch(logger.display.message) if p.agent is not None else None,
         tokens=token_record(cfg, p),
@@ -153,9 +153,9 @@ def build_run(p: Prepared, display: Display | None = None) -> Run:
 
 def run_evaluator(run: Run, p: Prepared) -> Evaluator:
     """The run's evaluator, bound to its current learner and generators. Its samples are made as the training
-    batches' (the run's sampler) but carry no prompt ids: a distillation teacher scores training batches only."""
-    sampler = rollout_kind(p.agent, p.vision, p.cfg.data.prompt_column)
-    es = (eval_set(p.cfg, p.eval_prompts, run.eval_pool or run.reward_pool, p.rewards, sampler)
+    batches' (the run's rollout kind) but carry no prompt ids: a distillation teacher scores training batches only."""
+    rollout = rollout_kind(p.agent, p.vision, p.cfg.data.prompt_column)
+    es = (eval_set(p.cfg, p.eval_prompts, run.eval_pool or run.reward_pool, p.rewards, rollout)
           if p.eval_prompts is not None else None)
     return evaluator(p.cfg, es, generators=run.generators, learner=run.learner, logger=run.logger,
                      prompts=run.prompts, run_dir=run.run_dir)

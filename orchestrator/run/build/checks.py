@@ -23,7 +23,15 @@ from orchestrator.config import (
 )
 from orchestrator.data.curriculum import make_curriculum
 from orchestrator.data.shards import PEEK_ROWS, StreamSource, peek, shards, stream_eval_prompts
-from orchestrator.data.sources import DataError, Prompt, PromptSource, agentic, eval_prompts, training_rows
+from orchestrator.data.sources import (
+    DataError,
+    Prompt,
+    PromptSource,
+    PromptStream,
+    agentic,
+    eval_prompts,
+    training_rows,
+)
 from orchestrator.run import checkpoints
 from orchestrator.run.agents import AgentSetup, prepare_agent
 from orchestrator.run.build.specs import (
@@ -123,7 +131,7 @@ class Prepared:
     name: str
     model_path: str
     specs: list[RewardSpec]
-    prompts: PromptSource | StreamSource | None  # the training prompt stream (None: an eval-only run)
+    prompts: PromptStream | None  # the training prompt stream (None: an eval-only run)
     run_dir: Path
     eval_prompts: list[Prompt] | None = None  # the held-out prompts, tokenized (None: no eval block)
     eval_specs: list[RewardSpec] | None = None  # eval.rewards as specs (None: the training rewards score evals)
@@ -198,7 +206,7 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     tokenizer = load_tokenizer(cfg, model_path)
     images = load_images(cfg, model_path)
     check_learner_model(cfg, model_path)
-    prompts: PromptSource | StreamSource = (
+    prompts: PromptStream = (
         PromptSource(rows, tokenizer, cfg.data, seed=cfg.seed, template_kwargs=cfg.generation.chat_template_kwargs,
                      images=images, curriculum=make_curriculum(cfg.data, len(rows), cfg.seed))
         if streamed is None else

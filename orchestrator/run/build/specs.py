@@ -35,7 +35,7 @@ from orchestrator.config import (
     RewardConfig,
     RunConfig,
 )
-from orchestrator.loop.rollout import Agentic, OneTurn, Sampler
+from orchestrator.loop.rollout import Agentic, OneTurn, RolloutKind
 from orchestrator.run.agents import AgentSetup, env_reward_spec
 
 # A judge's context when its engines section gives none: a rubric prompt and a short answer fit.
@@ -242,8 +242,8 @@ def training_sampling(cfg: RunConfig) -> Sampling:
 
 
 def rollout_kind(agent: AgentSetup | None, vision: bool = False, prompt_column: str = "prompt",
-                 teacher: bool = False) -> Sampler:
-    """The run's Sampler, how its samples are made: one-turn completions (vision: with the prompts' images), or
+                 teacher: bool = False) -> RolloutKind:
+    """The run's RolloutKind, how its samples are made: one-turn completions (vision: with the prompts' images), or
     agentic rollouts when it has tools (the environments' rewards routed by class name; the pickled environments
     kept for reward functions that ask; prompts with images as their messages in the generators' prompt
     column). teacher: the reward batches carry the prompts' ids (the distillation teacher reads them)."""

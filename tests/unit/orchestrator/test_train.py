@@ -25,13 +25,14 @@ def announce(tmp_path, overrides=(), monkeypatch=None) -> list[str]:
 
 def test_the_demo_starts_without_a_warning_about_defaults_it_did_not_choose(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert announce(tmp_path) == [f"rayward run 'r': logs and checkpoints in {tmp_path / 'r'}"]
+    assert announce(tmp_path) == [f"rayward run 'r': logs and checkpoints in {tmp_path / 'r'}",
+                                  f"rayward: watch its samples and curves: rayward view {tmp_path / 'r'}"]
 
 
 def test_a_recovery_budget_asked_for_without_checkpoints_is_noted(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     said = announce(tmp_path, ["cluster.max_failures=2"])
-    assert said[1].startswith("rayward: cluster.max_failures is 2 but grpo.save_steps is unset"), said
+    assert said[2].startswith("rayward: cluster.max_failures is 2 but grpo.save_steps is unset"), said
     assert len(announce(tmp_path, ["cluster.max_failures=2", "grpo.save_steps=5"])) == 1
 
 
