@@ -92,6 +92,8 @@ def pick_samples(num_rows: int, k: int) -> list[int]:
 def decode_tokens(tokenizer: Any, ids: Sequence[int]) -> list[str]:
     """Each token's text, decoded alone (special tokens kept: template scaffold is shown as such). A character
     split over several byte-level tokens shows as U+FFFD on each of them."""
+    if not ids:  # an empty completion (a trajectory lost before its first turn): some tokenizers decode [] as ['']
+        return []
     return tokenizer.batch_decode([[int(i)] for i in ids], skip_special_tokens=False,
                                   clean_up_tokenization_spaces=False)
 

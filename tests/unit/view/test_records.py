@@ -97,3 +97,18 @@ def test_record_sizes_per_step(tmp_path):
                              learner_logprobs=[[-rng.random() * 5 for _ in range(n)]], versions=[[7] * n])
     print(f"token record: demo step (4 x 16 tokens) {demo_bytes} B; one 4096-token completion {long_bytes} B")
     assert demo_bytes < 4 * 16 * 40 and long_bytes < n * 40  # every value a few characters, not a float's repr
+
+
+def test_an_empty_completion_is_recorded_as_an_empty_line_of_tokens(tmp_path):
+    """A trajectory lost before its first turn has no completion ids (the agent runs saw it): recorded empty, the
+    run goes on. The tokenizer here decodes [] as [''], as some real ones do."""
+    from orchestrator.view.records import TokenRecorder, decode_tokens
+
+    class Tok:
+        def batch_decode(self, sequences, **kw):
+            return [str(s) for s in sequences] or [""]
+
+    rec = TokenRecorder(tmp_path, 2, decode=lambda ids: decode_tokens(Tok(), ids))
+    assert rec.record(1, [[], [5, 6]], [[], [-0.5, -1.0]]) > 0
+    lines = [json.loads(x) for x in (tmp_path / "tokens.jsonl").read_text().splitlines()]
+    assert [(x["ids"], x["tokens"]) for x in lines] == [([], []), ([5, 6], ["[5]", "[6]"])]
