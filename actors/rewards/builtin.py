@@ -46,6 +46,9 @@ BUILTIN_REWARDS = {
     "accuracy_reward": "trl.rewards:accuracy_reward",
 }
 
+# Built-ins that need a package rayward does not depend on: name -> (module, its PyPI name).
+BUILTIN_PACKAGES = {"accuracy_reward": ("math_verify", "math-verify")}
+
 # Built-ins that take `kwargs` in a run config, and the factory those build the reward with.
 BUILTIN_FACTORIES = {
     "code_tests": "actors.rewards.code_tests:make_code_tests",  # sandbox limits and max_concurrency

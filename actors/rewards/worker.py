@@ -91,6 +91,8 @@ class RewardSpec:
     # failed, the session was lost) scores `fallback` and counts as an error (give on_error "fallback")
     takes_environments: bool = False  # the function declares `environments` (set by the driver, which imports it:
     # the generators then keep each environment's state at close); the worker reads the signature itself
+    columns: tuple[str, ...] = ()  # the dataset columns the function needs (required_columns; set by the driver,
+    # which checks the data has them before anything starts)
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # a reward model's chat template's
     # (generation.chat_template_kwargs: the template renders prompt + completion as the policy's rendered them)
     lazy_gate: LazyGate | None = None  # gate.lazy: called only on the samples whose gate is open
@@ -133,6 +135,23 @@ def load_reward_function(spec: RewardSpec) -> Callable[..., Any]:
     if not callable(fn):
         raise RewardFunctionError(f"reward {spec.name!r}: {user_code.describe(spec.function or '')} is not callable")
     return fn
+
+
+# What TRL passes every reward function besides the dataset's columns (a parameter of another name is a column).
+TRL_ARGUMENTS = frozenset({"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric",
+                           "environments"})
+
+
+def required_columns(fn: Any) -> list[str]:
+    """The dataset columns a reward function cannot run without: its parameters without a default that TRL does not
+    pass itself (TRL's `accuracy_reward(completions, solution, **kwargs)` needs `solution`). [] for a callable
+    whose signature cannot be read."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.default is p.empty and p.name not in TRL_ARGUMENTS
+            and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def declares_environments(fn: Any) -> bool:

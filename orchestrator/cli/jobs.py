@@ -163,6 +163,7 @@ class Submission:
     metadata: dict[str, str]
     excluded_large: list[str] = field(default_factory=list)
     entrypoint_num_cpus: float | None = None
+    notes: list[str] = field(default_factory=list)  # what could not be checked here (run/build/checks.py)
 
     def public(self) -> dict[str, Any]:
         """As JSON for --dry-run, secret-looking env values masked."""
@@ -211,6 +212,7 @@ def build_submission(
     root = Path(working_dir).resolve()
     if not root.is_dir():
         raise JobsError(f"working dir {working_dir} is not a directory")
+    notes = _checked_here(cfg, root)
 
     env = forwarded_env(environ, extra_env)
     cfg_path = Path(config)
@@ -240,8 +242,22 @@ def build_submission(
     _ship_rayward(runtime_env, root, ship_rayward)
     metadata = {"rayward_run": run_name, "rayward_config": str(config), "rayward_overrides": json.dumps(overrides)}
     return Submission(
-        run_name, submission_id(run_name), entrypoint, runtime_env, metadata, big, entrypoint_num_cpus
+        run_name, submission_id(run_name), entrypoint, runtime_env, metadata, big, entrypoint_num_cpus, notes
     )
+
+
+def _checked_here(cfg: Any, root: Path) -> list[str]:
+    """The run's checks that can be made on this machine before anything is shipped (the data and the rewards'
+    columns, orchestrator/run/build/checks.py check_submission), from the shipped directory as the job's driver
+    will see it; their notes on what could not be checked here."""
+    from orchestrator.run.build.checks import check_submission
+
+    before = Path.cwd()
+    os.chdir(root)
+    try:
+        return check_submission(cfg, root)
+    finally:
+        os.chdir(before)
 
 
 def rayward_modules() -> list[str]:

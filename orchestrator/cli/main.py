@@ -126,6 +126,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             run_flags=[f for f, on in (("--verbose", args.verbose), ("--debug", args.debug)) if on]
             + (["--max-retries", str(args.max_retries)] if args.max_retries else []),
         )
+        for note in sub.notes:
+            print(f"rayward submit: {note}", file=sys.stderr)
         if args.dry_run:
             import json
 

@@ -43,6 +43,16 @@ from orchestrator.run.build.specs import (
 )
 
 
+def check_reward_columns(specs: list[RewardSpec], columns: list[str], where: str, field: str = "rewards") -> None:
+    """Every column a reward function needs (RewardSpec.columns: its parameters without a default that TRL does not
+    pass) is a dataset column; ConfigError naming the reward, the columns and the data's columns otherwise."""
+    for s in specs:
+        missing = [c for c in s.columns if c not in columns]
+        if missing:
+            raise ConfigError(f"{field}[{s.name}].function: {s.function} takes the dataset column(s) {missing} (its "
+                              f"parameters without a default), which {where} lacks (its columns: {sorted(columns)})")
+
+
 def check_judge_templates(rewards: list[RewardConfig], columns: list[str], field: str = "rewards") -> None:
     """Every field a judge's template names is a sample's (prompt, completion, conversation) or a dataset column."""
     for r in rewards:
@@ -202,6 +212,8 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     rows = training_rows(cfg) if streamed is None else peek(streamed, PEEK_ROWS, cfg.data,
                                                             prompt_optional=agentic(cfg))
     check_judge_templates(cfg.rewards, sorted(rows[0]) if rows else [])
+    if rows:
+        check_reward_columns(specs, sorted(rows[0]), f"data.path {cfg.data.path!r}")
     model_path = resolve_model(cfg)
     tokenizer = load_tokenizer(cfg, model_path)
     images = load_images(cfg, model_path)
@@ -265,3 +277,37 @@ def prepare_evaluation(cfg: RunConfig, name: str, checkpoint: str | Path | None 
     return Prepared(cfg, name, model_path, specs, None, Path(cfg.logging.dir) / name, held_out, eval_specs, agent,
                     [*cfg.rewards, *(agent.env_rewards if agent else [])], vision=images is not None, train=False,
                     policy=policy, step=step)
+
+
+# A data.path with one of these suffixes names a file (not a hub id): relative, it must be in the shipped directory.
+DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+
+
+def check_submission(cfg: RunConfig, root: Path) -> list[str]:
+    """What `rayward submit` checks on the laptop before anything is shipped (beyond the config itself): the reward
+    functions import (one that needs a package only the cluster's image has is a note, not an error), a relative
+    data file is inside the shipped directory `root` and loads, and the data has every column the rewards take.
+    ConfigError for what would fail on the cluster; returns notes on what could not be checked here."""
+    notes: list[str] = []
+    try:
+        specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs, seed=cfg.seed)
+    except ConfigError as err:
+        if "cannot import" not in str(err) and "package, which is not installed" not in str(err):
+            raise
+        notes.append(f"not checked here (the cluster's image may have it): {err}")
+        specs = []
+    data = cfg.data.path
+    if data is not None and Path(data).is_absolute() and not Path(data).exists():
+        return [*notes, f"data.path {data!r} is not on this machine (shared storage?): its columns are checked on the "
+                        "cluster when the run starts"]
+    if data is not None and data.endswith(DATA_FILE_SUFFIXES) and not Path(data).is_absolute():
+        if not (root / data).exists():
+            raise ConfigError(f"data.path {data!r}: no such file under {root}, the directory `rayward submit` ships "
+                              "(make it, point data.path at it, or give an absolute path on the cluster's storage)")
+    try:
+        rows = training_rows(cfg) if not cfg.data.streaming else peek(shards(cfg.data), PEEK_ROWS, cfg.data)
+    except DataError as err:
+        raise ConfigError(str(err)) from None
+    if rows:
+        check_reward_columns(specs, sorted(rows[0]), f"data.path {data!r}")
+    return notes

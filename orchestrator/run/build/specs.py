@@ -4,6 +4,7 @@ the generators' CPU share and agentic arguments, the sampling, how samples are m
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 from typing import Any
 
@@ -12,13 +13,14 @@ from actors.engines.judge import JudgeSpec, template_fields
 from actors.engines.teacher import TeacherSpec
 from actors.learner.loss import ImportanceSampling, LossConfig
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
-from actors.rewards.builtin import BUILTIN_REWARDS, builtin_target
+from actors.rewards.builtin import BUILTIN_PACKAGES, BUILTIN_REWARDS, builtin_target
 from actors.rewards.worker import (
     LazyGate,
     RewardFunctionError,
     RewardSpec,
     declares_environments,
     load_reward_function,
+    required_columns,
 )
 from actors.runtime import cpus
 from actors.runtime.autoscale import AutoscaleSettings
@@ -136,6 +138,10 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards",
                     f"{field}[{r.name}].function: unknown built-in {fn!r} (built-ins: {sorted(BUILTIN_REWARDS)}; "
                     "or give module:callable)"
                 )
+            if fn in BUILTIN_PACKAGES and importlib.util.find_spec(BUILTIN_PACKAGES[fn][0]) is None:
+                module, package = BUILTIN_PACKAGES[fn]
+                raise ConfigError(f"{field}[{r.name}].function: {fn} needs the `{package}` package, which is not "
+                                  f"installed (pip install {package}; or rayward's `math` extra)")
             fn = builtin_target(fn, configured=bool(r.kwargs))
         spec = RewardSpec(
             name=r.name, function=fn, model=r.model, timeout_s=r.timeout_s, on_error=r.on_error,
@@ -148,7 +154,8 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards",
                 loaded = load_reward_function(spec)
             except RewardFunctionError as err:
                 raise ConfigError(f"{field}[{r.name}].function: {err}") from None
-            spec = replace(spec, takes_environments=declares_environments(loaded))
+            spec = replace(spec, takes_environments=declares_environments(loaded),
+                           columns=tuple(required_columns(loaded)))
         specs.append(spec)
     return specs
 

@@ -17,10 +17,11 @@ DEMO = str(ROOT / "configs" / "demo.yaml")
         ([DEMO, "rewards.0.function=no_such_module:fn"], "rewards[letter].function: reward 'letter': function 'no_such_module:fn': cannot import 'no_such_module'"),
         ([DEMO, "rewards.0.function=actors.rewards.builtin:nope"], "has no attribute 'nope'"),
         ([DEMO, "rewards.0.function=lettr_fraction"], "unknown built-in 'lettr_fraction'"),
+        ([DEMO, "rewards.0.function=accuracy_reward"],
+         "rewards[letter].function: trl.rewards:accuracy_reward takes the dataset column(s) ['solution']"),
         ([DEMO, "data.path=/nonexistent/prompts.jsonl"], "data.path '/nonexistent/prompts.jsonl': cannot load"),
         ([DEMO, "data.prompt_column=question"], "data.prompt_column 'question' not in dataset"),
         ([DEMO, "model.name_or_path=/nonexistent/model"], "model.name_or_path '/nonexistent/model': cannot load tokenizer"),
-        ([DEMO, "logging.report_to=[wandb]"], "needs the `wandb` package"),
         ([DEMO, 'model.lora={"r": 8, "target_modules": ["q_prj"]}'],
          "model.lora.target_modules ['q_prj']: match no layer of Qwen2ForCausalLM"),
         ([DEMO, "model.lora.target_modules=[lm_head]"], "model.lora.target_modules ['lm_head']: adapt ['lm_head (Linear)']"),
@@ -66,6 +67,19 @@ def test_bad_judge_templates_and_curriculum_weights_fail_before_any_model_is_bui
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) <= 2, err  # "invalid config:" and the field
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    assert ray.is_initialized() == was_up
+
+
+def test_a_tracker_that_is_not_installed_is_named_before_anything_starts(capsys, tiny_model_path, monkeypatch):
+    import importlib.util
+
+    import ray
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    was_up = ray.is_initialized()
+    assert main(["run", DEMO, "logging.report_to=[wandb]"]) == 2
+    assert "needs the `wandb` package" in capsys.readouterr().err
     assert ray.is_initialized() == was_up
 
 

@@ -29,7 +29,8 @@ def project(tmp_path):
     (p / "configs" / "run.yaml").write_text(DEMO.read_text())
     (p / "my_rewards.py").write_text("def r(completions, **kw):\n    return [0.0] * len(completions)\n")
     (p / "data").mkdir()
-    (p / "data" / "big.jsonl").write_bytes(b"x" * (3 * 2**20))  # large, but the config's dataset
+    row = '{"prompt": "Write the letter a:", "letter": "a", "pad": "%s"}\n' % ("x" * 1000)
+    (p / "data" / "big.jsonl").write_text(row * 3100)  # large (over --max-file-mib 1), but the config's dataset
     (p / "blob.dat").write_bytes(b"x" * (3 * 2**20))  # large, not referenced
     (p / "model.safetensors").write_bytes(b"x" * 10)
     (p / ".git").mkdir()
@@ -254,3 +255,38 @@ def test_dry_run_prints_the_job():
     assert r.returncode == 0, r.stderr
     job = json.loads(r.stdout)
     assert job["submission_id"] == "rayward-dry" and "--name dry" in job["entrypoint"]
+
+
+def test_the_gpu_preset_dry_run_checks_its_data_and_its_rewards_columns(tmp_path, monkeypatch):
+    """`rayward submit configs/gpu-cluster.yaml --dry-run` from a project: a data file missing from the shipped
+    directory, then one without accuracy_reward's `solution` column (TRL's own reward, its parameter), are refused
+    naming them before anything is shipped; with the column the submission is built."""
+    from orchestrator.config import ConfigError
+
+    pytest.importorskip("math_verify")  # accuracy_reward's package (rayward[math], in the test extra)
+    project = tmp_path / "proj"
+    (project / "configs").mkdir(parents=True)
+    (project / "configs" / "gpu.yaml").write_text((ROOT / "configs" / "gpu-cluster.yaml").read_text())
+    monkeypatch.chdir(project)
+    with pytest.raises(ConfigError, match=r"data.path 'data/train.jsonl': no such file under .*proj, the directory"):
+        jobs.build_submission("configs/gpu.yaml", [], name="g", environ={})
+    (project / "data").mkdir()
+    rows = [{"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"}] * 4
+    (project / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match=r"rewards\[accuracy\].function: trl.rewards:accuracy_reward takes the dataset "
+                                          r"column\(s\) \['solution'\] .* lacks \(its columns: \['answer', 'prompt'\]\)"):
+        jobs.build_submission("configs/gpu.yaml", [], name="g", environ={})
+    rows = [{**r, "solution": "4"} for r in rows]
+    (project / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sub = jobs.build_submission("configs/gpu.yaml", [], name="g", environ={})
+    assert sub.entrypoint.startswith("python -m orchestrator run configs/gpu.yaml") and sub.notes == []
+
+
+def test_a_reward_package_only_the_image_has_is_a_note_not_an_error(project, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else real(name, *a))
+    monkeypatch.chdir(project)
+    sub = jobs.build_submission("configs/run.yaml", ["rewards.0.function=accuracy_reward"], name="n", environ={})
+    assert len(sub.notes) == 1 and "accuracy_reward needs the `math-verify` package" in sub.notes[0], sub.notes
