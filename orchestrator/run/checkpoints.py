@@ -51,7 +51,7 @@ from orchestrator.config import ConfigError
 from orchestrator.data.shards import StreamPosition, position_from_json
 from orchestrator.data.sources import DataPosition
 from orchestrator.eval.metrics import Best
-from orchestrator.run.groups import Learner
+from orchestrator.run.groups import LearnerView
 from orchestrator.run.state import Run
 
 BEST = "checkpoint-best"
@@ -238,7 +238,7 @@ class BestCheckpoint:
     """grpo.save_best: `<run dir>/checkpoint-best` is the checkpoint of the best eval so far (a full checkpoint),
     its STATE_FILE recording the metric, value and step."""
 
-    def __init__(self, best: Best, learner: Learner, run_dir: Path, data_state: Callable[[], DataPosition]):
+    def __init__(self, best: Best, learner: LearnerView, run_dir: Path, data_state: Callable[[], DataPosition]):
         self.best, self.learner, self.data_state = best, learner, data_state
         self.path, self.candidate_path = run_dir / BEST, run_dir / BEST_CANDIDATE
 

@@ -3,7 +3,7 @@ loop, the phases, the evaluator, checkpoints and the supervisor use.
 
     Generators    actors/runtime/group.py GeneratorGroup      sample (one-turn or agentic, waited for, submitted or
                                                       streamed), restarts, health, the engines' compute for the log
-    Learner       actors/runtime/group.py LearnerGroup        train steps, checkpoints, the merged model, losses, health
+    LearnerView   actors/runtime/group.py LearnerGroup        train steps, checkpoints, the merged model, losses, health
     RewardScorer  actors/runtime/group.py RewardPoolGroup     scoring, the trainer_state the rewards see, its size
     EnvPoolView   actors/runtime/group.py EnvPoolGroup        the environment pool's stats
 
@@ -74,7 +74,7 @@ class Generators(Protocol):
     def kill(self) -> None: ...
 
 
-class Learner(Protocol):
+class LearnerView(Protocol):
     """The learner, one member whatever its number of ranks (LearnerGroup)."""
 
     def submit_train_step(self, batch: TrainBatch, reward_state: TrainerState | None = None

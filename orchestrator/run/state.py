@@ -3,7 +3,7 @@ record of where it is (`Progress`).
 
     generators   Generators: GeneratorGroup (cluster.num_generators)   generate, rollout, streams, restarts
     rollout      OneTurn or Agentic (orchestrator/loop/rollout.py)           which generator calls make samples
-    learner      Learner: LearnerGroup (cluster.num_learners ranks)     train_step, checkpoints, losses
+    learner      LearnerView: LearnerGroup (cluster.num_learners ranks) train_step, checkpoints, losses
     reward_pool  RewardScorer: RewardPoolGroup, NAME/reward-pool        score
     env_pool     EnvPoolView: EnvPoolGroup, NAME/env-pool (tools only)  the generators' environments' stats
     weights      WeightTransfer (collective or object-store backend)   push, submit_async, drain, rejoin
@@ -27,7 +27,7 @@ from orchestrator.algo.selection import Selector
 from orchestrator.config import RunConfig
 from orchestrator.data.sources import DataPosition, PromptStream
 from orchestrator.loop.rollout import OneTurn, RolloutKind
-from orchestrator.run.groups import EnvPoolView, Generators, Learner, RewardScorer
+from orchestrator.run.groups import EnvPoolView, Generators, LearnerView, RewardScorer
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
 from orchestrator.telemetry.tool_calls import ToolCallWatch
@@ -108,7 +108,7 @@ class Run:
     run_dir: Path
     prompts: PromptStream  # in memory (PromptSource) or streamed from shards (StreamSource)
     generators: Generators
-    learner: Learner
+    learner: LearnerView
     reward_pool: RewardScorer
     weights: WeightTransfer
     evaluate: Evaluator

@@ -25,7 +25,7 @@ from orchestrator.run.build.checks import Prepared
 from orchestrator.run.build.specs import rollout_kind, training_sampling
 from orchestrator.run.build.start import Groups, start_groups, start_learner, weight_transfer
 from orchestrator.run.checkpoints import BestCheckpoint
-from orchestrator.run.groups import Generators, Learner, RewardScorer
+from orchestrator.run.groups import Generators, LearnerView, RewardScorer
 from orchestrator.run.state import Evaluator, FaultLog, Run
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
@@ -88,7 +88,7 @@ def eval_set(cfg: RunConfig, prompts: list[Prompt], pool: RewardScorer,
     )
 
 
-def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Generators, learner: Learner,
+def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Generators, learner: LearnerView,
               logger: MetricsLogger, prompts: PromptStream, run_dir: Path) -> Evaluator:
     """The run's held-out evaluator: none, blocking between steps (sync loop), or overlapped with training
     (pipelined loop); with grpo.save_best, keeping checkpoint-best."""
@@ -171,7 +171,7 @@ def rebuild_learner(run: Run, p: Prepared) -> None:
     replace_learner(run, p, learner, weight_transfer(p.cfg, learner, run.generators))
 
 
-def replace_learner(run: Run, p: Prepared, learner: Learner, weights: WeightTransfer) -> None:
+def replace_learner(run: Run, p: Prepared, learner: LearnerView, weights: WeightTransfer) -> None:
     """A new learner group in the run (the tests' fakes too), with its weight transfer, and the evaluator bound to
     it."""
     run.learner, run.weights = learner, weights

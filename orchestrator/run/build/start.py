@@ -40,7 +40,7 @@ from orchestrator.run.build.specs import (
     learner_spec,
     overlapped_sync,
 )
-from orchestrator.run.groups import EnvPoolView, Generators, Learner, RewardScorer
+from orchestrator.run.groups import EnvPoolView, Generators, LearnerView, RewardScorer
 
 # An eval-only reward pool (eval.rewards set) scores a few hundred completions every few steps: one worker.
 EVAL_REWARD_WORKERS = 1
@@ -200,7 +200,7 @@ class Groups:
     """A run's actor groups: started (`start_groups`), or the loop tests' fakes of them."""
 
     generators: Generators
-    learner: Learner | None  # None: an eval-only run
+    learner: LearnerView | None  # None: an eval-only run
     reward_pool: RewardScorer
     weights: WeightTransfer | None  # the learner's weights into the generators (None: an eval-only run)
     eval_pool: RewardScorer | None = None  # eval.rewards' own pool

@@ -18,13 +18,13 @@ from actors.weights.transfer import (
     OverlappedCollectiveTransfer,
     WeightTransfer,
 )
-from orchestrator.run.groups import EnvPoolView, Generators, Learner, RewardScorer
+from orchestrator.run.groups import EnvPoolView, Generators, LearnerView, RewardScorer
 from tests.fixtures.fakes import FakeEnvPool, FakeGenerators, FakeLearner, FakeRewardPool, FakeTransfer
 
 # (the Protocol the run holds it as, the real group, its fake)
 CONTRACTS = [
     (Generators, GeneratorGroup, FakeGenerators),
-    (Learner, LearnerGroup, FakeLearner),
+    (LearnerView, LearnerGroup, FakeLearner),
     (RewardScorer, RewardPoolGroup, FakeRewardPool),
     (EnvPoolView, EnvPoolGroup, FakeEnvPool),
     (WeightTransfer, CollectiveTransfer, FakeTransfer),
