@@ -36,7 +36,7 @@ from orchestrator.config.data import DataConfig, DataSource, DifficultyConfig
 from orchestrator.config.distill import DistillationConfig
 from orchestrator.config.eval import EvalConfig
 from orchestrator.config.generation import GenerationConfig
-from orchestrator.config.grpo import GRPOConfig
+from orchestrator.config.grpo import GRPOSection
 from orchestrator.config.loading import apply_overrides, config_reference, load_config, parse_config
 from orchestrator.config.logging import LoggingConfig
 from orchestrator.config.loop import LoopConfig
@@ -71,7 +71,7 @@ __all__ = [
     "DataSource",
     "DifficultyConfig",
     "GenerationConfig",
-    "GRPOConfig",
+    "GRPOSection",
     "EnginesConfig",
     "GateConfig",
     "JudgeConfig",

@@ -9,7 +9,10 @@ from pydantic import Field, model_validator
 from orchestrator.config.base import _Section
 
 
-class GRPOConfig(_Section):
+class GRPOSection(_Section):
+    """The `grpo:` section (named apart from TRL's GRPOConfig, which `rayward.GRPOConfig` is: its fields map onto
+    several sections, orchestrator/trl/args.py)."""
+
     max_steps: int = Field(20, ge=1)
     """Optimizer steps in the run (TRL's name)."""
     learning_rate: float = Field(1e-6, gt=0)
@@ -115,7 +118,7 @@ class GRPOConfig(_Section):
     """Whether a higher (`max`) or a lower (`min`) value of `save_best` is better."""
 
     @model_validator(mode="after")
-    def _consistent(self) -> GRPOConfig:
+    def _consistent(self) -> GRPOSection:
         if self.warmup_steps >= self.max_steps and self.warmup_steps > 0:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below max_steps ({self.max_steps})")
         if self.max_steps % self.num_iterations:

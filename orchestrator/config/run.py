@@ -11,7 +11,7 @@ from orchestrator.config.data import DataConfig
 from orchestrator.config.distill import DistillationConfig
 from orchestrator.config.eval import EvalConfig
 from orchestrator.config.generation import GenerationConfig
-from orchestrator.config.grpo import GRPOConfig
+from orchestrator.config.grpo import GRPOSection
 from orchestrator.config.logging import LoggingConfig
 from orchestrator.config.loop import LoopConfig
 from orchestrator.config.model import ModelConfig
@@ -33,7 +33,7 @@ class RunConfig(_Section):
     """The prompt dataset."""
     generation: GenerationConfig = GenerationConfig()
     """Sampling in the vLLM generators."""
-    grpo: GRPOConfig = GRPOConfig()
+    grpo: GRPOSection = GRPOSection()
     """The GRPO update in the learner."""
     rewards: list[RewardConfig] = []
     """Reward functions, combined by weights, gates and schedules. At least one, unless an environment_factory
