@@ -496,8 +496,8 @@ class TrainResult:
 
 @dataclass
 class PoolStats:
-    """A worker pool's state (`stats()` of the reward pool and of the environment pool, what `rayward scale`
-    returns): the fields both pools keep. Each pool's record adds its own and names the ones copied into every
+    """A worker pool's state (`stats()` of every pool: reward, environment, a judge's or the teacher's engines;
+    what `rayward scale` returns): the fields every pool keeps. Each pool's record adds its own and names the ones copied into every
     step's metrics (STEP_METRICS, as <PREFIX>/<name>)."""
 
     workers: int  # live workers taking work

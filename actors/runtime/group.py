@@ -9,7 +9,8 @@ handles and fans calls out. The driver reaches every actor through one of them, 
   Its fan-out names methods by string, privately: only the typed groups built on it call it.
 - `GeneratorGroup`: the generators, an ActorGroup with the generator's methods named (see there).
 - `LearnerGroup`: the learner, one member to the loop whatever its number of ranks, with named methods (see there).
-- `RewardPoolGroup`, `EnvPoolGroup`: the named reward and environment pool actors, which own their workers.
+- `RewardPoolGroup`, `EnvPoolGroup`, `JudgePoolGroup`, `TeacherPoolGroup`: the named pool actors (reward,
+  environment, a judge's engines, the teacher's engines), each owning its workers.
 
 The generator and learner groups keep their actors' handles to themselves. Their health goes out as `members()`:
 one `Member` per actor (its name, its id, the GCS's record of it, a ping, a kill), all that the driver's hang and

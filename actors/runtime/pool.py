@@ -1,5 +1,6 @@
-"""WorkerPool: what every pool of worker actors shares, the reward pool (actors/rewards/pool.py) and the
-environment pool (actors/envs/pool.py) alike.
+"""WorkerPool: what every pool of worker actors shares: the reward pool (actors/rewards/pool.py), the environment
+pool (actors/envs/pool.py: its workers run environments, or users' agent functions), and the engine pools of
+judges and of a distillation teacher (actors/engines/pool.py), alike.
 
 A pool is one named async actor (`<run>/<role>-pool`) owning workers `<run>/<role>-<i>`. This base keeps:
 
