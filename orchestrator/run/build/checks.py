@@ -189,8 +189,8 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs, seed=cfg.seed)
     absent = trackers.missing(cfg.logging.report_to)  # `all` takes the installed ones
     if absent:
-        sink, package = absent[0], trackers.PACKAGES[absent[0]]
-        raise ConfigError(f"logging.report_to: {sink!r} needs the `{package}` package (pip install {package})")
+        sink, pkg = absent[0], trackers.PACKAGES[absent[0]]
+        raise ConfigError(f"logging.report_to: {sink!r} needs the `{pkg}` package (pip install {pkg})")
     streamed = shards(cfg.data) if cfg.data.streaming else None  # the shards, read as drawn (orchestrator/data/shards.py)
     rows = training_rows(cfg) if streamed is None else peek(streamed, PEEK_ROWS, cfg.data,
                                                             prompt_optional=agentic(cfg))

@@ -1,7 +1,7 @@
-"""The trackers (orchestrator/telemetry/trackers.py) with their real packages in their offline modes: a stopped
-run resumed over the same run directory (a new MetricsLogger, as a resumed driver builds) is one tracker run that
-holds every step once; a run that starts again at step 0 is a new one; recovery; `all`; the names; the check
-before Ray. Each tracker's test skips where its package is not installed."""
+"""The trackers (orchestrator/telemetry/trackers.py) with their real packages in their offline modes: a
+stopped run resumed over the same run directory (a new MetricsLogger, as a resumed driver builds) is one
+tracker run that holds every step once; a run that starts again at step 0 is a new one; recovery; `all`; the
+names; the check before Ray. Each tracker's test skips where its package is not installed."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from tests.unit.orchestrator.telemetry.tracker_records import (
     wandb_runs,
 )
 
-# The stopped driver trained steps 1-4 (evals of steps 2 and 4) and its checkpoint is at step 2: the resumed one
-# trains 3-6 from there, 3 and 4 again (evals of 4 and 6), with other values than the first time.
+# The stopped driver trained steps 1-4 (evals of steps 2 and 4) and its checkpoint is at step 2: the resumed
+# one trains 3-6 from there, 3 and 4 again (evals of 4 and 6), with other values than the first time.
 FIRST = {"steps": [1, 2, 3, 4], "evals": (2, 4), "bump": 0.0}
 RESUMED = {"steps": [3, 4, 5, 6], "evals": (4, 6), "bump": 1.0}
 ALL_STEPS = [1, 2, 3, 4, 5, 6]
@@ -35,8 +35,8 @@ def logger(run_dir: Path, report_to: list[str], **kw) -> MetricsLogger:
                          config={"seed": 0}, **kw)
 
 
-def attempt(run_dir: Path, report_to: list[str], steps: list[int], evals: tuple[int, ...] = (), bump: float = 0.0,
-            **kw) -> MetricsLogger:
+def attempt(run_dir: Path, report_to: list[str], steps: list[int], evals: tuple[int, ...] = (),
+            bump: float = 0.0, **kw) -> MetricsLogger:
     """One driver's life over run_dir: per step a row and its completions, the evals, closed at the end."""
     log = logger(run_dir, report_to, **kw)
     for s in steps:
@@ -56,8 +56,8 @@ def jsonl_steps(run_dir: Path) -> list[int]:
 
 @pytest.fixture(scope="module")
 def mlflow_uri(tmp_path_factory) -> str:
-    """One MLflow sqlite store (MLflow's default backend) for the module: creating one takes seconds; each test
-    has an experiment of its own."""
+    """One MLflow sqlite store (MLflow's default backend) for the module: creating one takes seconds; each
+    test has an experiment of its own."""
     pytest.importorskip("mlflow")
     return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
 
@@ -90,7 +90,7 @@ def test_wandb_offline_resumed_run_is_one_run_with_every_step_once(tmp_path, mon
     assert steps_of(rows, "reward") == ALL_STEPS and steps_of(rows, "completions/_type") == ALL_STEPS
     assert [m["reward"] for _, m in rows if "reward" in m] == pytest.approx([0.1, 0.2, 0.3, 0.4, 1.5, 1.6])
     assert [m["eval/policy_version"] for _, m in rows if "eval/reward" in m] == [2, 4, 6]
-    assert jsonl_steps(run_dir) == [1, 2, 3, 4, 3, 4, 5, 6]  # metrics.jsonl keeps every row the drivers logged
+    assert jsonl_steps(run_dir) == [1, 2, 3, 4, 3, 4, 5, 6]  # metrics.jsonl keeps every row logged
     out = capsys.readouterr().out
     assert f"rayward: W&B run trl-project/{ids['id']} (new); offline: `wandb sync " in out, out
     assert f"rayward: W&B run trl-project/{ids['id']} (continued)" in out, out
@@ -136,7 +136,8 @@ def test_trackio_logs_every_step_and_a_resumed_run_continues_it(tmp_path, monkey
 
 
 @pytest.mark.slow
-def test_a_run_that_starts_again_at_step_0_opens_a_new_tracker_run_unless_the_last_is_empty(tmp_path, mlflow_at):
+def test_a_run_that_starts_again_at_step_0_opens_a_new_tracker_run_unless_the_last_is_empty(tmp_path,
+                                                                                           mlflow_at):
     """A driver that failed before its first step left an empty tracker run: its retry (from step 0) continues
     it. A fresh start over a run that has steps (no --resume, or a retry before the first checkpoint) starts a
     new tracker run, which the ids file then names."""
@@ -204,7 +205,8 @@ def test_all_is_jsonl_and_the_installed_trackers_and_says_which(tmp_path, monkey
     assert expand(["jsonl", "wandb"]) == (["jsonl", "wandb"], None)
     sinks, line = expand(["all"])
     assert sinks == ["jsonl", "tensorboard"]
-    assert line == "rayward: logging.report_to all: jsonl, tensorboard (not installed: wandb, mlflow, trackio)"
+    assert line == ("rayward: logging.report_to all: jsonl, tensorboard "
+                    "(not installed: wandb, mlflow, trackio)")
     assert trackers.missing(["all"]) == [] and trackers.missing(["all", "trackio"]) == ["trackio"]
     attempt(tmp_path, ["all"], steps=[1])
     assert capsys.readouterr().out.splitlines()[0] == line
@@ -220,7 +222,8 @@ def test_a_named_tracker_that_is_not_installed_fails_before_ray_naming_it(monkey
     monkeypatch.setattr(trackers, "installed", lambda t: t != "trackio")
     was_up = ray.is_initialized()
     assert main(["run", str(ROOT / "configs" / "demo.yaml"), "logging.report_to=[jsonl,trackio]"]) == 2
-    assert "logging.report_to: 'trackio' needs the `trackio` package (pip install trackio)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "logging.report_to: 'trackio' needs the `trackio` package (pip install trackio)" in err, err
     assert ray.is_initialized() == was_up
 
 

@@ -1,6 +1,6 @@
-"""What each tracker holds after a run, read back with its own package from its offline store: W&B's offline run
-directories (its transaction log), MLflow's tracking store, trackio's local database. Shared by the unit tests and
-the real resumed runs (tests/integration/orchestrator/telemetry/test_trackers_resume.py)."""
+"""What each tracker holds after a run, read back with its own package from its offline store: W&B's offline
+run directories (its transaction log), MLflow's tracking store, trackio's local database. Shared by the unit
+tests and the real resumed runs (tests/integration/orchestrator/telemetry/test_trackers_resume.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 # W&B's transaction log (<offline run dir>/run-<id>.wandb): a 7-byte header, then LevelDB's log format: 32 KiB
-# blocks of records (crc32 4 bytes, length 2, type 1: FULL, FIRST, MIDDLE, LAST), each a wandb_internal Record.
+# blocks of records (crc32 4 bytes, length 2, type 1: FULL, FIRST, MIDDLE, LAST), each a wandb_internal
+# Record.
 WANDB_HEADER, WANDB_BLOCK = 7, 32 * 1024
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
@@ -59,8 +60,10 @@ def wandb_runs(wandb_dir: Path) -> dict[str, list[tuple[int, dict[str, Any]]]]:
             if record.WhichOneof("record_type") == "run":
                 assert record.run.run_id == run_id
             if record.WhichOneof("record_type") == "history":
-                items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
-                rows.append((record.history.step.num, {k: v for k, v in items.items() if not k.startswith("_")}))
+                items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json)
+                         for i in record.history.item}
+                metrics = {k: v for k, v in items.items() if not k.startswith("_")}  # not _step, _runtime
+                rows.append((record.history.step.num, metrics))
     return runs
 
 
@@ -112,7 +115,8 @@ def trackio_runs(project: str) -> dict[str, dict[str, Any]]:
     out = {}
     for record in SQLiteStorage.get_run_records(project):
         logs = SQLiteStorage.get_logs(project, run_id=record["id"])
-        rows = [(row["step"], {k: v for k, v in row.items() if k not in ("step", "timestamp")}) for row in logs]
+        rows = [(row["step"], {k: v for k, v in row.items() if k not in ("step", "timestamp")})
+                for row in logs]
         out[record["id"]] = {"name": record["name"], "rows": rows}
     return out
 
