@@ -1,11 +1,11 @@
-"""Step metrics: phase timing, the metric sinks (JSON lines, TensorBoard, W&B, MLflow, Ray's Prometheus
-endpoint), the completions log, and reading a run directory back (`rayward samples`, `rayward plot`)."""
+"""Step metrics: phase timing, the metric sinks (JSON lines, Ray's Prometheus endpoint, and trackers.py's
+TensorBoard, W&B, MLflow, trackio), the completions log, and reading a run directory back (`rayward samples`,
+`rayward plot`)."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +13,7 @@ from typing import Any
 
 from orchestrator.telemetry.progress import Display, StepLines
 from orchestrator.telemetry.ray_metrics import RayMetricsExporter
+from orchestrator.telemetry.trackers import RunInfo, Trackers, expand
 
 # The completions log of a run directory (TRL's name), one JSON line per trained sample.
 COMPLETIONS_FILE = "completions.jsonl"
@@ -49,55 +50,37 @@ class MetricsLogger:
 
     def __init__(
         self, run_dir: Path, *, report_to: list[str], progress: bool, max_steps: int, run_name: str = "",
-        config: dict[str, Any] | None = None, display: Display | None = None,
+        config: dict[str, Any] | None = None, display: Display | None = None, tracker_name: str | None = None,
+        project: str | None = None,
     ):
+        """report_to: the sinks (`all`: jsonl and the installed trackers, said in a line); run_name: the
+        run's (Ray metrics; the trackers' unless tracker_name); project: the trackers' (None: theirs)."""
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = open(run_dir / METRICS_FILE, "a") if "jsonl" in report_to else None  # noqa: SIM115
-        self._tb = self._wandb = self._mlflow = None
-        if "tensorboard" in report_to:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
-        if "wandb" in report_to:
-            import wandb
-
-            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT", "rayward"), name=run_name, config=config)
-            # wandb drops rows whose step goes backwards, and a pipelined run's eval arrives a step or two after
-            # the step it evaluated: eval rows are logged at the latest step, charted against their own step.
-            self._wandb.define_metric("eval/*", step_metric="eval/policy_version")
-            self._wandb_table = wandb.Table
-        if "mlflow" in report_to:
-            import mlflow
-
-            self._mlflow = mlflow
-            mlflow.start_run(run_name=run_name)
         self.display = display if display is not None else StepLines(max_steps) if progress else Display(max_steps)
+        sinks, which = expand(report_to)
+        if which is not None:
+            self.display.message(which)
+        self._jsonl = open(run_dir / METRICS_FILE, "a") if "jsonl" in sinks else None  # noqa: SIM115
+        info = RunInfo(run_dir, tracker_name or run_name or run_dir.name, project, config)
+        self.trackers = Trackers(sinks, info, self.display.message)
         self.max_steps = max_steps
         # Ray's Prometheus endpoint (dashboard metrics, Grafana); a no-op outside a Ray session.
         self._ray = RayMetricsExporter(run_name or run_dir.name)
         self.history: list[dict[str, Any]] = []  # every row logged: steps and evals
-        self._last_step = 0
 
-    def _write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    def _write(self, step: int, metrics: dict[str, Any], evaluation: bool) -> dict[str, Any]:
         row = {"step": step, **{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}}
         self.history.append(row)
         if self._jsonl:
             self._jsonl.write(json.dumps(row) + "\n")
             self._jsonl.flush()
         scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
-        if self._tb:
-            for k, v in scalars.items():
-                self._tb.add_scalar(k, v, step)
-        if self._wandb:
-            self._wandb.log(scalars, step=max(step, self._last_step))
-        if self._mlflow:
-            self._mlflow.log_metrics({k.replace("<-", "_from_"): v for k, v in scalars.items()}, step=step)
-        self._last_step = max(step, self._last_step)
+        self.trackers.log(step, scalars, evaluation)
         return row
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        row = self._write(step, metrics)
+        row = self._write(step, metrics, evaluation=False)
         self._ray.export(step, metrics)
         self.display.step(step, row)
 
@@ -109,13 +92,12 @@ class MetricsLogger:
         with open(self.run_dir / COMPLETIONS_FILE, "a") as f:
             for row in rows:
                 f.write(json.dumps(row, default=str) + "\n")
-        if self._wandb:
-            columns, data = completions_table(rows)
-            self._wandb.log({"completions": self._wandb_table(columns=columns, data=data)}, step=step)
+        if self.trackers.tables:
+            self.trackers.table(step, *completions_table(rows))
 
     def log_eval(self, step: int, metrics: dict[str, Any]) -> None:
         """An eval of the weights of `step` (keys `eval/...`): its own row and progress line."""
-        row = self._write(step, metrics)
+        row = self._write(step, metrics, evaluation=True)
         self._ray.export(step, metrics, with_step=False)  # the step gauge is the learner's, never set back
         parts = [f"eval {step:>4}/{self.max_steps}"]
         for k, v in row.items():
@@ -126,18 +108,15 @@ class MetricsLogger:
 
     def rewind(self, step: int) -> None:
         """A recovery went back to `step`: the rows of later steps leave the history (they are trained and logged
-        again); the sinks keep them, and faults.jsonl says which were lost."""
+        again); metrics.jsonl gets them again, the trackers do not (trackers.py), and faults.jsonl says which
+        were lost."""
         self.history = [r for r in self.history if r["step"] <= step]
+        self.trackers.rewind()
 
     def close(self) -> None:
         if self._jsonl:
             self._jsonl.close()
-        if self._tb:
-            self._tb.close()
-        if self._wandb:
-            self._wandb.finish()
-        if self._mlflow:
-            self._mlflow.end_run()
+        self.trackers.close()
 
 
 def completions_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:

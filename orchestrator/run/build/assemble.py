@@ -106,11 +106,13 @@ def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Generators, lea
 
 
 def run_logger(p: Prepared, display: Display | None = None) -> MetricsLogger:
-    """The run's metrics sinks and terminal (`display`: default step lines)."""
+    """The run's metrics sinks and terminal (`display`: default step lines); the trackers' run name and
+    project are logging.run_name and logging.project (TRL's run_name and project)."""
     cfg = p.cfg
     return MetricsLogger(
         p.run_dir, report_to=list(cfg.logging.report_to), progress=cfg.logging.progress,
         max_steps=cfg.grpo.max_steps, run_name=p.name, config=cfg.model_dump(mode="json"), display=display,
+        tracker_name=cfg.logging.run_name, project=cfg.logging.project,
     )
 
 

@@ -5,7 +5,6 @@ environments check out; the built-in models (the policy, judges, a teacher) are 
 from __future__ import annotations
 
 import functools
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from orchestrator.run.build.specs import (
     reward_specs,
     teacher_spec,
 )
+from orchestrator.telemetry import trackers
 
 
 def check_reward_columns(specs: list[RewardSpec], columns: list[str], where: str, field: str = "rewards") -> None:
@@ -205,9 +205,10 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     import alone takes seconds), model and tokenizer load, the learner's model options fit the architecture,
     datasets have prompts, tools and environments (schemas, template, routing column)."""
     specs = reward_specs(cfg.rewards, chat_template_kwargs=cfg.generation.chat_template_kwargs, seed=cfg.seed)
-    for sink, module in (("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow")):
-        if sink in cfg.logging.report_to and importlib.util.find_spec(module) is None:
-            raise ConfigError(f"logging.report_to: {sink!r} needs the `{module}` package (pip install {module})")
+    absent = trackers.missing(cfg.logging.report_to)  # `all` takes the installed ones
+    if absent:
+        sink, pkg = absent[0], trackers.PACKAGES[absent[0]]
+        raise ConfigError(f"logging.report_to: {sink!r} needs the `{pkg}` package (pip install {pkg})")
     streamed = shards(cfg.data) if cfg.data.streaming else None  # the shards, read as drawn (orchestrator/data/shards.py)
     rows = training_rows(cfg) if streamed is None else peek(streamed, PEEK_ROWS, cfg.data,
                                                             prompt_optional=agentic(cfg))
