@@ -70,19 +70,6 @@ def test_bad_judge_templates_and_curriculum_weights_fail_before_any_model_is_bui
     assert ray.is_initialized() == was_up
 
 
-def test_a_tracker_that_is_not_installed_is_named_before_anything_starts(capsys, tiny_model_path, monkeypatch):
-    import importlib.util
-
-    import ray
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    was_up = ray.is_initialized()
-    assert main(["run", DEMO, "logging.report_to=[wandb]"]) == 2
-    assert "needs the `wandb` package" in capsys.readouterr().err
-    assert ray.is_initialized() == was_up
-
-
 def test_gradient_checkpointing_on_a_model_without_it_is_a_config_error(no_checkpointing_model_path, capsys):
     import ray
 
