@@ -1,6 +1,6 @@
 """Regenerate the GRPOConfig field table of docs/trl.md from orchestrator/trl/args.py's FIELDS.
 
-tests/unit/orchestrator/test_trl_args.py::test_the_docs_table_is_current fails until this has been run after a
+tests/unit/orchestrator/trl/test_args.py::test_the_docs_table_is_current fails until this has been run after a
 field's treatment changed (or TRL's GRPOConfig did)."""
 
 import sys

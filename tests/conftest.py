@@ -9,11 +9,21 @@ ROOT = Path(__file__).resolve().parents[1]
 # CI's tier's two whole runs, its longest files: collected first, so that pytest-xdist (--dist loadfile hands out
 # files in collection order) starts them first and the other worker takes the short files meanwhile. Collected in
 # directory order they came last, and the suite waited for them alone on one core.
-LONGEST_FIRST = ("tests/integration/orchestrator/test_e2e.py", "tests/integration/agentic/test_tools_run.py")
+LONGEST_FIRST = ("tests/integration/runs/test_e2e.py", "tests/integration/runs/agentic/test_tools_run.py")
+
+
+def is_scenario(nodeid: str) -> bool:
+    """Whether tests/tiers.py names the test (its file, the test, or a glob over its id) as a scenario."""
+    from fnmatch import fnmatchcase
+
+    from tests.tiers import SCENARIOS
+
+    return any(nodeid == e or nodeid.startswith((e + "::", e + "[")) or fnmatchcase(nodeid, e) for e in SCENARIOS)
 
 
 def pytest_collection_modifyitems(config, items):
-    """GPU-marked tests skip without CUDA; integration tests are marked by directory; LONGEST_FIRST go first."""
+    """The scenarios (tests/tiers.py) are marked `scenario`; GPU-marked tests skip without CUDA; integration tests
+    are marked by directory; LONGEST_FIRST go first."""
     def rank(item) -> int:
         return next((i for i, f in enumerate(LONGEST_FIRST) if item.nodeid.startswith(f)), len(LONGEST_FIRST))
 
@@ -25,6 +35,8 @@ def pytest_collection_modifyitems(config, items):
     except Exception:  # noqa: BLE001
         has_cuda = False
     for item in items:
+        if is_scenario(item.nodeid):
+            item.add_marker(pytest.mark.scenario)
         path = str(item.fspath)
         if f"{os.sep}integration{os.sep}" in path:
             item.add_marker(pytest.mark.integration)

@@ -2,7 +2,7 @@
 advantages and the NaN-aware statistics the reward metrics use. The loss and the vLLM importance weights are the
 learner's (actors/learner/loss.py).
 
-No Ray, no vLLM, no other rayward imports; ``tests/unit/orchestrator/test_grpo.py`` checks them against TRL's own code
+No Ray, no vLLM, no other rayward imports; ``tests/unit/orchestrator/algo/test_grpo.py`` checks them against TRL's own code
 (not against a copy of its formulas). Citations: ``T:`` = trl/trainer/grpo_trainer.py, ``U:`` =
 trl/trainer/utils.py in TRL 1.16.0 (line numbers).
 

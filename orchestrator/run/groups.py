@@ -8,7 +8,7 @@ loop, the phases, the evaluator, checkpoints and the supervisor use.
     EnvPoolView   actors/runtime/group.py EnvPoolGroup        the environment pool's stats
 
 `Run` (orchestrator/run/state.py) is typed with them. The real groups and the fakes the loop tests run on
-(tests/fixtures/fakes.py) both are them; tests/unit/orchestrator/test_fakes_contract.py holds each fake's public
+(tests/fixtures/fakes.py) both are them; tests/unit/orchestrator/run/test_groups.py holds each fake's public
 methods to its Protocol and to the real group's signatures, so a fake cannot drift from the group it stands for.
 """
 

@@ -27,7 +27,7 @@ from typing import Any
 
 # Builds from seed, seed + 1, ...: a build that misses a gate is retrained from the next seed, at most this many times.
 # Each recipe passes on its first seed on the CPUs it was tried on; the others are the margin for a CPU whose
-# float sums take a build below a gate (tests/unit/orchestrator/builtin/test_model_gates.py builds under another
+# float sums take a build below a gate (tests/unit/orchestrator/builtin/models/test_gates.py builds under another
 # order and checks the gates pass).
 ATTEMPTS = 3
 BUILD_RECORD = "build.json"

@@ -44,7 +44,6 @@ from tests.fixtures.cluster import Cluster, client_env, rayward_exe, tail
 from tests.fixtures.slow_rewards import held_marker, release_file
 
 pytestmark = [
-    pytest.mark.scenario,
     pytest.mark.skipif(os.environ.get("RAYWARD_SKIP_MULTINODE") == "1", reason="RAYWARD_SKIP_MULTINODE=1"),
     pytest.mark.timeout(600),
 ]

@@ -29,7 +29,6 @@ from tests.conftest import ROOT
 from tests.fixtures.cluster import Cluster, client_env, rayward_exe, tail
 
 pytestmark = [
-    pytest.mark.scenario,
     pytest.mark.skipif(os.environ.get("RAYWARD_SKIP_MULTINODE") == "1", reason="RAYWARD_SKIP_MULTINODE=1"),
     pytest.mark.timeout(900),
 ]

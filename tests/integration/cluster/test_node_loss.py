@@ -30,7 +30,6 @@ from tests.fixtures.cluster import SCRIPT, Cluster, client_env, rayward_exe, tai
 from tests.fixtures.slow_rewards import held_marker, release_file
 
 pytestmark = [
-    pytest.mark.scenario,
     pytest.mark.skipif(os.environ.get("RAYWARD_SKIP_MULTINODE") == "1", reason="RAYWARD_SKIP_MULTINODE=1"),
     pytest.mark.timeout(600),
 ]

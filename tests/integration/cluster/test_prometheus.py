@@ -31,7 +31,6 @@ import yaml
 from tests.conftest import ROOT
 
 pytestmark = [
-    pytest.mark.scenario,
     pytest.mark.timeout(900),
     pytest.mark.skipif(shutil.which("prometheus") is None, reason="no prometheus binary (apt-get install prometheus)"),
 ]

@@ -32,7 +32,7 @@ from tests.conftest import ROOT
 from tests.fixtures.cluster import client_env
 from tests.fixtures.slurm import KILL_WAIT_S, LocalSlurm, SlurmUnavailable
 
-pytestmark = [pytest.mark.scenario, pytest.mark.timeout(1800)]
+pytestmark = pytest.mark.timeout(1800)
 
 SBATCH = ROOT / "cluster" / "slurm" / "rayward.sbatch"
 RUN = "slurm-demo"

@@ -10,8 +10,6 @@ import os
 import sys
 import time
 
-import pytest
-
 from actors.engines.judge import JudgeAnswer, JudgeRequest, JudgeSpec
 from actors.engines.pool import JudgePool
 from tests.fixtures.waiting import wait_for_stats
@@ -57,7 +55,6 @@ def kill_pool(ray, pool):
     ray.kill(pool)
 
 
-@pytest.mark.scenario  # a fault case, as the reward pool's (CI time); the routing alone is quick
 def test_answers_in_order_across_engines_and_a_killed_engines_requests_answered_once(ray_cluster, tmp_path):
     ray = ray_cluster
     record = tmp_path / "answered"
@@ -109,7 +106,6 @@ def test_requests_no_engine_takes_are_answered_timeout(ray_cluster, tmp_path):
 
 
 
-@pytest.mark.scenario
 def test_rayward_scale_judge_engines(ray_cluster, tmp_path):
     """`rayward scale`'s job body (`python -m orchestrator.cli.scale`, what the job the CLI submits through the
     dashboard runs) in a process of its own, against a running run's judge pool: the run's only judge is found
@@ -142,7 +138,6 @@ def test_rayward_scale_judge_engines(ray_cluster, tmp_path):
     kill_pool(ray, pool)
 
 
-@pytest.mark.scenario  # seconds of sync-loop-shaped batches: a scaling case, as the reward pool's
 def test_the_pool_grows_while_the_judge_is_slow_and_shrinks_back_when_it_is_fast(ray_cluster, tmp_path):
     """The reward pool's sync-loop shape: a batch of 4 parts of 8 requests, then a pause (generation and training).
     Each answer takes 50 ms while the judge is slow (one engine takes 4 calls at a time): the pool grows; once it

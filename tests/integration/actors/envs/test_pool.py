@@ -30,7 +30,6 @@ COUNTER = EnvSpec(environments={None: "tests.fixtures.envs:CounterEnv"})
 
 # Scenario tier: a fault or scaling case (CI time); a SIGKILLed worker mid-run stays in CI
 # (agentic/test_tools_run.py).
-fault_case = pytest.mark.scenario
 
 
 def make_pool(ray, name, spec, n=2, namespace=None, **kw):
@@ -129,7 +128,6 @@ def test_trl_tools_bound_by_their_own_sigalrm_and_reused_instances_in_a_real_wor
     kill_pool(ray, pool)
 
 
-@fault_case
 def test_sigkilled_worker_loses_exactly_its_sessions_and_is_replaced(ray_cluster, tmp_path):
     ray = ray_cluster
     pool = make_pool(ray, "e-kill", COUNTER)
@@ -163,7 +161,6 @@ def test_sigkilled_worker_loses_exactly_its_sessions_and_is_replaced(ray_cluster
     kill_pool(ray, pool)
 
 
-@fault_case
 def test_sigstopped_worker_is_detected_at_its_deadline_and_replaced(ray_cluster):
     """A stopped worker answers nothing: the call's deadline (tool timeout + grace) kills and replaces it."""
     ray = ray_cluster
@@ -189,7 +186,6 @@ def test_sigstopped_worker_is_detected_at_its_deadline_and_replaced(ray_cluster)
     kill_pool(ray, pool)
 
 
-@fault_case
 def test_retiring_workers_finish_their_sessions(ray_cluster):
     """Scaling down never cuts a trajectory: a retiring worker takes no new session and goes once its open ones
     have closed (with their rewards)."""
@@ -212,7 +208,6 @@ def test_retiring_workers_finish_their_sessions(ray_cluster):
     kill_pool(ray, pool)
 
 
-@fault_case
 def test_rayward_scale_env_workers(ray_cluster):
     """`rayward scale`'s job body (`python -m orchestrator.cli.scale`, what the job the CLI submits through the
     dashboard runs; that route: tests/integration/cluster/test_multinode.py) in a process of its own, against a
@@ -243,7 +238,6 @@ def test_rayward_scale_env_workers(ray_cluster):
     kill_pool(ray, pool)
 
 
-@fault_case
 def test_start_env_pool_from_the_config(ray_cluster):
     """orchestrator.run.build.start_env_pool: the named pool `NAME/env-pool` in the run's namespace, its workers
     `NAME/env-<i>` with the config's resources, the spec from the config."""

@@ -46,7 +46,7 @@ def engine_core_generator(tiny_model: Path):
         yield gen
 
 
-@pytest.fixture(scope="module", params=["in-process", pytest.param("engine-core-process", marks=pytest.mark.scenario)])
+@pytest.fixture(scope="module", params=["in-process", "engine-core-process"])
 def generator(request: pytest.FixtureRequest, tiny_model: Path):
     if request.param == "engine-core-process":
         yield request.getfixturevalue("engine_core_generator")

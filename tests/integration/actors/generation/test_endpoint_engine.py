@@ -2,7 +2,7 @@
 written against the `openai` SDK (tests/fixtures/agents.py: the box agent of configs/agent.yaml, streamed; a
 streamed request with a stop string and usage; a rewritten history; an agent that raises; one that hangs; a
 request without the key), through one in-process Generator for the whole module, the agents on the real
-AgentWorker in this process (the environment pool's side is tests/integration/agentic/test_agent_run.py's).
+AgentWorker in this process (the environment pool's side is tests/integration/runs/agentic/test_agent_run.py's).
 
 - token in, token out: the ids trained are the ids the engine sampled (the engine's own log-probs of the whole
   sequence, recomputed, against the sampling log-probs of the model's tokens), and the chat template's rendering

@@ -96,7 +96,6 @@ def test_routing_replay_on_near_tied_routers_brings_the_gap_to_the_dense_level()
     assert plain["sampling/sampling_logp_difference/mean"] == pytest.approx(without, rel=1e-3)
 
 
-@pytest.mark.scenario  # CI time: the unit tier sends routes through msgspec as collective_rpc does (test_moe.py)
 def test_routes_come_back_from_an_engine_core_in_its_own_process(monkeypatch):
     """vLLM's multiprocess engine core (the GPU layout): the workers' routes cross the process boundary intact."""
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")

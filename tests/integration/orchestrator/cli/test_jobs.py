@@ -32,7 +32,7 @@ import yaml
 
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.scenario, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.timeout(600)
 
 RAYWARD = [shutil.which("rayward") or str(Path(sys.executable).parent / "rayward")]
 TOKEN_FILE = Path("~/.ray/auth_token").expanduser()

@@ -24,8 +24,6 @@ from tests.unit.orchestrator.telemetry.tracker_records import (
     wandb_runs,
 )
 
-pytestmark = pytest.mark.scenario  # two runs of the demo, minutes on a loaded 2-core machine
-
 MAX_STEPS, STOP_PAST = 6, 3
 START_S = 420  # a run's start-up and its steps, beside other runs on 2 cores
 

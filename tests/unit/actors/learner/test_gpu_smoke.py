@@ -32,7 +32,6 @@ def test_without_cuda_the_kit_says_so_in_one_line_and_exits_0():
     assert len(out.stdout.splitlines()) == 1 and out.stdout.startswith("gpu_smoke: skipped, no CUDA device")
 
 
-@pytest.mark.scenario  # every check of the kit on the CPU (CI time); the kit runs on a GPU when one is lent (docs/learner.md)
 def test_the_dry_run_on_the_cpu_passes_every_check_a_cpu_can_run():
     out = run_kit("--device", "cpu", "--budget-s", "86400")
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]

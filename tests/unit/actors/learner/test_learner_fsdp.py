@@ -25,7 +25,7 @@ from tests.fixtures.learner import SCENARIOS, TIMED_METRICS, make_batch, scenari
 
 # Scenario tier (CI time): spawns two gloo rank processes and builds a dozen learners; CI's tier keeps the one-rank
 # learner, and the cross-node FSDP run is in tests/integration/cluster/test_multinode_learner.py.
-pytestmark = [pytest.mark.slow, pytest.mark.scenario]
+pytestmark = pytest.mark.slow
 
 WORLD = 2
 # fp32, the same micro-batches through the same kernels: only the sums over the ranks and the micro-batches (a

@@ -213,7 +213,6 @@ def _rank(rank: int, port: int, path: str, out: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.scenario  # two gloo rank processes (CI time)
 def test_two_fsdp_ranks_train_an_moe_as_one(tmp_path, qwen3_moe_path):
     out = str(tmp_path / "rank0.pt")
     mp.spawn(_rank, args=(free_port(), qwen3_moe_path, out), nprocs=WORLD, join=True)

@@ -4,7 +4,7 @@ a lazily gated judge is asked about the open samples only and the run's advantag
 judge gated on another judge waits for it; timeouts and errors follow the reward's policy, counted; a raise names
 the reward and the sample; the judge's text reaches the completions log. The judge pool itself (routing, dead
 engines) is tests/integration/actors/engines/test_judge_pool.py; a judge on a real engine in a run is
-tests/integration/orchestrator/test_judge_run.py."""
+tests/integration/runs/test_judge_run.py."""
 
 from __future__ import annotations
 
