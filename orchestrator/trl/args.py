@@ -93,7 +93,9 @@ _SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant",
                "constant_with_warmup": "constant"}
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": None}
 # rayward's tracker sinks by TRL's names (logging.report_to; jsonl, metrics.jsonl, is always on).
-_TRACKERS = ("tensorboard", "wandb", "mlflow")
+_TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
+# report_to names the script did not write: transformers adds "kubeflow" itself inside a Kubeflow TrainJob.
+_ADDED_BY_TRANSFORMERS = {"kubeflow"}
 
 
 def _steps_or_fraction(value: float, max_steps: int) -> int:
@@ -200,16 +202,34 @@ def _model_options(value: dict[str, Any] | None, _: Shape) -> dict[str, Any]:
 
 
 def _report_to(value: list[str] | None, _: Shape) -> list[str]:
-    names = [n for n in (value or []) if n != "none"]
-    unknown = [n for n in names if n not in _TRACKERS and n != "all"]
+    """transformers has already turned "all" into the installed integrations (rayward's trackers among
+    others such as codecarbon) and "none" into []: a list that is exactly the installed ones is "all", and
+    becomes the installed trackers."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    names = [n for n in (value or []) if n not in (None, "none", *_ADDED_BY_TRANSFORMERS)]
+    if "all" in names:  # inside a list transformers leaves it as it is
+        return ["jsonl", "all"]
+    if names and set(names) == set(get_available_reporting_integrations()):
+        return ["jsonl", *(n for n in names if n in _TRACKERS)]
+    unknown = [n for n in names if n not in _TRACKERS]
     if unknown:
-        raise ConfigError(f"GRPOConfig.report_to: {unknown} are not rayward sinks ({sorted(_TRACKERS)}; the "
-                          "metrics always go to <output_dir>/metrics.jsonl)")
-    return ["jsonl", *(sorted(_TRACKERS) if "all" in names else names)]
+        raise ConfigError(f"GRPOConfig.report_to: {unknown} are not rayward sinks ({list(_TRACKERS)}, or "
+                          "'all'; the metrics always go to <output_dir>/metrics.jsonl)")
+    return ["jsonl", *names]
+
+
+def _project(value: str, s: Shape) -> str | None:
+    # transformers' default project (only its trackio integration reads it) is no choice of the script's: left
+    # unset, rayward's default applies, and with it a tracker's own variable (WANDB_PROJECT, ...)
+    default = next(f for f in dataclasses.fields(s.read.args) if f.name == "project")
+    return None if value == field_default(default) else value
 
 
 _LAYOUT = Ignored("TRL's process layout (devices, data loaders, distributed training); rayward's is the cluster")
 _LOGGING = Ignored("how TRL prints and logs; rayward logs every step to <output_dir>/metrics.jsonl and its sinks")
+_TRACKIO_HUB = Ignored("where trackio publishes on the Hugging Face Hub (Space, bucket); rayward's logging "
+                       "has no such setting")
 _HUB = Ignored("the hub; rayward does not push (push_to_hub is refused)")
 _TRL_VLLM = Ignored("TRL's own vLLM setup; rayward always generates with vLLM in its generator actors")
 _HF_GENERATE = Ignored("transformers' generate(), which rayward does not use (vLLM generates)")
@@ -295,8 +315,13 @@ FIELDS: dict[str, Mapped | Ignored | Refused] = {
         "eval.every_n_steps", "where eval_steps is unset; rayward logs every step", _eval_every),
     "eval_on_start": Mapped("eval.at_start"),
     "num_generations_eval": Mapped("eval.num_generations", "unset: num_generations", _eval_generations),
-    "report_to": Mapped("logging.report_to", f"{', '.join(_TRACKERS)}; jsonl always; others refused",
-                        _report_to),
+    "report_to": Mapped(
+        "logging.report_to",
+        f"{', '.join(_TRACKERS)}; all: those installed; jsonl always; others refused", _report_to),
+    "run_name": Mapped("logging.run_name", "the run's name in the trackers; unset: the run's name"),
+    "project": Mapped(
+        "logging.project", "TRL's default 'huggingface' is left unset: rayward's default, or a tracker's own "
+        "variable such as WANDB_PROJECT", _project),
     "disable_tqdm": Mapped("logging.progress", "negated", _negated),
     "log_completions": Mapped("logging.log_completions"),
     # --- harmless here ----------------------------------------------------------------------------------------
@@ -332,8 +357,8 @@ FIELDS: dict[str, Mapped | Ignored | Refused] = {
     "logging_strategy": _LOGGING, "logging_first_step": _LOGGING, "logging_nan_inf_filter": _LOGGING,
     "log_on_each_node": _LOGGING, "log_level": _LOGGING, "log_level_replica": _LOGGING,
     "include_num_input_tokens_seen": _LOGGING, "num_completions_to_print": _LOGGING, "log_unique_prompts": _LOGGING,
-    "log_multimodal": _LOGGING, "run_name": _LOGGING, "project": _LOGGING, "trackio_space_id": _LOGGING,
-    "trackio_bucket_id": _LOGGING, "trackio_static_space_id": _LOGGING, "debug": _LOGGING,
+    "log_multimodal": _LOGGING, "debug": _LOGGING, "trackio_space_id": _TRACKIO_HUB,
+    "trackio_bucket_id": _TRACKIO_HUB, "trackio_static_space_id": _TRACKIO_HUB,
     "do_train": _LAYOUT, "do_eval": _LAYOUT, "do_predict": _LAYOUT,
     "hub_token": _HUB, "hub_private_repo": _HUB, "hub_model_id": _HUB, "hub_strategy": _HUB,
     "hub_always_push": _HUB, "hub_revision": _HUB,

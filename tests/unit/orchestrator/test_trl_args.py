@@ -99,6 +99,34 @@ def test_fractions_and_spellings_map_as_transformers_reads_them():
                                  model_max_len=None)["grpo"]["router_aux_loss_coef"] == coef
 
 
+def logging_of(installed=("mlflow", "tensorboard", "wandb", "trackio"), **kw) -> dict:
+    """The logging section of args(**kw), built and mapped on a machine with the `installed` integrations."""
+    from unittest import mock
+
+    found = "transformers.integrations.get_available_reporting_integrations"
+    with mock.patch(found, lambda: list(installed)):
+        return trl_args.run_tree(args(**kw), train_rows=10, has_eval=False, model_max_len=None)["logging"]
+
+
+def test_trackers_run_name_and_project_map_to_the_logging_section():
+    """TRL's report_to with trackio among rayward's trackers; "all" (which transformers has already turned
+    into the installed integrations) as the installed trackers; run_name and a project the script set go to
+    the trackers, TRL's default project ("huggingface", only trackio's in TRL) leaves rayward's default."""
+    got = logging_of(report_to="trackio", run_name="lr-sweep-3", project="letters")
+    assert (got["report_to"], got["run_name"], got["project"]) == (
+        ["jsonl", "trackio"], "lr-sweep-3", "letters")
+    unset = logging_of(report_to="none")
+    assert (unset["report_to"], unset["run_name"], unset["project"]) == (["jsonl"], None, None)
+    # "all" as the script writes it, whatever is installed; the installed list written out means the same
+    some = ("wandb", "codecarbon")
+    assert logging_of(some, report_to="all")["report_to"] == ["jsonl", "wandb"]
+    assert logging_of(some, report_to=["codecarbon", "wandb"])["report_to"] == ["jsonl", "wandb"]
+    assert logging_of(report_to="all")["report_to"] == ["jsonl", "mlflow", "tensorboard", "wandb", "trackio"]
+    assert logging_of(report_to=["all", "wandb"])["report_to"] == ["jsonl", "all"]
+    with pytest.raises(ConfigError, match=r"GRPOConfig.report_to: \['codecarbon'\] are not rayward sinks"):
+        logging_of((*some, "trackio"), report_to=["codecarbon", "wandb"])
+
+
 @pytest.mark.parametrize("kw, named", [
     ({"entropy_coef": 0.1}, "GRPOConfig.entropy_coef=0.1"),
     ({"push_to_hub": True, "hub_model_id": "me/x"}, "GRPOConfig.push_to_hub=True"),
