@@ -163,13 +163,16 @@ def _save_dataset(ds: Any, dest: Path, *, what: str, rows_needed: int | None) ->
 
 
 def _checked_args(args: Any, model: Any) -> Any:
-    """The script's GRPOConfig; without one, TRL's default (output_dir `<model name>-GRPO`)."""
+    """The script's GRPOConfig; without one, TRL's default (output_dir `<model name>-GRPO`), built as
+    rayward.GRPOConfig so that it constructs on a machine without a GPU (orchestrator/trl/grpo_config.py)."""
     import trl
+
+    from orchestrator.trl.grpo_config import GRPOConfig
 
     if args is None:
         config = getattr(model, "config", None)
         name = model if isinstance(model, str) else getattr(config, "_name_or_path", "m")
-        return trl.GRPOConfig(output_dir=f"{str(name).split('/')[-1]}-GRPO")
+        return GRPOConfig(output_dir=f"{str(name).split('/')[-1]}-GRPO")
     if not isinstance(args, trl.GRPOConfig):
         raise ConfigError(f"args: a {type(args).__name__}; give a trl.GRPOConfig")
     return args

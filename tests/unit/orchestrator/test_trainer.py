@@ -74,6 +74,21 @@ def test_script_functions_lambdas_and_closures_become_weighted_rewards_with_trls
     assert json.loads(out.stdout) == [[5.0, 2.0], [1.0, 0.0], [2.5, 1.0]]
 
 
+def test_without_args_trls_default_config_is_built_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
+    """TRL's documented quick start passes no args: TRL builds GRPOConfig(output_dir="<model>-GRPO") with its
+    defaults (bf16 on), which the driver, GPU-less or not, must build."""
+    from tests.unit.orchestrator.test_trl_grpo_config import gpu_less
+
+    gpu_less(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    model = ensure_tiny_model()
+    t = GRPOTrainer(model=str(model), reward_funcs=module_level_reward, train_dataset=letters())
+    assert isinstance(t.args, GRPOConfig) and (t.args.bf16, t.args.use_cpu) == (True, False)
+    assert (t.args.output_dir, t.run_dir) == (f"{model.name}-GRPO", tmp_path / f"{model.name}-grpo")
+    # TRL's defaults: 8 completions a step, 8 per prompt, 3 epochs of the 8 rows
+    assert (t.cfg.generation.generation_batch_size, t.cfg.grpo.max_steps) == (8, 3 * 8)
+
+
 def test_an_unpicklable_capture_is_named_before_anything_starts(tmp_path):
     import threading
 
