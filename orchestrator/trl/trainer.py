@@ -447,7 +447,8 @@ class GRPOTrainer:
               ignore_keys_for_eval: list[str] | None = None, **_: Any) -> Any:
         """Run the whole training on Ray (as `rayward run`); TRL's TrainOutput(global_step, training_loss,
         metrics). resume_from_checkpoint: True, or a checkpoint of this output_dir, continues from the run's latest
-        checkpoint (rayward resumes from the latest: the data position, optimizer and curriculum with it).
+        checkpoint (rayward resumes from the latest: the data position, optimizer and curriculum with it);
+        "auto" continues from it if the run directory has one, else starts (a requeued or restarted script).
         A SIGTERM or Ctrl-C ends the step, writes a checkpoint and exits the script (SystemExit 143 / 130) with one
         line; a failure raises RunFailed (orchestrator/run/errors.py: the step, the last checkpoint; the error that
         ended the run as its __cause__)."""
@@ -457,13 +458,7 @@ class GRPOTrainer:
 
         if trial is not None:
             raise ConfigError("train(trial=...): hyperparameter search is not supported")
-        resume: bool = False
-        if resume_from_checkpoint:
-            resume = True
-            if isinstance(resume_from_checkpoint, str) and Path(resume_from_checkpoint).resolve().parent != (
-                    self.run_dir.resolve()):
-                raise ConfigError(f"train(resume_from_checkpoint={resume_from_checkpoint!r}): rayward resumes from "
-                                  f"the latest checkpoint of its run directory {self.run_dir}")
+        resume = self._resume_mode(resume_from_checkpoint)
         watch = _CallbackFeed(self) if self.callbacks else None
         t0 = time.time()
         closing: dict[str, Any] | None = None
@@ -482,6 +477,20 @@ class GRPOTrainer:
                 watch.stop(closing)
         return TrainOutput(self.state.global_step, closing["train_loss"], {
             k: v for k, v in closing.items() if k != "step"})
+
+    def _resume_mode(self, resume_from_checkpoint: str | bool | None) -> bool | str:
+        """train()'s resume_from_checkpoint as orchestrator.run.train's `resume`: "auto" as it is (the latest
+        checkpoint if there is one, else a fresh start), True or a checkpoint of the run directory: True."""
+        from orchestrator.run.checkpoints import RESUME_AUTO
+
+        if resume_from_checkpoint == RESUME_AUTO:
+            return RESUME_AUTO
+        if isinstance(resume_from_checkpoint, str) and Path(resume_from_checkpoint).resolve().parent != (
+                self.run_dir.resolve()):
+            raise ConfigError(f"train(resume_from_checkpoint={resume_from_checkpoint!r}): rayward resumes "
+                              f"from the latest checkpoint of its run directory {self.run_dir} (or \"auto\": "
+                              "it if there is one)")
+        return bool(resume_from_checkpoint)
 
     def _finish_state(self, history: list[dict[str, Any]], elapsed: float) -> dict[str, Any]:
         """trainer.state as transformers' Trainer.train leaves it (global_step, epoch, total_flos, the logging /
