@@ -15,7 +15,8 @@ import pytest
 
 from tests.conftest import ROOT
 from tests.fixtures.trl_scripts.run_script import HERE, model_path, script_source
-from tests.integration.orchestrator.cli.test_jobs import TOKEN_FILE, RayHead, client_env, jobs_api
+from tests.integration.orchestrator.cli import test_jobs
+from tests.integration.orchestrator.cli.test_jobs import RayHead, client_env, jobs_api
 
 pytestmark = [pytest.mark.scenario, pytest.mark.timeout(900)]
 
@@ -25,13 +26,8 @@ JOB_TIMEOUT_S = 600
 ENDED = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
-@pytest.fixture(scope="module")
-def head(tmp_path_factory):
-    if not TOKEN_FILE.is_file():
-        pytest.skip("needs ~/.ray/auth_token so that `ray start --head` turns token auth on")
-    h = RayHead(tmp_path_factory.mktemp("rayhead")).start()
-    yield h
-    h.stop()
+# A `ray start --head` of this module's own, as test_jobs.py starts its (skipped without a Ray token).
+head = test_jobs.head
 
 
 def wait_ended(head: RayHead, job: str, timeout_s: float) -> dict:
