@@ -1,15 +1,19 @@
-"""TRL's `GRPOConfig`, field by field, as a rayward run: what `rayward.GRPOTrainer` (orchestrator/trl/trainer.py) does
-with each of the 189 fields of TRL 1.16's GRPOConfig (its own and transformers' TrainingArguments').
+"""TRL's `GRPOConfig`, field by field, as a rayward run: what `rayward.GRPOTrainer`
+(orchestrator/trl/trainer.py) does with each of the 189 fields of TRL 1.16's GRPOConfig (its own and
+transformers' TrainingArguments').
 
 Every field is in `FIELDS`, as one of
-    Mapped(target)    its value (TRL's default included) becomes the rayward field(s) `target`, meaning kept
-    Ignored(reason)   harmless here: it only concerns TRL's own process layout (devices, data loaders, DDP, its
-                      vLLM server, the hub); one line says so when the script sets it
-    Refused(instead)  rayward cannot honour it: a script that sets it (a value other than TRL's default) fails
-                      before anything starts, with the field named and what to use instead
-A field TRL adds later that is not in FIELDS is refused the same way when set, so none is ever dropped silently.
-`docs/trl.md`'s table is generated from FIELDS (`field_table`); tests check that every GRPOConfig field is here and
-that `run_tree` reads every Mapped one.
+    Mapped(target)    its value (TRL's default included) becomes the rayward config field `target` (a path
+                      such as grpo.learning_rate), as it is or through `convert`; fields that make one rayward
+                      value together (max_steps and num_train_epochs) name the same target and convert
+    Ignored(reason)   harmless here: it only concerns TRL's own process layout (devices, data loaders, DDP,
+                      its vLLM server, the hub); one line says so when the script sets it
+    Refused(instead)  rayward cannot honour it: a script that sets it (a value other than TRL's default)
+                      fails before anything starts, with the field named and what to use instead
+A field TRL adds later that is not in FIELDS is refused the same way when set, so none is dropped silently.
+The Mapped entries are the one mapping: `run_tree` builds the config tree from them, `field_table` prints
+them as docs/trl.md's table; tests check that FIELDS holds every GRPOConfig field and that every target is
+a config field.
 """
 
 from __future__ import annotations
@@ -17,73 +21,266 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from orchestrator.config import ConfigError
 
-# How much of the vLLM context rayward leaves for the prompt when the script gives no vllm_max_model_length: TRL
-# has no context limit without vLLM, and rayward's generators need one (prompt + completion).
+# How much of the vLLM context rayward leaves for the prompt when the script gives no vllm_max_model_length:
+# TRL has no context limit without vLLM, and rayward's generators need one (prompt + completion).
 PROMPT_ROOM_TOKENS = 1024
+
+
+class _Reader:
+    """Reads GRPOConfig fields, recording which: the test checks every Mapped field is read."""
+
+    read: set[str] = set()
+
+    def __init__(self, args: Any):
+        self.args = args
+
+    def __call__(self, name: str) -> Any:
+        _Reader.read.add(name)
+        return _plain(getattr(self.args, name))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What several fields make together (the run's length, one step's samples), computed and checked before
+    the fields are mapped one by one; `read` reads any other field a conversion needs."""
+
+    read: _Reader
+    step_samples: int  # completions per optimizer step: per_device_train_batch_size x gradient_accumulation
+    num_generations: int
+    max_steps: int
+    steps_per_epoch: int
+    model_max_len: int | None  # the policy's context limit (max_position_embeddings); None: none known
 
 
 @dataclass(frozen=True)
 class Mapped:
-    target: str  # the rayward field(s) it becomes
+    target: str  # the config path the value goes to: "section.field", "field", or "section" (merged into)
+    how: str = ""  # in words, where the value does not pass as it is (docs/trl.md prints it)
+    convert: Callable[[Any, Shape], Any] | None = None  # (the field's value, the run's Shape) -> the target's
+
+    def text(self) -> str:
+        return f"mapped: {self.target}" + (f" ({self.how})" if self.how else "")
 
 
 @dataclass(frozen=True)
 class Ignored:
     reason: str
 
+    def text(self) -> str:
+        return f"ignored: {self.reason}"
+
 
 @dataclass(frozen=True)
 class Refused:
     instead: str
 
+    def text(self) -> str:
+        return f"refused when set; instead: {self.instead}"
+
+
+# --- conversions: a field's value (and the run's Shape) -> the rayward value --------------------------------
+
+# Where TRL accepts several spellings of one choice.
+_OPTIMS = {"adamw_torch": "adamw_torch", "adamw_torch_fused": "adamw_torch", "sgd": "sgd"}
+_SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant",
+               "constant_with_warmup": "constant"}
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": None}
+# rayward's tracker sinks by TRL's names (logging.report_to; jsonl, metrics.jsonl, is always on).
+_TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
+# report_to names the script did not write: transformers adds "kubeflow" itself inside a Kubeflow TrainJob.
+_ADDED_BY_TRANSFORMERS = {"kubeflow"}
+
+
+def _steps_or_fraction(value: float, max_steps: int) -> int:
+    return int(value) if value >= 1 else math.ceil(value * max_steps)
+
+
+def _run_steps(_: Any, s: Shape) -> int:
+    return s.max_steps
+
+
+def _step_samples(_: Any, s: Shape) -> int:
+    return s.step_samples
+
+
+def _parent(output_dir: str, _: Shape) -> str:
+    return str(Path(output_dir).resolve().parent)
+
+
+def _zero_if_unset(value: Any, _: Shape) -> Any:
+    return value or 0
+
+
+def _none_if_zero(value: Any, _: Shape) -> Any:
+    return value or None
+
+
+def _mapping(value: dict[str, Any] | None, _: Shape) -> dict[str, Any]:
+    return dict(value or {})
+
+
+def _negated(value: bool, _: Shape) -> bool:
+    return not value
+
+
+def _max_model_len(value: int | None, s: Shape) -> int:
+    if value is not None:
+        return value
+    room = s.read("max_completion_length") + PROMPT_ROOM_TOKENS
+    return room if s.model_max_len is None else min(room, s.model_max_len)
+
+
+def _optim(value: str, _: Shape) -> str:
+    if value not in _OPTIMS:
+        raise ConfigError(f"GRPOConfig.optim={value!r}: rayward's learner has {sorted(set(_OPTIMS))}")
+    return _OPTIMS[value]
+
+
+def _scheduler(value: str, _: Shape) -> str:
+    if value not in _SCHEDULERS:
+        raise ConfigError(f"GRPOConfig.lr_scheduler_type={value!r}: rayward has {sorted(_SCHEDULERS)}")
+    return _SCHEDULERS[value]
+
+
+def _warmup(value: float, s: Shape) -> int:
+    return _steps_or_fraction(value, s.max_steps) if value else 0
+
+
+def _scale_rewards(value: Any, _: Shape) -> str:
+    return {True: "group", False: "none"}.get(value, value) if isinstance(value, bool) else value
+
+
+def _weights(value: list[float] | None, _: Shape) -> list[dict[str, float]] | None:
+    return None if value is None else [{"weight": float(w)} for w in value]
+
+
+def _save_every(_: Any, s: Shape) -> int:
+    strategy = s.read("save_strategy")
+    if strategy == "steps":
+        return _steps_or_fraction(s.read("save_steps"), s.max_steps)
+    if strategy == "no":
+        return s.max_steps  # only the final checkpoint: trainer.save_model() copies its weights
+    if strategy == "epoch":
+        return s.steps_per_epoch
+    raise ConfigError(f"GRPOConfig.save_strategy={strategy!r}: rayward saves by steps ('steps', 'epoch', "
+                      "'no'); for the best eval use rayward=dict(grpo=dict(save_best='eval/reward'))")
+
+
+def _eval_every(_: Any, s: Shape) -> int | None:
+    every = s.read("eval_steps") or s.read("logging_steps")
+    every = _steps_or_fraction(every, s.max_steps) if every else None
+    return {"steps": every, "epoch": s.steps_per_epoch, "no": None}[s.read("eval_strategy")]
+
+
+def _eval_generations(value: int | None, s: Shape) -> int:
+    return value or s.num_generations
+
+
+def _model_options(value: dict[str, Any] | None, _: Shape) -> dict[str, Any]:
+    model: dict[str, Any] = {}
+    for key, option in (value or {}).items():
+        if key in ("dtype", "torch_dtype"):
+            dtype = str(option).removeprefix("torch.")
+            if dtype not in _DTYPES:
+                raise ConfigError(f"GRPOConfig.model_init_kwargs[{key!r}]={dtype!r}: one of "
+                                  f"{sorted(_DTYPES)}")
+            if _DTYPES[dtype] is not None:
+                model["dtype"] = _DTYPES[dtype]
+        elif key == "attn_implementation":
+            model["attn_implementation"] = option
+        elif key != "trust_remote_code":
+            raise ConfigError(f"GRPOConfig.model_init_kwargs[{key!r}]: rayward loads the model with dtype "
+                              "and attn_implementation only")
+    return model
+
+
+def _report_to(value: list[str] | None, _: Shape) -> list[str]:
+    """transformers has already turned "all" into the installed integrations (rayward's trackers among
+    others such as codecarbon) and "none" into []: a list that is exactly the installed ones is "all", and
+    becomes the installed trackers."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    names = [n for n in (value or []) if n not in (None, "none", *_ADDED_BY_TRANSFORMERS)]
+    if "all" in names:  # inside a list transformers leaves it as it is
+        return ["jsonl", "all"]
+    if names and set(names) == set(get_available_reporting_integrations()):
+        return ["jsonl", *(n for n in names if n in _TRACKERS)]
+    unknown = [n for n in names if n not in _TRACKERS]
+    if unknown:
+        raise ConfigError(f"GRPOConfig.report_to: {unknown} are not rayward sinks ({list(_TRACKERS)}, or "
+                          "'all'; the metrics always go to <output_dir>/metrics.jsonl)")
+    return ["jsonl", *names]
+
+
+def _project(value: str, s: Shape) -> str | None:
+    # transformers' default project (only its trackio integration reads it) is no choice of the script's: left
+    # unset, rayward's default applies, and with it a tracker's own variable (WANDB_PROJECT, ...)
+    default = next(f for f in dataclasses.fields(s.read.args) if f.name == "project")
+    return None if value == field_default(default) else value
+
 
 _LAYOUT = Ignored("TRL's process layout (devices, data loaders, distributed training); rayward's is the cluster")
 _LOGGING = Ignored("how TRL prints and logs; rayward logs every step to <output_dir>/metrics.jsonl and its sinks")
+_TRACKIO_HUB = Ignored("where trackio publishes on the Hugging Face Hub (Space, bucket); rayward's logging "
+                       "has no such setting")
 _HUB = Ignored("the hub; rayward does not push (push_to_hub is refused)")
 _TRL_VLLM = Ignored("TRL's own vLLM setup; rayward always generates with vLLM in its generator actors")
 _HF_GENERATE = Ignored("transformers' generate(), which rayward does not use (vLLM generates)")
 _EVAL_LAYOUT = Ignored("how TRL's Trainer batches and gathers eval; rayward evaluates on its generators")
 _DEFAULT_ONLY = "leave it at TRL's default (rayward has no such option yet)"
+_FRACTION = "a value below 1 is a fraction of max_steps, as in transformers"
 
 FIELDS: dict[str, Mapped | Ignored | Refused] = {
     # --- what the run trains ---------------------------------------------------------------------------------
-    "output_dir": Mapped("logging.dir + name: the run directory is output_dir itself"),
-    "max_steps": Mapped("grpo.max_steps"),
-    "num_train_epochs": Mapped("grpo.max_steps, where max_steps is -1: epochs x rows / prompts per step"),
-    "per_device_train_batch_size": Mapped("grpo.per_device_train_batch_size (completions per micro-batch)"),
+    "output_dir": Mapped("logging.dir", "its parent; its last part names the run: the run directory is "
+                         "output_dir itself", _parent),
+    "max_steps": Mapped("grpo.max_steps", "-1: num_train_epochs x rows / prompts per step", _run_steps),
+    "num_train_epochs": Mapped("grpo.max_steps", "where max_steps is -1: epochs x rows / prompts per step",
+                               _run_steps),
+    "per_device_train_batch_size": Mapped("grpo.per_device_train_batch_size", "completions per micro-batch"),
     "gradient_accumulation_steps": Mapped(
-        "generation.generation_batch_size = per_device_train_batch_size x gradient_accumulation_steps"),
-    "generation_batch_size": Mapped("generation.generation_batch_size (must be one optimizer step's samples)"),
-    "steps_per_generation": Mapped("must equal gradient_accumulation_steps: one optimizer step per generation"),
+        "generation.generation_batch_size", "per_device_train_batch_size x gradient_accumulation_steps",
+        _step_samples),
+    "generation_batch_size": Mapped("generation.generation_batch_size",
+                                    "must be one optimizer step's samples", _step_samples),
+    "steps_per_generation": Mapped(
+        "generation.generation_batch_size",
+        "must equal gradient_accumulation_steps: one optimizer step per generation", _step_samples),
     "num_generations": Mapped("generation.num_generations"),
     "max_completion_length": Mapped("generation.max_completion_length"),
     "temperature": Mapped("generation.temperature"),
     "top_p": Mapped("generation.top_p"),
-    "top_k": Mapped("generation.top_k"),
-    "chat_template_kwargs": Mapped("generation.chat_template_kwargs"),
+    "top_k": Mapped("generation.top_k", "None: 0, no limit", _zero_if_unset),
+    "chat_template_kwargs": Mapped("generation.chat_template_kwargs", convert=_mapping),
     "max_tool_calling_iterations": Mapped("generation.max_tool_calling_iterations"),
     "vllm_max_model_length": Mapped(
-        f"generation.max_model_len (unset: max_completion_length + {PROMPT_ROOM_TOKENS}, within the model's limit)"),
+        "generation.max_model_len",
+        f"unset: max_completion_length + {PROMPT_ROOM_TOKENS}, within the model's limit", _max_model_len),
     "vllm_gpu_memory_utilization": Mapped("generation.gpu_memory_utilization"),
     "vllm_tensor_parallel_size": Mapped("generation.tensor_parallel_size"),
     "shuffle_dataset": Mapped("data.shuffle_dataset"),
     "seed": Mapped("seed"),
     "trust_remote_code": Mapped("model.trust_remote_code"),
-    "model_init_kwargs": Mapped("model.dtype (dtype / torch_dtype), model.attn_implementation; other keys refused"),
+    "model_init_kwargs": Mapped(
+        "model", "dtype / torch_dtype: model.dtype; attn_implementation: model.attn_implementation; other "
+        "keys refused", _model_options),
     # --- the optimizer ----------------------------------------------------------------------------------------
     "learning_rate": Mapped("grpo.learning_rate"),
-    "lr_scheduler_type": Mapped("grpo.lr_scheduler_type (linear, cosine, constant; constant_with_warmup: constant)"),
-    "warmup_steps": Mapped("grpo.warmup_steps (a value below 1 is a fraction of max_steps, as in transformers)"),
-    "optim": Mapped("grpo.optim (adamw_torch and adamw_torch_fused: adamw_torch; sgd)"),
+    "lr_scheduler_type": Mapped(
+        "grpo.lr_scheduler_type", "linear, cosine, constant; constant_with_warmup: constant", _scheduler),
+    "warmup_steps": Mapped("grpo.warmup_steps", _FRACTION, _warmup),
+    "optim": Mapped("grpo.optim", "adamw_torch and adamw_torch_fused: adamw_torch; sgd", _optim),
     "weight_decay": Mapped("grpo.weight_decay"),
     "adam_beta1": Mapped("grpo.adam_beta1"),
     "adam_beta2": Mapped("grpo.adam_beta2"),
-    "max_grad_norm": Mapped("grpo.max_grad_norm"),
+    "max_grad_norm": Mapped("grpo.max_grad_norm", "0: no clipping", _none_if_zero),
     "gradient_checkpointing": Mapped("grpo.gradient_checkpointing"),
     "gradient_checkpointing_kwargs": Mapped("grpo.gradient_checkpointing_kwargs"),
     # --- the loss ---------------------------------------------------------------------------------------------
@@ -93,9 +290,10 @@ FIELDS: dict[str, Mapped | Ignored | Refused] = {
     "epsilon": Mapped("grpo.epsilon"),
     "epsilon_high": Mapped("grpo.epsilon_high"),
     "delta": Mapped("grpo.delta"),
-    "loss_type": Mapped("grpo.loss_type (grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo)"),
+    "loss_type": Mapped("grpo.loss_type", "grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo"),
     "importance_sampling_level": Mapped("grpo.importance_sampling_level"),
-    "scale_rewards": Mapped("grpo.scale_rewards (true: group, false: none, as TRL reads them)"),
+    "scale_rewards": Mapped("grpo.scale_rewards", "true: group, false: none, as TRL reads them",
+                            _scale_rewards),
     "multi_objective_aggregation": Mapped("grpo.multi_objective_aggregation"),
     "mask_truncated_completions": Mapped("grpo.mask_truncated_completions"),
     "use_bias_correction_kl": Mapped("grpo.use_bias_correction_kl"),
@@ -103,18 +301,29 @@ FIELDS: dict[str, Mapped | Ignored | Refused] = {
     "vllm_importance_sampling_mode": Mapped("grpo.vllm_importance_sampling_mode"),
     "vllm_importance_sampling_clip_max": Mapped("grpo.vllm_importance_sampling_clip_max"),
     "vllm_importance_sampling_clip_min": Mapped("grpo.vllm_importance_sampling_clip_min"),
-    "reward_weights": Mapped("rewards[i].weight, in reward_funcs' order"),
+    "reward_weights": Mapped("rewards", "each reward's weight, in reward_funcs' order", _weights),
     # --- saving, eval, logging --------------------------------------------------------------------------------
-    "save_strategy": Mapped("grpo.save_steps: steps: save_steps; no: only the final checkpoint (for save_model)"),
-    "save_steps": Mapped("grpo.save_steps (a value below 1 is a fraction of max_steps, as in transformers)"),
-    "eval_strategy": Mapped("eval.every_n_steps (steps: eval_steps; epoch: the steps of one epoch; no: none)"),
-    "eval_steps": Mapped("eval.every_n_steps (unset: logging_steps, as in transformers)"),
+    "save_strategy": Mapped(
+        "grpo.save_steps",
+        "steps: save_steps; epoch: the steps of one epoch; no: only the final checkpoint (for save_model)",
+        _save_every),
+    "save_steps": Mapped("grpo.save_steps", _FRACTION, _save_every),
+    "eval_strategy": Mapped(
+        "eval.every_n_steps", "steps: eval_steps; epoch: the steps of one epoch; no: none", _eval_every),
+    "eval_steps": Mapped("eval.every_n_steps", "unset: logging_steps, as in transformers", _eval_every),
+    "logging_steps": Mapped(
+        "eval.every_n_steps", "where eval_steps is unset; rayward logs every step", _eval_every),
     "eval_on_start": Mapped("eval.at_start"),
-    "num_generations_eval": Mapped("eval.num_generations (unset: num_generations)"),
-    "report_to": Mapped("logging.report_to (tensorboard, wandb, mlflow; jsonl always); others refused"),
-    "disable_tqdm": Mapped("logging.progress"),
+    "num_generations_eval": Mapped("eval.num_generations", "unset: num_generations", _eval_generations),
+    "report_to": Mapped(
+        "logging.report_to",
+        f"{', '.join(_TRACKERS)}; all: those installed; jsonl always; others refused", _report_to),
+    "run_name": Mapped("logging.run_name", "the run's name in the trackers; unset: the run's name"),
+    "project": Mapped(
+        "logging.project", "TRL's default 'huggingface' is left unset: rayward's default, or a tracker's own "
+        "variable such as WANDB_PROJECT", _project),
+    "disable_tqdm": Mapped("logging.progress", "negated", _negated),
     "log_completions": Mapped("logging.log_completions"),
-    "logging_steps": Mapped("eval.every_n_steps where eval_steps is unset; rayward logs every step"),
     # --- harmless here ----------------------------------------------------------------------------------------
     "use_cpu": _LAYOUT, "local_rank": _LAYOUT, "accelerator_config": _LAYOUT, "parallelism_config": _LAYOUT,
     "ddp_find_unused_parameters": _LAYOUT, "ddp_bucket_cap_mb": _LAYOUT, "ddp_broadcast_buffers": _LAYOUT,
@@ -148,8 +357,8 @@ FIELDS: dict[str, Mapped | Ignored | Refused] = {
     "logging_strategy": _LOGGING, "logging_first_step": _LOGGING, "logging_nan_inf_filter": _LOGGING,
     "log_on_each_node": _LOGGING, "log_level": _LOGGING, "log_level_replica": _LOGGING,
     "include_num_input_tokens_seen": _LOGGING, "num_completions_to_print": _LOGGING, "log_unique_prompts": _LOGGING,
-    "log_multimodal": _LOGGING, "run_name": _LOGGING, "project": _LOGGING, "trackio_space_id": _LOGGING,
-    "trackio_bucket_id": _LOGGING, "trackio_static_space_id": _LOGGING, "debug": _LOGGING,
+    "log_multimodal": _LOGGING, "debug": _LOGGING, "trackio_space_id": _TRACKIO_HUB,
+    "trackio_bucket_id": _TRACKIO_HUB, "trackio_static_space_id": _TRACKIO_HUB,
     "do_train": _LAYOUT, "do_eval": _LAYOUT, "do_predict": _LAYOUT,
     "hub_token": _HUB, "hub_private_repo": _HUB, "hub_model_id": _HUB, "hub_strategy": _HUB,
     "hub_always_push": _HUB, "hub_revision": _HUB,
@@ -189,12 +398,6 @@ FIELDS: dict[str, Mapped | Ignored | Refused] = {
     "off_policy_mask_threshold": Refused(_DEFAULT_ONLY),
     "vllm_importance_sampling_cap": Refused("vllm_importance_sampling_clip_max"),
 }
-
-# Where TRL accepts several spellings of one choice.
-_OPTIMS = {"adamw_torch": "adamw_torch", "adamw_torch_fused": "adamw_torch", "sgd": "sgd"}
-_SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
-_REPORT_TO = {"tensorboard", "wandb", "mlflow"}
-_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "auto": None}
 
 
 def _plain(value: Any) -> Any:
@@ -258,143 +461,69 @@ def check_fields(args: Any) -> list[str]:
     return notes
 
 
-class _Reader:
-    """Reads GRPOConfig fields, recording which: the test checks every Mapped field is read."""
-
-    read: set[str] = set()
-
-    def __init__(self, args: Any):
-        self.args = args
-
-    def __call__(self, name: str) -> Any:
-        _Reader.read.add(name)
-        return _plain(getattr(self.args, name))
-
-
-def _steps_or_fraction(value: float, max_steps: int) -> int:
-    return int(value) if value >= 1 else math.ceil(value * max_steps)
+def _put(tree: dict[str, Any], path: str, value: Any) -> None:
+    """`value` at `path` ("section.field", "field", or "section": a mapping merged into it) of the tree."""
+    *sections, key = path.split(".")
+    node = tree
+    for section in sections:
+        node = node.setdefault(section, {})
+    if isinstance(value, dict) and isinstance(node.get(key), dict):
+        node[key].update(value)
+    elif key in node and node[key] != value:  # two fields of one target disagree: FIELDS is wrong, not args
+        raise AssertionError(f"FIELDS: {path} gets both {node[key]!r} and {value!r}")
+    else:
+        node[key] = value
 
 
-def run_tree(args: Any, *, train_rows: int | None, has_eval: bool, model_max_len: int | None) -> dict[str, Any]:
-    """The config tree (orchestrator/config/__init__.py's sections: generation, grpo, data, logging, eval settings, seed,
-    model settings) that `args` means. train_rows: the training dataset's length (None: an IterableDataset, or
-    none). ConfigError naming the GRPOConfig field that cannot be honoured."""
-    a = _Reader(args)
+def _shape(a: _Reader, train_rows: int | None, model_max_len: int | None) -> Shape:
     bs, accum = a("per_device_train_batch_size"), a("gradient_accumulation_steps")
     gen_batch, spg = a("generation_batch_size"), a("steps_per_generation")
     step_samples = bs * accum
     if gen_batch != step_samples or spg != accum:
         raise ConfigError(
-            f"GRPOConfig.generation_batch_size={gen_batch} (steps_per_generation={spg}) spans several optimizer "
-            f"steps of per_device_train_batch_size x gradient_accumulation_steps = {step_samples}: rayward trains "
-            "one optimizer step per generation batch (and overlaps the next one with loop.mode pipelined); leave "
-            "generation_batch_size and steps_per_generation unset")
+            f"GRPOConfig.generation_batch_size={gen_batch} (steps_per_generation={spg}) spans several "
+            f"optimizer steps of per_device_train_batch_size x gradient_accumulation_steps = {step_samples}: "
+            "rayward trains one optimizer step per generation batch (and overlaps the next one with "
+            "loop.mode pipelined); leave generation_batch_size and steps_per_generation unset")
     g = a("num_generations")
     if step_samples % g:
-        raise ConfigError(f"GRPOConfig.per_device_train_batch_size x gradient_accumulation_steps = {step_samples} "
-                          f"must be a multiple of num_generations ({g})")
+        raise ConfigError(f"GRPOConfig.per_device_train_batch_size x gradient_accumulation_steps = "
+                          f"{step_samples} must be a multiple of num_generations ({g})")
     prompts_per_step = step_samples // g
-    max_steps, epochs = a("max_steps"), a("num_train_epochs")
-    if max_steps is None or max_steps <= 0:
-        if train_rows is None:
-            raise ConfigError("GRPOConfig.max_steps: set it (the training data is an IterableDataset, or the run has "
-                              "none, so num_train_epochs cannot size the run; TRL requires it too)")
-        max_steps = max(1, math.ceil(epochs * math.ceil(train_rows / prompts_per_step)))
     steps_per_epoch = max(1, math.ceil((train_rows or prompts_per_step) / prompts_per_step))
+    max_steps = _max_steps(a, train_rows, prompts_per_step)
+    return Shape(a, step_samples, g, max_steps, steps_per_epoch, model_max_len)
 
-    completion = a("max_completion_length")
-    max_len = a("vllm_max_model_length")
-    if max_len is None:
-        max_len = completion + PROMPT_ROOM_TOKENS
-        if model_max_len is not None:
-            max_len = min(max_len, model_max_len)
-    generation = {
-        "num_generations": g, "generation_batch_size": step_samples, "max_completion_length": completion,
-        "temperature": a("temperature"), "top_p": a("top_p"), "top_k": a("top_k") or 0,
-        "chat_template_kwargs": dict(a("chat_template_kwargs") or {}),
-        "max_tool_calling_iterations": a("max_tool_calling_iterations"), "max_model_len": max_len,
-        "gpu_memory_utilization": a("vllm_gpu_memory_utilization"),
-        "tensor_parallel_size": a("vllm_tensor_parallel_size"),
-    }
 
-    optim, scheduler = a("optim"), a("lr_scheduler_type")
-    if optim not in _OPTIMS:
-        raise ConfigError(f"GRPOConfig.optim={optim!r}: rayward's learner has {sorted(set(_OPTIMS))}")
-    if scheduler not in _SCHEDULERS:
-        raise ConfigError(f"GRPOConfig.lr_scheduler_type={scheduler!r}: rayward has {sorted(_SCHEDULERS)}")
-    scale = a("scale_rewards")
-    scale = {True: "group", False: "none"}.get(scale, scale) if isinstance(scale, bool) else scale
-    strategy, save_steps = a("save_strategy"), a("save_steps")
-    if strategy == "steps":
-        save_every = _steps_or_fraction(save_steps, max_steps)
-    elif strategy == "no":
-        save_every = max_steps  # only the final checkpoint: trainer.save_model() copies its weights
-    elif strategy == "epoch":
-        save_every = steps_per_epoch
-    else:
-        raise ConfigError(f"GRPOConfig.save_strategy={strategy!r}: rayward saves by steps ('steps', 'epoch', 'no'); "
-                          "for the best eval use rayward=dict(grpo=dict(save_best='eval/reward'))")
-    grpo = {
-        "max_steps": max_steps, "learning_rate": a("learning_rate"), "lr_scheduler_type": _SCHEDULERS[scheduler],
-        "warmup_steps": _steps_or_fraction(a("warmup_steps"), max_steps) if a("warmup_steps") else 0,
-        "optim": _OPTIMS[optim], "weight_decay": a("weight_decay"), "adam_beta1": a("adam_beta1"),
-        "adam_beta2": a("adam_beta2"), "max_grad_norm": a("max_grad_norm") or None,
-        "per_device_train_batch_size": bs, "num_iterations": a("num_iterations"), "beta": a("beta"),
-        "use_bias_correction_kl": a("use_bias_correction_kl"), "epsilon": a("epsilon"),
-        "epsilon_high": a("epsilon_high"), "delta": a("delta"), "loss_type": a("loss_type"),
-        "importance_sampling_level": a("importance_sampling_level"), "scale_rewards": scale,
-        "multi_objective_aggregation": a("multi_objective_aggregation"),
-        "mask_truncated_completions": a("mask_truncated_completions"),
-        "vllm_importance_sampling_correction": a("vllm_importance_sampling_correction"),
-        "vllm_importance_sampling_mode": a("vllm_importance_sampling_mode"),
-        "vllm_importance_sampling_clip_max": a("vllm_importance_sampling_clip_max"),
-        "vllm_importance_sampling_clip_min": a("vllm_importance_sampling_clip_min"),
-        "save_steps": save_every, "gradient_checkpointing": a("gradient_checkpointing"),
-        "gradient_checkpointing_kwargs": a("gradient_checkpointing_kwargs"),
-        "router_aux_loss_coef": a("router_aux_loss_coef"),
-    }
+def _max_steps(a: _Reader, train_rows: int | None, prompts_per_step: int) -> int:
+    max_steps, epochs = a("max_steps"), a("num_train_epochs")
+    if max_steps is not None and max_steps > 0:
+        return max_steps
+    if train_rows is None:
+        raise ConfigError("GRPOConfig.max_steps: set it (the training data is an IterableDataset, or the run "
+                          "has none, so num_train_epochs cannot size the run; TRL requires it too)")
+    return max(1, math.ceil(epochs * math.ceil(train_rows / prompts_per_step)))
 
-    report = [r for r in (a("report_to") or []) if r != "none"]
-    unknown = [r for r in report if r not in _REPORT_TO and r != "all"]
-    if unknown:
-        raise ConfigError(f"GRPOConfig.report_to: {unknown} are not rayward sinks ({sorted(_REPORT_TO)}; the "
-                          "metrics always go to <output_dir>/metrics.jsonl)")
-    report = sorted(_REPORT_TO) if "all" in report else report
-    logging = {"report_to": ["jsonl", *report], "progress": not a("disable_tqdm"),
-               "log_completions": a("log_completions")}
 
-    model: dict[str, Any] = {"trust_remote_code": a("trust_remote_code")}
-    for key, value in (a("model_init_kwargs") or {}).items():
-        if key in ("dtype", "torch_dtype"):
-            value = str(value).removeprefix("torch.")
-            if value not in _DTYPES:
-                raise ConfigError(f"GRPOConfig.model_init_kwargs[{key!r}]={value!r}: one of {sorted(_DTYPES)}")
-            if _DTYPES[value] is not None:
-                model["dtype"] = _DTYPES[value]
-        elif key == "attn_implementation":
-            model["attn_implementation"] = value
-        elif key != "trust_remote_code":
-            raise ConfigError(f"GRPOConfig.model_init_kwargs[{key!r}]: rayward loads the model with dtype and "
-                              "attn_implementation only")
-
-    eval_settings: dict[str, Any] = {}
-    strategy = a("eval_strategy")
-    eval_steps, logging_steps = a("eval_steps"), a("logging_steps")
-    every = eval_steps or logging_steps
-    every = _steps_or_fraction(every, max_steps) if every else None
-    at_start = a("eval_on_start")
-    if has_eval:
-        eval_settings = {
-            "every_n_steps": {"steps": every, "epoch": steps_per_epoch, "no": None}[strategy],
-            "at_start": at_start, "num_generations": a("num_generations_eval") or g,
-        }
-    elif strategy != "no" or at_start:
-        raise ConfigError(f"GRPOConfig.eval_strategy={strategy!r}: give eval_dataset too (TRL requires it)")
-    return {
-        "seed": a("seed"), "generation": generation, "grpo": grpo, "logging": logging, "model": model,
-        "data": {"shuffle_dataset": a("shuffle_dataset")}, "eval": eval_settings,
-        "reward_weights": a("reward_weights"), "output_dir": a("output_dir"),
-    }
+def run_tree(args: Any, *, train_rows: int | None, has_eval: bool, model_max_len: int | None
+             ) -> dict[str, Any]:
+    """The config tree (orchestrator/config/__init__.py's sections: generation, grpo, data, logging, model
+    settings, seed, eval settings only with has_eval; `rewards`: the reward_weights as [{"weight": w}], or
+    None) that `args` means, built from FIELDS' Mapped entries. train_rows: the training dataset's length
+    (None: an IterableDataset, or none). ConfigError naming the GRPOConfig field that cannot be honoured."""
+    a = _Reader(args)
+    shape = _shape(a, train_rows, model_max_len)
+    tree: dict[str, Any] = {}
+    for name, kind in FIELDS.items():
+        if isinstance(kind, Mapped):
+            value = a(name)
+            _put(tree, kind.target, value if kind.convert is None else kind.convert(value, shape))
+    if not has_eval:
+        strategy = a("eval_strategy")
+        if tree.pop("eval")["at_start"] or strategy != "no":
+            raise ConfigError(f"GRPOConfig.eval_strategy={strategy!r}: give eval_dataset too (TRL requires "
+                              "it)")
+    return tree
 
 
 def field_table() -> str:
@@ -403,9 +532,6 @@ def field_table() -> str:
 
     rows = ["| GRPOConfig field | TRL's default | in rayward |", "|---|---|---|"]
     for f in dataclasses.fields(trl.GRPOConfig):
-        kind = FIELDS.get(f.name)
-        what = {Mapped: lambda k: f"mapped: {k.target}", Ignored: lambda k: f"ignored: {k.reason}",
-                Refused: lambda k: f"refused when set; instead: {k.instead}"}[type(kind)](kind)
         default = repr(field_default(f)).replace("|", "\\|")
-        rows.append(f"| `{f.name}` | `{default}` | {what.replace('|', chr(92) + '|')} |")
+        rows.append(f"| `{f.name}` | `{default}` | {FIELDS[f.name].text().replace('|', chr(92) + '|')} |")
     return "\n".join(rows) + "\n"

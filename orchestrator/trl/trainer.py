@@ -130,27 +130,111 @@ def _with_rayward(tree: dict[str, Any], rayward: dict[str, Any] | str | os.PathL
     return _merge(tree, extra)
 
 
-def _save_dataset(ds: Any, dest: Path, *, what: str, rows_needed: int | None) -> int | None:
-    """Save a datasets.Dataset (or the rows of an IterableDataset the run needs) where the driver reads it;
-    the number of rows (None for an IterableDataset)."""
+def _dataset_rows(ds: Any, *, what: str, max_steps: int | None) -> int | None:
+    """Check a dataset the script handed over: its number of rows (None for an IterableDataset, which takes
+    GRPOConfig.max_steps to size the run)."""
     import datasets
 
     if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)) or isinstance(ds, dict):
         raise ConfigError(f"{what}: a dict of datasets; give one Dataset (rayward runs one split)")
     if isinstance(ds, datasets.IterableDataset):
-        if rows_needed is None:
+        if max_steps is None:
             raise ConfigError(f"{what}: an IterableDataset needs GRPOConfig.max_steps (TRL requires it too)")
-        rows = list(itertools.islice(ds, rows_needed))
-        if not rows:
-            raise ConfigError(f"{what}: the IterableDataset yields no rows")
-        datasets.Dataset.from_list(rows).save_to_disk(str(dest))
         return None
     if not isinstance(ds, datasets.Dataset):
         raise ConfigError(f"{what}: a {type(ds).__name__}; give a datasets.Dataset or IterableDataset")
     if len(ds) == 0:
         raise ConfigError(f"{what}: the dataset has no rows")
-    ds.save_to_disk(str(dest))
     return len(ds)
+
+
+def _save_dataset(ds: Any, dest: Path, *, what: str, rows_needed: int | None) -> str:
+    """Save a checked datasets.Dataset (of an IterableDataset, the rows the run needs) where the driver reads
+    it; the directory."""
+    import datasets
+
+    if isinstance(ds, datasets.IterableDataset):
+        rows = list(itertools.islice(ds, rows_needed))
+        if not rows:
+            raise ConfigError(f"{what}: the IterableDataset yields no rows")
+        ds = datasets.Dataset.from_list(rows)
+    ds.save_to_disk(str(dest))
+    return str(dest)
+
+
+def _checked_args(args: Any, model: Any) -> Any:
+    """The script's GRPOConfig; without one, TRL's default (output_dir `<model name>-GRPO`), built as
+    rayward.GRPOConfig so that it constructs on a machine without a GPU (orchestrator/trl/grpo_config.py)."""
+    import trl
+
+    from orchestrator.trl.grpo_config import GRPOConfig
+
+    if args is None:
+        config = getattr(model, "config", None)
+        name = model if isinstance(model, str) else getattr(config, "_name_or_path", "m")
+        return GRPOConfig(output_dir=f"{str(name).split('/')[-1]}-GRPO")
+    if not isinstance(args, trl.GRPOConfig):
+        raise ConfigError(f"args: a {type(args).__name__}; give a trl.GRPOConfig")
+    return args
+
+
+def _refuse_arguments(optimizers: tuple[Any, Any], quantization_config: Any, rollout_func: Any) -> None:
+    for value, what, instead in (
+        (optimizers != (None, None), "optimizers", "GRPOConfig.optim, learning_rate, lr_scheduler_type"),
+        (quantization_config is not None, "quantization_config", "a bf16 or float32 model"),
+        (rollout_func is not None, "rollout_func", "tools or environment_factory"),
+    ):
+        if value:
+            raise ConfigError(f"{what}: rayward cannot run it (its learner and generators are separate "
+                              f"processes); instead: {instead}")
+
+
+def _reward_list(reward_funcs: Any, environment_factory: Any) -> list[Any]:
+    funcs = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [
+        reward_funcs]
+    if not funcs and environment_factory is None:
+        raise ConfigError("reward_funcs: give at least one (or an environment_factory whose class has "
+                          "get_reward(), as in TRL)")
+    return funcs
+
+
+def _train_rows(ds: Any, args: Any, environment_factory: Any) -> int | None:
+    if ds is None:
+        if environment_factory is None:
+            raise ConfigError("train_dataset: give one (only an environment_factory that owns its data runs "
+                              "without one, as in TRL)")
+        return None
+    max_steps = args.max_steps if args.max_steps and args.max_steps > 0 else None
+    return _dataset_rows(ds, what="train_dataset", max_steps=max_steps)
+
+
+def _emptied(path: Path) -> Path:
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def _run_name(output_dir: Path) -> str:
+    """RAYWARD_RUN_NAME (`rayward submit`), else output_dir's last part as a run name."""
+    given = os.environ.get(RUN_NAME_ENV)
+    name = given or re.sub(r"[^a-z0-9\-]+", "-", output_dir.name.lower()).strip("-")[:63] or "run"
+    if not re.match(RUN_NAME_PATTERN, name):
+        raise ConfigError(f"GRPOConfig.output_dir {str(output_dir)!r}: its last part must make a run name "
+                          "(letters, digits, '-')")
+    return name
+
+
+def _environment(tools: list[Callable[..., Any]] | None, environment_factory: Any) -> dict[str, Any]:
+    """The config's tools and environment_factory: the script's objects, by value."""
+    out: dict[str, Any] = {}
+    if tools:
+        out["tools"] = [user_code.by_value(t) for t in tools]
+    if environment_factory is not None:
+        out["environment_factory"] = (
+            {k: user_code.by_value(v) for k, v in environment_factory.items()}
+            if isinstance(environment_factory, dict) else user_code.by_value(environment_factory))
+    return out
 
 
 def _is_model(obj: Any) -> bool:
@@ -216,88 +300,42 @@ class GRPOTrainer:
         *,
         rayward: dict[str, Any] | str | os.PathLike | None = None,
     ):
-        import trl
-        from transformers import TrainerControl, TrainerState
-
-        if args is None:
-            name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", "m")
-            args = trl.GRPOConfig(output_dir=f"{str(name).split('/')[-1]}-GRPO")
-        if not isinstance(args, trl.GRPOConfig):
-            raise ConfigError(f"args: a {type(args).__name__}; give a trl.GRPOConfig")
-        for value, what, instead in (
-            (optimizers != (None, None), "optimizers", "GRPOConfig.optim, learning_rate, lr_scheduler_type"),
-            (quantization_config is not None, "quantization_config", "a bf16 or float32 model"),
-            (rollout_func is not None, "rollout_func", "tools or environment_factory"),
-        ):
-            if value:
-                raise ConfigError(f"{what}: rayward cannot run it (its learner and generators are separate "
-                                  f"processes); instead: {instead}")
-        self.args = args
-        self.notes = trl_args.check_fields(args)
-        out = Path(args.output_dir).resolve()
-        self._inputs = out / INPUTS_DIR
+        self.args = _checked_args(args, model)
+        _refuse_arguments(optimizers, quantization_config, rollout_func)
+        self.notes = trl_args.check_fields(self.args)
         self.callbacks = list(callbacks or [])
         self.processing_class = processing_class
-
-        reward_list = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, list) else [
-            reward_funcs]
-        if not reward_list and environment_factory is None:
-            raise ConfigError("reward_funcs: give at least one (or an environment_factory whose class has "
-                              "get_reward(), as in TRL)")
-        if self._inputs.exists():
-            shutil.rmtree(self._inputs)
-        self._inputs.mkdir(parents=True)
-
-        model_path, model_max_len = self._model(model, processing_class)
-        train_rows = None
-        probe = trl_args.run_tree(args, train_rows=1 << 30, has_eval=eval_dataset is not None,
-                                  model_max_len=model_max_len)
-        prompts_per_step = probe["generation"]["generation_batch_size"] // probe["generation"]["num_generations"]
-        data: dict[str, Any] = {"path": None}
-        if train_dataset is not None:
-            needed = (args.max_steps * prompts_per_step) if args.max_steps and args.max_steps > 0 else None
-            train_rows = _save_dataset(train_dataset, self._inputs / "train", what="train_dataset",
-                                       rows_needed=needed)
-            data["path"] = str(self._inputs / "train")
-        elif environment_factory is None:
-            raise ConfigError("train_dataset: give one (only an environment_factory that owns its data runs "
-                              "without one, as in TRL)")
-        tree = trl_args.run_tree(args, train_rows=train_rows, has_eval=eval_dataset is not None,
+        funcs = _reward_list(reward_funcs, environment_factory)
+        out = Path(self.args.output_dir).resolve()
+        self._inputs = _emptied(out / INPUTS_DIR)
+        self.model_path, model_max_len = self._model(model, processing_class)
+        train_rows = _train_rows(train_dataset, self.args, environment_factory)
+        tree = trl_args.run_tree(self.args, train_rows=train_rows, has_eval=eval_dataset is not None,
                                  model_max_len=model_max_len)
-        rewards = self._rewards(reward_list, reward_processing_classes, tree.pop("reward_weights"))
-        name = os.environ.get(RUN_NAME_ENV) or re.sub(r"[^a-z0-9\-]+", "-", out.name.lower()).strip("-")[:63] or "run"
-        if not re.match(RUN_NAME_PATTERN, name):
-            raise ConfigError(f"GRPOConfig.output_dir {str(out)!r}: its last part must make a run name "
-                              "(letters, digits, '-')")
-        tree.pop("output_dir")
-        eval_settings = tree.pop("eval")
-        tree["model"].update(name_or_path=model_path)
-        if peft_config is not None:
-            tree["model"]["lora"] = self._lora(peft_config, model_path)
-        tree["data"].update(data)
-        tree["logging"]["dir"] = str(out.parent)
-        tree.update(name=name, rewards=rewards)
+        tree["data"]["path"] = self._saved_train(train_dataset, tree)
+        tree["rewards"] = self._rewards(funcs, reward_processing_classes, tree.pop("rewards"))
+        tree["name"] = _run_name(out)
+        tree["model"].update(self._policy(peft_config))
         if eval_dataset is not None:
-            if isinstance(eval_dataset, dict) and len(eval_dataset) == 1:
-                eval_dataset = next(iter(eval_dataset.values()))
-            _save_dataset(eval_dataset, self._inputs / "eval", what="eval_dataset", rows_needed=None)
-            tree["eval"] = {"data": {"path": str(self._inputs / "eval")}, **eval_settings}
-        if tools:
-            tree["tools"] = [user_code.by_value(t) for t in tools]
-        if environment_factory is not None:
-            tree["environment_factory"] = (
-                {k: user_code.by_value(v) for k, v in environment_factory.items()}
-                if isinstance(environment_factory, dict) else user_code.by_value(environment_factory))
+            tree["eval"]["data"] = {"path": self._saved_eval(eval_dataset)}
+        tree.update(_environment(tools, environment_factory))
         self.cfg: RunConfig = parse_config(_with_rayward(tree, rayward))
+        self._settle(out)
+
+    def _settle(self, out: Path) -> None:
+        """The run directory (a line where it is not output_dir), the notes printed, TRL's state and
+        control."""
+        from transformers import TrainerControl, TrainerState
+
         self.run_dir = Path(self.cfg.logging.dir) / self.cfg.name
         if self.run_dir != out:
             self.notes.append(f"GRPOConfig.output_dir: the run's files go to {self.run_dir} (a run name is "
                               "lowercase letters, digits and '-')")
         for note in self.notes:  # the GRPOConfig fields set here that rayward ignores, one line each
             print(f"rayward: {note}", flush=True)
-        self.state = TrainerState(max_steps=self.cfg.grpo.max_steps, num_train_epochs=args.num_train_epochs)
+        self.state = TrainerState(max_steps=self.cfg.grpo.max_steps,
+                                  num_train_epochs=self.args.num_train_epochs)
         self.control = TrainerControl()
-        self.model_path = model_path
 
     # --- what the script handed over -------------------------------------------------------------------------
 
@@ -328,7 +366,29 @@ class GRPOTrainer:
         text = getattr(conf, "text_config", None) or conf
         return path, getattr(text, "max_position_embeddings", None)
 
-    def _rewards(self, funcs: list[Any], processors: Any, weights: list[float] | None) -> list[dict[str, Any]]:
+    def _saved_train(self, ds: Any, tree: dict[str, Any]) -> str | None:
+        """train_dataset saved for the driver (of an IterableDataset: the rows max_steps x prompts per
+        step)."""
+        if ds is None:
+            return None
+        gen = tree["generation"]
+        needed = tree["grpo"]["max_steps"] * (gen["generation_batch_size"] // gen["num_generations"])
+        return _save_dataset(ds, self._inputs / "train", what="train_dataset", rows_needed=needed)
+
+    def _saved_eval(self, ds: Any) -> str:
+        if isinstance(ds, dict) and len(ds) == 1:
+            ds = next(iter(ds.values()))
+        _dataset_rows(ds, what="eval_dataset", max_steps=None)
+        return _save_dataset(ds, self._inputs / "eval", what="eval_dataset", rows_needed=None)
+
+    def _policy(self, peft_config: Any) -> dict[str, Any]:
+        """The config's model fields the arguments give: its directory, and LoRA from peft_config."""
+        lora = {} if peft_config is None else {"lora": self._lora(peft_config, self.model_path)}
+        return {"name_or_path": self.model_path, **lora}
+
+    def _rewards(self, funcs: list[Any], processors: Any, weights: list[dict[str, float]] | None
+                 ) -> list[dict[str, Any]]:
+        """The config's rewards: one per reward function, named as TRL names it; `weights` from run_tree."""
         from transformers import AutoTokenizer
 
         if weights is not None and len(weights) != len(funcs):
@@ -351,7 +411,7 @@ class GRPOTrainer:
             else:
                 raise ConfigError(f"reward_funcs[{i}]: a {type(fn).__name__}; give a function, a model path or a "
                                   "sequence-classification model")
-        return [{"name": n, **s, **({"weight": float(weights[i])} if weights is not None else {})}
+        return [{"name": n, **s, **(weights[i] if weights is not None else {})}
                 for i, (n, s) in enumerate(zip(_unique(names), sources, strict=True))]
 
     def _lora(self, peft_config: Any, model_path: str) -> dict[str, Any]:
@@ -387,7 +447,8 @@ class GRPOTrainer:
               ignore_keys_for_eval: list[str] | None = None, **_: Any) -> Any:
         """Run the whole training on Ray (as `rayward run`); TRL's TrainOutput(global_step, training_loss,
         metrics). resume_from_checkpoint: True, or a checkpoint of this output_dir, continues from the run's latest
-        checkpoint (rayward resumes from the latest: the data position, optimizer and curriculum with it).
+        checkpoint (rayward resumes from the latest: the data position, optimizer and curriculum with it);
+        "auto" continues from it if the run directory has one, else starts (a requeued or restarted script).
         A SIGTERM or Ctrl-C ends the step, writes a checkpoint and exits the script (SystemExit 143 / 130) with one
         line; a failure raises RunFailed (orchestrator/run/errors.py: the step, the last checkpoint; the error that
         ended the run as its __cause__)."""
@@ -397,13 +458,7 @@ class GRPOTrainer:
 
         if trial is not None:
             raise ConfigError("train(trial=...): hyperparameter search is not supported")
-        resume: bool = False
-        if resume_from_checkpoint:
-            resume = True
-            if isinstance(resume_from_checkpoint, str) and Path(resume_from_checkpoint).resolve().parent != (
-                    self.run_dir.resolve()):
-                raise ConfigError(f"train(resume_from_checkpoint={resume_from_checkpoint!r}): rayward resumes from "
-                                  f"the latest checkpoint of its run directory {self.run_dir}")
+        resume = self._resume_mode(resume_from_checkpoint)
         watch = _CallbackFeed(self) if self.callbacks else None
         t0 = time.time()
         closing: dict[str, Any] | None = None
@@ -422,6 +477,20 @@ class GRPOTrainer:
                 watch.stop(closing)
         return TrainOutput(self.state.global_step, closing["train_loss"], {
             k: v for k, v in closing.items() if k != "step"})
+
+    def _resume_mode(self, resume_from_checkpoint: str | bool | None) -> bool | str:
+        """train()'s resume_from_checkpoint as orchestrator.run.train's `resume`: "auto" as it is (the latest
+        checkpoint if there is one, else a fresh start), True or a checkpoint of the run directory: True."""
+        from orchestrator.run.checkpoints import RESUME_AUTO
+
+        if resume_from_checkpoint == RESUME_AUTO:
+            return RESUME_AUTO
+        if isinstance(resume_from_checkpoint, str) and Path(resume_from_checkpoint).resolve().parent != (
+                self.run_dir.resolve()):
+            raise ConfigError(f"train(resume_from_checkpoint={resume_from_checkpoint!r}): rayward resumes "
+                              f"from the latest checkpoint of its run directory {self.run_dir} (or \"auto\": "
+                              "it if there is one)")
+        return bool(resume_from_checkpoint)
 
     def _finish_state(self, history: list[dict[str, Any]], elapsed: float) -> dict[str, Any]:
         """trainer.state as transformers' Trainer.train leaves it (global_step, epoch, total_flos, the logging /

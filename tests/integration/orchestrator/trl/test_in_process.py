@@ -53,6 +53,23 @@ def test_a_trainer_built_in_a_test_module_trains_and_saves(ray_cluster, tmp_path
     assert [r["step"] for r in again.state.log_history if "reward" in r] == [3, 4]
 
 
+def test_resume_auto_starts_a_run_without_checkpoints_and_continues_one_with_them(ray_cluster, tmp_path):
+    """train(resume_from_checkpoint="auto"), what a script requeued by SLURM or restarted by --max-retries
+    calls every time: the first start finds no checkpoint and trains from the initial model; the restart (a
+    new trainer, the same output_dir, more steps) continues from the run's latest checkpoint."""
+    from orchestrator.builtin.models.tiny import ensure_tiny_model
+    from rayward import GRPOConfig, GRPOTrainer
+
+    data = datasets.Dataset.from_list([{"prompt": f"Write the letter {c}:", "letter": c} for c in "abcd" * 2])
+    settings = dict(output_dir=str(tmp_path / "requeued"), per_device_train_batch_size=8, num_generations=4,
+                    max_completion_length=8, report_to="none", save_strategy="no", disable_tqdm=True)
+    for max_steps, trained in ((1, [1]), (2, [2])):
+        trainer = GRPOTrainer(model=str(ensure_tiny_model()), reward_funcs=module_reward, train_dataset=data,
+                              args=GRPOConfig(**settings, max_steps=max_steps))
+        assert trainer.train(resume_from_checkpoint="auto").global_step == max_steps
+        assert [r["step"] for r in trainer.state.log_history if "reward" in r] == trained
+
+
 def test_trls_documented_vlm_example_runs_unchanged_but_for_the_import(ray_cluster, tmp_path):
     """TRL's GRPO trainer page's vision-language example (a conversational prompt and an `image` column, a reward on
     conversational completions), with rayward's tiny Qwen2.5-VL, its processor as processing_class and the built-in

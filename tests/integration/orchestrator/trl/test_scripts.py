@@ -6,7 +6,8 @@ Every script is a run of its own with its own Ray cluster: the scenario tier (CI
 as it does in TRL (its functions pickled by value: CI's unit tier, tests/unit/orchestrator/trl/test_trainer.py, covers
 the constructor with lambdas, closures and `__main__` functions); the scenario tier also runs the weighted rewards (functions defined under `if __name__ == "__main__":`, a lambda and a closure among them) and
 the other five through rayward (an environment_factory class defined in its script among them), and all seven
-through TRL itself, which proves them valid TRL usage."""
+through TRL itself, which proves them valid TRL usage. TRL's documented quick start with its default config
+(docs_quickstart.py) runs through rayward only: TRL refuses that config on a machine without a GPU."""
 
 from __future__ import annotations
 
@@ -34,6 +35,16 @@ def test_the_quickstart_learns_with_the_rayward_import(tmp_path):
     assert r["last5_reward"] > 2 * r["first5_reward"] and r["last5_reward"] > r["first5_reward"] + RISE, r
     closing = r["closing_row"]  # transformers' closing row (tests/unit/orchestrator/trl/test_trainer.py: its keys)
     assert closing["step"] == 30 and closing["train_runtime"] > 0 and "train_loss" in closing, closing
+
+
+def test_trls_documented_quickstart_with_its_default_config_runs_on_a_driver_without_a_gpu(tmp_path):
+    """TRL's quick start as documented, `GRPOConfig(output_dir=...)` with all of TRL's defaults (bf16 on, no
+    use_cpu), which TRL itself refuses on a machine without a GPU: with the rayward import it trains here."""
+    r = rayward("docs_quickstart.py", tmp_path)
+    assert r["defaults"] == {"bf16": True, "use_cpu": False}
+    # TRL's defaults sized it: 3 epochs of the 2 prompts, one prompt's 8 completions a step
+    assert r["global_step"] == r["max_steps"] == 6 and len(r["rewards"]) == 6, r
+    assert r["closing_row"]["step"] == 6 and r["closing_row"]["epoch"] == 3.0, r
 
 
 def test_weighted_rewards_defined_in_the_main_block_lambda_and_closure_included(tmp_path):

@@ -29,6 +29,42 @@ def test_every_field_of_trls_grpoconfig_is_classified_and_every_mapped_one_is_re
     assert mapped - trl_args._Reader.read == set(), "a Mapped field run_tree never reads"
 
 
+def _config_field(path: str):
+    """The RunConfig field a Mapped target names ("section.field", "field" or "section"), or None."""
+    import typing
+
+    from orchestrator.config import RunConfig
+
+    model = RunConfig
+    for part in path.split("."):
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        # through `X | None` and `list[X]` to the section's model
+        kinds = [field.annotation, *typing.get_args(field.annotation)]
+        kinds += [a for k in kinds for a in typing.get_args(k)]
+        model = next((k for k in kinds if hasattr(k, "model_fields")), None)
+    return field
+
+
+def test_every_mapped_target_is_a_config_field_and_every_mapped_field_reaches_it():
+    """The one mapping: each Mapped target (what docs/trl.md prints) is a field of rayward's config, and the
+    tree run_tree builds has a value there for every Mapped field."""
+    targets = {name: kind.target for name, kind in trl_args.FIELDS.items() if isinstance(kind, trl_args.Mapped)}
+    assert {n: t for n, t in targets.items() if _config_field(t) is None} == {}
+    tree = trl_args.run_tree(args(eval_strategy="steps", eval_steps=5, reward_weights=[1.0]), train_rows=100,
+                             has_eval=True, model_max_len=None)
+    missing = []
+    for name, target in targets.items():
+        node = tree
+        for part in target.split("."):
+            node = node.get(part, KeyError) if isinstance(node, dict) else KeyError
+        if node is KeyError:
+            missing.append(name)
+    assert missing == []
+    assert tree["rewards"] == [{"weight": 1.0}] and tree["logging"]["dir"] == "/tmp"
+
+
 def test_a_script_relying_on_the_defaults_trains_with_trls_defaults():
     a = args(per_device_train_batch_size=4, gradient_accumulation_steps=3, num_generations=4)
     tree = trl_args.run_tree(a, train_rows=100, has_eval=False, model_max_len=4096)
@@ -61,6 +97,34 @@ def test_fractions_and_spellings_map_as_transformers_reads_them():
     for coef in (None, 0.0, 0.02):
         assert trl_args.run_tree(args(max_steps=4, router_aux_loss_coef=coef), train_rows=10, has_eval=False,
                                  model_max_len=None)["grpo"]["router_aux_loss_coef"] == coef
+
+
+def logging_of(installed=("mlflow", "tensorboard", "wandb", "trackio"), **kw) -> dict:
+    """The logging section of args(**kw), built and mapped on a machine with the `installed` integrations."""
+    from unittest import mock
+
+    found = "transformers.integrations.get_available_reporting_integrations"
+    with mock.patch(found, lambda: list(installed)):
+        return trl_args.run_tree(args(**kw), train_rows=10, has_eval=False, model_max_len=None)["logging"]
+
+
+def test_trackers_run_name_and_project_map_to_the_logging_section():
+    """TRL's report_to with trackio among rayward's trackers; "all" (which transformers has already turned
+    into the installed integrations) as the installed trackers; run_name and a project the script set go to
+    the trackers, TRL's default project ("huggingface", only trackio's in TRL) leaves rayward's default."""
+    got = logging_of(report_to="trackio", run_name="lr-sweep-3", project="letters")
+    assert (got["report_to"], got["run_name"], got["project"]) == (
+        ["jsonl", "trackio"], "lr-sweep-3", "letters")
+    unset = logging_of(report_to="none")
+    assert (unset["report_to"], unset["run_name"], unset["project"]) == (["jsonl"], None, None)
+    # "all" as the script writes it, whatever is installed; the installed list written out means the same
+    some = ("wandb", "codecarbon")
+    assert logging_of(some, report_to="all")["report_to"] == ["jsonl", "wandb"]
+    assert logging_of(some, report_to=["codecarbon", "wandb"])["report_to"] == ["jsonl", "wandb"]
+    assert logging_of(report_to="all")["report_to"] == ["jsonl", "mlflow", "tensorboard", "wandb", "trackio"]
+    assert logging_of(report_to=["all", "wandb"])["report_to"] == ["jsonl", "all"]
+    with pytest.raises(ConfigError, match=r"GRPOConfig.report_to: \['codecarbon'\] are not rayward sinks"):
+        logging_of((*some, "trackio"), report_to=["codecarbon", "wandb"])
 
 
 @pytest.mark.parametrize("kw, named", [

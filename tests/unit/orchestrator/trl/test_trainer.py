@@ -74,6 +74,21 @@ def test_script_functions_lambdas_and_closures_become_weighted_rewards_with_trls
     assert json.loads(out.stdout) == [[5.0, 2.0], [1.0, 0.0], [2.5, 1.0]]
 
 
+def test_without_args_trls_default_config_is_built_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
+    """TRL's documented quick start passes no args: TRL builds GRPOConfig(output_dir="<model>-GRPO") with its
+    defaults (bf16 on), which the driver, GPU-less or not, must build."""
+    from tests.unit.orchestrator.test_trl_grpo_config import gpu_less
+
+    gpu_less(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    model = ensure_tiny_model()
+    t = GRPOTrainer(model=str(model), reward_funcs=module_level_reward, train_dataset=letters())
+    assert isinstance(t.args, GRPOConfig) and (t.args.bf16, t.args.use_cpu) == (True, False)
+    assert (t.args.output_dir, t.run_dir) == (f"{model.name}-GRPO", tmp_path / f"{model.name}-grpo")
+    # TRL's defaults: 8 completions a step, 8 per prompt, 3 epochs of the 8 rows
+    assert (t.cfg.generation.generation_batch_size, t.cfg.grpo.max_steps) == (8, 3 * 8)
+
+
 def test_an_unpicklable_capture_is_named_before_anything_starts(tmp_path):
     import threading
 
@@ -250,3 +265,20 @@ def test_after_train_the_state_and_its_closing_row_are_what_transformers_trainer
     for name in ("global_step", "epoch", "max_steps", "logging_steps", "train_batch_size", "total_flos"):
         assert name in fields and getattr(t.state, name) not in (None, 0), name
     assert (t.state.global_step, t.state.max_steps, t.state.logging_steps) == (2, 2, 1)
+
+
+def test_resume_from_checkpoint_auto_true_and_a_path_become_the_runs_resume(tmp_path, monkeypatch):
+    """train(resume_from_checkpoint=...) as orchestrator.run.train's resume: "auto" (a requeued or restarted
+    script: the latest checkpoint if there is one, else a fresh start) as it is, True and a checkpoint of the
+    run directory as True, None as False; a checkpoint of another directory is refused."""
+    t = GRPOTrainer(model=str(ensure_tiny_model()), reward_funcs=module_level_reward, train_dataset=letters(),
+                    args=config(tmp_path))
+    asked = []
+    monkeypatch.setattr("orchestrator.run.train.train", lambda *a, resume, **k: asked.append(resume) or [])
+    monkeypatch.setattr("orchestrator.run.checkpoints.latest", lambda run_dir: None)
+    for value in ("auto", True, str(t.run_dir / "checkpoint-2"), None):
+        t.train(resume_from_checkpoint=value)
+    assert asked == ["auto", True, True, False]
+    with pytest.raises(ConfigError, match="rayward resumes from the latest checkpoint of its run directory"):
+        t.train(resume_from_checkpoint=str(tmp_path / "elsewhere" / "checkpoint-2"))
+
