@@ -198,6 +198,10 @@ def build_submission(
     from orchestrator.run.cluster import new_run_name
 
     if str(config).endswith(".py"):
+        if "--max-retries" in (run_flags or []):
+            raise JobsError("--max-retries restarts `rayward run` drivers; a script continues its run when started "
+                            "again if it calls trainer.train(resume_from_checkpoint='auto') (submit it again, or "
+                            "loop over it in the script)")
         return _script_submission(
             Path(config), list(overrides or []), name=name, working_dir=working_dir, extra_excludes=extra_excludes,
             extra_env=extra_env, max_file_mib=max_file_mib, ship_rayward=ship_rayward,

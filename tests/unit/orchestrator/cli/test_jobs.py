@@ -290,3 +290,10 @@ def test_a_reward_package_only_the_image_has_is_a_note_not_an_error(project, mon
     monkeypatch.chdir(project)
     sub = jobs.build_submission("configs/run.yaml", ["rewards.0.function=accuracy_reward"], name="n", environ={})
     assert len(sub.notes) == 1 and "accuracy_reward needs the `math-verify` package" in sub.notes[0], sub.notes
+
+
+def test_max_retries_on_a_script_is_refused_saying_what_to_do(project, monkeypatch):
+    (project / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(project)
+    with pytest.raises(jobs.JobsError, match=r"resume_from_checkpoint='auto'"):
+        jobs.build_submission("train.py", [], environ={}, run_flags=["--max-retries", "2"])
