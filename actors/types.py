@@ -196,84 +196,133 @@ class FinishedGroups:
     seconds: float  # generator-busy seconds since the call started
 
 
+@dataclass(frozen=True)
+class SampleInfo:
+    """What the driver knows of one sample: enough for lengths, staleness, metrics and the reward batch's
+    environment outputs, nothing per token."""
+
+    length: int  # completion tokens (an agentic completion: its tool results and scaffold too)
+    model_tokens: int  # the tokens the model sampled (a one-turn completion: all of them)
+    finish_reason: str  # "stop" or "length"; agentic: the trajectory's stop reason
+    version: int | None = None  # the oldest policy version among its model tokens (None: not recorded)
+    # An agentic sample's trajectory, its scalars (actors/types.py Trajectory); None for a one-turn sample.
+    turns: int | None = None
+    tool_calls: int = 0
+    tool_failures: int = 0
+    tool_tokens: int = 0
+    truncated_tool_results: int = 0
+    env_s: float = 0.0
+    env: str | None = None
+    env_reward: float | None = None
+    template_match: bool | None = None
+    requests: int = 0
+    branches: int = 0
+    untrained_turns: int = 0
+    endpoint_s: float = 0.0
+    tool_errors: tuple[str, ...] = ()  # the failed calls' results (the terminal's "tool calls mostly fail" line)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+    @property
+    def agentic(self) -> bool:
+        return self.turns is not None
+
+
+@dataclass
+class GroupPayload:
+    """One group's token data, in the object store. prompt_ids and images: the prompt as the engine took it (a
+    one-turn group's; an agentic sample's own are in its trajectory)."""
+
+    samples: list[Sample]
+    prompt_ids: Any = None  # numpy int32 [prompt tokens], or None (agentic: per sample, Trajectory.prompt_ids)
+    images: tuple[Any, ...] = ()
+
+    def sample_prompt_ids(self, j: int) -> Any:
+        t = self.samples[j].trajectory
+        return self.prompt_ids if t is None else t.prompt_ids
+
+    def sample_images(self, j: int) -> tuple[Any, ...]:
+        t = self.samples[j].trajectory
+        return self.images if t is None else t.images
+
+
+@dataclass
+class GroupOut:
+    """What a generator answers per finished group: its index among the call's prompts (or rows), its samples'
+    SampleInfo, and its payload (an ObjectRef of a GroupPayload; the GroupPayload itself where no object store is
+    at hand: a generator used in-process, the tests' fakes)."""
+
+    index: int
+    infos: list[SampleInfo]
+    payload: Any
+
+
+@dataclass
+class FinishedOuts:
+    """A generator's stream item: the groups that finished at its last engine step, and its busy seconds."""
+
+    groups: list[GroupOut]
+    seconds: float
+
+
 @dataclass
 class Rollouts:
-    """One generation batch, flat in completion order (G contiguous completions per prompt)."""
+    """One generation batch as the driver holds it, flat in completion order (G contiguous completions per
+    prompt): per sample its prompt, dataset columns and SampleInfo; per group the payload reference its token data
+    is behind (actors/payloads.py). Nothing per token."""
 
-    prompts: list[Any]  # raw prompt per completion (text or messages), repeated G times
-    prompt_ids: list[list[int]]
-    completion_ids: list[list[int]]
-    completions: list[Any]  # text, or [{"role": "assistant", "content": text}] for conversational prompts
-    sampling_logprobs: list[list[float]]
-    truncated: list[bool]
+    prompts: list[Any]  # the dataset's prompt per completion (text or messages), repeated G times
+    infos: list[SampleInfo]
+    payloads: list[Any]  # per group: its GroupPayload's ObjectRef (the GroupPayload itself in-process)
     columns: dict[str, list[Any]]  # every dataset column except the prompt, per completion
-    policy_version: int  # learner step whose weights generated the batch (agentic: of its oldest model token)
+    policy_version: int  # learner step whose weights generated the batch (of its oldest model token)
     group_size: int
-    # Agentic rollouts, per completion: the conversation record (Trajectory.mask: which completion tokens the
-    # model sampled) and each completion token's policy version (-1 where the model did not sample it). None: a
-    # one-turn batch (every completion token the model's, of policy_version).
-    trajectories: list[Trajectory] | None = None
-    versions: list[list[int]] | None = None
     # per completion: its prompt's draw index in the run's prompt stream (-1: not a training prompt); with the
     # completion's place in its group, the sample's id. None: not tracked (records built by hand)
     prompt_index: list[int] | None = None
-    # routing replay (grpo.router_replay R3), per completion: Sample.routes (numpy int16 [prompt + completion
-    # tokens, layers, top_k]). None: not recorded
-    routes: list[Any] | None = None
-    # vision-language models, per completion: the images its prompt ids hold (RGB PIL, in placeholder order; the
-    # samples of a prompt share one tuple). None: a text-only batch
-    images: list[tuple[Any, ...]] | None = None
 
     def __len__(self) -> int:
-        return len(self.completion_ids)
-
-    def completion_mask(self) -> list[list[int]] | None:
-        """TrainBatch.completion_mask: per completion token, 1 where the model sampled it (None: every token)."""
-        return None if self.trajectories is None else [t.mask for t in self.trajectories]
+        return len(self.infos)
 
     @property
     def num_groups(self) -> int:
         return len(self) // self.group_size
 
+    @property
+    def truncated(self) -> list[bool]:
+        return [i.truncated for i in self.infos]
+
+    @property
+    def agentic(self) -> bool:
+        return bool(self.infos) and self.infos[0].agentic
+
+    def lengths(self) -> list[int]:
+        """Per completion, the tokens the model sampled (an agentic completion's tool results are not its)."""
+        return [i.model_tokens for i in self.infos]
+
     def take_groups(self, groups: list[int]) -> Rollouts:
         """The given groups (by index), in that order."""
         idx = group_rows(groups, self.group_size)
-        pick = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
         return Rollouts(
-            **{k: [getattr(self, k)[i] for i in idx] for k in _ROLLOUT_LISTS},
+            prompts=[self.prompts[i] for i in idx], infos=[self.infos[i] for i in idx],
+            payloads=[self.payloads[g] for g in groups],
             columns={c: [v[i] for i in idx] for c, v in self.columns.items()},
-            policy_version=self.policy_version,
-            group_size=self.group_size,
-            trajectories=pick(self.trajectories),
-            versions=pick(self.versions),
-            prompt_index=pick(self.prompt_index),
-            routes=pick(self.routes),
-            images=pick(self.images),
+            policy_version=self.policy_version, group_size=self.group_size,
+            prompt_index=None if self.prompt_index is None else [self.prompt_index[i] for i in idx],
         )
 
     def concat(self, other: Rollouts) -> Rollouts:
         """This batch followed by `other`; the policy version is the older of the two (the staleness rule)."""
-        join = lambda a, b: None if a is None or b is None else a + b  # noqa: E731
         return Rollouts(
-            **{k: getattr(self, k) + getattr(other, k) for k in _ROLLOUT_LISTS},
+            prompts=self.prompts + other.prompts, infos=self.infos + other.infos,
+            payloads=self.payloads + other.payloads,
             columns={c: self.columns[c] + other.columns[c] for c in self.columns},
-            policy_version=min(self.policy_version, other.policy_version),
-            group_size=self.group_size,
-            trajectories=join(self.trajectories, other.trajectories),
-            versions=join(self.versions, other.versions),
-            prompt_index=join(self.prompt_index, other.prompt_index),
-            routes=join(self.routes, other.routes),
-            images=join(self.images, other.images),
+            policy_version=min(self.policy_version, other.policy_version), group_size=self.group_size,
+            prompt_index=None if self.prompt_index is None or other.prompt_index is None
+            else self.prompt_index + other.prompt_index,
         )
-
-    def reward_batch(self, with_prompt_ids: bool = False) -> RewardBatch:
-        """What the reward functions see (no token-level learner fields); with_prompt_ids: and the prompts' ids,
-        for a distillation teacher."""
-        return RewardBatch(self.prompts, self.completions, self.completion_ids, self.columns, self.group_size,
-                           prompt_ids=self.prompt_ids if with_prompt_ids else None)
-
-
-_ROLLOUT_LISTS = ("prompts", "prompt_ids", "completion_ids", "completions", "sampling_logprobs", "truncated")
 
 
 def group_rows(groups: list[int], group_size: int) -> list[int]:
@@ -285,13 +334,18 @@ def group_rows(groups: list[int], group_size: int) -> list[int]:
 class RewardBatch:
     """Completions to score: the whole batch (driver -> pool) or one chunk of whole groups (pool -> worker).
 
-    Agentic runs add what the environments left (the driver fills them from the samples' Trajectories with
-    `with_trajectories`): `env_rewards` and `env_classes` feed the environments' get_reward() rewards (a reward
-    named after the class scores its own samples, NaN elsewhere), `environments` reaches the reward functions
-    that declare an `environments` parameter (unpickled by the worker; None where the state was lost)."""
+    From the driver it comes by reference: `payloads` (one per group) and, per completion, the prompt, the dataset
+    columns and the environments' outputs the driver holds (`env_rewards`, `env_classes`: from the samples'
+    SampleInfos); whoever reads tokens resolves it (actors/payloads.py resolve_rewards: the workers, a judge or
+    teacher stage), which fills `completions` and `completion_ids` (and `environments` when `keep_state`, the
+    prompts' ids when `with_prompt_ids`) and drops the references. Built by hand (tests), it comes resolved.
+
+    `env_rewards` and `env_classes` feed the environments' get_reward() rewards (a reward named after the class
+    scores its own samples, NaN elsewhere), `environments` reaches the reward functions that declare an
+    `environments` parameter (unpickled by the worker; None where the state was lost)."""
 
     prompts: list[Any]
-    completions: list[Any]
+    completions: list[Any]  # resolved: text, chat messages (conversational prompts), or a conversation (agentic)
     completion_ids: list[list[int]]
     columns: dict[str, list[Any]]  # dataset columns, per completion: the reward functions' keyword arguments
     group_size: int
@@ -304,9 +358,12 @@ class RewardBatch:
     # at close; None where it was lost or could not be pickled); None unless a reward declares `environments`
     prompt_ids: list[list[int]] | None = None  # per completion: the ids the engine saw, for the distillation
     # teacher (which reads prompt + completion ids); None: not carried (a run without a teacher)
+    payloads: list[Any] | None = None  # per group, by reference (None: resolved)
+    keep_state: bool = False  # resolving keeps the environments' pickled states (a reward declares `environments`)
+    with_prompt_ids: bool = False  # resolving keeps the prompts' ids (a distillation teacher reads them)
 
     def __len__(self) -> int:
-        return len(self.completions)
+        return len(self.prompts)
 
     def chunks(self, size: int) -> list[RewardBatch]:
         """Consecutive slices of `size` completions (a multiple of group_size keeps groups whole)."""
@@ -314,27 +371,16 @@ class RewardBatch:
         def cut(xs: list[Any] | None, lo: int) -> list[Any] | None:
             return None if xs is None else xs[lo : lo + size]
 
+        g = self.group_size
         return [
-            RewardBatch(
-                self.prompts[lo : lo + size], self.completions[lo : lo + size], self.completion_ids[lo : lo + size],
-                {c: v[lo : lo + size] for c, v in self.columns.items()}, self.group_size, self.offset + lo,
-                cut(self.env_rewards, lo), cut(self.env_classes, lo), cut(self.environments, lo),
-                cut(self.prompt_ids, lo),
-            )
+            replace(self, prompts=self.prompts[lo : lo + size], completions=self.completions[lo : lo + size],
+                    completion_ids=self.completion_ids[lo : lo + size],
+                    columns={c: v[lo : lo + size] for c, v in self.columns.items()}, offset=self.offset + lo,
+                    env_rewards=cut(self.env_rewards, lo), env_classes=cut(self.env_classes, lo),
+                    environments=cut(self.environments, lo), prompt_ids=cut(self.prompt_ids, lo),
+                    payloads=None if self.payloads is None else self.payloads[lo // g : (lo + size) // g])
             for lo in range(0, len(self), size)
         ]
-
-    def with_trajectories(self, trajectories: list[Trajectory], env_classes: dict[str | None, str],
-                          keep_state: bool) -> RewardBatch:
-        """This batch with its samples' environment outputs (one Trajectory per completion, in order).
-        env_classes: environment_factory name (None: the only one) -> class name; empty for tools only.
-        keep_state: a reward function declares `environments` (the pickled states travel only then)."""
-        return replace(
-            self,
-            env_rewards=[t.env_reward for t in trajectories],
-            env_classes=[env_classes.get(t.env) for t in trajectories],
-            environments=[t.env_state for t in trajectories] if keep_state else None,
-        )
 
 
 @dataclass
@@ -359,10 +405,14 @@ class Scores:
     # once gated). Rewards that are not lazily gated have no entry.
     skipped: dict[str, list[bool]] = field(default_factory=dict)
     judge_pools: dict[str, JudgePoolStats] = field(default_factory=dict)  # per judge reward: its pool after it
-    # On-policy distillation, per completion: the teacher's log-prob of each completion token ([] where it gave
-    # none: a timeout or error, counted in teacher_failures); None: a run without a teacher
-    teacher_logprobs: list[list[float]] | None = None
+    # On-policy distillation, per group: the teacher's log-prob of each completion token of its samples, by
+    # reference (the pool puts a list of G float32 arrays, None where the teacher gave none: a timeout or error,
+    # counted in teacher_failures); None: a run without a teacher
+    teacher: list[Any] | None = None
     teacher_failures: int = 0  # samples without the teacher's log-probs (out of the distillation term)
+    # Per completion: its group's payload was lost before scoring (the generator or node that held it is gone; its
+    # scores NaN); the driver replaces such groups. Empty: none lost.
+    lost: list[bool] = field(default_factory=list)
     teacher_pool: TeacherPoolStats | None = None  # the teacher's pool after it
 
     def __len__(self) -> int:
@@ -375,7 +425,8 @@ class Scores:
             scores=[[col[i] for i in idx] for col in self.scores],
             extra={c: [v[i] for i in idx] for c, v in self.extra.items()},
             skipped={r: [v[i] for i in idx] for r, v in self.skipped.items()},
-            teacher_logprobs=None if self.teacher_logprobs is None else [self.teacher_logprobs[i] for i in idx],
+            teacher=None if self.teacher is None else [self.teacher[g] for g in groups],
+            lost=[self.lost[i] for i in idx] if self.lost else [],
         )
 
     def concat(self, other: Scores) -> Scores:
@@ -400,11 +451,15 @@ class Scores:
             skipped={r: self.skipped.get(r, [False] * n) + other.skipped.get(r, [False] * m)
                      for r in {*self.skipped, *other.skipped}},
             judge_pools={**self.judge_pools, **other.judge_pools},
-            teacher_logprobs=None if self.teacher_logprobs is None or other.teacher_logprobs is None
-            else self.teacher_logprobs + other.teacher_logprobs,
+            teacher=None if self.teacher is None or other.teacher is None else self.teacher + other.teacher,
+            lost=(self.lost or [False] * n) + (other.lost or [False] * m) if self.lost or other.lost else [],
             teacher_failures=self.teacher_failures + other.teacher_failures,
             teacher_pool=other.teacher_pool or self.teacher_pool,
         )
+
+    def lost_groups(self, group_size: int) -> list[int]:
+        """The groups whose payload was lost (`lost`), by index."""
+        return [g for g in range(len(self) // group_size) if self.lost and self.lost[g * group_size]]
 
     def metric_means(self) -> dict[str, float]:
         """Each log_metric name's mean over the batch (TRL logs the mean of a step's values)."""
@@ -414,7 +469,12 @@ class Scores:
 @dataclass
 class TrainBatch:
     """One generation batch as the learner trains on it (N completions). A completion may be a whole multi-turn
-    exchange: the model's turns and, between them, tool results and chat-template tokens it did not sample."""
+    exchange: the model's turns and, between them, tool results and chat-template tokens it did not sample.
+
+    From the driver it comes by reference: `payloads` (and `teacher`) one per group, beside the advantages and
+    truncation flags the driver holds; the learner resolves it (actors/payloads.py resolve_training), fetching each
+    group's token data from the object store, which fills the token fields below. Built by hand (tests), it comes
+    resolved."""
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
@@ -434,9 +494,15 @@ class TrainBatch:
     # On-policy distillation, per completion: the teacher's log-prob of each completion token (Scores'; [] where
     # the teacher gave none: the sample is out of the distillation term). None: no teacher.
     teacher_logprobs: list[list[float]] | None = None
-    # Rows whose first-pass learner log-probs come back in TrainResult.token_logprobs (the token record that
-    # `rayward view` shows beside the sampler's).
+    # Rows whose tokens come back in TrainResult.token_records with the learner's first-pass log-probs (the token
+    # record that `rayward view` shows).
     record: tuple[int, ...] = ()
+    payloads: list[Any] | None = None  # per group, by reference (None: resolved)
+    teacher: list[Any] | None = None  # per group, by reference: Scores.teacher (None: resolved, or no teacher)
+    group_size: int = 1
+    # Per completion token, the policy version that sampled it (-1: not the model's; actors/types.py Sample); None:
+    # not recorded. Only the token record reads it.
+    versions: list[Any] | None = None
 
     def __post_init__(self) -> None:
         if self.teacher_logprobs is not None:
@@ -461,7 +527,7 @@ class TrainBatch:
                 )
 
     def __len__(self) -> int:
-        return len(self.completion_ids)
+        return len(self.advantages)
 
 
 @dataclass
@@ -489,9 +555,13 @@ class TrainResult:
     metrics: dict[str, float]
     num_tokens: float  # loss tokens in the batch (TRL's num_tokens)
     compute_s: float  # the learner's wall time on the batch (time/train_compute)
-    # TrainBatch.record's rows: the learner's log-prob of each completion token at the step's first pass (the
-    # distribution the engines sample from: temperature and placeholder bias applied)
-    token_logprobs: dict[int, list[float]] = field(default_factory=dict)
+    # TrainBatch.record's rows, token by token: ids, the sampler's log-probs, the learner's at the step's first pass
+    # (the distribution the engines sample from: temperature and placeholder bias applied), the loss mask and the
+    # policy versions (actors/payloads.py token_record)
+    token_records: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Groups whose payload was lost before the step (their generator or node gone): nothing was trained; the
+    # driver replaces them and sends the step again
+    lost: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -36,12 +36,13 @@ from actors.agents.endpoint import AgentEndpoint
 from actors.agents.loop import AgentSettings, TurnSettings
 from actors.agents.rollouts import rollouts_part
 from actors.envs.client import Environments
-from actors.generation.engine import FinishedQueue, Request, open_engine, token_versions
+from actors.generation.engine import FinishedQueue, Request, close_engine, open_engine, token_versions
 from actors.generation.prompts import prompt_part
 from actors.generation.routes import route_part
 from actors.generation.vllm_plugin import SPIN_ENV
+from actors.payloads import group_out, payload_store
 from actors.runtime.cpus import Share, describe, omp_waits
-from actors.types import FinishedGroups, Sample, Sampling
+from actors.types import FinishedGroups, FinishedOuts, GroupOut, Sample, Sampling
 from actors.vision import Images
 
 # vLLM resolves this by qualified name inside each engine worker process.
@@ -102,6 +103,7 @@ class Generator:
         self.prompts = prompt_part(model, processor_kwargs)
         extra = dict(extra_engine_kwargs or {})
         self.routes = route_part(record_routes, eager=extra.get("enforce_eager", enforce_eager))
+        self._put = payload_store()  # the object store in an actor; in-process, the payloads as they are
         # Inherited by the engine processes, where the rayward vLLM plugin reads it (an explicit setting wins).
         os.environ.setdefault(SPIN_ENV, str(ENGINE_SPIN_S))
         engine = open_engine(
@@ -174,6 +176,12 @@ class Generator:
         if len(seeds) != num_prompts:
             raise ValueError(f"{len(seeds)} seeds for {num_prompts} prompts")
         return [self._sampling_params(**asdict(sampling), seed=s, logit_bias=bias) for s in seeds]
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the engine loop and the engine now (in-process use: tests, scripts). vLLM's in-process client shuts
+        its engine down when garbage-collected, and that shutdown tears down the process-wide parallel groups: an
+        engine left to the collector breaks whichever engine the process runs when the collector gets to it."""
+        close_engine(self.loop, self.llm, timeout_s)
 
     def ping(self) -> None:
         """The driver's hang check (called in the actor's health concurrency group, so it answers while a batch
@@ -248,6 +256,46 @@ class Generator:
 
         return TurnSettings(n=sampling.n, max_tokens=sampling.max_tokens, max_model_len=self.max_model_len,
                             params=params, min_version=min_version, pin=pin, routes=self.routes.turn_routes)
+
+    # --- answers for the driver: finished groups as GroupOuts, their token data in the object store ----------
+
+    def generate_groups(
+        self, prompt_token_ids: list[list[int]], seeds: list[int] | None, sampling: Sampling, *,
+        min_version: int | None = None, pin: bool = False, images: list[tuple[Any, ...]] | None = None,
+    ) -> list[GroupOut]:
+        """`generate`, each prompt's group as the driver takes it (actors/payloads.py): its SampleInfos, and a
+        reference to its token data, which stays in this node's object store for the stages that read it."""
+        groups = self.generate(prompt_token_ids, seeds, sampling, min_version=min_version, pin=pin, images=images)
+        return [self._out(i, g, prompt_token_ids, images) for i, g in enumerate(groups)]
+
+    def generate_groups_stream(
+        self, prompt_token_ids: list[list[int]], seeds: list[int] | None, sampling: Sampling, *,
+        min_version: int | None = None, images: list[tuple[Any, ...]] | None = None,
+    ) -> Iterator[FinishedOuts]:
+        """`generate_stream`, its groups as `generate_groups` answers them."""
+        for done in self.generate_stream(prompt_token_ids, seeds, sampling, min_version=min_version, images=images):
+            yield FinishedOuts([self._out(i, g, prompt_token_ids, images) for i, g in done.groups], done.seconds)
+
+    def rollout_groups(
+        self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
+        min_version: int | None = None, pin: bool = False,
+    ) -> list[GroupOut]:
+        """`rollout`, each row's group as `generate_groups` answers it (the prompt's ids: in its trajectories)."""
+        groups = self.rollout(rows, seeds, sampling, min_version=min_version, pin=pin)
+        return [self._out(i, g) for i, g in enumerate(groups)]
+
+    def rollout_groups_stream(
+        self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
+        min_version: int | None = None, pin: bool = False,
+    ) -> Iterator[FinishedOuts]:
+        """`rollout_stream`, its groups as `generate_groups` answers them."""
+        for done in self.rollout_stream(rows, seeds, sampling, min_version=min_version, pin=pin):
+            yield FinishedOuts([self._out(i, g) for i, g in done.groups], done.seconds)
+
+    def _out(self, i: int, samples: list[Sample], prompt_ids: list[list[int]] | None = None,
+             images: list[tuple[Any, ...]] | None = None) -> GroupOut:
+        return group_out(i, samples, self._put, prompt_ids=None if prompt_ids is None else prompt_ids[i],
+                         images=images[i] if images else ())
 
     @staticmethod
     def _sampling_params(

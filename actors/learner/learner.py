@@ -64,6 +64,7 @@ from actors.learner.sampling import sampling_correction
 from actors.learner.specs import LearnerSpec, ParallelSpec
 from actors.learner.step import StepContext, loss_mask, step_metrics, throughput_metrics
 from actors.learner.teacher import teacher_part
+from actors.payloads import PayloadLost, resolve_training, token_record
 from actors.runtime.cpus import describe, omp_waits
 from actors.types import TrainBatch, TrainerState, TrainResult
 from actors.vision import Images
@@ -238,8 +239,14 @@ class Learner:
         """Runs num_iterations optimizer steps on the batch; returns the new global_step and the step's
         metrics averaged over micro-batches (global over ranks). reward_state (max_steps, epoch) is pushed to
         the reward pool with each new global_step. With several ranks every rank gets the whole batch and
-        trains on its slots."""
+        trains on its slots. A batch by reference is fetched first (actors/payloads.py: each group's token data from
+        the object store); if a group's payload is gone, nothing is trained and the result names the lost groups
+        (TrainResult.lost), for the driver to replace."""
         t0 = time.perf_counter()
+        try:
+            batch = resolve_training(batch)
+        except PayloadLost as err:
+            return TrainResult(global_step=self.global_step, metrics={}, num_tokens=0.0, compute_s=0.0, lost=err.lost)
         ctx = self._start(batch)
         losses, norms = [], []
         for it in range(self.spec.step.num_iterations):
@@ -259,8 +266,10 @@ class Learner:
         out["learning_rate"] = self.scheduler.get_last_lr()[0]
         compute_s = time.perf_counter() - t0
         out.update(throughput_metrics(ctx, self.spec.step.num_iterations, self.world_size, compute_s))
+        records = gather_records(ctx.recorded, self.world_size)
         return TrainResult(global_step=self.global_step, metrics=out, num_tokens=float(ctx.num_items),
-                           compute_s=compute_s, token_logprobs=gather_records(ctx.recorded, self.world_size))
+                           compute_s=compute_s,
+                           token_records={i: token_record(batch, i, lp) for i, lp in records.items()})
 
     def _plan(self, batch: TrainBatch) -> MicroBatchPlan:
         """This step's micro-batches and this rank's slots; warns about samples longer than the token budget."""

@@ -20,8 +20,11 @@ import asyncio
 import math
 from typing import Any, Protocol
 
+import numpy as np
+
 from actors.engines.judge import JudgeAnswer, JudgeRequest, request_fields, template_fields
 from actors.engines.teacher import TeacherAnswer, TeacherRequest
+from actors.payloads import payload_store, resolve_available
 from actors.rewards.worker import RewardFunctionError, RewardSpec, preview
 from actors.types import RewardBatch, Scores
 
@@ -68,11 +71,13 @@ class JudgeStage:
         return _JudgeRun(self)
 
     async def judge_chunk(self, chunk: RewardBatch, scores: Scores) -> None:
-        """A scored chunk's judge stage: each judge reward's column filled in place, wave after wave."""
+        """A scored chunk's judge stage: each judge reward's column filled in place, wave after wave. A chunk by
+        reference is fetched here (the judges read its text); a lost group's samples are not judged."""
+        chunk, lost = await asyncio.to_thread(resolve_available, chunk)
         for wave in self.waves:
-            await asyncio.gather(*(self._judge_reward(spec, chunk, scores) for spec in wave))
+            await asyncio.gather(*(self._judge_reward(spec, chunk, scores, lost) for spec in wave))
 
-    async def _judge_reward(self, spec: RewardSpec, chunk: RewardBatch, scores: Scores) -> None:
+    async def _judge_reward(self, spec: RewardSpec, chunk: RewardBatch, scores: Scores, lost: list[bool]) -> None:
         """One judge reward on one chunk: its judge pool answers the chunk's samples (a lazily gated judge's
         open samples only: the gate reads the chunk's gating column as the driver will); an answer's score, or
         by the reward's policy for a timeout (fallback) or an error (on_error). The judge's text goes to the
@@ -80,7 +85,7 @@ class JudgeStage:
         n, name = len(chunk), spec.name
         gate = spec.lazy_gate
         closed = [False] * n if gate is None else gate.closed(scores.scores[scores.names.index(gate.reward)])
-        rows = [j for j in range(n) if not closed[j]]
+        rows = [j for j in range(n) if not closed[j] and not lost[j]]
         fields = self.fields[name]
         requests = [JudgeRequest(request_fields(fields, chunk.prompts[j], chunk.completions[j],
                                                 {c: v[j] for c, v in chunk.columns.items() if c in fields}))
@@ -159,25 +164,32 @@ class TeacherStage:
         self.teacher = teacher
 
     async def begin(self, batch: RewardBatch) -> _TeacherRun | None:
-        if batch.prompt_ids is None:  # an eval's batch (it carries no ids): not the teacher's
+        if batch.prompt_ids is None and not batch.with_prompt_ids:  # an eval's batch (no ids): not the teacher's
             return None
         await self.teacher.begin_batch.remote()
-        return _TeacherRun(self.teacher)
+        return _TeacherRun(self.teacher, batch.group_size)
 
 
 class _TeacherRun:
-    def __init__(self, teacher: Any) -> None:
-        self.teacher = teacher
+    def __init__(self, teacher: Any, group_size: int) -> None:
+        self.teacher, self.group_size = teacher, group_size
         self.tasks: list[asyncio.Task[list[TeacherAnswer]]] = []
 
     def arrived(self, chunks: list[RewardBatch]) -> None:
         self.tasks = [asyncio.ensure_future(self._teach(c)) for c in chunks]
 
     async def _teach(self, chunk: RewardBatch) -> list[TeacherAnswer]:
-        """A chunk's samples scored by the teacher: it needs no reward's result."""
+        """A chunk's samples scored by the teacher: it needs no reward's result. A chunk by reference is fetched
+        here (the teacher reads its ids); a lost group's samples get no answer (the driver replaces them)."""
+        chunk, lost = await asyncio.to_thread(resolve_available, chunk)
         assert chunk.prompt_ids is not None
-        requests = [TeacherRequest(p, c) for p, c in zip(chunk.prompt_ids, chunk.completion_ids, strict=True)]
-        return await self.teacher.logprobs.remote(requests, part=True)
+        rows = [j for j in range(len(chunk)) if not lost[j]]
+        requests = [TeacherRequest(chunk.prompt_ids[j], chunk.completion_ids[j]) for j in rows]
+        answers = await self.teacher.logprobs.remote(requests, part=True) if requests else []
+        out = [TeacherAnswer("error", error="payload lost")] * len(chunk)
+        for j, a in zip(rows, answers, strict=True):
+            out[j] = a
+        return out
 
     def scored(self, chunk: RewardBatch, scores: Scores) -> None:
         """The teacher reads no reward."""
@@ -190,10 +202,15 @@ class _TeacherRun:
             t.cancel()
 
     async def merge(self, merged: Scores) -> None:
-        """The teacher's answers into the batch's scores: its log-probs per sample ([] where it gave none,
-        counted) and its pool's state."""
+        """The teacher's answers into the batch's scores: its log-probs by reference, one object per group (a list
+        of its samples' float32 arrays, None where it gave none, counted), which the learner fetches; and its
+        pool's state. Owned by the pool: they live while the run does, freed once the step is trained."""
         answers = [a for chunk in await asyncio.gather(*self.tasks) for a in chunk]
-        merged.teacher_logprobs = [a.logprobs if a.status == "ok" else [] for a in answers]
+        g, put = self.group_size, payload_store()
+        merged.teacher = [
+            put([np.asarray(a.logprobs, dtype=np.float32) if a.status == "ok" else None for a in answers[lo:lo + g]])
+            for lo in range(0, len(answers), g)
+        ]
         merged.teacher_failures = sum(a.status != "ok" for a in answers)
         merged.teacher_pool = await self.teacher.stats.remote()
 

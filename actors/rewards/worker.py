@@ -31,6 +31,7 @@ from typing import Any
 
 from actors import user_code
 from actors.engines.judge import JudgeSpec
+from actors.payloads import PayloadLost, resolve_rewards, reward_groups, with_lost
 from actors.types import RewardBatch, Scores, TrainerState
 from actors.user_code import Outcome, Pending, Raised, TimedOut, UserCalls
 
@@ -290,9 +291,18 @@ class RewardWorker:
 
     def score(self, chunk: RewardBatch, state: TrainerState | None = None) -> Scores:
         """Score one chunk (its `offset` names samples in error messages). Returns per-reward scores (NaN =
-        None), counts of timeouts/errors, user metrics and log_extra columns, latency per reward."""
+        None), counts of timeouts/errors, user metrics and log_extra columns, latency per reward. A chunk by
+        reference is fetched first (its groups' text and ids from the object store); a group whose payload is
+        gone is scored NaN and flagged (Scores.lost), the others as usual."""
         if state is not None:
             self.state = state
+        try:
+            chunk = resolve_rewards(chunk)
+        except PayloadLost as err:  # its generator or node is gone: the rest scored, those flagged for the driver
+            kept = [g for g in range(len(chunk) // chunk.group_size) if g not in set(err.lost)]
+            scored = self.score(reward_groups(chunk, kept)) if kept else None
+            return with_lost(scored, [s.name for s in self.specs], kept, len(chunk) // chunk.group_size,
+                             chunk.group_size, self.state.global_step, self.index)
         ctx = _Chunk(chunk, self.state.to_transformers())
         self._check_env_inputs(ctx)
         ks = range(len(self.specs))

@@ -7,4 +7,5 @@
     net.py         free ports and node addresses
     cpus.py        which cores a CPU actor computes on
     error_text.py  an error in one line
+    completions.py the completions logs' writer: rows from the driver, completions from their payloads
 """

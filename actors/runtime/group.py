@@ -38,9 +38,9 @@ from actors.runtime import ray_compat
 from actors.runtime.net import free_port, node_ip
 from actors.types import (
     EnvPoolStats,
-    FinishedGroups,
+    FinishedOuts,
+    GroupOut,
     RewardBatch,
-    Sample,
     Sampling,
     Scores,
     TrainBatch,
@@ -321,8 +321,10 @@ class GeneratorGroup(ActorGroup):
     methods, named. The sampling calls shard their prompts (or rows) over the members, one call per member, and
     answer in prompt order; the streams run on one member each (the pipelined loop deals the shards itself).
 
-      one turn per sample:  generate(...) -> list[list[Sample]]    submit_generate(...) -> [Pending] per shard
-                            stream_generate(member, ...) -> Stream[FinishedGroups]
+      one turn per sample:  generate(...) -> list[GroupOut]        submit_generate(...) -> [Pending] per shard
+                            stream_generate(member, ...) -> Stream[FinishedOuts]
+      (a GroupOut: a finished group's SampleInfos and the reference to its token data, actors/payloads.py; the
+      generators answer with Generator.generate_groups and the like)
       agentic, with tools:  rollout(...), submit_rollout(...), stream_rollout(member, ...), the same shapes
       weights (actors/weights/transfer.py), every member:
                             submit_load_weights(blob, version), submit_join_weight_group(...),
@@ -336,39 +338,39 @@ class GeneratorGroup(ActorGroup):
 
     def submit_generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, *,
                         min_version: int | None, pin: bool = False, images: list[tuple[Any, ...]] | None = None,
-                        ) -> list[Pending[list[list[Sample]]]]:
-        """Generator.generate on each member's shard of the prompts (seeds, images: one per prompt)."""
+                        ) -> list[Pending[list[GroupOut]]]:
+        """Generator.generate_groups on each member's shard of the prompts (seeds, images: one per prompt)."""
         aligned: dict[str, list[Any]] = {"seeds": seeds} if images is None else {"seeds": seeds, "images": images}
-        return self._submit_sharded("generate", prompt_ids, aligned=aligned, sampling=sampling,
+        return self._submit_sharded("generate_groups", prompt_ids, aligned=aligned, sampling=sampling,
                                     min_version=min_version, pin=pin)
 
     def generate(self, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling, *,
                  min_version: int | None, pin: bool = False, images: list[tuple[Any, ...]] | None = None,
-                 ) -> list[list[Sample]]:
+                 ) -> list[GroupOut]:
         return joined(self.submit_generate(prompt_ids, seeds, sampling, min_version=min_version, pin=pin,
                                            images=images))
 
     def stream_generate(self, member: int, prompt_ids: list[list[int]], seeds: list[int], sampling: Sampling,
                         *, min_version: int | None, images: list[tuple[Any, ...]] | None = None,
-                        ) -> Stream[FinishedGroups]:
-        """Generator.generate_stream on one member: its groups as they finish."""
+                        ) -> Stream[FinishedOuts]:
+        """Generator.generate_groups_stream on one member: its groups as they finish."""
         extra = {} if images is None else {"images": images}
-        return self._stream(member, "generate_stream", prompt_ids, seeds, sampling, min_version=min_version, **extra)
+        return self._stream(member, "generate_groups_stream", prompt_ids, seeds, sampling, min_version=min_version, **extra)
 
     def submit_rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
-                       min_version: int | None, pin: bool = False) -> list[Pending[list[list[Sample]]]]:
-        """Generator.rollout on each member's shard of the rows (seeds: one per row)."""
-        return self._submit_sharded("rollout", rows, aligned={"seeds": seeds}, sampling=sampling,
+                       min_version: int | None, pin: bool = False) -> list[Pending[list[GroupOut]]]:
+        """Generator.rollout_groups on each member's shard of the rows (seeds: one per row)."""
+        return self._submit_sharded("rollout_groups", rows, aligned={"seeds": seeds}, sampling=sampling,
                                     min_version=min_version, pin=pin)
 
     def rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
-                min_version: int | None, pin: bool = False) -> list[list[Sample]]:
+                min_version: int | None, pin: bool = False) -> list[GroupOut]:
         return joined(self.submit_rollout(rows, seeds, sampling, min_version=min_version, pin=pin))
 
     def stream_rollout(self, member: int, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling,
-                       *, min_version: int | None) -> Stream[FinishedGroups]:
-        """Generator.rollout_stream on one member: its rows' groups as they finish."""
-        return self._stream(member, "rollout_stream", rows, seeds, sampling, min_version=min_version)
+                       *, min_version: int | None) -> Stream[FinishedOuts]:
+        """Generator.rollout_groups_stream on one member: its rows' groups as they finish."""
+        return self._stream(member, "rollout_groups_stream", rows, seeds, sampling, min_version=min_version)
 
     # --- weights (in the generators' "weights" concurrency group: between two engine steps) ----------------------
 

@@ -150,7 +150,7 @@ def reward_metrics(
 class AdvantageBatch:
     """`advantage_batch`'s result."""
 
-    batch: TrainBatch  # the learner's input: token ids, sampling logprobs, advantages [N]
+    batch: TrainBatch  # the learner's input: advantages [N], the token data by reference
     metrics: dict[str, float]  # the step's reward metrics (TRL's names) and gates' closed fractions
     table: dict[str, list[Any]]  # per sample [N], the completions log's columns: each reward raw and gated, total,
     # advantage
@@ -171,14 +171,11 @@ def advantage_batch(
     adv = compute_advantages(agg.gated, agg.weights, rollouts.group_size, scale_rewards, aggregation)
     metrics = reward_metrics(aggregator.names, raw, agg.gated, agg.weights, adv.total, adv.advantages, adv.zero_std)
     metrics.update({f"gates/{k}/closed_frac": v for k, v in agg.gate_closed.items()})
-    batch = TrainBatch(
-        prompt_ids=rollouts.prompt_ids, completion_ids=rollouts.completion_ids,
-        sampling_logprobs=rollouts.sampling_logprobs, advantages=adv.advantages.tolist(), truncated=rollouts.truncated,
-        completion_mask=rollouts.completion_mask(),  # agentic: tool results and scaffold out of the loss
-        routes=rollouts.routes,  # routing replay (grpo.router_replay R3)
-        images=rollouts.images,  # vision-language models: the pixels the ids' placeholders stand for
-        teacher_logprobs=scores.teacher_logprobs,  # on-policy distillation: the teacher's, per completion token
-    )
+    # By reference: the token data (ids, sampling log-probs, masks, routes, images) stays with its payloads and the
+    # teacher's log-probs with theirs; the learner fetches them (actors/payloads.py resolve_training).
+    batch = TrainBatch(prompt_ids=[], completion_ids=[], sampling_logprobs=[], advantages=adv.advantages.tolist(),
+                       truncated=rollouts.truncated, payloads=rollouts.payloads, teacher=scores.teacher,
+                       group_size=rollouts.group_size)
     table: dict[str, list[Any]] = {"total": nan_to_none(adv.total.tolist()), "advantage": adv.advantages.tolist()}
     for k, name in enumerate(aggregator.names):
         table[f"rewards/{name}"] = nan_to_none(raw[:, k].tolist())

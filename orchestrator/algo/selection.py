@@ -38,6 +38,32 @@ def keep_all(rollouts: Rollouts, scores: Scores, refill: Refill) -> Selection:
     return Selection(rollouts, scores)
 
 
+def replace_groups(rollouts: Rollouts, scores: Scores, drop: list[int], refill: Refill) -> tuple[Rollouts, Scores]:
+    """The batch without the groups `drop`, refilled with as many new prompts' groups (generated and scored by
+    `refill`), the survivors first."""
+    keep = [g for g in range(rollouts.num_groups) if g not in set(drop)]
+    r, s = rollouts.take_groups(keep), scores.take_groups(keep, rollouts.group_size)
+    more_r, more_s = refill(len(drop))
+    return r.concat(more_r), s.concat(more_s)
+
+
+def without_lost(select: Selector) -> Selector:
+    """`select` on a batch whose groups with a lost payload (Scores.lost: their generator or node went before
+    they were scored) were replaced by new prompts' groups first; `data_plane/lost_groups` counts them. A lost
+    group's prompt is dropped, never trained twice."""
+
+    def selecting(rollouts: Rollouts, scores: Scores, refill: Refill) -> Selection:
+        lost = 0
+        while drop := scores.lost_groups(rollouts.group_size):
+            lost += len(drop)
+            rollouts, scores = replace_groups(rollouts, scores, drop, refill)
+        picked = select(rollouts, scores, refill)
+        picked.metrics["data_plane/lost_groups"] = lost
+        return picked
+
+    return selecting
+
+
 def groups_with_spread(totals: torch.Tensor, group_size: int) -> list[int]:
     """Indices of the groups whose total reward has non-zero std (NaN std, fewer than 2 scorable samples, is
     no spread). totals: [N], G contiguous per group."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from actors.types import EMPTY_PROMPT, Rollouts, Sample
+from actors.types import EMPTY_PROMPT, GroupOut, Rollouts
 from actors.vision import ImageError, Images, to_image
 from orchestrator.builtin.tasks.boxes import boxes_dataset
 from orchestrator.builtin.tasks.cards import cards_dataset
@@ -169,65 +169,32 @@ def is_conversational(prompt: Any) -> bool:
 
 
 def to_rollouts(
-    prompts: list[Prompt], groups: list[list[Sample]], policy_version: int, *, prompt_column: str,
-    group_size: int,
+    prompts: list[Prompt], outs: list[GroupOut], policy_version: int, *, prompt_column: str, group_size: int,
 ) -> Rollouts:
-    """Flatten generator output (per prompt, its group_size samples) into one Rollouts batch; the rows' other
-    columns travel with every sample (a prompt's draw index as its prompt_index: EVAL_DRAW for eval prompts).
-    policy_version: the version the call was made under (its min_version); where the samples carry per-token
-    versions, the batch's is their oldest model token's (the staleness rule: a weight load may land while a batch
-    samples).
+    """The driver's record of generator answers (per prompt, its group's GroupOut): per sample its prompt, the
+    row's other columns (a prompt's draw index as its prompt_index: EVAL_DRAW for eval prompts) and SampleInfo, per
+    group the reference to its token data. policy_version: the version the call was made under (its min_version);
+    where the samples record per-token versions, the batch's is their oldest model token's (the staleness rule: a
+    weight load may land while a batch samples).
 
-    Agentic samples (with a Trajectory) bring the prompt as the engine saw it (tool schemas and reset()'s text
-    rendered in: the ids the learner must condition on) and the whole conversation after it as the completion
-    (assistant and tool messages, as TRL passes them to reward functions)."""
+    A prompt is the dataset's (with images, its messages with the image parts); an agentic sample's prompt as the
+    engine rendered it (tool schemas, reset()'s text) is in its payload, where the reward workers read it."""
     cols = [c for c in prompts[0].row if c != prompt_column]
-    out = Rollouts([], [], [], [], [], [], {c: [] for c in cols}, policy_version, group_size, prompt_index=[])
-    samples = [s for group in groups for s in group]
-    agentic = any(s.trajectory is not None for s in samples)
-    if agentic and not all(s.trajectory is not None for s in samples):
-        raise ValueError("to_rollouts: a batch mixes agentic samples with one-turn samples")
-    # images: a prompt's (one-turn), or all that a trajectory's ids hold (its prompt's and its tools')
-    vision = any(p.images for p in prompts) or any(s.trajectory is not None and s.trajectory.images
-                                                   for s in samples)
-    if vision:
-        out.images = []
-    for prompt, group in zip(prompts, groups, strict=True):
+    out = Rollouts([], [], [], {c: [] for c in cols}, policy_version, group_size, prompt_index=[])
+    for prompt, o in zip(prompts, outs, strict=True):
         row = prompt.row
-        chat = is_conversational(row.get(prompt_column))
-        for s in group:
-            t = s.trajectory
-            if vision:  # one-turn: one tuple per prompt, shared by its samples (pickled once)
-                out.images.append(prompt.images if t is None else t.images)
-            if t is not None:
-                out.prompts.append(t.prompt)
-            else:  # with images, the messages holding them (what TRL passes)
-                out.prompts.append(row[prompt_column] if prompt.messages is None else prompt.messages)
-            out.prompt_ids.append(prompt.prompt_ids if t is None else t.prompt_ids)
-            out.completion_ids.append(s.completion_ids)
-            if t is not None:
-                out.completions.append(t.messages)
-            else:
-                out.completions.append([{"role": "assistant", "content": s.text}] if chat else s.text)
-            out.sampling_logprobs.append(s.logprobs)
-            out.truncated.append(s.finish_reason == "length")
+        shown = row.get(prompt_column) if prompt.messages is None else prompt.messages
+        out.payloads.append(o.payload)
+        for info in o.infos:
+            out.prompts.append(shown)
+            out.infos.append(info)
             out.prompt_index.append(prompt.draw)
             for c in cols:
                 out.columns[c].append(row[c])
-    if agentic:
-        out.trajectories = [s.trajectory for s in samples]
-    if any(s.routes is not None for s in samples):
-        out.routes = [s.routes for s in samples]
-    if any(s.versions is not None for s in samples):
-        out.versions = [s.versions if s.versions is not None else [policy_version] * len(s.completion_ids)
-                        for s in samples]
-        out.policy_version = oldest_version(out.versions, policy_version)
+    if len({i.agentic for i in out.infos}) > 1:
+        raise ValueError("to_rollouts: the batch mixes agentic samples with one-turn ones (one rollout kind a run)")
+    out.policy_version = min((i.version for i in out.infos if i.version is not None), default=policy_version)
     return out
-
-
-def oldest_version(versions: list[list[int]], default: int) -> int:
-    """The oldest policy version among model tokens (-1 marks the others); `default` where there is none."""
-    return min((v for vs in versions for v in vs if v >= 0), default=default)
 
 
 def encode_prompt(tokenizer: Any, prompt: Any, template_kwargs: dict[str, Any] | None = None) -> list[int]:

@@ -24,13 +24,12 @@ the same way, one call per phase:
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from actors.runtime.group import Pending
-from actors.types import Rollouts, Sample, Sampling, Scores, TrainerState
+from actors.types import GroupOut, Rollouts, Sampling, Scores, TrainerState
 from orchestrator.algo.aggregation import RewardAggregator, raw_matrix, weighted_totals
 from orchestrator.algo.grpo import nan_to_none
 from orchestrator.data.sources import Prompt, PromptStream, to_rollouts
@@ -38,8 +37,12 @@ from orchestrator.eval.metrics import EvalSchedule, eval_metrics
 from orchestrator.loop.rollout import OneTurn, RolloutKind, agent_metrics, row_seeds
 from orchestrator.run.checkpoints import BestCheckpoint
 from orchestrator.run.groups import Generators, RewardScorer
-from orchestrator.telemetry.metrics import MetricsLogger, image_files
+from orchestrator.telemetry.completions import Completions
+from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
+
+# The eval's completions log, beside the training one (completions.jsonl).
+EVAL_COMPLETIONS_FILE = "eval_completions.jsonl"
 
 
 @dataclass
@@ -69,7 +72,7 @@ class PendingEval:
 
     step: int  # the optimizer step whose weights are evaluated
     epoch: float
-    generation: list[Pending[list[list[Sample]]]]  # the generators' calls, one per shard, in row order
+    generation: list[Pending[list[GroupOut]]]  # the generators' calls, one per shard, in row order
     t0: float = field(default_factory=time.perf_counter)
     scoring: tuple[Rollouts, Pending[Scores]] | None = None  # once generated: the rollouts and their scoring
     candidate: Pending[str] | None = None  # pipelined save_best: the learner's candidate checkpoint
@@ -82,12 +85,13 @@ class EvalResult:
     rollouts: Rollouts
     table: dict[str, list[Any]]  # per completion: total, passed, rewards/<name>
 
-    def samples(self) -> list[dict[str, Any]]:
-        """One record per completion (the eval log and the `rayward eval` report)."""
+    def rows(self) -> list[dict[str, Any]]:
+        """One record per completion (the eval log and the `rayward eval` report), its completion still in its
+        group's payload (actors/runtime/completions.py with_completions fills it in)."""
         r = self.rollouts
         return [
-            {"step": self.step, "prompt": r.prompts[i], "completion": r.completions[i],
-             **{k: v[i] for k, v in self.table.items()}}
+            {"step": self.step, "prompt": r.prompts[i], "completion": None,
+             "completion_length": r.infos[i].model_tokens, **{k: v[i] for k, v in self.table.items()}}
             for i in range(len(r))
         ]
 
@@ -131,8 +135,7 @@ def summarize(
     """The eval metrics (weights and gates at the evaluated step) and the per-completion table."""
     raw = raw_matrix(scores)
     total = weighted_totals(es.aggregator, scores, es.group_size, step=step)
-    mask = rollouts.completion_mask()  # agentic: lengths count the model's tokens, not the tool results
-    lengths = [len(c) for c in rollouts.completion_ids] if mask is None else [sum(m) for m in mask]
+    lengths = rollouts.lengths()  # agentic: the model's tokens, not the tool results
     metrics = eval_metrics(es.aggregator.names, raw, total, lengths, rollouts.truncated, es.group_size,
                            es.pass_threshold)
     metrics.update({f"eval/{k}": v for k, v in agent_metrics(rollouts).items()})
@@ -172,10 +175,11 @@ class _Evaluator:
 
     def __init__(
         self, es: EvalSet, schedule: EvalSchedule, *, generators: Generators, logger: MetricsLogger, display: Display,
-        prompts: PromptStream, best: BestCheckpoint | None, log_completions: bool,
+        prompts: PromptStream, best: BestCheckpoint | None, completions: Completions | None,
     ):
+        """completions: where the eval's completions log is written (None: logging.log_completions off)."""
         self.es, self.schedule, self.generators, self.logger, self.display = es, schedule, generators, logger, display
-        self.prompts, self.best_checkpoint, self.log_completions = prompts, best, log_completions
+        self.prompts, self.best_checkpoint, self.completions = prompts, best, completions
 
     def state(self) -> dict[str, Any]:
         return {"best": self.best_checkpoint.state() if self.best_checkpoint is not None else None}
@@ -189,10 +193,9 @@ class _Evaluator:
 
     def _record(self, result: EvalResult, candidate: Pending[str] | None) -> None:
         self.logger.log_eval(result.step, result.metrics)
-        if self.log_completions:
-            with open(self.logger.run_dir / "eval_completions.jsonl", "a") as f:
-                for row in result.samples():
-                    f.write(json.dumps(image_files(row, self.logger.run_dir), default=str) + "\n")
+        if self.completions is not None:  # the writer reads the completions from their payloads
+            self.completions.write(EVAL_COMPLETIONS_FILE, result.rows(), result.rollouts.payloads,
+                                   result.rollouts.group_size)
         keeper = self.best_checkpoint
         if keeper is not None and keeper.offer(result.step, result.metrics, candidate):
             self.display.message(

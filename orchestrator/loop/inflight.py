@@ -18,7 +18,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from actors.runtime.group import Pending, Stream
-from actors.types import FinishedGroups, Rollouts, Scores
+from actors.types import FinishedOuts, Rollouts, Scores
 from orchestrator.data.sources import DataPosition, Prompt
 from orchestrator.loop.phases import recover_generators, rollouts_of, seeds_of, submit_score
 from orchestrator.run.state import Run
@@ -30,14 +30,14 @@ class Part:
 
     prompts: list[Prompt]
     seeds: list[int]  # one per prompt
-    stream: Stream[FinishedGroups]
+    stream: Stream[FinishedOuts]
     done: bool = False
     seconds: float = 0.0  # generator-busy seconds so far
     yielded: set[int] = field(default_factory=set)  # indices into prompts of the groups it has yielded
 
 
 def _stream(run: Run, batch_version: int, member: int, prompts: list[Prompt],
-            seeds: list[int]) -> Stream[FinishedGroups]:
+            seeds: list[int]) -> Stream[FinishedOuts]:
     return run.rollout.stream(run.generators, member, prompts, seeds, run.sampling, batch_version)
 
 
@@ -117,10 +117,10 @@ def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None)
                 raise
             _resume(run, batch, part, training=until is not None)
             continue
-        part.yielded.update(i for i, _ in out.groups)
+        part.yielded.update(o.index for o in out.groups)
         part.seconds = out.seconds
-        prompts = [part.prompts[i] for i, _ in out.groups]
-        r = rollouts_of(run, prompts, [samples for _, samples in out.groups], batch.policy_version)
+        prompts = [part.prompts[o.index] for o in out.groups]
+        r = rollouts_of(run, prompts, out.groups, batch.policy_version)
         batch.scored.append((r, submit_score(run, r)))
 
 

@@ -28,7 +28,7 @@ def run_sync(run: Run) -> list[dict[str, Any]]:
             scores = phases.score(run, rollouts)
         step = phases.to_train_batch(run, run.select(rollouts, scores, phases.refill(run, timer)))
         with timer("train"):
-            trained = phases.train(run, step.batch)
+            step, trained = phases.train(run, step, phases.refill(run, timer))
         progress.global_step = trained.global_step
         with timer("sync"):
             synced = phases.sync(run)
@@ -65,7 +65,7 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
         with timer("train"):
             training = phases.submit_train(run, step.batch)
             pump(run, inflight, until=training)  # keep scoring what the generators finish meanwhile
-            trained = training.result()
+            step, trained = phases.retrained(run, step, training.result(), phases.refill(run, timer))
         progress.global_step = trained.global_step
         with timer("sync"):  # submitted, not awaited: it queues behind generation already submitted
             synced = phases.sync_async(run)

@@ -6,7 +6,7 @@
     selection = run.select(rollouts, scores, refill(run, t))    keep all / dynamic sampling -> Selection
     step      = to_train_batch(run, selection)                  driver: gates, weights, advantages, step metrics
                                                                                             -> StepBatch
-    trained   = train(run, step.batch)                          learner (pushes TrainerState to the pool)
+    step, trained = train(run, step, refill(run, t))            learner (pushes TrainerState to the pool)
                                                                                             -> TrainResult
     synced    = sync(run)                                       learner -> every engine     -> SyncStats
     log_step(run, t, step, trained, synced)                     (every request seeded: data.request_seed)
@@ -25,15 +25,15 @@ from typing import Any, TypeVar
 from ray.exceptions import RayActorError
 
 from actors.runtime.group import Pending
-from actors.types import Rollouts, Sample, Scores, TrainBatch, TrainerState, TrainResult
+from actors.types import GroupOut, Rollouts, Scores, TrainBatch, TrainerState, TrainResult
 from actors.weights.transfer import SyncStats
 from orchestrator.algo import aggregation
-from orchestrator.algo.selection import Refill, Selection
+from orchestrator.algo.selection import Refill, Selection, replace_groups
 from orchestrator.data.sources import Prompt, request_seed, to_rollouts
 from orchestrator.loop.rollout import agent_metrics
 from orchestrator.run import checkpoints
 from orchestrator.run.state import Run
-from orchestrator.telemetry.metrics import PhaseTimer
+from orchestrator.telemetry.metrics import COMPLETIONS_FILE, PhaseTimer
 
 T = TypeVar("T")
 
@@ -45,8 +45,8 @@ RESTART_WAIT_S = 600.0
 # --- generate ---------------------------------------------------------------------------------------------
 
 
-def rollouts_of(run: Run, prompts: list[Prompt], groups: list[list[Sample]], policy_version: int) -> Rollouts:
-    """A training batch's generator output as Rollouts (the training data's prompt column, G per prompt)."""
+def rollouts_of(run: Run, prompts: list[Prompt], groups: list[GroupOut], policy_version: int) -> Rollouts:
+    """A training batch's generator answers as Rollouts (the training data's prompt column, G per prompt)."""
     return to_rollouts(prompts, groups, policy_version, prompt_column=run.cfg.data.prompt_column,
                        group_size=run.cfg.generation.num_generations)
 
@@ -163,12 +163,11 @@ def step_metrics(rollouts: Rollouts, scores: Scores) -> dict[str, float]:
     m["reward_pool/workers_used"] = len(scores.workers)
     for name, stats in scores.judge_pools.items():  # judge rewards: each judge's engines (judge_pool/<reward>/...)
         m.update({k.replace("judge_pool/", f"judge_pool/{name}/", 1): v for k, v in stats.step_metrics().items()})
-    if scores.teacher_logprobs is not None:  # distillation: samples the teacher gave no log-probs (out of its term)
+    if scores.teacher is not None:  # distillation: samples the teacher gave no log-probs (out of its term)
         m["distill/teacher_failures"] = scores.teacher_failures
     if scores.teacher_pool is not None:
         m.update(scores.teacher_pool.step_metrics())
-    mask = rollouts.completion_mask()  # agentic: the model's tokens only (tool results are not its length)
-    lengths = [len(c) for c in rollouts.completion_ids] if mask is None else [sum(m) for m in mask]
+    lengths = rollouts.lengths()  # agentic: the model's tokens only (tool results are not its length)
     m.update({
         "completions/mean_length": sum(lengths) / len(lengths),
         "completions/min_length": min(lengths),
@@ -190,8 +189,26 @@ def trainer_state(run: Run) -> TrainerState:
     return TrainerState(max_steps=run.cfg.grpo.max_steps, epoch=run.prompts.epoch_progress)
 
 
-def train(run: Run, batch: TrainBatch) -> TrainResult:
-    return run.learner.train_step(batch, trainer_state(run))
+def train(run: Run, step: StepBatch, refill: Refill) -> tuple[StepBatch, TrainResult]:
+    """The step trained (`retrained`: as it was, or with its lost groups replaced)."""
+    return retrained(run, step, run.learner.train_step(step.batch, trainer_state(run)), refill)
+
+
+def retrained(run: Run, step: StepBatch, trained: TrainResult, refill: Refill) -> tuple[StepBatch, TrainResult]:
+    """`trained` when the learner could fetch the whole batch. Where a group's token data was lost after it was
+    scored (its generator or node gone: TrainResult.lost, nothing trained), those groups are replaced by new
+    prompts' groups, generated and scored (`refill`), and the step is sent again; `data_plane/lost_groups`
+    counts them with the ones lost before scoring (selection.without_lost)."""
+    lost = 0
+    while trained.lost:
+        lost += len(trained.lost)
+        rollouts, scores = replace_groups(step.rollouts, step.scores, trained.lost, refill)
+        again = to_train_batch(run, Selection(rollouts, scores))
+        step = replace(again, metrics={**step.metrics, **again.metrics})
+        trained = run.learner.train_step(step.batch, trainer_state(run))
+    if lost:
+        step.metrics["data_plane/lost_groups"] = step.metrics.get("data_plane/lost_groups", 0) + lost
+    return step, trained
 
 
 def submit_train(run: Run, batch: TrainBatch) -> Pending[TrainResult]:
@@ -233,21 +250,18 @@ def log_step(
         m["time/generate_busy"] = generate_busy_s
     m.update(timer.metrics())
     gen_s = timer.seconds.get("generate", generate_busy_s or 0.0)
-    m["tokens_per_s"] = sum(len(c) for c in step.rollouts.completion_ids) / gen_s if gen_s else 0.0
+    m["tokens_per_s"] = sum(i.length for i in step.rollouts.infos) / gen_s if gen_s else 0.0
     # Per role: busy seconds in this step, and idle = step wall time - busy (who is the bottleneck?).
     busy = {"generator": gen_s, "reward": step.scores.busy_s, "learner": trained.compute_s}
     for role, b in busy.items():
         m[f"roles/{role}/busy_s"], m[f"roles/{role}/idle_s"] = b, max(m["time/step"] - b, 0.0)
     m["roles/bottleneck"] = max(busy, key=busy.get)
     run.logger.log(run.progress.global_step, m)
-    if run.tool_watch is not None and step.rollouts.trajectories:
-        run.tool_watch.observe(run.progress.global_step, step.rollouts.trajectories)
+    if run.tool_watch is not None and step.rollouts.agentic:
+        run.tool_watch.observe(run.progress.global_step, step.rollouts.infos)
     if run.cfg.logging.log_completions:
         log_completions(run, step)
-        r = step.rollouts
-        run.tokens.record(run.progress.global_step, r.completion_ids, r.sampling_logprobs, prompt_index=r.prompt_index,
-                          learner_logprobs=[trained.token_logprobs.get(i) for i in range(len(r))],
-                          masks=r.completion_mask(), versions=r.versions)
+        run.tokens.record(run.progress.global_step, trained.token_records, step.rollouts.prompt_index)
 
 
 def log_completions(run: Run, step: StepBatch) -> None:
@@ -257,19 +271,19 @@ def log_completions(run: Run, step: StepBatch) -> None:
     sample's place in its group, its id). With tools the completion is the whole conversation (assistant messages
     with their tool_calls, tool messages with the results), with its stop reason, turns, tool calls and failures."""
     r, rows = step.rollouts, []
-    mask = r.completion_mask()  # agentic: the tokens the model sampled (tool results are not its length)
-    lengths = [len(c) for c in r.completion_ids] if mask is None else [sum(m) for m in mask]
-    for i in range(len(r)):
+    for i, info in enumerate(r.infos):
+        # the completion (and an agentic sample's prompt as the engine rendered it): filled where the log is
+        # written, from the group's payload (actors/runtime/completions.py)
         row = {"step": run.progress.global_step, "policy_version": r.policy_version, "prompt_index": r.prompt_index[i],
-               "prompt": r.prompts[i], "completion": r.completions[i], "completion_length": lengths[i]}
-        if r.trajectories is not None:  # the completion is the conversation: assistant and tool messages
-            t = r.trajectories[i]
-            row.update(stop_reason=t.stop_reason, turns=t.turns, tool_calls=t.tool_calls,
-                       tool_failures=t.tool_failures)
+               "prompt": r.prompts[i], "completion": None, "completion_length": info.model_tokens}
+        if info.agentic:  # the completion is the conversation: assistant and tool messages
+            row.update(stop_reason=info.finish_reason, turns=info.turns, tool_calls=info.tool_calls,
+                       tool_failures=info.tool_failures)
         row.update({k: v[i] for k, v in step.table.items()})
         row.update({c: v[i] for c, v in step.scores.extra.items()})
         rows.append(row)
-    run.logger.log_completions(run.progress.global_step, rows)
+    table = run.completions.write(COMPLETIONS_FILE, rows, r.payloads, r.group_size, run.logger.table_rows)
+    run.logger.log_table(run.progress.global_step, table)
 
 
 def finish(run: Run) -> list[dict[str, Any]]:
@@ -277,6 +291,7 @@ def finish(run: Run) -> list[dict[str, Any]]:
     SIGTERM) checkpoint, and with model.lora.save_merged the merged model of a finished run."""
     with_generator_restarts(run, run.weights.drain)
     run.evaluate.drain()
+    run.completions.drain()  # the last step's rows are in completions.jsonl when the run returns
     checkpoints.save_final(run)
     if run.tool_watch is not None and (line := run.tool_watch.summary()) is not None:
         run.display.message(line)

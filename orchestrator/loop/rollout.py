@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from actors.runtime.group import Pending, Stream
-from actors.types import FinishedGroups, RewardBatch, Rollouts, Sample, Sampling, StopReason
+from actors.types import FinishedOuts, GroupOut, RewardBatch, Rollouts, Sampling, StopReason
 from orchestrator.data.sources import Prompt
 from orchestrator.run.groups import Generators
 
@@ -34,16 +34,16 @@ class RolloutKind(Protocol):
     """Generation as the phases, the pipelined bookkeeping and the evaluator call it."""
 
     def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
-                 sampling: Sampling, min_version: int) -> list[list[Sample]]:
+                 sampling: Sampling, min_version: int) -> list[GroupOut]:
         """Every prompt's samples (prompt order), sharded over the generators, waited for."""
 
     def submit(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
-               sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+               sampling: Sampling, min_version: int | None) -> list[Pending[list[GroupOut]]]:
         """The same without waiting, for an eval: seeded (every eval draws alike) and pinned to one version (no
         weight load lands until it is done; min_version None: whatever the engines hold), one Pending per shard."""
 
     def stream(self, generators: Generators, member: int, prompts: list[Prompt], seeds: list[int],
-               sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
+               sampling: Sampling, min_version: int) -> Stream[FinishedOuts]:
         """One generator's groups as they finish."""
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
@@ -63,22 +63,29 @@ class OneTurn:
         return [p.images for p in prompts] if self.vision else None
 
     def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
-                 sampling: Sampling, min_version: int) -> list[list[Sample]]:
+                 sampling: Sampling, min_version: int) -> list[GroupOut]:
         return generators.generate([p.prompt_ids for p in prompts], seeds, sampling, min_version=min_version,
                                    images=self._images(prompts))
 
     def submit(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
-               sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+               sampling: Sampling, min_version: int | None) -> list[Pending[list[GroupOut]]]:
         return generators.submit_generate([p.prompt_ids for p in prompts], seeds, sampling, min_version=min_version,
                                           pin=True, images=self._images(prompts))
 
     def stream(self, generators: Generators, member: int, prompts: list[Prompt], seeds: list[int],
-               sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
+               sampling: Sampling, min_version: int) -> Stream[FinishedOuts]:
         return generators.stream_generate(member, [p.prompt_ids for p in prompts], seeds, sampling,
                                           min_version=min_version, images=self._images(prompts))
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
-        return rollouts.reward_batch(with_prompt_ids=self.prompt_ids)
+        return by_reference(rollouts, with_prompt_ids=self.prompt_ids)
+
+
+def by_reference(rollouts: Rollouts, **kw: object) -> RewardBatch:
+    """The batch's reward batch as the driver sends it: its prompts and columns, and its groups' token data by
+    reference (the workers resolve it)."""
+    return RewardBatch(rollouts.prompts, [], [], rollouts.columns, rollouts.group_size,
+                       payloads=rollouts.payloads, **kw)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -99,36 +106,37 @@ class Agentic:
         return [p.row if p.messages is None else {**p.row, self.prompt_column: p.messages} for p in prompts]
 
     def generate(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
-                 sampling: Sampling, min_version: int) -> list[list[Sample]]:
+                 sampling: Sampling, min_version: int) -> list[GroupOut]:
         return generators.rollout(self._rows(prompts), seeds, sampling, min_version=min_version)
 
     def submit(self, generators: Generators, prompts: list[Prompt], seeds: list[int],
-               sampling: Sampling, min_version: int | None) -> list[Pending[list[list[Sample]]]]:
+               sampling: Sampling, min_version: int | None) -> list[Pending[list[GroupOut]]]:
         return generators.submit_rollout(self._rows(prompts), seeds, sampling, min_version=min_version, pin=True)
 
     def stream(self, generators: Generators, member: int, prompts: list[Prompt], seeds: list[int],
-               sampling: Sampling, min_version: int) -> Stream[FinishedGroups]:
+               sampling: Sampling, min_version: int) -> Stream[FinishedOuts]:
         return generators.stream_rollout(member, self._rows(prompts), seeds, sampling, min_version=min_version)
 
     def reward_batch(self, rollouts: Rollouts) -> RewardBatch:
-        if rollouts.trajectories is None:
+        """With the environments' outputs the driver holds (get_reward()'s value, the environment's class) and, when
+        a reward declares `environments`, their pickled states, which the workers resolve with the rest."""
+        if not rollouts.agentic:
             raise ValueError("Agentic.reward_batch: the rollouts have no trajectories (a one-turn generator?)")
-        return rollouts.reward_batch(with_prompt_ids=self.prompt_ids).with_trajectories(
-            rollouts.trajectories, self.env_classes, self.keep_state)
+        return by_reference(rollouts, with_prompt_ids=self.prompt_ids, keep_state=self.keep_state,
+                            env_rewards=[i.env_reward for i in rollouts.infos],
+                            env_classes=[self.env_classes.get(i.env) for i in rollouts.infos])
 
 
 def agent_metrics(rollouts: Rollouts) -> dict[str, float]:
     """A batch's conversations, per sample means: turns, tool calls and failures, seconds on the environment,
     tokens by role (model: sampled; tool: tool results and template scaffold), tool results cut to the budget;
     the share whose ids disagree with the chat template's rendering; stop-reason fractions; TRL's two tool metrics.
-    {} for a one-turn batch."""
-    ts = rollouts.trajectories
-    if not ts:
+    {} for a one-turn batch. From the samples' SampleInfos: nothing per token."""
+    ts = rollouts.infos
+    if not rollouts.agentic:
         return {}
     n = len(ts)
     mean = lambda xs: sum(xs) / n  # noqa: E731
-    model_tokens = [sum(t.mask) for t in ts]
-    role_tokens = [len(c) - m for c, m in zip(rollouts.completion_ids, model_tokens, strict=True)]
     m = {
         "multiturn/turns": mean([t.turns for t in ts]),
         "multiturn/tool_calls": mean([t.tool_calls for t in ts]),
@@ -136,13 +144,13 @@ def agent_metrics(rollouts: Rollouts) -> dict[str, float]:
         "multiturn/truncated_tool_results": mean([t.truncated_tool_results for t in ts]),
         "multiturn/env_s": mean([t.env_s for t in ts]),
         "multiturn/env_s_max": max(t.env_s for t in ts),
-        "multiturn/tokens/model": mean(model_tokens),
-        "multiturn/tokens/tool": mean(role_tokens),
+        "multiturn/tokens/model": mean([t.model_tokens for t in ts]),
+        "multiturn/tokens/tool": mean([t.length - t.model_tokens for t in ts]),
         "multiturn/env_reward_missing_frac": mean([t.env_reward is None for t in ts]),
         # ids trained on that disagree with the chat template's rendering at a special-token boundary
         "multiturn/template_mismatch_frac": mean([t.template_match is False for t in ts]),
     }
-    stops = Counter(t.stop_reason for t in ts)
+    stops = Counter(t.finish_reason for t in ts)
     m.update({f"multiturn/stop_reason/{r}": stops[r] / n for r in STOP_REASONS})
     # TRL's own names (GRPOTrainer logs them with tools), for scripts and dashboards written against TRL: calls per
     # sample, and failed calls per call

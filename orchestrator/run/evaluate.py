@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from actors.runtime.completions import image_files, with_completions
 from orchestrator.config import DataSource, EvalConfig, RunConfig
 from orchestrator.eval.evaluator import EvalResult, finish_eval, submit_eval
 from orchestrator.run.build import eval_set, prepare_evaluation, rollout_kind, start_groups
 from orchestrator.run.cluster import init_ray, new_run_name
-from orchestrator.telemetry.metrics import image_files
 
 
 def with_eval_block(cfg: RunConfig, say: Any) -> RunConfig:
@@ -49,6 +49,8 @@ def evaluate(
         groups = start_groups(p)
         es = eval_set(cfg, p.eval_prompts, groups.reward_pool, p.rewards, rollout_kind(p.agent, p.vision))
         result = finish_eval(es, submit_eval(es, groups.generators, p.step))
+        # the completions from their payloads, while the generators that hold them are up
+        samples = with_completions(result.rows(), result.rollouts.payloads, result.rollouts.group_size)
     finally:
         if groups is not None:
             groups.kill()
@@ -58,7 +60,7 @@ def evaluate(
     report = {
         "model": p.policy, "checkpoint": None if checkpoint is None else str(checkpoint), "step": p.step,
         "eval": cfg.eval.model_dump(mode="json"), "metrics": result.metrics,
-        "samples": image_files(result.samples(), out.parent),  # images: files beside the report
+        "samples": image_files(samples, out.parent),  # images: files beside the report
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, default=str))

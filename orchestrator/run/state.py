@@ -124,4 +124,5 @@ class Run:
     env_pool: EnvPoolView | None = None  # NAME/env-pool: the environments of agentic rollouts (None: one-turn)
     tool_watch: ToolCallWatch | None = None  # agentic: says on the terminal when tool calls mostly fail
     tokens: TokenRecorder | NoTokenRecord = field(default_factory=NoTokenRecord)  # rayward view's token record
+    completions: Any = None  # where the completions logs are written (orchestrator/telemetry/completions.py)
     progress: Progress = field(default_factory=Progress)

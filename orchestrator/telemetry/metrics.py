@@ -11,15 +11,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from actors.runtime.completions import IMAGES_DIR, image_files  # noqa: F401 - readers import them here
 from orchestrator.telemetry.progress import Display, StepLines
 from orchestrator.telemetry.ray_metrics import RayMetricsExporter
 from orchestrator.telemetry.trackers import RunInfo, Trackers, expand
 
 # The completions log of a run directory (TRL's name), one JSON line per trained sample.
 COMPLETIONS_FILE = "completions.jsonl"
-# Where the completions logs put the images their prompts hold, one PNG per distinct image.
-IMAGES_DIR = "images"
 METRICS_FILE = "metrics.jsonl"
+# Completions per step in a tracker's table: a sample of the batch (TRL tables every completion of a small batch;
+# at a cluster's batch sizes that is megabytes a step sent to the tracker, and text through the driver).
+TABLE_ROWS = 64
 
 
 class PhaseTimer:
@@ -84,15 +86,15 @@ class MetricsLogger:
         self._ray.export(step, metrics)
         self.display.step(step, row)
 
-    def log_completions(self, step: int, rows: list[dict[str, Any]]) -> None:
-        """The step's samples: appended to completions.jsonl; with W&B, also a `completions` table (TRL's). An
-        image in a row (a vision-language prompt's image parts) is written once to <run dir>/images/ (PNG, named
-        by its content) and logged as that file's path relative to the run dir (`rayward samples` shows it)."""
-        rows = [image_files(row, self.run_dir) for row in rows]
-        with open(self.run_dir / COMPLETIONS_FILE, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row, default=str) + "\n")
-        if self.trackers.tables:
+    @property
+    def table_rows(self) -> int:
+        """Completions a step's tracker table holds (0: no tracker takes tables): the writer returns that many rows
+        with their text (actors/runtime/completions.py), the rest stay in completions.jsonl."""
+        return TABLE_ROWS if self.trackers.tables else 0
+
+    def log_table(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """The step's first completions as a tracker table (W&B's `completions`, TRL's columns)."""
+        if rows:
             self.trackers.table(step, *completions_table(rows))
 
     def log_eval(self, step: int, metrics: dict[str, Any]) -> None:
@@ -161,23 +163,3 @@ def find_run_dir(run: str, logging_dir: str = "runs") -> Path:
     raise FileNotFoundError(
         f"no run {run!r}: neither {run} nor {Path(logging_dir) / run} is a run directory (with {METRICS_FILE})"
     )
-
-
-def image_files(value: Any, run_dir: Path) -> Any:
-    """`value` with every PIL image in it (nested in dicts and lists) replaced by `images/<sha1 of its pixels>.png`,
-    written under run_dir once."""
-    if isinstance(value, dict):
-        return {k: image_files(v, run_dir) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [image_files(v, run_dir) for v in value]
-    if type(value).__module__.startswith("PIL.") and hasattr(value, "tobytes"):
-        import hashlib
-
-        digest = hashlib.sha1(value.tobytes() + repr((value.mode, value.size)).encode()).hexdigest()[:16]
-        name = f"{IMAGES_DIR}/{digest}.png"
-        path = run_dir / name
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            value.save(path)
-        return name
-    return value

@@ -9,12 +9,11 @@ answer; one when they answer again; and at the end of a run that had such steps,
 
 from __future__ import annotations
 
-import ast
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from actors.types import Trajectory
+from actors.types import SampleInfo
 
 # More than this share of a step's tool calls failed: the line. Half: a model learning a tool fails some calls
 # (a wrong argument, a box that does not exist), but most of them failing points at the tool or its setup.
@@ -23,28 +22,10 @@ MOSTLY_FAILING = 0.5
 QUOTED_CHARS = 160
 
 
-def tool_errors(trajectories: list[Trajectory]) -> Counter[str]:
-    """The error messages of failed calls in these conversations (tool messages `{'error': '<message>'}`), each
-    with its count."""
-    out: Counter[str] = Counter()
-    for t in trajectories:
-        for m in t.messages:
-            if m.get("role") == "tool" and isinstance(m.get("content"), str):
-                message = error_message(m["content"])
-                if message is not None:
-                    out[message] += 1
-    return out
-
-
-def error_message(content: str) -> str | None:
-    """The message of a failed call's tool message (`str({'error': message})`), or None for an answer."""
-    if not content.startswith("{'error':"):
-        return None
-    try:
-        parsed = ast.literal_eval(content)
-    except (ValueError, SyntaxError):  # cut to the tool-token budget: the message as far as it goes
-        return content.removeprefix("{'error':").strip(" '\"")
-    return str(parsed["error"]) if isinstance(parsed, dict) and set(parsed) == {"error"} else None
+def error_counts(infos: list[SampleInfo]) -> Counter[str]:
+    """The error messages of failed calls in these samples (their tool messages `{'error': '<message>'}`, kept in
+    each SampleInfo), each with its count."""
+    return Counter(m for i in infos for m in i.tool_errors)
 
 
 @dataclass
@@ -58,10 +39,10 @@ class ToolCallWatch:
     steps_failing: int = 0
     errors: Counter[str] = field(default_factory=Counter)
 
-    def observe(self, step: int, trajectories: list[Trajectory]) -> None:
-        calls = sum(t.tool_calls for t in trajectories)
-        failures = sum(t.tool_failures for t in trajectories)
-        errors = tool_errors(trajectories)
+    def observe(self, step: int, infos: list[SampleInfo]) -> None:
+        calls = sum(i.tool_calls for i in infos)
+        failures = sum(i.tool_failures for i in infos)
+        errors = error_counts(infos)
         self.calls, self.failures = self.calls + calls, self.failures + failures
         self.errors.update(errors)
         failing = calls > 0 and failures > MOSTLY_FAILING * calls

@@ -114,24 +114,21 @@ class TokenRecorder:
         """The rows of a step of `num_rows` this recorder will write (the learner returns their log-probs)."""
         return tuple(pick_samples(num_rows, self.samples_per_step))
 
-    def record(
-        self, step: int, completion_ids: Sequence[Sequence[int]], logprobs: Sequence[Sequence[float]], *,
-        prompt_index: Sequence[int] | None = None, learner_logprobs: Sequence[Sequence[float] | None] | None = None,
-        masks: Sequence[Sequence[int]] | None = None, versions: Sequence[Sequence[int]] | None = None,
-    ) -> int:
-        """The step's samples, in completions.jsonl's row order (row i is sample i); writes the picked ones and
-        returns the bytes written. learner_logprobs: per row, or None for a row (or all) without them."""
-        picks = pick_samples(len(completion_ids), self.samples_per_step)
-        if not picks:
+    def record(self, step: int, rows: dict[int, dict[str, Any]], prompt_index: Sequence[int] | None = None) -> int:
+        """The step's recorded rows as the learner returned them (TrainResult.token_records: per row of the step,
+        in completions.jsonl's order, its ids, sampling and learner log-probs and loss mask); writes them and
+        returns the bytes written. Only these are decoded."""
+        if not rows:
             return 0
         lines = []
-        for i in picks:
-            ids = completion_ids[i][: self.max_tokens]
+        for i in sorted(rows):
+            r = rows[i]
+            ids = list(r["ids"])
+            kept = ids[: self.max_tokens]
             lines.append(token_line(
-                step=step, sample=i, prompt_index=None if prompt_index is None else prompt_index[i],
-                ids=completion_ids[i], tokens=self.decode(ids) + [""] * (len(completion_ids[i]) - len(ids)),
-                logprobs=logprobs[i], learner_logprobs=None if learner_logprobs is None else learner_logprobs[i],
-                mask=None if masks is None else masks[i], versions=None if versions is None else versions[i],
+                step=step, sample=i, prompt_index=None if prompt_index is None else prompt_index[i], ids=ids,
+                tokens=self.decode(kept) + [""] * (len(ids) - len(kept)), logprobs=r["logprobs"],
+                learner_logprobs=r.get("learner_logprobs"), mask=r.get("mask"), versions=r.get("versions"),
                 max_tokens=self.max_tokens,
             ))
         data = ("\n".join(lines) + "\n").encode()

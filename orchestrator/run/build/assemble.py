@@ -12,7 +12,7 @@ from typing import Any
 from actors.types import Rollouts, Scores
 from actors.weights.transfer import WeightTransfer
 from orchestrator.algo.aggregation import RewardAggregator, weighted_totals
-from orchestrator.algo.selection import Refill, Selection, Selector, dynamic_sampling, keep_all
+from orchestrator.algo.selection import Refill, Selection, Selector, dynamic_sampling, keep_all, without_lost
 from orchestrator.config import (
     RewardConfig,
     RunConfig,
@@ -27,6 +27,7 @@ from orchestrator.run.build.start import Groups, start_groups, start_learner, we
 from orchestrator.run.checkpoints import BestCheckpoint
 from orchestrator.run.groups import Generators, LearnerView, RewardScorer
 from orchestrator.run.state import Evaluator, FaultLog, Run
+from orchestrator.telemetry.completions import Completions, LocalCompletions
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
 from orchestrator.telemetry.tool_calls import ToolCallWatch
@@ -89,7 +90,7 @@ def eval_set(cfg: RunConfig, prompts: list[Prompt], pool: RewardScorer,
 
 
 def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Generators, learner: LearnerView,
-              logger: MetricsLogger, prompts: PromptStream, run_dir: Path) -> Evaluator:
+              logger: MetricsLogger, prompts: PromptStream, run_dir: Path, completions: Completions) -> Evaluator:
     """The run's held-out evaluator: none, blocking between steps (sync loop), or overlapped with training
     (pipelined loop); with grpo.save_best, keeping checkpoint-best."""
     if es is None:
@@ -101,7 +102,8 @@ def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Generators, lea
     kind = OverlappedEval if cfg.loop.mode == "pipelined" else BlockingEval
     return kind(
         es, EvalSchedule(e.every_n_steps, e.at_start, g.max_steps), generators=generators, logger=logger,
-        display=logger.display, prompts=prompts, best=best, log_completions=cfg.logging.log_completions,
+        display=logger.display, prompts=prompts, best=best,
+        completions=completions if cfg.logging.log_completions else None,
     )
 
 
@@ -124,7 +126,7 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
     run = Run(
         cfg=cfg, name=p.name, run_dir=p.run_dir, prompts=p.prompts, generators=groups.generators,
         learner=groups.learner, reward_pool=groups.reward_pool, weights=groups.weights, evaluate=NoEval(),
-        aggregator=aggregator, select=observed(selector(cfg, aggregator), p.prompts, aggregator),
+        aggregator=aggregator, select=without_lost(observed(selector(cfg, aggregator), p.prompts, aggregator)),
         sampling=training_sampling(cfg),
         prompts_per_step=gen.generation_batch_size // gen.num_generations, logger=logger, display=logger.display,
         faults=FaultLog(p.run_dir, logger.display.message), eval_pool=groups.eval_pool,
@@ -132,6 +134,7 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
         env_pool=groups.env_pool,
         tool_watch=ToolCallWatch(logger.display.message) if p.agent is not None else None,
         tokens=token_record(cfg, p),
+        completions=groups.completions if groups.completions is not None else LocalCompletions(p.run_dir),
     )
     run.evaluate = run_evaluator(run, p)
     return run
@@ -160,7 +163,7 @@ def run_evaluator(run: Run, p: Prepared) -> Evaluator:
     es = (eval_set(p.cfg, p.eval_prompts, run.eval_pool or run.reward_pool, p.rewards, rollout)
           if p.eval_prompts is not None else None)
     return evaluator(p.cfg, es, generators=run.generators, learner=run.learner, logger=run.logger,
-                     prompts=run.prompts, run_dir=run.run_dir)
+                     prompts=run.prompts, run_dir=run.run_dir, completions=run.completions)
 
 
 def rebuild_learner(run: Run, p: Prepared) -> None:
@@ -181,6 +184,7 @@ def replace_learner(run: Run, p: Prepared, learner: LearnerView, weights: Weight
 
 
 def shutdown_run(run: Run) -> None:
+    run.completions.kill()  # its last write lands first
     run.logger.close()
     for group in (run.generators, run.learner, run.reward_pool, run.eval_pool, run.env_pool):
         if group is not None:

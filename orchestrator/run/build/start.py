@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from actors.engines.teacher import TeacherSpec
@@ -41,6 +42,7 @@ from orchestrator.run.build.specs import (
     overlapped_sync,
 )
 from orchestrator.run.groups import EnvPoolView, Generators, LearnerView, RewardScorer
+from orchestrator.telemetry.completions import ActorCompletions
 
 # An eval-only reward pool (eval.rewards set) scores a few hundred completions every few steps: one worker.
 EVAL_REWARD_WORKERS = 1
@@ -205,9 +207,11 @@ class Groups:
     weights: WeightTransfer | None  # the learner's weights into the generators (None: an eval-only run)
     eval_pool: RewardScorer | None = None  # eval.rewards' own pool
     env_pool: EnvPoolView | None = None  # a run with tools
+    completions: Any = None  # the completions logs' writer (None: in this process, the loop tests' fakes)
 
     def kill(self) -> None:
-        for group in (self.generators, self.learner, self.reward_pool, self.eval_pool, self.env_pool):
+        for group in (self.generators, self.learner, self.reward_pool, self.eval_pool, self.env_pool,
+                      self.completions):
             if group is not None:
                 group.kill()
 
@@ -230,10 +234,27 @@ def start_groups(p: Prepared) -> Groups:
     agent = agent_kwargs(cfg, p.agent, env_pool) if p.agent is not None else None
     generators = start_generators(cfg, p.name, p.policy, agent=agent)
     learner = start_learner(p, reward_pool)
+    completions = start_completions(p.name, p.run_dir)
     # The engines load while the learner does; the weight group's deadline (weight_sync.timeout_s) is for forming
     # the group, not for loading a model.
     generators.wait_started(PLACEMENT_TIMEOUT_S)
-    return Groups(generators, learner, reward_pool, weight_transfer(cfg, learner, generators), eval_pool, env_pool)
+    return Groups(generators, learner, reward_pool, weight_transfer(cfg, learner, generators), eval_pool, env_pool,
+                  completions)
+
+
+def start_completions(name: str, run_dir: Path) -> ActorCompletions:
+    """The completions logs' writer `NAME/completions`, beside the driver (the run directory is where the driver
+    writes too): it reads each sample's completion from its payload, so the text never reaches the driver."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from actors.runtime.completions import CompletionsWriter
+    from orchestrator.run.cluster import namespace
+
+    handle = ray.remote(CompletionsWriter).options(
+        name=f"{name}/completions", namespace=namespace(name), num_cpus=0, max_restarts=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id(), soft=False)).remote(str(run_dir))
+    return ActorCompletions(handle)
 
 
 def start_learner(p: Prepared, reward_pool: RewardPoolGroup, say: Callable[[str], None] | None = None) -> LearnerGroup:
@@ -275,6 +296,7 @@ def start_eval_groups(p: Prepared) -> Groups:
             started.env_pool = start_env_pool(cfg, p.name, p.agent.spec)
             agent = agent_kwargs(cfg, p.agent, started.env_pool, cfg.eval.data.prompt_column)
         started.generators = start_generators(cfg, p.name, p.policy, agent=agent)
+        started.completions = start_completions(p.name, p.run_dir)
     except BaseException:
         started.kill()
         raise

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from actors.payloads import resolve_rewards
 from actors.types import RewardBatch
-from tests.fixtures.records import rollouts, scores
+from tests.fixtures.records import completion_ids, reward_batch, rollouts, scores
 
 
 def test_take_groups_keeps_rows_aligned():
     r = rollouts(3).take_groups([2, 0])
-    assert r.completion_ids == [[4], [5], [0], [1]] and r.columns["uid"] == [4, 5, 0, 1]
+    assert completion_ids(r) == [[4], [5], [0], [1]] and r.columns["uid"] == [4, 5, 0, 1]
     assert r.prompts == ["p2", "p2", "p0", "p0"] and r.truncated == [False, False, True, False]
     assert r.num_groups == 2 and r.policy_version == 3
     s = scores(6).take_groups([2, 0], group_size=2)
@@ -17,7 +18,7 @@ def test_take_groups_keeps_rows_aligned():
 
 def test_concat_adds_counters_and_keeps_order():
     r = rollouts(1).concat(rollouts(1, start=2))
-    assert r.completion_ids == [[0], [1], [2], [3]] and r.columns["uid"] == [0, 1, 2, 3]
+    assert completion_ids(r) == [[0], [1], [2], [3]] and r.columns["uid"] == [0, 1, 2, 3]
     s = scores(2, worker=0).concat(scores(2, start=2, step=6, worker=1))
     assert s.scores[0] == [0.0, 1.0, 2.0, 3.0] and s.timeouts == {"a": 2, "b": 0} and s.errors == {"a": 0, "b": 4}
     assert s.workers == [0, 1] and s.busy_s == 2.0 and s.global_step == 5 and s.pool.workers == 1
@@ -38,11 +39,23 @@ def test_concat_fills_log_extra_columns_one_side_lacks():
 
 
 def test_reward_batch_chunks_are_whole_groups_with_offsets():
-    rb = rollouts(3).reward_batch()
+    rb = reward_batch(rollouts(3))
     chunks = rb.chunks(4)
     assert [len(c) for c in chunks] == [4, 2] and [c.offset for c in chunks] == [0, 4]
     assert chunks[1].columns["uid"] == [4, 5] and chunks[1].group_size == 2
-    assert isinstance(chunks[0], RewardBatch)
+    assert isinstance(chunks[0], RewardBatch) and [len(c.payloads) for c in chunks] == [2, 1]
+    resolved = resolve_rewards(chunks[1])  # each chunk carries its own groups' payloads
+    assert resolved.completions == ["c4", "c5"] and resolved.completion_ids == [[4], [5]]
+    assert resolved.payloads is None and resolved.prompts == ["p2", "p2"]
+
+
+def test_lost_groups_follow_their_rows_through_take_groups_and_concat():
+    a, b = scores(4), scores(2, start=4)
+    a.lost = [False, False, True, True]  # a's second group's payload was lost; b has none lost
+    s = a.concat(b)
+    assert s.lost == [False, False, True, True, False, False] and s.lost_groups(2) == [1]
+    assert s.take_groups([1, 2], group_size=2).lost_groups(2) == [0]
+    assert scores(2).concat(scores(2)).lost == [] and scores(2).lost_groups(2) == []
 
 
 def test_a_samples_policy_version_is_its_oldest_model_tokens():

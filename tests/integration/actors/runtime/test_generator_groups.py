@@ -25,7 +25,7 @@ class HeldGenerator:
         self.loaded: list[int | None] = []
         self.load = threading.Event()
 
-    def generate_stream(self, prompt_token_ids, seeds, sampling, *, min_version=None):
+    def generate_groups_stream(self, prompt_token_ids, seeds, sampling, *, min_version=None):
         for i in range(len(prompt_token_ids)):
             if not self.load.wait(WAIT_S):
                 raise TimeoutError("no weight load reached the actor while it generated")

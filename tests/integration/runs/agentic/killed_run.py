@@ -13,16 +13,27 @@ from typing import Any
 
 import pytest
 
+from actors.payloads import fetch, resolve_training
 from orchestrator.config import RunConfig
 from orchestrator.loop import phases
 from orchestrator.run.train import train
 
 
 @dataclass
-class Captured:
-    """What the loop handed the learner (phases.to_train_batch's StepBatch) and what the test did meanwhile."""
+class Seen:
+    """One step's batch as the learner reads it (its token data fetched from the generators' object stores while
+    they still hold it) and each row's trajectory."""
 
-    steps: list[Any] = field(default_factory=list)
+    batch: Any  # TrainBatch, resolved
+    trajectories: list[Any]  # actors.types.Trajectory per row
+
+
+@dataclass
+class Captured:
+    """What the loop handed the learner (phases.to_train_batch's StepBatch, resolved) and what the test did
+    meanwhile."""
+
+    steps: list[Seen] = field(default_factory=list)
     run: Any = None
     killed: list[int] = field(default_factory=list)  # pids of the workers SIGKILLed
 
@@ -57,7 +68,8 @@ def train_killing_a_worker(ray: Any, cfg: RunConfig, name: str) -> tuple[list[di
     def capture(run: Any, selection: Any) -> Any:
         captured.run = run
         step = real(run, selection)
-        captured.steps.append(step)
+        captured.steps.append(Seen(resolve_training(step.batch),
+                                   [s.trajectory for p in fetch(step.rollouts.payloads) for s in p.samples]))
         return step
 
     stop = threading.Event()

@@ -40,7 +40,7 @@ def test_every_step_trains_a_whole_batch_with_an_agent_worker_killed(agent_run):
     assert len(captured.killed) == 1, "no agent ever ran to kill its worker"
     assert all(len(s.batch) == cfg.generation.generation_batch_size for s in captured.steps)  # no sample lost
     assert max(h["env_pool/replaced"] for h in history) >= 1 and max(h["env_pool/agent_errors"] for h in history) >= 1
-    lost = [t for s in captured.steps for t in s.rollouts.trajectories if t.stop_reason == "env_error"]
+    lost = [t for s in captured.steps for t in s.trajectories if t.stop_reason == "env_error"]
     assert lost and all(t.env_reward is None for t in lost)
     assert sum(h["rewards/box_agent/errors"] for h in history) >= len(lost)  # scored fallback, counted
 
@@ -48,8 +48,8 @@ def test_every_step_trains_a_whole_batch_with_an_agent_worker_killed(agent_run):
 def test_the_learner_trains_the_sampled_ids_with_the_agents_messages_masked(agent_run):
     _, history, captured = agent_run
     for step in captured.steps:
-        b, r = step.batch, step.rollouts
-        for i, t in enumerate(r.trajectories):
+        b = step.batch
+        for i, t in enumerate(step.trajectories):
             mask, logps = b.completion_mask[i], b.sampling_logprobs[i]
             assert mask == t.mask and b.prompt_ids[i] == t.prompt_ids
             assert [math.isnan(x) for x in logps] == [m == 0 for m in mask]

@@ -48,7 +48,7 @@ def test_every_step_trains_a_whole_batch_even_with_a_worker_killed(tools_run):
     assert len(captured.killed) == 1, "no environment session was ever open to kill a worker under"
     assert all(len(s.batch) == cfg.generation.generation_batch_size for s in captured.steps)  # no sample lost
     assert max(h["env_pool/replaced"] for h in history) >= 1 and max(h["env_pool/sessions_lost"] for h in history) >= 1
-    lost = [t for s in captured.steps for t in s.rollouts.trajectories if t.stop_reason == "env_error"]
+    lost = [t for s in captured.steps for t in s.trajectories if t.stop_reason == "env_error"]
     assert lost and all(t.env_reward is None for t in lost)
     assert sum(h["rewards/BoxEnv/errors"] for h in history) >= len(lost)  # scored fallback, counted
 
@@ -58,8 +58,8 @@ def test_the_learner_trains_on_the_sampled_ids_with_tool_tokens_masked(tools_run
     tok = tokenizer()
     checked = 0
     for step in captured.steps:
-        b, r = step.batch, step.rollouts
-        for i, t in enumerate(r.trajectories):
+        b = step.batch
+        for i, t in enumerate(step.trajectories):
             ids, mask, logps = b.completion_ids[i], b.completion_mask[i], b.sampling_logprobs[i]
             assert mask == t.mask and b.prompt_ids[i] == t.prompt_ids
             assert [math.isnan(x) for x in logps] == [m == 0 for m in mask]  # logprobs for model tokens only

@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from actors.payloads import fetch
 from orchestrator.builtin.tasks.boxes import NUM_BOXES, PROMPT_TEMPLATE
 from orchestrator.config import load_config, parse_config
 from orchestrator.loop import phases
@@ -135,8 +136,8 @@ def rayward_run(name: str, run_dir: Path, edit: Callable[[dict[str, Any]], None]
     real = phases.to_train_batch
 
     def capture(run, selection):
-        step = real(run, selection)
-        steps.append(step)
+        step = real(run, selection)  # its trajectories read now, while the generators hold them
+        steps.append((step, [s.trajectory for p in fetch(step.rollouts.payloads) for s in p.samples]))
         return step
 
     mp = pytest.MonkeyPatch()
@@ -152,8 +153,8 @@ def rayward_samples(steps: list[Any]) -> Sampled:
     from ray import cloudpickle
 
     out = Sampled()
-    for step in steps:
-        for t in step.rollouts.trajectories:
+    for step, trajectories in steps:
+        for t in trajectories:
             out.prompts.append(t.prompt)
             out.completions.append(t.messages)
             state = cloudpickle.loads(t.env_state) if t.env_state is not None else None

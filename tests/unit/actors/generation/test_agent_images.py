@@ -17,7 +17,8 @@ from PIL import Image
 from actors.agents import chat
 from actors.agents.loop import AgentLoop, AgentSettings, TurnSettings
 from actors.envs.worker import tool_content
-from actors.types import Sample, Trajectory
+from actors.payloads import group_out, keep, resolve_training
+from actors.types import Sample, TrainBatch, Trajectory
 from actors.vision import ImageError, Images
 from orchestrator.data.sources import Prompt, to_rollouts
 from tests.fixtures.engines import by_turn, scripted_loop, turn_params
@@ -233,10 +234,12 @@ def test_a_trajectorys_images_reach_the_rollouts_per_sample() -> None:
                        images=images)
         return Sample([5], [-0.1], "c", "stop", [0], t)
 
+    def train_batch(groups: list[list[Sample]]) -> TrainBatch:
+        """The groups as the learner reads them: generated, held by reference, fetched."""
+        outs = [group_out(i, g, keep) for i, g in enumerate(groups)]
+        r = to_rollouts(prompts, outs, 0, prompt_column="prompt", group_size=2)
+        return resolve_training(TrainBatch([], [], [], [0.0] * 4, r.truncated, payloads=r.payloads, group_size=2))
+
     prompts = [Prompt(row(), [1], 0), Prompt(row(), [1], 1)]
-    batch = to_rollouts(prompts, [[sample((RED,)), sample(())], [sample(()), sample(())]], 0,
-                        prompt_column="prompt", group_size=2)
-    assert batch.images == [(RED,), (), (), ()]
-    text = to_rollouts(prompts, [[sample(()), sample(())], [sample(()), sample(())]], 0, prompt_column="prompt",
-                       group_size=2)
-    assert text.images is None
+    assert train_batch([[sample((RED,)), sample(())], [sample(()), sample(())]]).images == [(RED,), (), (), ()]
+    assert train_batch([[sample(()), sample(())], [sample(()), sample(())]]).images is None

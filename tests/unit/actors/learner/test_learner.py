@@ -149,9 +149,11 @@ def test_the_recorded_rows_come_back_with_their_first_pass_logprobs(tiny_model_p
     b = replace(batch([1.0, -1.0, 1.0, -1.0]), record=(0, 3))
     with torch.no_grad():
         want, _ = lr._forward_logps(lr.model, lr.layout(b.prompt_ids, b.completion_ids), with_entropy=False)
-    got = lr.train_step(b).token_logprobs
+    got = lr.train_step(b).token_records
     assert sorted(got) == [0, 3]
     for i in (0, 3):
-        assert len(got[i]) == len(b.completion_ids[i])
-        assert_close_at_scale(torch.tensor(got[i]), want[i, : len(got[i])], TINY_MODEL)
-    assert lr.train_step(batch([1.0, -1.0])).token_logprobs == {}  # nothing asked, nothing sent
+        learner = got[i]["learner_logprobs"]
+        assert got[i]["ids"] == list(b.completion_ids[i]) and got[i]["logprobs"] == list(b.sampling_logprobs[i])
+        assert len(learner) == len(b.completion_ids[i]) and got[i]["mask"] is None
+        assert_close_at_scale(torch.tensor(learner), want[i, : len(learner)], TINY_MODEL)
+    assert lr.train_step(batch([1.0, -1.0])).token_records == {}  # nothing asked, nothing sent

@@ -9,8 +9,9 @@ from ray import cloudpickle
 
 from actors.envs.spec import EnvSpec
 from actors.envs.worker import EnvWorker
+from actors.payloads import resolve_rewards
 from actors.rewards.worker import RewardFunctionError, RewardSpec, RewardWorker
-from actors.types import EnvRequest, RewardBatch, ToolCall, Trajectory
+from actors.types import EnvRequest, RewardBatch, Sample, ToolCall, Trajectory
 from tests.fixtures.envs import CounterEnv
 
 
@@ -71,17 +72,31 @@ def test_unpicklable_state_names_the_reward():
 
 
 def test_env_worker_to_reward_worker_end_to_end():
-    """The env worker's close -> the Trajectory fields -> RewardBatch.with_trajectories -> the reward worker."""
+    """The env worker's close -> the Trajectory fields -> the generator's payload and SampleInfo -> the driver's
+    reward batch by reference (Agentic.reward_batch) -> the reward worker, which resolves it."""
+    from actors.payloads import group_out, keep
+    from orchestrator.data.sources import Prompt, to_rollouts
+    from orchestrator.loop.rollout import Agentic
+
     ew = EnvWorker(EnvSpec(environments={None: "tests.fixtures.envs:CounterEnv"}))
     ew.open([(0, EnvRequest(None, {"start": 2}, 0)), (1, EnvRequest(None, {"start": 5}, 0))])
     ew.call(0, [ToolCall("add", {"n": 1})])
     closed = ew.close([0, 1], keep_state=True)
-    trajs = [Trajectory([], [], [], [], "stop", env_reward=c.reward, env_state=c.state) for c in closed]
-    b = batch(2).with_trajectories(trajs, {None: "CounterEnv"}, keep_state=True)
-    assert b.env_classes == ["CounterEnv", "CounterEnv"]
+    trajs = [Trajectory([1], [], [{"role": "assistant", "content": ""}], [0], "stop", env_reward=c.reward,
+                        env_state=c.state) for c in closed]
+    samples = [Sample([1], [-0.1], "", "stop", trajectory=t) for t in trajs]
+    r = to_rollouts([Prompt({"prompt": [{"role": "user", "content": "count"}]}, [1])], [group_out(0, samples, keep)],
+                    0, prompt_column="prompt", group_size=2)
+
+    def kind(keep_state: bool) -> Agentic:
+        return Agentic(prompt_column="prompt", env_classes={None: "CounterEnv"}, keep_state=keep_state)
+
+    b = kind(True).reward_batch(r)
+    assert b.env_classes == ["CounterEnv", "CounterEnv"] and b.env_rewards == [3.0, 5.0]
     out = RewardWorker([env_spec(), RewardSpec("c", "tests.fixtures.envs:env_counts")]).score(b)
     assert out.scores == [[3.0, 5.0], [3.0, 5.0]]
-    assert batch(2).with_trajectories(trajs, {None: "CounterEnv"}, keep_state=False).environments is None
+    assert resolve_rewards(kind(False).reward_batch(r)).environments is None
+    assert resolve_rewards(b).environments == [c.state for c in closed]
 
 
 def test_chunks_slice_the_environment_fields():

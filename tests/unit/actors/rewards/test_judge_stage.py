@@ -19,9 +19,10 @@ import actors.runtime.pool as base_module
 from actors.engines.judge import JudgeAnswer, JudgeSpec, template_fields
 from actors.rewards.pool import RewardPool
 from actors.rewards.worker import LazyGate, RewardFunctionError, RewardSpec, RewardWorker
-from actors.types import JudgePoolStats, RewardBatch, Rollouts
+from actors.types import JudgePoolStats, RewardBatch
 from orchestrator.algo.aggregation import RewardAggregator, advantage_batch
 from orchestrator.config import RewardConfig
+from tests.fixtures.records import make_rollouts
 
 TEMPLATE = "Letter: {letter}\nAnswer: {completion}\nCorrect?"
 JUDGE = {"model": "stand-in", "template": TEMPLATE, "labels": {"yes": 1.0, "no": 0.0}}
@@ -139,8 +140,7 @@ def test_a_lazy_judge_is_asked_about_the_open_samples_only_and_the_advantages_ar
     assert lazy.judge_pools["judged"].requests == len(open_)
     assert judge.batches == 1 and judge.parts and all(judge.parts)  # one batch for its autoscaler, sent in parts
 
-    n = len(COMPLETIONS)
-    rollouts = Rollouts(["p"] * n, [[1]] * n, [[2]] * n, COMPLETIONS, [[-0.1]] * n, [False] * n, {}, 0, 4)
+    rollouts = make_rollouts(COMPLETIONS, 4)
     agg = RewardAggregator(rewards)
     a, b = (advantage_batch(agg, rollouts, s, scale_rewards="group", aggregation="sum_then_normalize")
             for s in (eager, lazy))

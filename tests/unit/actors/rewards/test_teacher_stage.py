@@ -13,13 +13,16 @@ import asyncio
 import math
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 from actors.engines.teacher import TeacherAnswer
+from actors.payloads import resolve_rewards, resolve_training
 from actors.rewards.worker import RewardSpec
-from actors.types import RewardBatch, Rollouts, TeacherPoolStats
+from actors.types import RewardBatch, TeacherPoolStats
 from orchestrator.algo.aggregation import RewardAggregator, advantage_batch
 from orchestrator.config import RewardConfig
+from tests.fixtures.records import make_rollouts, teacher_logprobs
 from tests.unit.actors.rewards.test_judge_stage import COMPLETIONS, LETTERS, InProcessPool, _Method
 
 FAIL = 99  # a completion holding this id: the teacher times out on it
@@ -86,23 +89,22 @@ def test_every_sample_is_scored_once_in_batch_order_and_failures_keep_their_rewa
     teacher = StandInTeacher()
     scores = score(batch, teacher, chunk_groups)
     assert sorted(teacher.asked) == sorted((tuple(p), tuple(c)) for p, c in zip(batch.prompt_ids, ids, strict=True))
-    want = [[expected(p, t) for t in c] for p, c in zip(batch.prompt_ids, ids, strict=True)]
+    # float32, as the learner computes them (the teacher's objects hold float32 arrays)
+    want = [[float(np.float32(expected(p, t))) for t in c] for p, c in zip(batch.prompt_ids, ids, strict=True)]
     want[5] = []
-    assert scores.teacher_logprobs == want
+    assert teacher_logprobs(scores.teacher) == want and len(scores.teacher) == len(ids) // 4  # one object a group
     assert scores.teacher_failures == 1 and scores.teacher_pool.requests == len(ids)
     assert scores.scores[0] == [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]  # sample 5 is scored as ever
     assert teacher.batches == 1 and all(teacher.parts) and len(teacher.parts) == len(ids) // (4 * chunk_groups)
 
     # into the learner's batch, through a selection of groups (dynamic sampling keeps group 1 only)
-    n = len(COMPLETIONS)
-    rollouts = Rollouts(["p"] * n, batch.prompt_ids, ids, COMPLETIONS, [[-0.1] * len(c) for c in ids], [False] * n,
-                        {"letter": LETTERS}, 0, 4)
+    rollouts = make_rollouts(COMPLETIONS, 4, completion_ids=ids, columns={"letter": LETTERS})
     agg = RewardAggregator([RewardConfig(name="letter", function="starts_with_letter")])
     full = advantage_batch(agg, rollouts, scores, scale_rewards="group", aggregation="sum_then_normalize")
-    assert full.batch.teacher_logprobs == want
+    assert resolve_training(full.batch).teacher_logprobs == want  # as the learner fetches them
     kept = advantage_batch(agg, rollouts.take_groups([1]), scores.take_groups([1], 4), scale_rewards="group",
                            aggregation="sum_then_normalize")
-    assert kept.batch.teacher_logprobs == want[4:]
+    assert resolve_training(kept.batch).teacher_logprobs == want[4:]
 
 
 def test_an_eval_batch_is_not_sent_to_the_teacher():
@@ -110,10 +112,8 @@ def test_an_eval_batch_is_not_sent_to_the_teacher():
     scores carry no teacher log-probs."""
     from orchestrator.run.build import rollout_kind
 
-    n = len(COMPLETIONS)
-    rollouts = Rollouts(["p"] * n, [[1]] * n, [[2]] * n, COMPLETIONS, [[-0.1]] * n, [False] * n, {"letter": LETTERS},
-                        0, 4)
-    assert rollout_kind(None, teacher=True).reward_batch(rollouts).prompt_ids == [[1]] * n
+    rollouts = make_rollouts(COMPLETIONS, 4, columns={"letter": LETTERS})
+    assert resolve_rewards(rollout_kind(None, teacher=True).reward_batch(rollouts)).prompt_ids == [[1]] * len(COMPLETIONS)
     teacher = StandInTeacher()
     scores = score(rollout_kind(None).reward_batch(rollouts), teacher)
-    assert scores.teacher_logprobs is None and teacher.asked == [] and teacher.batches == 0
+    assert scores.teacher is None and teacher.asked == [] and teacher.batches == 0

@@ -227,13 +227,12 @@ def test_a_lazy_gate_calls_only_the_open_samples_and_the_advantages_are_the_eage
     import torch
 
     from actors.rewards.worker import LazyGate
-    from actors.types import Rollouts
     from orchestrator.algo.aggregation import RewardAggregator, advantage_batch
     from orchestrator.config import RewardConfig
+    from tests.fixtures.records import make_rollouts
 
     def rollouts_for(completions, group_size):
-        n = len(completions)
-        return Rollouts(["p"] * n, [[1]] * n, [[2]] * n, completions, [[-0.1]] * n, [False] * n, {}, 0, group_size)
+        return make_rollouts(completions, group_size)
 
     here = "tests.unit.actors.rewards.test_worker"
     completions = ["abc", "b", "ax", "?", "bb", "a", "ba", "aaaa"]  # 2 groups of 4

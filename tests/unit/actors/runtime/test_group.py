@@ -77,7 +77,8 @@ def test_every_generator_group_method_calls_a_generator_method_with_arguments_it
     group.sequence_logprobs_and_routes([1, 2], 1.0)
     group.cpu_threads()
     called = [method for method, _, _ in group.calls]
-    assert called == ["generate", "generate", "generate_stream", "rollout", "rollout", "rollout_stream",
+    assert called == ["generate_groups", "generate_groups", "generate_groups_stream", "rollout_groups",
+                      "rollout_groups", "rollout_groups_stream",
                       "load_weights", "join_weight_group", "receive_weights", "sequence_logprobs",
                       "sequence_logprobs_and_routes", "cpu_threads"]
     for method, args, kwargs in group.calls:

@@ -7,7 +7,7 @@ import functools
 import torch
 
 from orchestrator.algo.selection import Selection, dynamic_sampling, groups_with_spread, keep_all
-from tests.fixtures.records import rollouts, scores
+from tests.fixtures.records import completion_ids, rollouts, scores
 
 
 def totals_from_column_a(s, group_size):
@@ -49,7 +49,7 @@ def test_dynamic_sampling_refills_until_the_batch_is_full():
     out = select(2, 3)(r, s, refill)
     out_r, out_s, info = out.rollouts, out.scores, out.metrics
     assert asked == [1] and out_r.num_groups == 2 and len(out_s) == 4
-    assert out_r.completion_ids == [[0], [1], [100], [101]]
+    assert completion_ids(out_r) == [[0], [1], [100], [101]]
     assert info["dynamic_sampling/accepted_groups"] == 2 and info["dynamic_sampling/refill_rounds"] == 1
     assert info["dynamic_sampling/pass_rate"] == 2 / 3 and info["dynamic_sampling/filled"] == 1.0
 
@@ -74,3 +74,32 @@ def test_dynamic_sampling_with_no_spread_at_all_trains_on_the_last_batch():
     out = select(2, 0)(r, s, refill=None)
     out_r, out_s, info = out.rollouts, out.scores, out.metrics
     assert out_r is r and out_s is s and info["dynamic_sampling/accepted_groups"] == 0
+
+
+def test_groups_whose_payload_was_lost_are_replaced_by_new_prompts_before_selecting():
+    """A generator (or its node) went after generating and before scoring: its groups' token data is gone
+    (Scores.lost). Their prompts are dropped, new prompts' groups take their place, and the selector never sees
+    them; a refill that loses a group too is replaced again."""
+    from orchestrator.algo.selection import without_lost
+
+    r, s = rollouts(3), scores(6)
+    s.lost = [False, False, True, True, False, False]  # group 1 lost
+    asked, seen = [], []
+
+    def refill(n):
+        asked.append(n)
+        rr, ss = rollouts(n, start=100 * len(asked)), scores(2 * n, start=100 * len(asked))
+        if len(asked) == 1:
+            ss.lost = [True, True]  # the first refill's group lost as well
+        return rr, ss
+
+    def select(rr, ss, refill):
+        seen.append(rr.columns["uid"])
+        return keep_all(rr, ss, refill)
+
+    out = without_lost(select)(r, s, refill)
+    assert asked == [1, 1] and seen == [[0, 1, 4, 5, 200, 201]]
+    assert completion_ids(out.rollouts) == [[0], [1], [4], [5], [200], [201]] and not out.scores.lost_groups(2)
+    assert out.metrics["data_plane/lost_groups"] == 2
+    plain = without_lost(keep_all)(rollouts(2), scores(4), refill=None)  # nothing lost: nothing refilled
+    assert plain.metrics["data_plane/lost_groups"] == 0 and plain.rollouts.num_groups == 2

@@ -147,7 +147,7 @@ def test_a_streamed_run_is_prepared_with_a_stream_and_its_first_rows_checked(tmp
     from orchestrator.run.build import prepare
 
     path = write_shards(tmp_path, n_rows=30, per_shard=13)
-    tree = {"data": {"path": str(path), "streaming": True}, "rewards": [{"name": "r", "function": "letter_fraction"}]}
+    tree = {"data": {"path": str(path), "streaming": True}, "rewards": [{"name": "r", "function": "brevity"}]}
     p = prepare(parse_config(tree), "streamed")
     assert isinstance(p.prompts, StreamSource) and [r["i"] for r in p.prompts.rows] == list(range(30))
     from orchestrator.config import ConfigError

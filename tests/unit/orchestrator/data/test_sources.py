@@ -86,6 +86,23 @@ def test_eval_rows_are_the_first_max_samples_tokenized(tmp_path, tok):
         eval_prompts(DataSource(path=str(f), prompt_column="question"), tok, max_samples=None)
 
 
+def outs(groups, prompt_ids=None):
+    """Generator answers for these groups of samples (their payloads in-process, as a generator used in-process
+    keeps them)."""
+    from actors.payloads import group_out, keep
+
+    return [group_out(i, g, keep, prompt_ids=None if prompt_ids is None else prompt_ids[i])
+            for i, g in enumerate(groups)]
+
+
+def resolved(r):
+    """The rollouts' reward batch as a worker reads it (fetched from the payloads)."""
+    from actors.payloads import resolve_rewards
+    from orchestrator.loop.rollout import by_reference
+
+    return resolve_rewards(by_reference(r, with_prompt_ids=True))
+
+
 def test_to_rollouts_joins_samples_to_their_rows():
     from actors.types import Sample
     from orchestrator.data.sources import to_rollouts
@@ -94,10 +111,11 @@ def test_to_rollouts_joins_samples_to_their_rows():
                Prompt({"prompt": "plain", "letter": "b"}, [3], draw=5)]
     groups = [[Sample([5], [-0.1], "a", "stop"), Sample([6, 7], [-0.2, -0.3], "aa", "length")],
               [Sample([8], [-0.4], "b", "stop"), Sample([9], [-0.5], "c", "stop")]]
-    r = to_rollouts(prompts, groups, 3, prompt_column="prompt", group_size=2)
-    assert len(r) == 4 and r.num_groups == 2 and r.policy_version == 3
-    assert r.completions[0] == [{"role": "assistant", "content": "a"}] and r.completions[2] == "b"  # chat stays chat
-    assert r.columns == {"letter": ["a", "a", "b", "b"]} and r.prompt_ids[3] == [3]
+    r = to_rollouts(prompts, outs(groups, [p.prompt_ids for p in prompts]), 3, prompt_column="prompt", group_size=2)
+    assert len(r) == 4 and r.num_groups == 2 and r.policy_version == 3 and r.lengths() == [1, 2, 1, 1]
+    rb = resolved(r)
+    assert rb.completions[0] == [{"role": "assistant", "content": "a"}] and rb.completions[2] == "b"  # chat stays chat
+    assert r.columns == {"letter": ["a", "a", "b", "b"]} and rb.prompt_ids[3] == [3]
     assert r.prompt_index == [4, 4, 5, 5]
     assert r.truncated == [False, True, False, False]
 
@@ -110,29 +128,33 @@ def test_a_batch_is_as_old_as_its_oldest_model_token():
     rows = [Prompt({"prompt": "p"}, [1])]
     groups = [[Sample([5, 6], [-0.1, -0.1], "a", "stop", versions=[4, 5]),
                Sample([7, 8], [-0.1, -0.1], "b", "stop", versions=[-1, 5])]]
-    r = to_rollouts(rows, groups, 3, prompt_column="prompt", group_size=2)
-    assert r.policy_version == 4 and r.versions == [[4, 5], [-1, 5]] and r.trajectories is None
-    later = to_rollouts(rows, [[Sample([5], [-0.1], "a", "stop", versions=[6])] * 2], 6, prompt_column="prompt",
-                        group_size=2)
+    r = to_rollouts(rows, outs(groups), 3, prompt_column="prompt", group_size=2)
+    assert r.policy_version == 4 and [i.version for i in r.infos] == [4, 5] and not r.agentic
+    later = to_rollouts(rows, outs([[Sample([5], [-0.1], "a", "stop", versions=[6])] * 2]), 6,
+                        prompt_column="prompt", group_size=2)
     assert r.concat(later).policy_version == later.concat(r).policy_version == 4  # the older piece's
 
 
 def test_agentic_samples_bring_their_prompt_and_conversation():
-    from actors.types import Sample, Trajectory
+    from actors.payloads import resolve_training
+    from actors.types import Sample, TrainBatch, Trajectory
     from orchestrator.data.sources import to_rollouts
 
     chat = [{"role": "user", "content": "open box 2"}]
     t = Trajectory(prompt_ids=[9, 1], prompt=[{"role": "user", "content": "open box 2 (reset)"}],
                    messages=[{"role": "assistant", "content": "x"}], turn_ids=[0, -1, 1], stop_reason="length")
     sample = Sample([5, 6, 7], [-0.1, float("nan"), -0.2], "x", "length", versions=[2, -1, 2], trajectory=t)
-    r = to_rollouts([Prompt({"prompt": chat, "box": 2}, [1])], [[sample, sample]], 2, prompt_column="prompt",
+    r = to_rollouts([Prompt({"prompt": chat, "box": 2}, [1])], outs([[sample, sample]]), 2, prompt_column="prompt",
                     group_size=2)
-    assert r.prompt_ids[0] == [9, 1] and r.prompts[0] == t.prompt and r.completions[0] == t.messages
-    assert r.completion_mask() == [[1, 0, 1]] * 2 and r.truncated == [True, True] and r.columns == {"box": [2, 2]}
-    picked = r.take_groups([0])
-    assert picked.trajectories == [t, t] and picked.versions == r.versions
+    rb = resolved(r)
+    assert rb.prompt_ids[0] == [9, 1] and rb.prompts[0] == t.prompt and rb.completions[0] == t.messages
+    assert r.prompts[0] == chat  # the driver holds the dataset's prompt; the rendered one stays in the payload
+    train = resolve_training(TrainBatch([], [], [], [0.0, 0.0], r.truncated, payloads=r.payloads, group_size=2))
+    assert train.completion_mask == [[1, 0, 1]] * 2 and train.prompt_ids == [[9, 1]] * 2
+    assert r.truncated == [True, True] and r.columns == {"box": [2, 2]} and r.lengths() == [2, 2]
+    assert r.agentic and r.infos[0].turns == t.turns
     with pytest.raises(ValueError, match="mixes agentic samples with one-turn"):
-        to_rollouts([Prompt({"prompt": chat}, [1])], [[sample, Sample([5], [-0.1], "a", "stop")]], 2,
+        to_rollouts([Prompt({"prompt": chat}, [1])], outs([[sample, Sample([5], [-0.1], "a", "stop")]]), 2,
                     prompt_column="prompt", group_size=2)
 
 

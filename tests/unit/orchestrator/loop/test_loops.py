@@ -151,6 +151,30 @@ def test_a_generator_dying_in_the_sync_loop_is_restarted_and_synced(tmp_path):
     sync_accounting(history, groups=4)
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("where", ["reward", "learner"])
+def test_groups_whose_token_data_is_lost_are_replaced_and_none_is_trained_twice(tmp_path, loop, where):
+    """A generator (or its node) went with the payloads it held, before its groups were scored (the workers flag
+    them: Scores.lost) or after (the learner cannot fetch them: TrainResult.lost, nothing trained). Their prompts
+    are dropped and new prompts' groups take their place: every step trains a whole batch, no prompt twice, the
+    lost one never, and data_plane/lost_groups counts it."""
+    run = fake_run(tmp_path / "r", [f"loop.mode={loop}", "grpo.max_steps=3"])
+    if where == "reward":
+        run.reward_pool.lose = {2: [1]}  # the second scoring call's second group
+    else:
+        run.learner.lose = {2: [0]}  # the second train step's first group
+    history = LOOPS[loop](run)
+    assert [h["step"] for h in history] == [1, 2, 3] and run.progress.global_step == 3
+    served = trained_uids(run)
+    flat = [u for s in served for u in s]
+    assert all(len(s) == 4 for s in served) and len(set(flat)) == len(flat)
+    assert sum(h["data_plane/lost_groups"] for h in history) == 1
+    if loop == "sync":  # prompts are served in order: the lost one is step 2's, the next prompt takes its place
+        lost = 5 if where == "reward" else 4
+        assert lost not in flat and sorted(served[1]) == sorted({4, 5, 6, 7, 8} - {lost})
+        assert [h["data_plane/lost_groups"] for h in history] == [0, 1, 0]
+
+
 def test_no_restart_allowed_fails_the_run(tmp_path):
     from ray.exceptions import RayActorError
 

@@ -49,20 +49,32 @@ def test_an_eval_is_a_row_of_its_own_with_a_progress_line(tmp_path, capsys):
 
 
 def test_completions_log_and_the_wandb_table_columns(tmp_path):
-    log = MetricsLogger(tmp_path, report_to=["jsonl"], progress=False, max_steps=2)
+    """The driver sends rows without their completions; the writer reads each from its group's payload (a chat
+    prompt's as one assistant message) and returns the table's rows as written."""
+    from actors.payloads import group_out, keep
+    from actors.runtime.completions import CompletionsWriter
+    from actors.types import Sample
+
     chat = [{"role": "user", "content": "hi"}]
-    rows = [
-        {"step": 1, "policy_version": 0, "prompt": chat, "completion": [{"role": "assistant", "content": "yo"}],
-         "total": 1.5, "advantage": 0.7, "rewards/a": 1.0, "gated/a": 1.0, "rewards/b": None, "gated/b": 0.0,
-         "judge_note": "fine"},
+    sent = [
+        {"step": 1, "policy_version": 0, "prompt": chat, "completion": None, "total": 1.5, "advantage": 0.7,
+         "rewards/a": 1.0, "gated/a": 1.0, "rewards/b": None, "gated/b": 0.0, "judge_note": "fine"},
+        {"step": 1, "policy_version": 0, "prompt": chat, "completion": None, "total": 0.5, "advantage": -0.7,
+         "rewards/a": 0.0, "gated/a": 0.0, "rewards/b": None, "gated/b": 0.0, "judge_note": "meh"},
     ]
-    log.log_completions(1, rows)
-    log.close()
-    assert [json.loads(x) for x in (tmp_path / "completions.jsonl").read_text().splitlines()] == rows
-    columns, data = completions_table(rows)
+    payload = group_out(0, [Sample([1], [-0.1], "yo", "stop"), Sample([2], [-0.2], "no", "stop")], keep).payload
+    table = CompletionsWriter(tmp_path).write("completions.jsonl", sent, [payload], 2, table_rows=1)
+    rows = [json.loads(x) for x in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert [r["completion"] for r in rows] == [[{"role": "assistant", "content": "yo"}],
+                                               [{"role": "assistant", "content": "no"}]]
+    assert rows[0] == {**sent[0], "completion": [{"role": "assistant", "content": "yo"}]} and table == rows[:1]
+    columns, data = completions_table(table)
     # TRL's GRPOTrainer table: step, prompt, completion, rewards by name, log_extra columns, advantage
     assert columns == ["step", "prompt", "completion", "a", "b", "judge_note", "advantage", "total", "policy_version"]
     assert data == [[1, "user: hi", "assistant: yo", 1.0, None, "fine", 0.7, 1.5, 0]]
+    log = MetricsLogger(tmp_path / "plain", report_to=["jsonl"], progress=False, max_steps=2)
+    assert log.table_rows == 0  # no tracker takes tables: the writer returns none
+    log.close()
 
 
 def test_find_run_dir_by_path_or_name(tmp_path):

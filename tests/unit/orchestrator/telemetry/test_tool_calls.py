@@ -4,20 +4,23 @@ and the run exited 0 with nothing on the terminal."""
 
 from __future__ import annotations
 
-from actors.types import Trajectory
-from orchestrator.telemetry.tool_calls import ToolCallWatch, error_message, tool_errors
+from actors.payloads import error_message, info_of
+from actors.types import Sample, SampleInfo, Trajectory
+from orchestrator.telemetry.tool_calls import ToolCallWatch, error_counts
 
 SIGNAL = "signal only works in main thread of the main interpreter"
 
 
-def trajectory(results: list[str]) -> Trajectory:
-    """A conversation whose calls got these tool messages (an error message as TRL writes it, or an answer)."""
+def trajectory(results: list[str]) -> SampleInfo:
+    """A sample whose conversation's calls got these tool messages (an error message as TRL writes it, or an
+    answer), as the driver holds it (its SampleInfo)."""
     messages: list[dict] = []
     for r in results:
         messages += [{"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
             "name": "query", "arguments": {}}}]}, {"role": "tool", "name": "query", "content": r}]
     failed = sum(error_message(r) is not None for r in results)
-    return Trajectory([1], [], messages, [0], "stop", tool_calls=len(results), tool_failures=failed)
+    t = Trajectory([1], [], messages, [0], "stop", tool_calls=len(results), tool_failures=failed)
+    return info_of(Sample([1], [0.0], "", "stop", trajectory=t))
 
 
 def failed(message: str) -> str:
@@ -30,7 +33,7 @@ def test_error_messages_are_read_as_trl_writes_them():
     assert error_message("{'error': 'Tool open_box timed out after 5 s. [truncated]") == (
         "Tool open_box timed out after 5 s. [truncated]")  # cut to the tool-token budget: as far as it goes
     ts = [trajectory([failed(SIGNAL), failed(SIGNAL), "[]"]), trajectory([failed("Tool x not found.")])]
-    assert tool_errors(ts) == {SIGNAL: 2, "Tool x not found.": 1}
+    assert error_counts(ts) == {SIGNAL: 2, "Tool x not found.": 1}
 
 
 def test_a_line_when_calls_mostly_fail_one_when_they_recover_and_the_runs_total():
@@ -53,5 +56,5 @@ def test_a_run_whose_calls_answer_says_nothing():
     watch = ToolCallWatch(lambda text: (_ for _ in ()).throw(AssertionError(text)))
     for step in range(1, 4):
         watch.observe(step, [trajectory(["ok", failed("box 9 does not exist")])])
-    watch.observe(4, [Trajectory([1], [], [], [0], "stop")])  # no calls at all
+    watch.observe(4, [info_of(Sample([1], [0.0], "", "stop", trajectory=Trajectory([1], [], [], [0], "stop")))])
     assert watch.summary() is None

@@ -41,8 +41,8 @@ def attempt(run_dir: Path, report_to: list[str], steps: list[int], evals: tuple[
     log = logger(run_dir, report_to, **kw)
     for s in steps:
         log.log(s, {"reward": s / 10 + bump, "gates/b<-a/closed_frac": 0.5})
-        log.log_completions(s, [{"step": s, "prompt": "p", "completion": "c", "total": 1.0, "advantage": 0.0,
-                                 "policy_version": s}])
+        log.log_table(s, [{"step": s, "prompt": "p", "completion": "c", "total": 1.0, "advantage": 0.0,
+                           "policy_version": s}][: log.table_rows])  # as the completions writer returns them
         if s in evals:
             log.log_eval(s, {"eval/reward": s / 5 + bump, "eval/pass@1": 0.5, "eval/policy_version": s})
     log.close()

@@ -85,14 +85,24 @@ class SyntheticRun:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
         learner = [[lp + self.rng.uniform(-0.05, 0.05) for lp in lps] for lps in logprobs]
-        self.recorder.record(step, ids, logprobs, prompt_index=[r["prompt_index"] for r in rows],
-                             learner_logprobs=learner if self.learner_logprobs else None,
-                             masks=masks if self.agentic else None)
+        record_step(self.recorder, step, ids, logprobs, prompt_index=[r["prompt_index"] for r in rows],
+                    learner_logprobs=learner if self.learner_logprobs else None, masks=masks if self.agentic else None)
 
     def write(self, steps: range) -> SyntheticRun:
         for step in steps:
             self.write_step(step)
         return self
+
+
+def record_step(recorder: TokenRecorder, step: int, ids: list[list[int]], logprobs: list[list[Any]], *,
+                prompt_index: list[Any] | None = None, learner_logprobs: list[list[Any]] | None = None,
+                masks: list[list[int]] | None = None) -> int:
+    """A step's rows into the recorder as a run records them: the picked rows (TokenRecorder.picks), each as the
+    learner returns it (TrainResult.token_records)."""
+    rows = {i: {"ids": ids[i], "logprobs": logprobs[i],
+                "learner_logprobs": None if learner_logprobs is None else learner_logprobs[i],
+                "mask": None if masks is None else masks[i]} for i in recorder.picks(len(ids))}
+    return recorder.record(step, rows, prompt_index)
 
 
 def token_record_for(run_dir: Path, tokenizer: Any, samples_per_step: int = 4, seed: int = 0) -> int:
@@ -118,8 +128,8 @@ def token_record_for(run_dir: Path, tokenizer: Any, samples_per_step: int = 4, s
         logprobs = [[None if not m[t] else -(rng.random() ** 3) * 6 for t in range(len(i))] for i, m in
                     zip(ids, masks, strict=True)]
         learner = [[None if lp is None else lp + rng.uniform(-0.05, 0.05) for lp in lps] for lps in logprobs]
-        written += recorder.record(step, ids, logprobs, prompt_index=[r.get("prompt_index") for r in rows],
-                                   learner_logprobs=learner, masks=masks)
+        written += record_step(recorder, step, ids, logprobs, prompt_index=[r.get("prompt_index") for r in rows],
+                               learner_logprobs=learner, masks=masks)
     return written
 
 
@@ -148,8 +158,8 @@ def long_run(run_dir: Path, steps: int, *, rows_per_step: int = 64, group_size: 
     an eval row every eval_every steps), written at once: the page's first-paint measure."""
     rng = random.Random(seed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    template = json.loads((Path(__file__).parents[2] / "integration" / "view" / "recorded" / "demo" / METRICS_FILE)
-                          .read_text().splitlines()[-1])
+    recorded = Path(__file__).parents[3] / "integration" / "orchestrator" / "view" / "recorded" / "demo"
+    template = json.loads((recorded / METRICS_FILE).read_text().splitlines()[-1])
     with open(run_dir / METRICS_FILE, "w") as f:
         for step in range(1, steps + 1):
             row = {k: (v * (0.8 + 0.4 * rng.random()) if isinstance(v, float) else v) for k, v in template.items()}
@@ -167,6 +177,6 @@ def long_run(run_dir: Path, steps: int, *, rows_per_step: int = 64, group_size: 
                                     "prompt": "Write the letter d:", "completion": "".join(
                                         rng.choice("abcd efgh") for _ in range(24)), "total": total,
                                     "advantage": total - 0.5, "rewards/letter": total, "gated/letter": total}) + "\n")
-            recorder.record(step, [[rng.randrange(512) for _ in range(16)] for _ in range(rows_per_step)],
-                            [[-rng.random() * 4 for _ in range(16)] for _ in range(rows_per_step)])
+            record_step(recorder, step, [[rng.randrange(512) for _ in range(16)] for _ in range(rows_per_step)],
+                        [[-rng.random() * 4 for _ in range(16)] for _ in range(rows_per_step)])
     return run_dir

@@ -47,6 +47,12 @@ def test_pick_samples_spreads_over_the_step(n, k, want):
     assert pick_samples(n, k) == want
 
 
+def rows_of(ids, logprobs, **per_row):
+    """TrainResult.token_records for rows 0..n-1 (as the learner returns the picked ones)."""
+    return {i: {"ids": ids[i], "logprobs": logprobs[i], **{k: v[i] for k, v in per_row.items()}}
+            for i in range(len(ids))}
+
+
 def test_recorder_bounds_samples_per_step_and_decodes_only_those(tmp_path):
     decoded = []
 
@@ -55,8 +61,10 @@ def test_recorder_bounds_samples_per_step_and_decodes_only_those(tmp_path):
         return [f"<{i}>" for i in ids]
 
     rec = TokenRecorder(tmp_path, 2, decode=decode)
+    assert rec.picks(8) == (0, 4)  # the rows the learner is asked to return
     ids = [[i, i + 1, i + 2] for i in range(8)]
-    written = rec.record(4, ids, [[-0.5] * 3] * 8, prompt_index=[0] * 4 + [1] * 4)
+    everything = rows_of(ids, [[-0.5] * 3] * 8)
+    written = rec.record(4, {i: everything[i] for i in rec.picks(8)}, prompt_index=[0] * 4 + [1] * 4)
     lines = (tmp_path / TOKENS_FILE).read_bytes()
     assert written == len(lines)
     rows = [json.loads(x) for x in lines.splitlines()]
@@ -69,14 +77,14 @@ def test_recorder_bounds_samples_per_step_and_decodes_only_those(tmp_path):
 
 def test_recorder_off_writes_nothing(tmp_path):
     rec = TokenRecorder(tmp_path, 0, decode=lambda ids: ["x"] * len(ids))
-    assert rec.record(1, [[1, 2]], [[-1.0, -1.0]]) == 0
+    assert rec.picks(10) == () and rec.record(1, {}) == 0
     assert not (tmp_path / TOKENS_FILE).exists()
 
 
 def test_recorder_decodes_no_more_than_max_tokens(tmp_path):
     seen = []
     rec = TokenRecorder(tmp_path, 1, decode=lambda ids: seen.append(len(ids)) or ["x"] * len(ids), max_tokens=5)
-    rec.record(1, [list(range(50))], [[-1.0] * 50], masks=[[1] * 50], versions=[[0] * 50])
+    rec.record(1, rows_of([list(range(50))], [[-1.0] * 50], mask=[[1] * 50], versions=[[0] * 50]))
     row = json.loads((tmp_path / TOKENS_FILE).read_text())
     assert seen == [5] and len(row["tokens"]) == 5 and row["length"] == 50
 
@@ -88,13 +96,14 @@ def test_record_sizes_per_step(tmp_path):
 
     rng = random.Random(0)
     demo = TokenRecorder(tmp_path / "demo", 4, decode=lambda ids: [" ab"] * len(ids))
-    demo_bytes = demo.record(1, [[rng.randrange(512) for _ in range(16)] for _ in range(64)],
-                             [[-rng.random() * 5 for _ in range(16)] for _ in range(64)],
-                             learner_logprobs=[[-rng.random() * 5 for _ in range(16)] for _ in range(64)])
+    rows = rows_of([[rng.randrange(512) for _ in range(16)] for _ in range(64)],
+                   [[-rng.random() * 5 for _ in range(16)] for _ in range(64)],
+                   learner_logprobs=[[-rng.random() * 5 for _ in range(16)] for _ in range(64)])
+    demo_bytes = demo.record(1, {i: rows[i] for i in demo.picks(64)})
     long = TokenRecorder(tmp_path / "long", 1, decode=lambda ids: [" word"] * len(ids))
     n = 4096
-    long_bytes = long.record(1, [[rng.randrange(150_000) for _ in range(n)]], [[-rng.random() * 5 for _ in range(n)]],
-                             learner_logprobs=[[-rng.random() * 5 for _ in range(n)]], versions=[[7] * n])
+    long_bytes = long.record(1, rows_of([[rng.randrange(150_000) for _ in range(n)]], [[-rng.random() * 5 for _ in range(n)]],
+                                        learner_logprobs=[[-rng.random() * 5 for _ in range(n)]], versions=[[7] * n]))
     print(f"token record: demo step (4 x 16 tokens) {demo_bytes} B; one 4096-token completion {long_bytes} B")
     assert demo_bytes < 4 * 16 * 40 and long_bytes < n * 40  # every value a few characters, not a float's repr
 
@@ -109,6 +118,6 @@ def test_an_empty_completion_is_recorded_as_an_empty_line_of_tokens(tmp_path):
             return [str(s) for s in sequences] or [""]
 
     rec = TokenRecorder(tmp_path, 2, decode=lambda ids: decode_tokens(Tok(), ids))
-    assert rec.record(1, [[], [5, 6]], [[], [-0.5, -1.0]]) > 0
+    assert rec.record(1, rows_of([[], [5, 6]], [[], [-0.5, -1.0]])) > 0
     lines = [json.loads(x) for x in (tmp_path / "tokens.jsonl").read_text().splitlines()]
     assert [(x["ids"], x["tokens"]) for x in lines] == [([], []), ([5, 6], ["[5]", "[6]"])]
