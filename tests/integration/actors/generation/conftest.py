@@ -36,8 +36,7 @@ def started_generator(tiny_model: Path, multiprocessing: bool) -> Iterator[Any]:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if multiprocessing else "0")
         gen = Generator(str(tiny_model), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0)
         yield gen
-        gen.loop.close(CLOSE_WAIT_S)
-        gen.llm.llm_engine.engine_core.shutdown()
+        gen.close(CLOSE_WAIT_S)
 
 
 @pytest.fixture(scope="package")

@@ -92,7 +92,7 @@ def gen(envs):
     g = Generator(str(ensure_tiny_tool_model()), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0,
                   environments=envs, agent=agent)
     yield g
-    g.loop.close(WAIT_S)
+    g.close(WAIT_S)
 
 
 def rows(env: str, k: int, seed: int = 0) -> list[dict[str, Any]]:

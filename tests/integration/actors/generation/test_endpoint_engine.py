@@ -50,7 +50,7 @@ def gen():
     yield g
     agents.shutdown()
     g.endpoint.close()
-    g.loop.close(60)
+    g.close(60)
 
 
 def rows(mode: str, k: int, seed: int = 0) -> list[dict[str, Any]]:

@@ -74,4 +74,4 @@ def test_a_stock_template_without_a_response_template_runs_its_tool_turn(stock_m
             assert t.prompt_ids == chat.render_prompt(driver, t.prompt, TOOLS)
             assert chat.check_sample(gen.tokenizer, s, TOOLS).match
     finally:
-        gen.loop.close(WAIT_S)
+        gen.close(WAIT_S)

@@ -47,7 +47,7 @@ def gen(tiny_tool_vlm_path):
                           max_tool_calling_iterations=2)
     g = Generator(tiny_tool_vlm_path, seed=0, max_model_len=768, kv_cache_gib=1.0, environments=envs, agent=agent)
     yield g
-    g.loop.close(WAIT_S)
+    g.close(WAIT_S)
     envs.shutdown()
 
 

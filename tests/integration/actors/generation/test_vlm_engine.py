@@ -88,4 +88,4 @@ def test_image_prompts_sample_and_score_alike_before_and_after_a_sync(tiny_vlm_p
         with torch.no_grad():
             assert sampled_vs_learner() <= PARITY_TOL
     finally:
-        gen.loop.close(CLOSE_WAIT_S)
+        gen.close(CLOSE_WAIT_S)
