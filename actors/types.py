@@ -567,8 +567,8 @@ class TrainResult:
 @dataclass
 class PoolStats:
     """A worker pool's state (`stats()` of every pool: reward, environment, a judge's or the teacher's engines;
-    what `rayward scale` returns): the fields every pool keeps. Each pool's record adds its own and names the ones copied into every
-    step's metrics (STEP_METRICS, as <PREFIX>/<name>)."""
+    what `rayward scale` returns): the fields every pool keeps. Each pool's record adds its own and names the ones
+    copied into every step's metrics (STEP_METRICS, as <PREFIX>/<name>)."""
 
     workers: int  # live workers taking work
     target_workers: int  # alive or starting, not retiring: the size the pool is heading to

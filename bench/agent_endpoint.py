@@ -61,7 +61,8 @@ def main() -> None:
         ms = [r["agent/endpoint_ms_per_request"] for r in timed if "agent/endpoint_ms_per_request" in r]
         req = [r["agent/requests"] for r in timed if "agent/requests" in r]
         print(f"{name:<11}{rate[name]:>9.3f}{gen:>12.2f}{reward:>30}"
-              f"{(f'{statistics.mean(ms):.1f}' if ms else '-'):>12}{(f'{statistics.mean(req):.2f}' if req else '-'):>10}")
+              f"{(f'{statistics.mean(ms):.1f}' if ms else '-'):>12}"
+              f"{(f'{statistics.mean(req):.2f}' if req else '-'):>10}")
     ratio = rate["endpoint"] / rate["env-class"]
     print(f"endpoint / env-class steps/s: {ratio:.3f} (goal >= {1 - GOAL:.2f}: "
           f"{'met' if ratio >= 1 - GOAL else 'NOT met'})")

@@ -8,8 +8,8 @@ takes 100 ms.
 
 Both train the tiny tool model on the box task, by default as the hub would ship it (`ensure_stock_tool_model()`:
 TRL's qwen2_5 template, no response schema in its tokenizer files, so both sides install one at run time), with
-`SlowBoxEnv` (orchestrator/builtin/tasks/boxes.py: every tool call sleeps 100 ms, as a remote tool would), lr 2e-4, loss dapo, beta 0, temperature 1, at
-most 3 tool-calling iterations, one optimizer step per generation batch:
+`SlowBoxEnv` (orchestrator/builtin/tasks/boxes.py: every tool call sleeps 100 ms, as a remote tool would), lr 2e-4, loss
+dapo, beta 0, temperature 1, at most 3 tool-calling iterations, one optimizer step per generation batch:
 
 - TRL 1.16 `GRPOTrainer(environment_factory=...)`, exactly bench/trl_tools.py's setup (transformers generation; its
   tool loop runs a batch's tool calls one after another, in the trainer's process), with `--trl-threads` torch

@@ -52,7 +52,8 @@ def main() -> None:
             drawn = [r.get("curriculum/draws/learnable", 0) for r in rows]
             print(f"{name:<11} eval/reward: " + " ".join(f"{s}:{v:.3f}" for s, v in curve))
             print(f"{'':<11} first step at >= {args.target}: {reached[name]}"
-                  + (f"; learnable draws per step (mean) {sum(drawn) / len(drawn):.2f}" if name == "difficulty" else ""))
+                  + (f"; learnable draws per step (mean) {sum(drawn) / len(drawn):.2f}"
+                     if name == "difficulty" else ""))
         if args.out:
             print(f"plots: {out}/<run>/*.png")
         u, d = reached["uniform"], reached["difficulty"]

@@ -89,7 +89,8 @@ def spawn(mode: str, label: str, block: dict[str, Any] | None, tmp: Path, timeou
     with open(log, "w") as fh:
         rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout).returncode
     if rc != 0:
-        raise SystemExit(f"{mode} {label}: exit {rc}; last lines of {log}:\n" + "".join(log.read_text().splitlines(True)[-30:]))
+        raise SystemExit(f"{mode} {label}: exit {rc}; last lines of {log}:\n"
+                         + "".join(log.read_text().splitlines(True)[-30:]))
     return json.loads(out.read_text())
 
 
@@ -99,7 +100,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     waits = [h["time/wait_rollouts"] for h in steps if "time/wait_rollouts" in h]
     return {
         "loop_s": res["loop_s"], "run_s": res["run_s"], "evals": len(evals),
-        "eval_s": sum(h["eval/seconds"] for h in evals), "eval_max_s": max((h["eval/seconds"] for h in evals), default=0.0),
+        "eval_s": sum(h["eval/seconds"] for h in evals),
+        "eval_max_s": max((h["eval/seconds"] for h in evals), default=0.0),
         "eval_curve": [(h["step"], round(h["eval/reward"], 4)) for h in evals],
         "max_wait_s": max(waits, default=None), "median_step_s": statistics.median(h["time/step"] for h in steps),
     }

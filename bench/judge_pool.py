@@ -18,8 +18,8 @@ group), so they differ only in how the judge is asked:
 Printed: samples/s of both at each engine count (best of --repeats batches after a warm-up batch; the machine's
 core count bounds what more engines can add on CPU), then the burst: --steps steps of --samples answers, the
 judge --slow-s slower per answer for steps [--rise, --rise + --slow-steps), --rest-s of "generation + training"
-between steps, judge-phase seconds per step (--burst-samples answers: a judge slowed by latency, not compute, which more engines
-on a 2-core box could not share) for the autoscaled pool (1..--max-engines) and a fixed single engine.
+between steps, judge-phase seconds per step (--burst-samples answers: a judge slowed by latency, not compute, which more
+engines on a 2-core box could not share) for the autoscaled pool (1..--max-engines) and a fixed single engine.
 """
 
 from __future__ import annotations
@@ -183,7 +183,8 @@ def main() -> int:
     if not args.skip_burst:
         settings = AutoscaleSettings(1, args.max_engines, target_utilization=0.5, look_back_s=3.0,
                                      upscale_delay_s=1.0, downscale_delay_s=3.0)
-        print(f"\n# burst: {args.burst_samples} answers a step, {args.slow_s:g} s more per answer for steps {args.rise}..{args.rise + args.slow_steps - 1}"
+        print(f"\n# burst: {args.burst_samples} answers a step, {args.slow_s:g} s more per answer for steps "
+              f"{args.rise}..{args.rise + args.slow_steps - 1}"
               f", {args.rest_s:g} s between steps; autoscaled {settings}", flush=True)
         auto = burst(ray, model, args, settings, slow_file)
         fixed = burst(ray, model, args, None, slow_file)

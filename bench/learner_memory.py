@@ -143,8 +143,8 @@ def main() -> None:
         report(measure_time(model, a.time, a.rounds, **shape))
         return
     print(f"model: random Qwen2 hidden {HIDDEN}, {LAYERS} layers, intermediate {INTERMEDIATE}, {HEADS} heads / "
-          f"{KV_HEADS} kv, vocab {VOCAB}, tied, float32; batch {a.completions} x ({a.prompt_length} prompt + {a.length} "
-          f"completion) tokens, micro-batches of {a.micro}; AdamW; LoRA {LORA}", flush=True)
+          f"{KV_HEADS} kv, vocab {VOCAB}, tied, float32; batch {a.completions} x ({a.prompt_length} prompt + "
+          f"{a.length} completion) tokens, micro-batches of {a.micro}; AdamW; LoRA {LORA}", flush=True)
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     results: dict = {}
@@ -152,7 +152,8 @@ def main() -> None:
         r = results[kind] = {}
         for gc in (False, True):
             mode = "gc" if gc else "no_gc"
-            mem = _sub(["--memory", f"{kind}:{int(gc)}", *flags], {**env, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)})
+            mem = _sub(["--memory", f"{kind}:{int(gc)}", *flags],
+                       {**env, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)})
             r[mode] = mem
             r["params_m"], r["trained_m"] = mem["params_m"], mem["trained_m"]
             print(f"{kind} checkpointing {'on ' if gc else 'off'}: peak {mem['peak_mib']:6.0f} MiB "

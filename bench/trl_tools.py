@@ -5,9 +5,9 @@
     python bench/trl_tools.py --json out.json                  # per-step numbers to a file
 
 The box task (orchestrator/builtin/tasks/boxes.py): open the box the user names, `submit` the code inside; the
-environment's `get_reward()` is the only reward. The model is `ensure_tiny_tool_model()` (orchestrator/builtin/models/tools.py),
-warmed up to call tools but not told which box to open: what GRPO has to learn. TRL generates with
-transformers `generate` (use_vllm=False) and runs the tools in its lockstep tool loop, in-process.
+environment's `get_reward()` is the only reward. The model is `ensure_tiny_tool_model()`
+(orchestrator/builtin/models/tools.py), warmed up to call tools but not told which box to open: what GRPO has to learn.
+TRL generates with transformers `generate` (use_vllm=False) and runs the tools in its lockstep tool loop, in-process.
 
 Per step it prints the mean reward, the share of samples that opened the box asked for, tool calls and
 tool failures (tools that raised: a wrong box number; TRL does not count malformed calls, they are plain text)

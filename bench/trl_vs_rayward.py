@@ -79,7 +79,8 @@ class Workload:
         return str(build_model(self.model))
 
     def rayward_overrides(self) -> list[str]:
-        return [f"model.name_or_path={self.model_path()}", f"generation.generation_batch_size={self.generation_batch_size}",
+        return [f"model.name_or_path={self.model_path()}",
+                f"generation.generation_batch_size={self.generation_batch_size}",
                 f"grpo.per_device_train_batch_size={self.micro_batch}",
                 f"generation.max_completion_length={self.max_completion_length}",
                 f"grpo.learning_rate={self.learning_rate}",
@@ -184,7 +185,8 @@ def run_trl(steps: int, workdir: Path, w: Workload, threads: int) -> dict[str, A
         output_dir=str(workdir / "trl-out"),
         per_device_train_batch_size=w.micro_batch,
         gradient_accumulation_steps=w.generation_batch_size // w.micro_batch,
-        generation_batch_size=w.generation_batch_size,  # -> steps_per_generation = GA: one generation per optimizer step
+        # -> steps_per_generation = GA: one generation per optimizer step
+        generation_batch_size=w.generation_batch_size,
         num_generations=NUM_GENERATIONS,
         max_completion_length=w.max_completion_length,
         temperature=TEMPERATURE,
@@ -214,7 +216,8 @@ def run_trl(steps: int, workdir: Path, w: Workload, threads: int) -> dict[str, A
     per_step, wall = timed_train(trainer, timer)
     lengths = [lg["completions/mean_length"] for lg in timer.logs]
     rewards = [lg.get("reward") for lg in timer.logs]
-    return {"system": "trl-threaded" if threads > 1 else "trl", "per_step": per_step, "mean_length": lengths, "reward": rewards, "wall_s": wall,
+    return {"system": "trl-threaded" if threads > 1 else "trl", "per_step": per_step, "mean_length": lengths,
+            "reward": rewards, "wall_s": wall,
             "cpu_marks": timer.cpu}
 
 

@@ -6,8 +6,8 @@ counts and settings.
     python bench/vlm_vs_trl.py --which trl,pipelined --json out.json --keep-logs
     python bench/vlm_vs_trl.py --task cards              # the image returned by a tool (TRL's environment_factory)
 
-The shared workload: rayward's tiny Qwen2.5-VL (`orchestrator/builtin/models/vlm.py` `ensure_tiny_vlm()`, warmed up; its saved
-processor gives 4 vision tokens per 56-pixel image on both sides) on the built-in `colors` task
+The shared workload: rayward's tiny Qwen2.5-VL (`orchestrator/builtin/models/vlm.py` `ensure_tiny_vlm()`, warmed up; its
+saved processor gives 4 vision tokens per 56-pixel image on both sides) on the built-in `colors` task
 (`orchestrator/builtin/tasks/colors.py`: a conversational prompt, a PIL `image` column, a `letter` column), the reward
 `letter_fraction` (actors/rewards/builtin.py, a plain TRL-signature function), 8 prompts x num_generations 8 = 64
 completions of at most 16 tokens per optimizer step, temperature 1.0, loss dapo, beta 0, lr 3e-4 constant, one
@@ -28,8 +28,8 @@ process role, and the goal line for each rayward system: rayward >= 3x TRL's ste
 
 TRL runs at torch's default threads (a thread per core), as bench/trl_vs_rayward.py runs it; rayward's learner
 picks one thread for a model this small (actors/learner/model.py threads_for) and its actors that share cores
-wait passively (OMP_WAIT_POLICY=PASSIVE, actors/runtime/cpus.py). On this model TRL's step is thousands of tiny ops, so its
-speed depends on that choice and on whatever else runs on the machine: on the 2-core VM with other work running,
+wait passively (OMP_WAIT_POLICY=PASSIVE, actors/runtime/cpus.py). On this model TRL's step is thousands of tiny ops, so
+its speed depends on that choice and on whatever else runs on the machine: on the 2-core VM with other work running,
 TRL's step took 16-21 s at 2 threads, 1.8 s at 2 threads with OMP_WAIT_POLICY=PASSIVE and 1.2 s at 1 thread (see
 bench/README.md). `--trl-threads 1` runs TRL as rayward runs its learner; the table names TRL's thread count.
 """
@@ -167,7 +167,8 @@ def run_trl(steps: int, workdir: Path, threads: int) -> dict[str, Any]:
         **({"environment_factory": import_object(t["env"], "environment_factory")} if t["env"] else {}),
     )
     per_step, wall = timed_train(trainer, timer)
-    return {"system": "trl", "torch_threads": torch.get_num_threads(), "per_step": per_step, "mean_length": [lg["completions/mean_length"] for lg in timer.logs],
+    return {"system": "trl", "torch_threads": torch.get_num_threads(), "per_step": per_step,
+            "mean_length": [lg["completions/mean_length"] for lg in timer.logs],
             "reward": [lg.get("reward") for lg in timer.logs], "wall_s": wall, "cpu_marks": timer.cpu}
 
 

@@ -166,7 +166,8 @@ def main() -> None:
     ap.add_argument("--step-share", action="store_true", help="also run the sync loop and report sync/step")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config override for the --step-share run (repeatable), e.g. grpo.gradient_checkpointing=false")
+                    help="a config override for the --step-share run (repeatable), "
+                         "e.g. grpo.gradient_checkpointing=false")
     ap.add_argument("--cache", default=str(DEFAULT_CACHE))
     args = ap.parse_args()
     cache = Path(args.cache)

@@ -63,8 +63,8 @@ def tiny_vlm_path():
 
 @pytest.fixture(scope="session")
 def tiny_tool_vlm_path():
-    """The tiny VLM warmed up on the cards task, its tool returning an image (orchestrator/builtin/models/vlm.py), built once
-    into the cache."""
+    """The tiny VLM warmed up on the cards task, its tool returning an image (orchestrator/builtin/models/vlm.py), built
+    once into the cache."""
     from orchestrator.builtin.models.vlm import ensure_tiny_tool_vlm
 
     return str(ensure_tiny_tool_vlm())

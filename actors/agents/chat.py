@@ -161,7 +161,8 @@ def _training_templates() -> frozenset[str]:
     from importlib import resources
 
     files = resources.files("trl").joinpath("chat_templates")
-    return frozenset(f.read_text(encoding="utf-8") for f in files.iterdir() if f.name.endswith(f"{_TRAINING_SUFFIX}.jinja"))
+    return frozenset(f.read_text(encoding="utf-8") for f in files.iterdir()
+                     if f.name.endswith(f"{_TRAINING_SUFFIX}.jinja"))
 
 
 @functools.cache

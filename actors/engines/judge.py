@@ -97,7 +97,8 @@ class Parser:
             try:
                 return _finite(float(got))
             except ValueError:
-                raise ValueError(f"regex {self.spec.regex!r} matched {got!r} in the judge's answer, not a number") from None
+                raise ValueError(f"regex {self.spec.regex!r} matched {got!r} in the judge's answer, "
+                                 "not a number") from None
         if self.spec.labels:
             head = text.strip()
             for label, value in self._labels:
@@ -201,11 +202,13 @@ class JudgeEngine(EngineModel):
             try:
                 got = self.render(r)
             except (KeyError, IndexError, ValueError, TypeError) as err:
-                answers[i] = JudgeAnswer("error", error=f"cannot fill the judge's template: {type(err).__name__}: {err}")
+                answers[i] = JudgeAnswer("error",
+                                         error=f"cannot fill the judge's template: {type(err).__name__}: {err}")
                 continue
             if len(got) + self.spec.max_tokens > self.max_model_len:
                 answers[i] = JudgeAnswer("error", error=f"the judge's prompt is {len(got)} tokens; with max_tokens "
-                                         f"{self.spec.max_tokens} it exceeds the judge's max_model_len {self.max_model_len}")
+                                         f"{self.spec.max_tokens} it exceeds the judge's max_model_len "
+                                         f"{self.max_model_len}")
                 continue
             ids[i] = got
         s = self.spec

@@ -85,7 +85,8 @@ class TeacherEngine(EngineModel):
                 answers[i] = TeacherAnswer("ok", [])
             elif n + 1 > self.max_model_len:
                 answers[i] = TeacherAnswer("error", error=f"the sequence is {n} tokens; with the one token the "
-                                           f"engine generates it exceeds the teacher's max_model_len {self.max_model_len}")
+                                           f"engine generates it exceeds the teacher's max_model_len "
+                                           f"{self.max_model_len}")
             else:
                 ids[i] = list(r.prompt_ids) + list(r.completion_ids)
         # Greedy, one token: the forward over the sequence is the work; the generated token is not used.

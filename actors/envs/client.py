@@ -3,10 +3,10 @@ turn's tool calls in a session, close sessions. Every call returns a Future, so 
 trajectories at once and never blocks the engine.
 
 A session is one environment instance (a free one of the worker's, or a new `environment_factory()`; then
-`reset(**row)`) living in one environment worker for the whole trajectory. Its worker dying or hanging loses the session: the Future of a
-`call` raises EnvSessionLost and the trajectory ends `env_error`; a `close` reports it per session instead
-(EnvClosed.error "EnvSessionLost: ...", reward None), so the other sessions closed with it keep their rewards.
-An `open` whose worker dies is re-sent to another (nothing of it existed yet); a reset that raised is its
+`reset(**row)`) living in one environment worker for the whole trajectory. Its worker dying or hanging loses the
+session: the Future of a `call` raises EnvSessionLost and the trajectory ends `env_error`; a `close` reports it per
+session instead (EnvClosed.error "EnvSessionLost: ...", reward None), so the other sessions closed with it keep their
+rewards. An `open` whose worker dies is re-sent to another (nothing of it existed yet); a reset that raised is its
 EnvOpened.error.
 
 `PoolEnvironments` is the protocol over the environment pool's actor handle (actors/envs/pool.py): each method is
@@ -31,7 +31,8 @@ class Environments(Protocol):
 
     def call(self, session: int, calls: list[ToolCall]) -> Future[list[ToolResult]]:
         """The tool calls of one model turn, run in the session (sync ones one after another, async ones at
-        once), each within the tool timeout; results in call order. A tool that raises or times out is a ToolResult, not an error of the Future."""
+        once), each within the tool timeout; results in call order. A tool that raises or times out is a ToolResult, not
+        an error of the Future."""
 
     def close(self, sessions: list[int], *, keep_state: bool) -> Future[list[EnvClosed]]:
         """End the sessions: get_reward() where the environment has one, and the pickled environment when

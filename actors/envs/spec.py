@@ -104,13 +104,13 @@ def load_factory(target: str, what: str) -> Callable[[], Any]:
     factory = import_object(target, what)
     if not callable(factory):
         raise EnvSpecError(
-            f"{what} {user_code.describe(target)} is a {type(factory).__name__}, not callable: environment_factory names a class or a "
-            "function (any callable) that returns an environment"
+            f"{what} {user_code.describe(target)} is a {type(factory).__name__}, not callable: environment_factory "
+            "names a class or a function (any callable) that returns an environment"
         )
     if isinstance(factory, type) and not has_reset(factory):
         raise EnvSpecError(
-            f"{what} {user_code.describe(target)}: class {factory.__name__} has no `reset` method (TRL calls reset(**row) at the start of "
-            "every rollout; it may return text appended to the last user message, or None)"
+            f"{what} {user_code.describe(target)}: class {factory.__name__} has no `reset` method (TRL calls "
+            "reset(**row) at the start of every rollout; it may return text appended to the last user message, or None)"
         )
     return factory
 
@@ -126,15 +126,15 @@ def environment_class(target: str, what: str) -> type:
         instance = factory()
     except Exception as err:  # noqa: BLE001 - the user's factory: its error is theirs to read, with the field named
         raise EnvSpecError(
-            f"{what} {user_code.describe(target)}: calling it raised {type(err).__name__}: {err} (rayward calls a factory that is not "
-            "a class once before anything starts, as TRL does, to read the environment's tools from the class of "
-            "what it returns)"
+            f"{what} {user_code.describe(target)}: calling it raised {type(err).__name__}: {err} (rayward calls a "
+            "factory that is not a class once before anything starts, as TRL does, to read the environment's tools "
+            "from the class of what it returns)"
         ) from None
     cls = type(instance)
     if not has_reset(cls):
         raise EnvSpecError(
-            f"{what} {user_code.describe(target)} returned a {cls.__name__}, which has no `reset` method (TRL calls reset(**row) at the "
-            "start of every rollout; it may return text appended to the last user message, or None)"
+            f"{what} {user_code.describe(target)} returned a {cls.__name__}, which has no `reset` method (TRL calls "
+            "reset(**row) at the start of every rollout; it may return text appended to the last user message, or None)"
         )
     return cls
 
@@ -187,7 +187,8 @@ def tool_schemas(
     row of that environment sees, the standalone tools first, then the class's methods (TRL's order). classes:
     environment_classes(spec), if the caller has it already (a factory is not called twice). EnvSpecError naming
     the tool or method that has no schema, or a name two tools share."""
-    standalone = [(f"tools[{i}] {user_code.describe(t)}", load_tool(t, f"tools[{i}]")) for i, t in enumerate(spec.tools)]
+    standalone = [(f"tools[{i}] {user_code.describe(t)}", load_tool(t, f"tools[{i}]"))
+                  for i, t in enumerate(spec.tools)]
     classes = environment_classes(spec) if classes is None else classes
     envs = spec.environments or {None: None}
     out: dict[str | None, list[dict[str, Any]]] = {}
@@ -225,8 +226,8 @@ def reward_classes(
             continue
         if seen.setdefault(cls.__name__, cls) is not cls:
             raise EnvSpecError(
-                f"environment_factory: two different classes are named {cls.__name__!r} ({seen[cls.__name__].__module__}"
-                f" and {cls.__module__}); their get_reward() rewards would share a name"
+                f"environment_factory: two different classes are named {cls.__name__!r} "
+                f"({seen[cls.__name__].__module__} and {cls.__module__}); their get_reward() rewards would share a name"
             )
         out.setdefault(cls.__name__, []).append(name)
     return out

@@ -192,8 +192,8 @@ class Generator:
         min_version: int | None = None, images: list[tuple[Any, ...]] | None = None,
     ) -> Iterator[FinishedGroups]:
         """`generate`, streamed: yields the groups that finished after every engine step in which some did,
-        so their rewards can be scored while the rest of the batch is still decoding. One engine batch, so no cost over `generate`.
-        seeds: one per prompt, as in `generate`.
+        so their rewards can be scored while the rest of the batch is still decoding. One engine batch, so no cost over
+        `generate`. seeds: one per prompt, as in `generate`.
 
         As a Ray actor method it is a streaming generator in the default concurrency group: a weight load (the
         "weights" group) may land between two of its engine steps, which Sample.versions records per token;

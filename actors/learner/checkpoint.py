@@ -236,7 +236,8 @@ def _read(st: TrainState, p: Path) -> tuple[dict[str, torch.Tensor], dict[str, A
         if saved.keys() != keys.keys():
             raise ValueError(
                 f"the adapter in {p} does not fit this learner's LoRA layers (model.lora differs from the run that "
-                f"wrote it): {len(saved)} tensors there, {len(keys)} here, e.g. {sorted(saved.keys() ^ keys.keys())[:3]}"
+                f"wrote it): {len(saved)} tensors there, {len(keys)} here, "
+                f"e.g. {sorted(saved.keys() ^ keys.keys())[:3]}"
             )
         weights = {keys[k]: v for k, v in saved.items()}
     else:

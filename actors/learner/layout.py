@@ -18,9 +18,10 @@ if alone:
 
 Mask-based attention computes dense scores over a whole row (O(row length^2)), so those rows are capped at the
 padded layout's row length P + T (longest prompt + longest completion): with at most B rows, rows x (P + T)^2 is
-at most the padded layout's B x (P + T)^2, and packing never does more attention work than padding. Rows shorter than the longest end in pad positions (a sample of their own:
-their position_ids restart too), so the pad left is the rows' ragged ends, not every sample's. The output head
-computes the positions that predict completion tokens only (`head_only`).
+at most the padded layout's B x (P + T)^2, and packing never does more attention work than padding. Rows shorter than
+the longest end in pad positions (a sample of their own: their position_ids restart too), so the pad left is the rows'
+ragged ends, not every sample's. The output head computes the positions that predict completion tokens only
+(`head_only`).
 """
 
 from __future__ import annotations

@@ -81,7 +81,8 @@ def apply_lora(model: torch.nn.Module, settings: dict[str, Any]) -> Any:
             f"target_modules {settings.get('target_modules')!r}: match no layer of {kind} ({err}); its linear "
             f"layers are {linears}, or use all-linear"
         ) from None
-    layers = {name.removeprefix(PEFT_PREFIX): m for name, m in peft_model.named_modules() if isinstance(m, BaseTunerLayer)}
+    layers = {name.removeprefix(PEFT_PREFIX): m for name, m in peft_model.named_modules()
+              if isinstance(m, BaseTunerLayer)}
     bad = [
         f"{name} ({type(m.get_base_layer()).__name__})"
         for name, m in layers.items()
@@ -93,7 +94,8 @@ def apply_lora(model: torch.nn.Module, settings: dict[str, Any]) -> Any:
             f"layers other than the output head (its linear layers: {linears})"
         )
     if any(m.lora_magnitude_vector for m in layers.values()):  # the sender merges W + scaling * B @ A only
-        raise LoraError("use_dora True: DoRA is not supported, rayward merges plain LoRA adapters (W + scaling * B @ A)")
+        raise LoraError("use_dora True: DoRA is not supported, rayward merges plain LoRA adapters "
+                        "(W + scaling * B @ A)")
     return peft_model
 
 
@@ -150,6 +152,7 @@ def load_adapter_file(path: Path) -> dict[str, torch.Tensor]:
     file = path / ADAPTER_FILE
     if not file.exists():
         raise FileNotFoundError(
-            f"{path} holds no {ADAPTER_FILE}: it was not written by a LoRA learner (model.lora), so it cannot resume one"
+            f"{path} holds no {ADAPTER_FILE}: it was not written by a LoRA learner (model.lora), "
+            "so it cannot resume one"
         )
     return load_file(str(file))

@@ -234,7 +234,8 @@ class CodeTestsReward:
             raise ValueError(f"code_tests: {n} completions but {len(tests_col)} tests / {len(cases_col)} test_cases")
         if tests is None and test_cases is None:
             raise ValueError("code_tests needs a `tests` (asserts) or `test_cases` (stdin/stdout) dataset column")
-        jobs = [(completion_text(c), _as_tests(t), _as_cases(tc)) for c, t, tc in zip(completions, tests_col, cases_col, strict=True)]
+        jobs = [(completion_text(c), _as_tests(t), _as_cases(tc))
+                for c, t, tc in zip(completions, tests_col, cases_col, strict=True)]
         for i, (_, t, tc) in enumerate(jobs):
             if not t and not tc:
                 raise ValueError(f"code_tests: sample {i} has no tests and no test_cases")

@@ -2,10 +2,10 @@
 
 One per run, named `<run>/reward-pool` in the run's namespace, so `rayward scale` (or any driver) can find it
 and resize it while the run trains (a run whose eval has rewards of its own has a second one,
-`<run>/eval-reward-pool`, with role "eval-reward": workers `<run>/eval-reward-<i>`). A batch is cut into chunks of whole groups; each chunk goes to the
-least-loaded live worker; results come back in batch order. A worker that dies mid-chunk is replaced and its
-chunks are re-run elsewhere, so every sample is scored exactly once (the dead worker's result never arrives).
-Retiring a worker (scale down) waits for its in-flight chunks before killing it.
+`<run>/eval-reward-pool`, with role "eval-reward": workers `<run>/eval-reward-<i>`). A batch is cut into chunks of whole
+groups; each chunk goes to the least-loaded live worker; results come back in batch order. A worker that dies mid-chunk
+is replaced and its chunks are re-run elsewhere, so every sample is scored exactly once (the dead worker's result never
+arrives). Retiring a worker (scale down) waits for its in-flight chunks before killing it.
 
 A new worker counts as capacity only once it is alive: on an autoscaling Ray cluster a worker that asks for
 resources no node has yet (`cluster.reward_worker.resources`) waits for the cluster autoscaler to start a node,

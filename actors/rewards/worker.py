@@ -238,7 +238,8 @@ def _validate(name: str, out: Any, n: int, offset: int) -> list[float]:
             f = float(v)
         except (TypeError, ValueError):
             raise bad(
-                f"reward {name!r} returned {v!r} ({type(v).__name__}) for sample {offset + j}, expected a number or None",
+                f"reward {name!r} returned {v!r} ({type(v).__name__}) for sample {offset + j}, "
+                "expected a number or None",
                 f"returned {v!r} ({type(v).__name__}), expected a number or None", offset + j,
             ) from None
         if math.isinf(f):
@@ -463,7 +464,8 @@ class _Chunk:
             self.environments = [None if b is None else cloudpickle.loads(b) for b in self.chunk.environments or []]
         except Exception as err:  # noqa: BLE001 - named for the user: the class must import in the reward workers
             raise RewardFunctionError(
-                f"reward {reward!r}: cannot unpickle the environments of samples {self.offset}..{self.offset + self.n - 1}"
+                f"reward {reward!r}: cannot unpickle the environments of samples "
+                f"{self.offset}..{self.offset + self.n - 1}"
                 f" ({type(err).__name__}: {err}); the environment class must be importable in the reward workers",
                 reward=reward, sample=self.offset, error=f"{type(err).__name__}: {err}",
             ) from None

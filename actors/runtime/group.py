@@ -266,8 +266,9 @@ class ActorGroup:
     def recover(self, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> None:
         """After a member died: return once every member answers again (Ray restarts it; a member that is
         restarting answers ActorUnavailableError at once, or an actor error when its node died under the call, so
-        ask again until timeout_s; one that Ray reports DEAD, out of restarts, raises), and count the restart. A member that waits for room (its node is gone) is reported to `on_wait`
-        every WAIT_MESSAGE_S, naming it and what it needs."""
+        ask again until timeout_s; one that Ray reports DEAD, out of restarts, raises), and count the restart. A member
+        that waits for room (its node is gone) is reported to `on_wait` every WAIT_MESSAGE_S, naming it and what it
+        needs."""
         deadline = time.monotonic() + timeout_s
         said = time.monotonic()
         while True:

@@ -83,7 +83,8 @@ def plan_buckets(
             buckets.append(Bucket(tuple(cur), packed))
             cur, size, packed = [], 0, 0
         direct = nbytes >= direct_bytes
-        cur.append(TensorMeta(name, str(dtype).removeprefix("torch."), tuple(shape), DIRECT if direct else packed, nbytes))
+        cur.append(TensorMeta(name, str(dtype).removeprefix("torch."), tuple(shape), DIRECT if direct else packed,
+                              nbytes))
         size += nbytes
         if not direct:
             packed = _aligned(packed + nbytes)

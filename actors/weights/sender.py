@@ -77,7 +77,8 @@ def checkpoint_view(model: torch.nn.Module, view: dict[str, Source], hf_model: A
     from transformers.core_model_loading import revert_weight_conversion
 
     out: dict[str, Source] = {}
-    recipes: dict[tuple[str, tuple[int, ...]], list[tuple[str, tuple[int, tuple[int, ...], tuple[int, ...]] | None]]] = {}
+    recipes: dict[tuple[str, tuple[int, ...]],
+                  list[tuple[str, tuple[int, tuple[int, ...], tuple[int, ...]] | None]]] = {}
     state = model.state_dict()
     for name, src in view.items():
         whole = tuple(state[src.key].shape) if src.key in state else None

@@ -173,7 +173,8 @@ class CollectiveTransfer(_Transfer):
             host, port, rank_offsets=[1 + i * self.tp_size for i in range(len(self.generators))],
             world_size=self.world_size, generation=self.generation, timeout_s=self.timeout_s, plan=self._plan,
         )]
-        ready, _ = ray.wait(learner + gens, num_returns=len(learner) + len(gens), timeout=self.timeout_s + DRIVER_GRACE_S)
+        ready, _ = ray.wait(learner + gens, num_returns=len(learner) + len(gens),
+                            timeout=self.timeout_s + DRIVER_GRACE_S)
         missing = [f"generator-{i} (ranks {1 + i * self.tp_size}..{(i + 1) * self.tp_size})"
                    for i, r in enumerate(gens) if r not in ready]
         missing += _generator_failures(gens, ready)

@@ -112,7 +112,8 @@ def raw_matrix(scores: Scores) -> torch.Tensor:
     return torch.tensor(scores.scores, dtype=torch.float32).T
 
 
-def weighted_totals(aggregator: RewardAggregator, scores: Scores, group_size: int, step: int | None = None) -> torch.Tensor:
+def weighted_totals(aggregator: RewardAggregator, scores: Scores, group_size: int,
+                    step: int | None = None) -> torch.Tensor:
     """The weighted, gated total per sample [N] at `step` (default: the step the batch was scored under; NaN if
     no reward had an opinion): what dynamic sampling looks at, and an eval's total reward."""
     agg = aggregator(raw_matrix(scores), scores.global_step if step is None else step)

@@ -2,8 +2,8 @@
 advantages and the NaN-aware statistics the reward metrics use. The loss and the vLLM importance weights are the
 learner's (actors/learner/loss.py).
 
-No Ray, no vLLM, no other rayward imports; ``tests/unit/orchestrator/algo/test_grpo.py`` checks them against TRL's own code
-(not against a copy of its formulas). Citations: ``T:`` = trl/trainer/grpo_trainer.py, ``U:`` =
+No Ray, no vLLM, no other rayward imports; ``tests/unit/orchestrator/algo/test_grpo.py`` checks them against TRL's own
+code (not against a copy of its formulas). Citations: ``T:`` = trl/trainer/grpo_trainer.py, ``U:`` =
 trl/trainer/utils.py in TRL 1.16.0 (line numbers).
 
 Shapes: N = rows of the whole generation batch (G contiguous rows per prompt), K = reward functions.

@@ -44,8 +44,8 @@ def prepare_client_auth() -> str:
     token, source = find_token()
     if token is None:
         if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
-            raise AuthError(f"RAY_AUTH_MODE=token but {source}; get the cluster's token (`ray get-auth-token` on the head) "
-                            "and set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH")
+            raise AuthError(f"RAY_AUTH_MODE=token but {source}; get the cluster's token "
+                            "(`ray get-auth-token` on the head) and set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH")
         return f"no token found ({source}); connecting without one"
     os.environ["RAY_AUTH_MODE"] = "token"
     _refresh_ray_config()

@@ -171,7 +171,8 @@ ADDRESS_HELP = ("Ray dashboard / Jobs API URL, as every client command takes it 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rayward", description="GRPO training on Ray: vLLM generators, reward pool, learner")
+    p = argparse.ArgumentParser(prog="rayward",
+                                description="GRPO training on Ray: vLLM generators, reward pool, learner")
     sub = p.add_subparsers(dest="command", required=True)
     # --verbose / --debug: what a run shows (run, and submit for the job's driver)
     shown = argparse.ArgumentParser(add_help=False)
@@ -202,7 +203,8 @@ def _add_training(sub: Any, shown: argparse.ArgumentParser, debug: argparse.Argu
                         "after bad input, SIGTERM or Ctrl-C)")
     r.set_defaults(func=_cmd_run)
 
-    e = sub.add_parser("eval", parents=[debug], help="evaluate a checkpoint (or the config's model) on the eval block's data")
+    e = sub.add_parser("eval", parents=[debug],
+                       help="evaluate a checkpoint (or the config's model) on the eval block's data")
     e.add_argument("config", help="YAML config: its eval block (data, k, rewards), model and cluster")
     e.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.num_generations=8 eval.temperature=0")
     e.add_argument("--checkpoint", help="an HF model directory, e.g. runs/NAME/checkpoint-best (default: model)")
@@ -303,7 +305,8 @@ def _add_jobs(sub: Any, shown: argparse.ArgumentParser) -> None:
         if cmd == "status":
             c.add_argument("--json", action="store_true", help="one JSON object")
         if cmd == "logs":
-            c.add_argument("-f", "--follow", action="store_true", help="stream until the run ends; exit 0 iff it succeeded")
+            c.add_argument("-f", "--follow", action="store_true",
+                           help="stream until the run ends; exit 0 iff it succeeded")
         if cmd == "stop":
             c.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the job to stop")
         c.set_defaults(func=fn)

@@ -30,7 +30,8 @@ def conversation(messages: list[dict[str, Any]]) -> str:
     for msg in messages:
         content = msg.get("content") or ""
         if msg.get("role") == "tool":  # a multimodal result's blocks: its text, each image as <image FILE>
-            lines.append(f"← {msg.get('name', 'tool')}: {parts_text(content) if isinstance(content, list) else content}")
+            lines.append(f"← {msg.get('name', 'tool')}: "
+                         f"{parts_text(content) if isinstance(content, list) else content}")
             continue
         if content:
             lines.append(content if isinstance(content, str) else json.dumps(content, default=str))
@@ -144,7 +145,8 @@ def print_samples(run: str, *, logging_dir: str = "runs", step: int | None = Non
     run_dir = find_run_dir(run, logging_dir)
     path = run_dir / COMPLETIONS_FILE
     if not path.exists():
-        print(f"rayward samples: {run_dir} has no {COMPLETIONS_FILE} (logging.log_completions: false?)", file=sys.stderr)
+        print(f"rayward samples: {run_dir} has no {COMPLETIONS_FILE} (logging.log_completions: false?)",
+              file=sys.stderr)
         return 2
     rows = latest_step_rows(path) if step is None else step_rows(path, step)
     if not rows:

@@ -28,9 +28,9 @@ class RewardAutoscaleConfig(_Section):
     """Most reward workers; the pool adds workers up to this many while work waits."""
     target_utilization: float = Field(DEFAULT_TARGET_UTILIZATION, gt=0, le=1)
     """Fraction of the time each worker should be busy (scoring at least one chunk); the pool sizes itself so
-    that each batch keeps its workers busy that fraction of the batch cycle (pipelined: busy workers / target). In the synchronous loop the reward phase then settles at
-    about target / (1 - target) of the rest of the step (0.5: as long as generate + train + sync; 0.2: a quarter
-    of it, with more workers). Like Ray Serve's target_ongoing_requests."""
+    that each batch keeps its workers busy that fraction of the batch cycle (pipelined: busy workers / target). In the
+    synchronous loop the reward phase then settles at about target / (1 - target) of the rest of the step (0.5: as long
+    as generate + train + sync; 0.2: a quarter of it, with more workers). Like Ray Serve's target_ongoing_requests."""
     look_back_s: float = Field(DEFAULT_LOOK_BACK_S, gt=0)
     """Seconds of history each decision averages over (Serve's look_back_period_s), stretched to whole batch
     cycles (in the synchronous loop the window always holds at least one whole step) and cut at the newest

@@ -116,7 +116,8 @@ class RunConfig(_Section):
             targets.append(("agent_function", self.agent_function))
         if isinstance(factory, dict):
             if not factory:
-                raise ValueError("environment_factory: an empty mapping; give `module:Class`, or name -> `module:Class`")
+                raise ValueError("environment_factory: an empty mapping; give `module:Class`, "
+                                 "or name -> `module:Class`")
             targets += [(f"environment_factory[{k}]", v) for k, v in factory.items()]
         elif factory is not None:
             targets.append(("environment_factory", factory))

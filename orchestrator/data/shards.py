@@ -439,4 +439,5 @@ def position_from_json(state: dict[str, Any]) -> DataPosition | StreamPosition:
     return DataPosition.from_json(state)
 
 
-__all__ = ["StreamSource", "position_from_json", "StreamPosition", "shards", "peek", "stream_eval_prompts", "BadRow", "BadShard"]
+__all__ = ["StreamSource", "position_from_json", "StreamPosition", "shards", "peek", "stream_eval_prompts", "BadRow",
+           "BadShard"]

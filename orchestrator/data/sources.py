@@ -62,8 +62,8 @@ class DataPosition:
     served: int  # draws made so far
     rng: tuple[Any, ...]  # the state of the random generator that shuffles the next epoch (random.Random)
     skip: tuple[int, ...] = ()  # draws at or after `served` that are not served again (PromptSource's docstring)
-    # A curriculum sampler (data.sampler, orchestrator/data/curriculum.py): its statistics and random state, and the draws
-    # to serve again first, (draw, row) each (the batches generated ahead, not trained); None / () otherwise.
+    # A curriculum sampler (data.sampler, orchestrator/data/curriculum.py): its statistics and random state, and the
+    # draws to serve again first, (draw, row) each (the batches generated ahead, not trained); None / () otherwise.
     curriculum: dict[str, Any] | None = None
     replay: tuple[tuple[int, int], ...] = ()
 
@@ -116,7 +116,8 @@ def training_rows(cfg: RunConfig) -> list[dict[str, Any]]:
     each row (TRL's rule)."""
     if cfg.data.path is None and isinstance(cfg.environment_factory, str):
         g = cfg.generation
-        return [{cfg.data.prompt_column: list(EMPTY_PROMPT)} for _ in range(g.generation_batch_size // g.num_generations)]
+        return [{cfg.data.prompt_column: list(EMPTY_PROMPT)}
+                for _ in range(g.generation_batch_size // g.num_generations)]
     if cfg.data.path is None and isinstance(cfg.environment_factory, dict):
         raise ConfigError("data.path: environment_factory is a mapping, so the rows' `environment` column routes "
                           "each to its environment: give a dataset with that column (it may hold nothing else), or "
@@ -132,7 +133,8 @@ def _load_datasets(cfg: DataSource, field: str) -> list[dict[str, Any]]:
         if p.is_file():
             kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}.get(p.suffix)
             if kind is None:
-                raise DataError(f"{field}.path {cfg.path!r}: unsupported file type {p.suffix!r} (jsonl, json, parquet, csv)")
+                raise DataError(f"{field}.path {cfg.path!r}: unsupported file type {p.suffix!r} "
+                                "(jsonl, json, parquet, csv)")
             ds = datasets.load_dataset(kind, data_files=str(p), split="train")
         elif p.is_dir() and any((p / f).exists() for f in ("dataset_info.json", "dataset_dict.json")):
             ds = datasets.load_from_disk(str(p))

@@ -130,7 +130,8 @@ class StepBatch:
     scores: Scores
     batch: TrainBatch  # the learner's input: token ids, sampling logprobs, advantages
     metrics: dict[str, float]  # reward, gate, pool, completion and selection metrics
-    table: dict[str, list[Any]]  # per sample, the completions log's columns: each reward raw and gated, total, advantage
+    # per sample, the completions log's columns: each reward raw and gated, total, advantage
+    table: dict[str, list[Any]]
 
 
 def to_train_batch(run: Run, selection: Selection) -> StepBatch:

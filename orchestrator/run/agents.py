@@ -174,8 +174,8 @@ def _env_rewards(cfg: RunConfig, rewarding: dict[str, list[str | None]]) -> list
                 )
             if not sourceless and r.name in rewarding:
                 raise ConfigError(
-                    f"{field}[{r.name}]: {r.name} is also the name of environment {r.name}'s get_reward() reward; rename "
-                    f"this reward, or drop its function/model to weight or gate the environment's"
+                    f"{field}[{r.name}]: {r.name} is also the name of environment {r.name}'s get_reward() reward; "
+                    f"rename this reward, or drop its function/model to weight or gate the environment's"
                 )
     named = {r.name for r in cfg.rewards}
     implicit = [RewardConfig(name=n) for n in rewarding if n not in named]
@@ -224,17 +224,17 @@ def check_environment_rows(cfg: RunConfig, rows: list[dict[str, Any]], field: st
     for i, row in enumerate(rows):
         if ENVIRONMENT_COLUMN not in row:
             raise ConfigError(
-                f"{field}: environment_factory is a mapping, so every row needs an `{ENVIRONMENT_COLUMN}` column naming "
-                f"one of {keys}; row {i} has none (columns: {sorted(row)})"
+                f"{field}: environment_factory is a mapping, so every row needs an `{ENVIRONMENT_COLUMN}` column "
+                f"naming one of {keys}; row {i} has none (columns: {sorted(row)})"
             )
         if row[ENVIRONMENT_COLUMN] not in factory:
             raise ConfigError(
-                f"{field} row {i}: {ENVIRONMENT_COLUMN} {row[ENVIRONMENT_COLUMN]!r} is not a key of environment_factory "
-                f"(have {keys})"
+                f"{field} row {i}: {ENVIRONMENT_COLUMN} {row[ENVIRONMENT_COLUMN]!r} is not a key of "
+                f"environment_factory (have {keys})"
             )
 
 
 __all__ = [
-    "AgentSetup", "ENVIRONMENT_COLUMN", "check_chat_prompts", "check_environment_rows", "check_tool_template", "env_reward_spec",
-    "env_spec", "prepare_agent", "tool_template_problem",
+    "AgentSetup", "ENVIRONMENT_COLUMN", "check_chat_prompts", "check_environment_rows", "check_tool_template",
+    "env_reward_spec", "env_spec", "prepare_agent", "tool_template_problem",
 ]

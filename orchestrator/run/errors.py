@@ -50,7 +50,8 @@ class RunStopped(Exception):
 
     def __init__(self, name: str, step: int | None, checkpoint: Path | None, signal: str = "SIGTERM"):
         where = f"at step {step}" if step is not None else "before training started"
-        saved = f"; checkpoint {shown_path(str(checkpoint))} (continue with --name {name} --resume)" if checkpoint else ""
+        saved = (f"; checkpoint {shown_path(str(checkpoint))} (continue with --name {name} --resume)"
+                 if checkpoint else "")
         super().__init__(f"stopped {where} ({SIGNAL_WORDS.get(signal, signal)}){saved}")
         self.name, self.step, self.checkpoint, self.signal = name, step, checkpoint, signal
 

@@ -14,8 +14,8 @@
   the reward pool's: a chunk that takes its rewards' timeout plus cluster.hang_timeout_s gets its worker
   replaced (actors/rewards/pool.py).
 
-The watchdog sees the actors through their groups' `members()` (actors/runtime/group.py Member: name, id, the GCS's record,
-ping, kill), never their handles; it reads the groups anew at each check (the supervisor may replace the learner
+The watchdog sees the actors through their groups' `members()` (actors/runtime/group.py Member: name, id, the GCS's
+record, ping, kill), never their handles; it reads the groups anew at each check (the supervisor may replace the learner
 group meanwhile) and kills actors; what follows a kill is the loop's and the supervisor's. Of the run's progress
 it writes `move_learner` alone, from its own thread.
 """

@@ -197,7 +197,8 @@ def _is_eval(row: dict[str, Any]) -> bool:
     return "eval/reward" in row
 
 
-def summary_rows(history: list[dict[str, Any]], window: int = SUMMARY_WINDOW) -> list[tuple[str, float | None, float | None]]:
+def summary_rows(history: list[dict[str, Any]],
+                 window: int = SUMMARY_WINDOW) -> list[tuple[str, float | None, float | None]]:
     """(metric, mean over the first `window` steps, mean over the last `window`) for the end-of-run table:
     reward, each reward function, eval reward, KL and entropy, completion length, step and phase times. `history`
     holds step rows and eval rows (logged in between); the eval reward's columns are the first and the last eval."""
@@ -225,7 +226,8 @@ def summary_table(
     steps = [r["step"] for r in history if not _is_eval(r)]
     span = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
     table = Table(
-        title=f"rayward run {name!r}: {span} in {format_duration(elapsed_s)}", box=box.SIMPLE_HEAD, title_justify="left",
+        title=f"rayward run {name!r}: {span} in {format_duration(elapsed_s)}", box=box.SIMPLE_HEAD,
+        title_justify="left",
     )
     table.add_column("metric")
     table.add_column(f"first {min(window, len(steps))} steps", justify="right")
@@ -237,7 +239,8 @@ def summary_table(
 
 def summary_footer(run_dir: Path, checkpoint: Path | None = None) -> list[str]:
     """The lines after the summary table: the run's files and the commands that look into them."""
-    files = [p.name for p in (run_dir / "metrics.jsonl", run_dir / "completions.jsonl", run_dir / "actors.log") if p.exists()]
+    files = [p.name for p in (run_dir / "metrics.jsonl", run_dir / "completions.jsonl", run_dir / "actors.log")
+             if p.exists()]
     if checkpoint is not None:
         files.append(checkpoint.name)
     return [f"in {run_dir}: {', '.join(files) or 'nothing yet'}", f"see the samples: rayward samples {run_dir}",

@@ -33,7 +33,8 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "rayward_reward_fn_timeouts": ("reward calls past timeout_s this step", ("reward",)),
     "rayward_reward_fn_errors": ("reward calls that raised this step", ("reward",)),
     "rayward_gate_closed_frac": ("fraction of samples whose gate was closed (gate = gated<-gating)", ("gate",)),
-    "rayward_phase_seconds": ("wall seconds per loop phase this step (generate, reward, train, sync, step)", ("phase",)),
+    "rayward_phase_seconds": ("wall seconds per loop phase this step (generate, reward, train, sync, step)",
+                              ("phase",)),
     "rayward_tokens_per_s": ("completion tokens generated per second of the generate phase", ()),
     "rayward_weight_sync_s": ("seconds to push the learner's weights to the generators", ()),
     "rayward_weight_sync_part_s": ("seconds of the weight sync's parts (gather, transfer, load)", ("part",)),
@@ -124,8 +125,8 @@ PATTERNS: list[tuple[re.Pattern[str], str, str]] = [
     (re.compile(r"^eval/pass@(\d+)$"), "rayward_eval_pass_at", "k"),
 ]
 
-# Metrics the reward pool actor exports itself (declared in actors/runtime/pool.py `pool_metrics`), live between steps: workers alive,
-# starting and targeted, queue depth and wait, chunk latency, utilisation, events and scaling decisions.
+# Metrics the reward pool actor exports itself (declared in actors/runtime/pool.py `pool_metrics`), live between steps:
+# workers alive, starting and targeted, queue depth and wait, chunk latency, utilisation, events and scaling decisions.
 REWARD_POOL_METRICS = (
     "rayward_reward_workers_alive",
     "rayward_reward_queue_depth",

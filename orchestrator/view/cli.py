@@ -22,7 +22,8 @@ def add_view_parser(sub: Any, parents: list[argparse.ArgumentParser] | None = No
     """The `view` subcommand on rayward's subparsers."""
     v = sub.add_parser("view", parents=parents or [],
                        help="a web page of runs: curves, samples by prompt, token log-probs; follows a running run")
-    v.add_argument("runs", nargs="+", metavar="RUN", help="run directory, or a run name under --dir (several: overlaid)")
+    v.add_argument("runs", nargs="+", metavar="RUN",
+                   help="run directory, or a run name under --dir (several: overlaid)")
     v.add_argument("--dir", default="runs", help="logging dir the run names are under (default: runs)")
     v.add_argument("--port", type=int, default=None,
                    help=f"port to serve on (default {DEFAULT_PORT}, or a free one when it is taken; 0: any free one)")

@@ -53,8 +53,8 @@ BF16_EPS = torch.finfo(torch.bfloat16).eps
 # vision tokens: the tiny VLM's merged patch is 28 pixels).
 VLM_SIZES = ((56, 56), (84, 56))
 # Qwen2.5-VL's chat template's rendering of a user turn of one image and a text, with the generation prompt: the
-# tiny VLM's template is read from trl (orchestrator/builtin/models/vlm.py: chat_template), which a bare GPU host lacks, so
-# the vision row writes its prompts itself, one placeholder per image (`Images.expand` expands it).
+# tiny VLM's template is read from trl (orchestrator/builtin/models/vlm.py: chat_template), which a bare GPU host lacks,
+# so the vision row writes its prompts itself, one placeholder per image (`Images.expand` expands it).
 VLM_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
               "<|vision_start|><|image_pad|><|vision_end|>{}<|im_end|>\n<|im_start|>assistant\n")
 
@@ -85,9 +85,10 @@ def tiny_moe() -> str:
 
 
 def tiny_vlm() -> str:
-    """The tiny Qwen2.5-VL (orchestrator/builtin/models/vlm.py) in the cache dir (the kit's scratch dir), not warmed up (the
-    rows need no skill, and the warm-up takes a while on a CPU) and without a chat template (trl has it; VLM_PROMPT):
-    under a name of its own, so it never stands in for the full tiny VLM in a cache that other tests share."""
+    """The tiny Qwen2.5-VL (orchestrator/builtin/models/vlm.py) in the cache dir (the kit's scratch dir), not warmed up
+    (the rows need no skill, and the warm-up takes a while on a CPU) and without a chat template (trl has it;
+    VLM_PROMPT): under a name of its own, so it never stands in for the full tiny VLM in a cache that other tests
+    share."""
     from unittest import mock
 
     from orchestrator.builtin.models import vlm as vlm
@@ -258,7 +259,8 @@ def check_loss(device: str) -> str:
             outs.append((out, lp.grad.cpu()))
         (cpu, g_cpu), (dev_out, g_dev) = outs
         where = f"{loss_type}/{level}/beta {beta}/IS {is_mode}"
-        assert close(dev_out.loss.item(), cpu.loss.item(), tol), f"{where}: loss {dev_out.loss.item()!r}, cpu {cpu.loss.item()!r}"
+        assert close(dev_out.loss.item(), cpu.loss.item(), tol), (
+            f"{where}: loss {dev_out.loss.item()!r}, cpu {cpu.loss.item()!r}")
         assert_close_at_scale(g_dev, g_cpu, tol, msg=f"{where}: gradient")
         assert cpu.metrics.keys() == dev_out.metrics.keys(), where
         for k, v in cpu.metrics.items():
@@ -332,7 +334,8 @@ def check_lora(device: str) -> str:
     assert runs[1][0]["kl"] > 0 and all("lora_" in k for k in runs[1][1]), sorted(runs[1][1])[:3]
     sent = lr.weights.full_state()  # the merged view, merged on the device, then moved to the CPU
     lr.model.merge_adapter()
-    want = {hf_name(k): v.cpu() for k, v in lr.model.state_dict().items() if "lora_" not in k and hf_name(k) not in lr.tied}
+    want = {hf_name(k): v.cpu() for k, v in lr.model.state_dict().items()
+            if "lora_" not in k and hf_name(k) not in lr.tied}
     assert sent.keys() == want.keys(), sorted(sent.keys() ^ want.keys())[:3]
     for k in want:
         assert_close_at_scale(sent[k], want[k], same_order(device), msg=k)
@@ -657,8 +660,8 @@ def run_check(name: str, fn: Callable[[str], str], device: str) -> Row:
 def _failure(err: BaseException) -> str:
     """The error's type and first line, and where in rayward (or in this kit) it was raised."""
     frames = [f for f in traceback.extract_tb(err.__traceback__) if "/actors/" in f.filename or "/tests/" in f.filename]
-    where = f" at {frames[-1].filename.rsplit('/', 2)[-2]}/{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" \
-        if frames else ""
+    where = f" at {frames[-1].filename.rsplit('/', 2)[-2]}/{frames[-1].filename.rsplit('/', 1)[-1]}:" \
+        f"{frames[-1].lineno}" if frames else ""
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}{where}: {text[0] if text else ''}"[:300]
 

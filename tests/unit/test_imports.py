@@ -87,7 +87,8 @@ def test_imports_of_sees_function_level_and_relative_imports(tmp_path, monkeypat
     path = pkg / "_probe_for_test.py"
     try:
         path.write_text(src)
-        assert imports_of(path, {"orchestrator.run.build", "actors.types", "actors"}) == {"orchestrator.run.build", "actors.types"}
+        assert (imports_of(path, {"orchestrator.run.build", "actors.types", "actors"})
+                == {"orchestrator.run.build", "actors.types"})
     finally:
         path.unlink()
 
@@ -98,7 +99,8 @@ def test_no_import_cycle():
 
 
 def test_actors_never_import_the_driver():
-    bad = {(m, d) for m, deps in graph().items() if m.startswith("actors") for d in deps if d.startswith("orchestrator")}
+    bad = {(m, d) for m, deps in graph().items() if m.startswith("actors")
+           for d in deps if d.startswith("orchestrator")}
     assert not bad, f"actors/ imports orchestrator/: {sorted(bad)}"
 
 

@@ -82,7 +82,8 @@ def synthetic_answer(rng: random.Random, tokenizer: Any, letter: str, by_first: 
         first = by_first[rng.choice([c for c in LETTERS if c != letter])]
     else:
         first = by_first[rng.choice([c for c in by_first if c != letter])]
-    rest = [rng.randrange(len(SPECIAL_TOKENS), tokenizer.vocab_size) for _ in range(rng.randint(0, MAX_ANSWER_TOKENS - 1))]
+    rest = [rng.randrange(len(SPECIAL_TOKENS), tokenizer.vocab_size)
+            for _ in range(rng.randint(0, MAX_ANSWER_TOKENS - 1))]
     return tokenizer.decode([rng.choice(first), *rest])
 
 

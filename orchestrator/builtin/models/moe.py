@@ -1,9 +1,9 @@
 """Tiny random mixture-of-experts checkpoints (Qwen3-MoE and Qwen2-MoE), built locally like the tiny dense model.
 
-They share the tiny dense model's tokenizer, chat template, attention shape and init (orchestrator/builtin/models/tiny.py), so a
-config that trains `tiny` trains `tiny-moe` by changing the model name. Each decoder layer's MLP is a sparse MoE
-block: NUM_EXPERTS experts, TOP_K chosen per token by a softmax router (Qwen2-MoE adds its shared expert and that
-expert's sigmoid gate). The active parameters per token are about the dense model's.
+They share the tiny dense model's tokenizer, chat template, attention shape and init
+(orchestrator/builtin/models/tiny.py), so a config that trains `tiny` trains `tiny-moe` by changing the model name. Each
+decoder layer's MLP is a sparse MoE block: NUM_EXPERTS experts, TOP_K chosen per token by a softmax router (Qwen2-MoE
+adds its shared expert and that expert's sigmoid gate). The active parameters per token are about the dense model's.
 
 `near_ties` builds routers whose experts come in groups of three with the same router row up to a relative
 NEAR_TIE_NOISE: whenever a group leads, which two of its three experts a token goes to is decided by rounding,

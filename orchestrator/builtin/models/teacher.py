@@ -1,9 +1,9 @@
 """A tiny distillation teacher of the letter task, built locally (no downloads): a model that differs from the
 student and knows the task.
 
-It has the tiny model's tokenizer (orchestrator/builtin/models/tiny.py: the same vocabulary, so the run's tokenizer check passes)
-and architecture, its own random initialisation, and a short deterministic SFT on the toy task's prompts (plain
-text, as the demo encodes them): write the letter asked for at every position, whatever came before (`_batch`).
+It has the tiny model's tokenizer (orchestrator/builtin/models/tiny.py: the same vocabulary, so the run's tokenizer
+check passes) and architecture, its own random initialisation, and a short deterministic SFT on the toy task's prompts
+(plain text, as the demo encodes them): write the letter asked for at every position, whatever came before (`_batch`).
 The student (the tiny model, random) writes noise; distilling from the teacher (configs/distill.yaml) moves it
 towards the teacher's answer, the letter repeated, which `letter_fraction` scores 1.
 
@@ -12,7 +12,8 @@ greedy first token is the letter on every letter's prompt (the task has one prom
 distillation needs of it, the letter as its most likely next token after the prompt and a student's noise, on at
 least MIN_NOISY of NOISY_PROBES fresh noisy answers.
 
-`ensure_tiny_teacher()` builds it once into rayward's cache (as orchestrator/builtin/models/tiny.py does the tiny model).
+`ensure_tiny_teacher()` builds it once into rayward's cache (as orchestrator/builtin/models/tiny.py does
+the tiny model).
 """
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ def _build_tokenizer(out: Path) -> None:
     # Qwen2's: `AutoTokenizer` (Qwen2Tokenizer, as vLLM and the learner load it) rebuilds Qwen's split and NFC,
     # so it tokenizes some text (digits) unlike this tokenizer.json does. Kept: every rayward process loads it
     # through AutoTokenizer, and the letter task's learning tests (demo, LoRA, eval) are tuned on this vocab.
-    # The tool model (orchestrator/builtin/models/tools.py), whose text is re-tokenized across turns, uses Qwen2's rules.
+    # The tool model (orchestrator/builtin/models/tools.py), whose text is re-tokenized across turns,
+    # uses Qwen2's rules.
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

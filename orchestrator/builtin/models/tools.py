@@ -1,18 +1,18 @@
 """A tiny tool-calling Qwen2 checkpoint, built locally (no downloads): the tiny model warmed up on the box task.
 
 A random model never writes a well-formed tool call, so RL on tools needs a model that already knows the
-protocol. This one has the tiny model's architecture (orchestrator/builtin/models/tiny.py), a BPE trained on the box task's
-text (orchestrator/builtin/tasks/boxes.py) with Qwen2's pre-tokenizer, TRL's Qwen2.5 chat template verbatim (so TRL's
-tool-calling checks and response parser accept it), and a short deterministic SFT on synthetic episodes:
+protocol. This one has the tiny model's architecture (orchestrator/builtin/models/tiny.py), a BPE trained on the box
+task's text (orchestrator/builtin/tasks/boxes.py) with Qwen2's pre-tokenizer, TRL's Qwen2.5 chat template verbatim (so
+TRL's tool-calling checks and response parser accept it), and a short deterministic SFT on synthetic episodes:
 the user's question, `open_box`, its result, `submit` with the code copied, a short final answer.
 
 The warm-up teaches the protocol and the copy, not which box to open: its episodes open a box at random, so
 the warmed-up model succeeds about once per NUM_BOXES episodes and RL has to learn to open the box asked for.
 
-`ensure_tiny_tool_model()` builds it once into rayward's cache (as orchestrator/builtin/models/tiny.py does the tiny model)
-and returns the path. Sequences are built as a token-in-token-out rollout builds them (TRL's tool loop, rayward's): the prompt's
-ids, then per turn the completion's ids and the ids of the tool messages rendered after it, never the whole
-conversation re-tokenized; `episode_ids` is that builder.
+`ensure_tiny_tool_model()` builds it once into rayward's cache (as orchestrator/builtin/models/tiny.py does the tiny
+model) and returns the path. Sequences are built as a token-in-token-out rollout builds them (TRL's tool loop,
+rayward's): the prompt's ids, then per turn the completion's ids and the ids of the tool messages rendered after it,
+never the whole conversation re-tokenized; `episode_ids` is that builder.
 """
 
 from __future__ import annotations

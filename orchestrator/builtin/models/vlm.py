@@ -1,7 +1,7 @@
 """A tiny vision-language model (Qwen2.5-VL), built locally like the tiny dense model, for tests and CPU runs.
 
-Its language model is the tiny dense model's shape (orchestrator/builtin/models/tiny.py: 2 layers, 128 wide, 2 heads of 64) and
-tokenizer, plus Qwen's four vision tokens; its vision tower is a 2-block Qwen2.5-VL ViT (14-pixel patches merged
+Its language model is the tiny dense model's shape (orchestrator/builtin/models/tiny.py: 2 layers, 128 wide, 2 heads of
+64) and tokenizer, plus Qwen's four vision tokens; its vision tower is a 2-block Qwen2.5-VL ViT (14-pixel patches merged
 2 x 2, window attention in block 0, full attention in block 1) whose merger projects into the language model.
 Qwen2.5-VL's real chat template (TRL's `qwen2_5_vl.jinja`) and processor (Qwen2VLImageProcessor, with its
 min_pixels / max_pixels) are saved with it, so transformers, vLLM and TRL all run their own code on it: its
@@ -128,7 +128,8 @@ def build_tiny_vlm(path: str | Path, seed: int = 0, warm: bool = True) -> Path:
     template = chat_template()
     tokenizer.chat_template = template
     return _write_vlm(out, tokenizer, template, seed, (warm_up, letter_scores, LETTER_GATES,
-                                                           "tiny VLM (colors: a letter, and some link to the colour)") if warm else None)
+                                                           "tiny VLM (colors: a letter, and some link to the colour)")
+                      if warm else None)
 
 
 # A warm-up: train(model, processor, seed=...) in place, score(model, processor) -> scores, their gates, what it is.

@@ -1,4 +1,5 @@
-"""The built-in vision tool task: the colours task (orchestrator/builtin/tasks/colors.py) with the picture behind a tool.
+"""The built-in vision tool task: the colours task (orchestrator/builtin/tasks/colors.py) with the picture
+behind a tool.
 
 The user asks for the letter of a face-down card's colour (red a, green b, blue c, yellow d); the prompt's text is
 the same on every row and holds no image. The card is seen only by calling `look`, whose result is TRL's

@@ -67,7 +67,8 @@ PROBLEMS: tuple[Problem, ...] = (
     _p("largest", "xs", "returns the largest element of the non-empty list of numbers xs.",
        ["assert largest([1, 5, 3]) == 5", "assert largest([-2, -7]) == -2", "assert largest([4]) == 4",
         "assert largest([2.5, 2.4]) == 2.5"],
-       "def largest(xs):\n    best = xs[0]\n    for x in xs[1:]:\n        if x > best:\n            best = x\n    return best"),
+       "def largest(xs):\n    best = xs[0]\n    for x in xs[1:]:\n        if x > best:\n            best = x\n"
+       "    return best"),
     _p("second_largest", "xs",
        "returns the second largest distinct value in the list xs, or None if there are fewer than two distinct "
        "values.",
@@ -88,7 +89,8 @@ PROBLEMS: tuple[Problem, ...] = (
     _p("primes_up_to", "n", "returns the list of all prime numbers less than or equal to n, in increasing order.",
        ["assert primes_up_to(10) == [2, 3, 5, 7]", "assert primes_up_to(1) == []", "assert primes_up_to(2) == [2]",
         "assert len(primes_up_to(100)) == 25"],
-       "def primes_up_to(n):\n    return [k for k in range(2, n + 1) if all(k % d for d in range(2, int(k ** 0.5) + 1))]"),
+       "def primes_up_to(n):\n"
+       "    return [k for k in range(2, n + 1) if all(k % d for d in range(2, int(k ** 0.5) + 1))]"),
     _p("sum_digits", "n", "returns the sum of the decimal digits of the non-negative integer n.",
        ["assert sum_digits(0) == 0", "assert sum_digits(123) == 6", "assert sum_digits(9999) == 36",
         "assert sum_digits(1000) == 1"],
@@ -141,7 +143,8 @@ PROBLEMS: tuple[Problem, ...] = (
        "returns the list xs rotated to the right by k positions (k may be larger than the length).",
        ["assert rotate_right([1, 2, 3, 4], 1) == [4, 1, 2, 3]", "assert rotate_right([1, 2, 3], 3) == [1, 2, 3]",
         "assert rotate_right([1, 2, 3], 5) == [2, 3, 1]", "assert rotate_right([], 2) == []"],
-       "def rotate_right(xs, k):\n    if not xs:\n        return []\n    k %= len(xs)\n    return xs[-k:] + xs[:-k] if k else list(xs)"),
+       "def rotate_right(xs, k):\n    if not xs:\n        return []\n    k %= len(xs)\n"
+       "    return xs[-k:] + xs[:-k] if k else list(xs)"),
     _p("is_anagram", "a, b",
        "returns True if the strings a and b are anagrams of each other, ignoring spaces and case.",
        ["assert is_anagram('listen', 'silent') is True", "assert is_anagram('Dormitory', 'dirty room') is True",
@@ -218,11 +221,12 @@ PROBLEMS: tuple[Problem, ...] = (
        "when the length is even).",
        ["assert median([3, 1, 2]) == 2", "assert median([4, 1, 3, 2]) == 2.5", "assert median([7]) == 7",
         "assert median([1, 1, 1, 10]) == 1"],
-       "def median(xs):\n    s = sorted(xs)\n    m = len(s) // 2\n    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2"),
+       "def median(xs):\n    s = sorted(xs)\n    m = len(s) // 2\n"
+       "    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2"),
     _p("most_common", "xs", "returns the most frequent element of the non-empty list xs; on a tie, the smallest "
        "of the most frequent elements.",
-       ["assert most_common([1, 2, 2, 3]) == 2", "assert most_common([3, 1, 3, 1]) == 1", "assert most_common([5]) == 5",
-        "assert most_common(['b', 'a', 'b']) == 'b'"],
+       ["assert most_common([1, 2, 2, 3]) == 2", "assert most_common([3, 1, 3, 1]) == 1",
+        "assert most_common([5]) == 5", "assert most_common(['b', 'a', 'b']) == 'b'"],
        "def most_common(xs):\n    counts = {}\n    for x in xs:\n        counts[x] = counts.get(x, 0) + 1\n"
        "    top = max(counts.values())\n    return min(x for x, c in counts.items() if c == top)"),
     _p("count_pairs_with_sum", "xs, target", "returns the number of index pairs i < j with xs[i] + xs[j] == target.",

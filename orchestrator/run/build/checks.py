@@ -209,7 +209,8 @@ def prepare(cfg: RunConfig, name: str) -> Prepared:
     if absent:
         sink, pkg = absent[0], trackers.PACKAGES[absent[0]]
         raise ConfigError(f"logging.report_to: {sink!r} needs the `{pkg}` package (pip install {pkg})")
-    streamed = shards(cfg.data) if cfg.data.streaming else None  # the shards, read as drawn (orchestrator/data/shards.py)
+    # the shards, read as drawn (orchestrator/data/shards.py)
+    streamed = shards(cfg.data) if cfg.data.streaming else None
     rows = training_rows(cfg) if streamed is None else peek(streamed, PEEK_ROWS, cfg.data,
                                                             prompt_optional=agentic(cfg))
     check_judge_templates(cfg.rewards, sorted(rows[0]) if rows else [])

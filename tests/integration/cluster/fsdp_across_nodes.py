@@ -3,10 +3,10 @@
     python -m tests.integration.cluster.fsdp_across_nodes HOST:PORT OUT_DIR
 
 Builds the learner exactly as `rayward run` does (`orchestrator.run.build.learner_spec` of a config with
-`cluster.learner_placement: spread`, `actors.runtime.group.LearnerGroup`), 2 FSDP ranks and, beside them, 1 single learner,
-and feeds both the same batches: step 1, a checkpoint of the 2 ranks, a fresh pair of spread ranks resuming from it,
-step 2 on both sides, and a single learner resuming from the 2-rank checkpoint. Writes OUT_DIR/result.json: the nodes
-each rank ran on, the losses, and the largest weight difference at each comparison (fp32, SGD)."""
+`cluster.learner_placement: spread`, `actors.runtime.group.LearnerGroup`), 2 FSDP ranks and, beside them, 1 single
+learner, and feeds both the same batches: step 1, a checkpoint of the 2 ranks, a fresh pair of spread ranks resuming
+from it, step 2 on both sides, and a single learner resuming from the 2-rank checkpoint. Writes OUT_DIR/result.json: the
+nodes each rank ran on, the losses, and the largest weight difference at each comparison (fp32, SGD)."""
 
 from __future__ import annotations
 

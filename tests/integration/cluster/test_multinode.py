@@ -70,7 +70,8 @@ def _rows(path: Path) -> list[dict]:
 def _auth_hint(text: str) -> str:
     if "InvalidAuthToken" in text or "Missing authentication token" in text:
         return ("\n=> rayward did not send the cluster token: Ray 2.60 reads RAY_AUTH_MODE once, at `import ray`, so "
-                "orchestrator.cli.auth.prepare_client_auth() must run before anything imports ray (orchestrator/cli/main.py main)")
+                "orchestrator.cli.auth.prepare_client_auth() must run before anything imports ray "
+                "(orchestrator/cli/main.py main)")
     return ""
 
 
@@ -84,7 +85,8 @@ def _wait(pred, what: str, proc: subprocess.Popen, log: Path, every: float = 1.0
             return out
         if proc.poll() is not None and not pred():
             text = tail(log)
-            pytest.fail(f"the run exited (rc {proc.returncode}) before: {what}{_auth_hint(text)}\n--- run log tail ---\n{text}")
+            pytest.fail(f"the run exited (rc {proc.returncode}) before: {what}{_auth_hint(text)}\n"
+                        f"--- run log tail ---\n{text}")
         time.sleep(every)
     pytest.fail(f"timed out after {WAIT_S:.0f}s waiting for: {what}\n--- run log tail ---\n{tail(log)}")
 
@@ -207,7 +209,8 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(multinode:
             uids = list(range(s * PROMPTS, (s + 1) * PROMPTS))  # data.shuffle_dataset=false: rows in file order
             got = by_step[s]
             assert len(got) == G * PROMPTS, f"step {s}: {len(got)} reward calls for {G * PROMPTS} samples"
-            assert Counter(r["uid"] for r in got) == dict.fromkeys(uids, G), f"step {s}: {Counter(r['uid'] for r in got)}"
+            assert Counter(r["uid"] for r in got) == dict.fromkeys(uids, G), (
+                f"step {s}: {Counter(r['uid'] for r in got)}")
             for u in uids:
                 completions = {tuple(r["ids"]) for r in got if r["uid"] == u}
                 assert len(completions) == G, f"step {s} prompt {u}: {len(completions)} distinct completions scored"
@@ -215,7 +218,8 @@ def test_reward_workers_on_reward_nodes_scale_2_6_3_every_sample_once(multinode:
             assert row["rewards/tagged/none_frac"] == 0.0
             assert row["rewards/tagged/timeouts"] == 0 and row["rewards/tagged/errors"] == 0
         print(f"\nmulti-node: run {t_run:.0f}s; pool sizes per step {sizes}; workers used "
-              f"{used}; workers per reward node {sorted(placed.values())}; samples per node {sorted(scored_on.values())}")
+              f"{used}; workers per reward node {sorted(placed.values())}; "
+              f"samples per node {sorted(scored_on.values())}")
     finally:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -55,7 +55,8 @@ def test_fsdp_ranks_on_two_nodes_match_one_rank_and_resume_across_nodes(multinod
     assert len(nodes) == 4, nodes
 
     # (a) the numbers
-    p = subprocess.run([sys.executable, "-m", "tests.integration.cluster.fsdp_across_nodes", cluster.gcs, str(tmp_path)],
+    p = subprocess.run([sys.executable, "-m", "tests.integration.cluster.fsdp_across_nodes", cluster.gcs,
+                        str(tmp_path)],
                        cwd=ROOT, env={**client_env(), "RAY_AUTH_MODE": "token"}, capture_output=True, text=True,
                        timeout=400)
     assert p.returncode == 0, f"driver failed:\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"

@@ -125,7 +125,8 @@ def test_scancel_checkpoints_and_the_resubmitted_job_requeues_itself_and_finishe
     text_a = out_a.read_text()
     k = _steps(metrics)[-1]
     assert _steps(metrics) == list(range(1, k + 1)), _steps(metrics)
-    assert f"rayward: stopped at step {k} (SIGTERM); checkpoint" in text_a and (runs / RUN / f"checkpoint-{k}").is_dir(), (
+    assert (f"rayward: stopped at step {k} (SIGTERM); checkpoint" in text_a
+            and (runs / RUN / f"checkpoint-{k}").is_dir()), (
         f"no checkpoint at the step the cancelled run reached ({k}): did Ray's processes die with SIGTERM?\n"
         f"{_tail(out_a)}")
     assert "rayward-slurm: driver exited with 143" in text_a, _tail(out_a)

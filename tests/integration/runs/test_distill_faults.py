@@ -56,5 +56,6 @@ def test_a_teacher_engine_killed_inside_a_call_loses_no_sample(tmp_path):
     assert all(r["distill/teacher_failures"] == 0 for r in rows), [r["distill/teacher_failures"] for r in rows]
     assert rows[-1]["teacher_pool/replaced"] >= 1 and rows[-1]["teacher_pool/retries"] >= 1, rows[-1]
     assert rows[-1]["teacher_pool/target_workers"] == 2  # replaced (its engine may still be loading: a vLLM start)
-    print(f"killed teacher engine pid {killed} at step {next(i for i, r in enumerate(rows) if r['teacher_pool/replaced'])}"
+    print(f"killed teacher engine pid {killed} at step "
+          f"{next(i for i, r in enumerate(rows) if r['teacher_pool/replaced'])}"
           f"; retries {rows[-1]['teacher_pool/retries']}, replaced {rows[-1]['teacher_pool/replaced']}")

@@ -55,6 +55,7 @@ def test_lora_learns_with_the_generators_on_the_merged_weights(ray_cluster, tmp_
     history = train(cfg, name="lora-learn", show_progress=False)
     letter = [h["rewards/letter/mean"] for h in history]
     first, last = sum(letter[:5]) / 5, sum(letter[-5:]) / 5
-    print(f"LoRA letter reward: first 5 steps {first:.3f}, last 5 steps {last:.3f}; per step {[round(x, 3) for x in letter]}")
+    print(f"LoRA letter reward: first 5 steps {first:.3f}, last 5 steps {last:.3f}; "
+          f"per step {[round(x, 3) for x in letter]}")
     assert last > first + RISE and last > 2 * first, (first, last)
     assert max(h["sampling/sampling_logp_difference/max"] for h in history) < PARITY_GAP

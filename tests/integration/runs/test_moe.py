@@ -43,7 +43,8 @@ def mean(rows: list[dict], key: str) -> float:
 
 def test_the_moe_config_learns_with_rollout_routing_replay(tmp_path):
     r, all_rows = run(tmp_path, "moe", "grpo.max_steps=20",
-                      "eval={data: {path: toy}, every_n_steps: 10, at_start: true, max_samples: 32, num_generations: 2}")
+                      "eval={data: {path: toy}, every_n_steps: 10, at_start: true, max_samples: 32, "
+                      "num_generations: 2}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     rows = [x for x in all_rows if "eval/reward" not in x]
     evals = [x for x in all_rows if "eval/reward" in x]

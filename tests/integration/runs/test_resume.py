@@ -16,7 +16,8 @@ def test_sigterm_while_starting_is_one_line(tmp_path):
     """SIGTERM before the loop (here: as soon as the run printed its first line, before Ray starts) ends the run
     at once: nothing to checkpoint, one line, exit 143."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "run", "configs/demo.yaml", f"logging.dir={tmp_path}", "--name", "early"],
+        [sys.executable, "-m", "orchestrator", "run", "configs/demo.yaml", f"logging.dir={tmp_path}",
+         "--name", "early"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "RAY_ADDRESS": ""},
     )
     assert proc.stdout.readline().startswith("rayward run 'early': logs and checkpoints in ")

@@ -111,7 +111,8 @@ def test_a_short_run_whose_tool_returns_images_evaluates_and_logs_each_image(tmp
     assert [x["step"] for x in rows if "eval/reward" in x] == [0, 3] and len(train) == 3
     # The whole trajectory (the tool's image inside it) scored by the learner as the engine sampled it.
     assert max(x["sampling/sampling_logp_difference/mean"] for x in train) < 1e-3
-    assert min(x["tools/call_frequency"] for x in train) > 0.9 and max(x["tools/failure_frequency"] for x in train) < 0.1
+    assert (min(x["tools/call_frequency"] for x in train) > 0.9
+            and max(x["tools/failure_frequency"] for x in train) < 0.1)
     run_dir = tmp_path / "cards"
     for log in ("completions.jsonl", "eval_completions.jsonl"):
         samples = [json.loads(x) for x in (run_dir / log).read_text().splitlines()]

@@ -153,7 +153,8 @@ def test_hung_sync_calls_are_replaced_by_a_fresh_pool_and_counted():
     assert (calls.abandoned, calls.fresh_pools) == (2, 0)
     out = calls.call(add, {"a": 1, "b": 1}, WAIT_S)  # no thread left in the old pool: it runs in a fresh one
     assert isinstance(out, Returned) and out.value == 2 and calls.fresh_pools == 1
-    assert isinstance(calls.call(held, {}, 0.05), TimedOut) and calls.fresh_pools == 1  # the new pool's count is its own
+    # the new pool's count is its own
+    assert isinstance(calls.call(held, {}, 0.05), TimedOut) and calls.fresh_pools == 1
 
 
 def test_a_late_call_that_returned_frees_its_thread():

@@ -25,7 +25,8 @@ except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
     import tomli as tomllib
 
 GPU, CPU = ROOT / "cluster" / "Dockerfile", ROOT / "cluster" / "Dockerfile.cpu"
-BASE_RE = re.compile(r"^FROM rayproject/ray:(?P<ray>[\d.]+)-py(?P<py>3)(?P<minor>\d+)-(?P<platform>gpu|cpu|cu\d+)$", re.M)
+BASE_RE = re.compile(r"^FROM rayproject/ray:(?P<ray>[\d.]+)-py(?P<py>3)(?P<minor>\d+)-(?P<platform>gpu|cpu|cu\d+)$",
+                     re.M)
 
 
 def pyproject_pins() -> dict:

@@ -1,5 +1,5 @@
-"""JudgeEngine on a real vLLM engine (CPU) with the tiny judge (orchestrator/builtin/models/judge.py): the engine is built
-with the CPU settings the generators use, the template's format spec reaches the judge as written, requests are
+"""JudgeEngine on a real vLLM engine (CPU) with the tiny judge (orchestrator/builtin/models/judge.py): the engine is
+built with the CPU settings the generators use, the template's format spec reaches the judge as written, requests are
 answered greedily, the same verdict alone as in a batch, and the verdicts are the rubric's (the judge was trained
 to it; its build checked it on a held-out set, this checks it through vLLM and the labels)."""
 

@@ -1,6 +1,6 @@
-"""TeacherEngine on a real vLLM engine (CPU) with the tiny teacher (orchestrator/builtin/models/teacher.py): the log-probs it
-answers for the student's completion tokens are the teacher's own, as transformers computes them from the same
-ids (one forward, no sampling), the same alone as in a batch; the teacher knows the task (it prefers the letter
+"""TeacherEngine on a real vLLM engine (CPU) with the tiny teacher (orchestrator/builtin/models/teacher.py): the
+log-probs it answers for the student's completion tokens are the teacher's own, as transformers computes them from the
+same ids (one forward, no sampling), the same alone as in a batch; the teacher knows the task (it prefers the letter
 asked for), which is what distillation pulls a student towards."""
 
 from __future__ import annotations

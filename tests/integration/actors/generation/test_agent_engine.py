@@ -1,6 +1,6 @@
-"""Agentic rollouts on a real vLLM engine: the tiny tool model (orchestrator/builtin/models/tools.py) playing the box task
-(orchestrator/builtin/tasks/boxes.py) through one in-process Generator for the whole module, its environments in this
-process behind the pool's protocol (tests/fixtures/envs.py LocalEnvironments; the pool itself is tested in
+"""Agentic rollouts on a real vLLM engine: the tiny tool model (orchestrator/builtin/models/tools.py) playing the box
+task (orchestrator/builtin/tasks/boxes.py) through one in-process Generator for the whole module, its environments in
+this process behind the pool's protocol (tests/fixtures/envs.py LocalEnvironments; the pool itself is tested in
 tests/integration/actors/envs).
 
 - token in, token out: every trajectory's ids against the chat template's rendering of its conversation, and

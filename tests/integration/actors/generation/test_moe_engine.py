@@ -61,8 +61,8 @@ def test_trained_moe_weights_land_in_the_running_engine(family):
 
 
 def test_routing_replay_on_near_tied_routers_brings_the_gap_to_the_dense_level():
-    """The near-tie model (orchestrator/builtin/models/moe.py): without replay the learner routes some tokens elsewhere than
-    the engine did, and its log-probs are far from the engine's; with the engine's routes replayed (R3) the gap is
+    """The near-tie model (orchestrator/builtin/models/moe.py): without replay the learner routes some tokens elsewhere
+    than the engine did, and its log-probs are far from the engine's; with the engine's routes replayed (R3) the gap is
     float32 rounding, as for a dense model."""
     path = str(ensure_tiny_moe("qwen3_moe", near_ties=True))
     gen = Generator(path, max_model_len=256, kv_cache_gib=1, record_routes=True)

@@ -1,7 +1,7 @@
 """A tool that returns an image (TRL's multimodal tool responses) on the real engine and the real learner, no Ray:
 the tiny tool VLM (orchestrator/builtin/models/vlm.py, TRL's Qwen3-VL chat template) plays the cards task
-(orchestrator/builtin/tasks/cards.py: TRL's environment class, unchanged) through one in-process Generator, its environments
-in this process behind the pool's protocol.
+(orchestrator/builtin/tasks/cards.py: TRL's environment class, unchanged) through one in-process Generator, its
+environments in this process behind the pool's protocol.
 
 - token in, token out: the ids hold the card's picture as its vision tokens, out of the loss; they are the template's
   rendering of the conversation; TRL's own `_get_tool_suffix_ids` (with the model's processor) makes the same ids,

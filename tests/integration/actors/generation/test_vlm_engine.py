@@ -72,7 +72,8 @@ def test_image_prompts_sample_and_score_alike_before_and_after_a_sync(tiny_vlm_p
                    lr.sequence_logprobs(probe, None, prompts[1].images)) <= PARITY_TOL
         # The image reaches the model: another picture, another distribution over the same text.
         other = (Image.new("RGB", (84, 56), (0, 0, 0)),)
-        assert gap(gen.sequence_logprobs(probe, 1.0, other), gen.sequence_logprobs(probe, 1.0, prompts[1].images)) > 1e-3
+        assert gap(gen.sequence_logprobs(probe, 1.0, other),
+                   gen.sequence_logprobs(probe, 1.0, prompts[1].images)) > 1e-3
 
         # A sync of new weights, vision tower and language model both: the engine follows, on image prompts too
         # (stale vision-tower outputs from vLLM's encoder cache, or a stale tied lm_head, would show here).

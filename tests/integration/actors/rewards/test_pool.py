@@ -64,7 +64,8 @@ def in_order(n):
 
 def settings(min_workers, max_workers, **kw) -> AutoscaleSettings:
     """Autoscaling with the config's defaults but for `kw`."""
-    return AutoscaleSettings(**RewardAutoscaleConfig(min_workers=min_workers, max_workers=max_workers, **kw).model_dump())
+    return AutoscaleSettings(**RewardAutoscaleConfig(min_workers=min_workers, max_workers=max_workers,
+                                                     **kw).model_dump())
 
 
 def kill_pool(ray, pool):

@@ -1,7 +1,7 @@
 """`rayward run` as a user runs it: a subprocess with its own embedded Ray cluster and real vLLM. Every bad
 input ends in a short message and a non-zero exit, never a Python traceback; a failed run keeps its last
-checkpoint. (SIGTERM: tests/integration/runs/test_resume.py and tests/integration/runs/faults/test_exact_resume.py; the terminal of a good run:
-test_e2e.py.)"""
+checkpoint. (SIGTERM: tests/integration/runs/test_resume.py and tests/integration/runs/faults/test_exact_resume.py; the
+terminal of a good run: test_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def test_a_failing_reward_at_step_3_is_one_short_block(tmp_path):
     lines = lines[lines.index(head):]
     assert re.fullmatch(r"reward 'bad' raised on sample \d+: ValueError: verifier exploded", lines[1]), err
     assert lines[2].startswith("  prompt:     'Write the letter ") and lines[3].startswith("  completion: '"), err
-    assert 'File "tests/fixtures/bad_rewards.py", line 14, in check_answer\n    raise ValueError("verifier exploded")' in err
+    assert ('File "tests/fixtures/bad_rewards.py", line 14, in check_answer\n'
+            '    raise ValueError("verifier exploded")') in err
     assert f"last checkpoint: {tmp_path / name / 'checkpoint-2'} (continue with --name {name} --resume)" in err
     assert lines[-1].startswith("(--debug shows the full traceback; the actors' output is in "), err
     assert len(lines) <= 12, err

@@ -256,7 +256,8 @@ def series(samples, name: str, run: str, **labels: str) -> list[float]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-MAX_STEPS = 80  # long enough to watch the run (the metrics test needs two exports while it trains), short enough to finish
+# long enough to watch the run (the metrics test needs two exports while it trains), short enough to finish
+MAX_STEPS = 80
 
 
 @pytest.fixture(scope="module")
@@ -287,8 +288,8 @@ def test_run_actors_through_the_state_api(head, demo_run):
 
 
 def test_run_metrics_on_the_nodes_metrics_endpoint(head, demo_run):
-    """While the run trains: the driver's step gauges (orchestrator/telemetry/ray_metrics.py) and the reward pool's gauges,
-    tagged with the run, on the head's metrics export port; global_step increases between scrapes."""
+    """While the run trains: the driver's step gauges (orchestrator/telemetry/ray_metrics.py) and the reward pool's
+    gauges, tagged with the run, on the head's metrics export port; global_step increases between scrapes."""
     name, _ = demo_run
     deadline = time.monotonic() + 15
     first = scrape(head.metrics_url)
@@ -422,7 +423,8 @@ def letter(completions, letter, **kwargs):
 dataset = Dataset.from_list([{"prompt": f"Write the letter {c}:", "letter": c} for c in "abcd" * 4])
 args = GRPOConfig(output_dir=os.environ["OUT"], use_cpu=True, max_steps=2, per_device_train_batch_size=16,
                   num_generations=4, max_completion_length=8, report_to="none", save_strategy="no")
-trainer = GRPOTrainer(model=os.environ["MODEL"], reward_funcs=[letter, lambda completions, **kw: [0.0] * len(completions)],
+trainer = GRPOTrainer(model=os.environ["MODEL"],
+                      reward_funcs=[letter, lambda completions, **kw: [0.0] * len(completions)],
                       args=args, train_dataset=dataset)
 print("TRAINED", trainer.train().global_step)
 """

@@ -41,7 +41,8 @@ def test_a_trainer_built_in_a_test_module_trains_and_saves(ray_cluster, tmp_path
         assert all(r[f"rewards/{name}/errors"] == 0 for r in rows), name
     assert all(r["rewards/bonus_reward/mean"] == pytest.approx(0.25) for r in rows)  # the closure's captured value
     trainer.save_model(str(tmp_path / "final"))
-    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= {p.name for p in (tmp_path / "final").iterdir()}
+    assert ({"config.json", "model.safetensors", "tokenizer_config.json"}
+            <= {p.name for p in (tmp_path / "final").iterdir()})
 
     # TRL's resume: a new trainer, the same output_dir, more steps; it goes on from checkpoint-2 (save_strategy
     # "no" still writes the final checkpoint rayward resumes from)

@@ -4,10 +4,11 @@ embedded Ray cluster, the tiny models and data built in the script.
 
 Every script is a run of its own with its own Ray cluster: the scenario tier (CI time). The quick start must learn
 as it does in TRL (its functions pickled by value: CI's unit tier, tests/unit/orchestrator/trl/test_trainer.py, covers
-the constructor with lambdas, closures and `__main__` functions); the scenario tier also runs the weighted rewards (functions defined under `if __name__ == "__main__":`, a lambda and a closure among them) and
-the other five through rayward (an environment_factory class defined in its script among them), and all seven
-through TRL itself, which proves them valid TRL usage. TRL's documented quick start with its default config
-(docs_quickstart.py) runs through rayward only: TRL refuses that config on a machine without a GPU."""
+the constructor with lambdas, closures and `__main__` functions); the scenario tier also runs the weighted rewards
+(functions defined under `if __name__ == "__main__":`, a lambda and a closure among them) and the other five through
+rayward (an environment_factory class defined in its script among them), and all seven through TRL itself, which proves
+them valid TRL usage. TRL's documented quick start with its default config (docs_quickstart.py) runs through rayward
+only: TRL refuses that config on a machine without a GPU."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """configs/agent.yaml, shortened, on the local Ray cluster: the box task's agent written against the `openai` SDK
-(orchestrator/builtin/tasks/box_agent.py), unchanged, its agents in the environment pool's async workers, its requests on
-the generator's endpoint, through the pipelined loop with real vLLM, reward pool and learner. One run shared by the
+(orchestrator/builtin/tasks/box_agent.py), unchanged, its agents in the environment pool's async workers, its requests
+on the generator's endpoint, through the pipelined loop with real vLLM, reward pool and learner. One run shared by the
 assertions: what reaches the learner (the sampled ids, masked as the environment-class path masks them), the step
 metrics of the endpoint, and an agent worker SIGKILLed while its agents run: their trajectories keep their turns
 (env_error, the agent's reward scored fallback), the pool replaces the worker, and every step trains a whole

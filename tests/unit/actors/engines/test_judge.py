@@ -33,7 +33,8 @@ def judge(tokenizer, reply_text, **kw) -> tuple[JudgeEngine, object]:
 
 
 def sample(completion: str, letter: str = "a") -> JudgeRequest:
-    return JudgeRequest(request_fields(template_fields(TEMPLATE), "Write the letter a:", completion, {"letter": letter}))
+    return JudgeRequest(request_fields(template_fields(TEMPLATE), "Write the letter a:", completion,
+                                       {"letter": letter}))
 
 
 def test_template_fields_and_sample_rendering():

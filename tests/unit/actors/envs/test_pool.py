@@ -30,7 +30,8 @@ class _Method:
 
     def remote(self, *args, **kwargs):
         self.handle.sent.append(self.name)
-        return asyncio.get_running_loop().run_in_executor(self.handle.queue, self.handle.invoke, self.name, args, kwargs)
+        return asyncio.get_running_loop().run_in_executor(self.handle.queue, self.handle.invoke, self.name, args,
+                                                          kwargs)
 
 
 class FakeHandle:

@@ -235,7 +235,8 @@ def test_hung_sync_calls_are_capped_by_a_fresh_thread_pool(monkeypatch):
     ("AsyncRewardEnv", 3.5, None),
     ("NoOpinionEnv", math.nan, None),
     ("FailingRewardEnv", None, "RuntimeError: FailingRewardEnv.get_reward() raised: judge unavailable"),
-    ("StringRewardEnv", None, "TypeError: StringRewardEnv.get_reward() returned 'high' (str), expected a number or None"),
+    ("StringRewardEnv", None,
+     "TypeError: StringRewardEnv.get_reward() returned 'high' (str), expected a number or None"),
     ("HeldRewardEnv", None, "TimeoutError: HeldRewardEnv.get_reward() took more than 0.3 s"),
 ])
 def test_get_reward(env, reward, error):

@@ -86,7 +86,8 @@ class StandIn(Images):
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    """The tiny tool VLM's tokenizer (orchestrator/builtin/models/vlm.py): TRL's qwen3_vl.jinja, Qwen's vision tokens."""
+    """The tiny tool VLM's tokenizer (orchestrator/builtin/models/vlm.py): TRL's qwen3_vl.jinja, Qwen's vision
+    tokens."""
     from transformers import AutoTokenizer
 
     from orchestrator.builtin.models.vlm import _tool_tokenizer

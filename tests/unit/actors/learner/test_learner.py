@@ -65,7 +65,8 @@ def test_importance_weights_and_logp_gap_are_reported(tiny_model_path):
     # size, in nats, which exp turns into the same relative error of the ratio
     tol = TINY_MODEL * logp.abs().max().item()
     assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx(0.25, abs=tol)
-    assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(torch.exp(torch.tensor(0.25)).item(), rel=tol)
+    assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(torch.exp(torch.tensor(0.25)).item(),
+                                                                             rel=tol)
 
 
 def test_export_weights_and_checkpoint_roundtrip(tiny_model_path, tmp_path):
@@ -119,7 +120,8 @@ def test_gradient_checkpointing_keeps_loss_and_gradients(tiny_model_path, lora):
         seen.append((stats, {n: p.grad.clone() for n, p in lr.model.named_parameters() if p.grad is not None}))
     (off, g_off), (on, g_on) = seen
     tol = same_order(lr.device)  # the recomputed forward is the same kernels on the same data: equal on a CPU
-    assert on["loss"] == pytest.approx(off["loss"], rel=tol, abs=tol) and on["kl"] == pytest.approx(off["kl"], rel=tol, abs=tol)
+    assert (on["loss"] == pytest.approx(off["loss"], rel=tol, abs=tol)
+            and on["kl"] == pytest.approx(off["kl"], rel=tol, abs=tol))
     assert g_on.keys() == g_off.keys() and len(g_on) == (28 if lora else 26)
     for k in g_off:
         assert_close_at_scale(g_on[k], g_off[k], tol, msg=k)

@@ -131,7 +131,8 @@ def test_the_update_does_not_depend_on_how_the_batch_is_cut(tiny_model_path, los
     cuts = [dict(micro_batch_size=3), dict(micro_batch_size=8), dict(max_tokens_per_microbatch=24)]
     runs = [step(make(tiny_model_path, loss_type=loss_type, **cut, **CASES[loss_type]), b) for cut in cuts]
     assert [r[0]["learner/micro_batches"] for r in runs][:2] == [3.0, 1.0] and runs[2][0]["learner/micro_batches"] > 3
-    per_micro_batch = {"entropy", "kl", "learner/micro_batches"} | {k for k in runs[0][0] if "/" in k and "learner" not in k}
+    per_micro_batch = {"entropy", "kl", "learner/micro_batches"} | {k for k in runs[0][0]
+                                                                    if "/" in k and "learner" not in k}
     if loss_type == "bnpo":  # its per-micro-batch normaliser moves the gradient by factors of order one, not rounding
         assert not torch.allclose(runs[0][1]["model.norm.weight"], runs[1][1]["model.norm.weight"], rtol=1e-3)
         return
@@ -150,7 +151,8 @@ def test_a_sample_longer_than_the_budget_trains_alone_with_a_warning(tiny_model_
                for mb in plan.micro_batches if mb != [5])
     with caplog.at_level(logging.WARNING, logger="rayward.learner"):
         result = lr.train_step(b)
-    assert "grpo.max_tokens_per_microbatch 24: 1 sample(s) of [" in caplog.text and "micro-batch of its own" in caplog.text
+    assert ("grpo.max_tokens_per_microbatch 24: 1 sample(s) of [" in caplog.text
+            and "micro-batch of its own" in caplog.text)
     assert math.isfinite(result.metrics["loss"]) and result.metrics["learner/micro_batches"] == len(plan.micro_batches)
 
 
@@ -183,7 +185,8 @@ def test_a_masked_token_changes_neither_loss_nor_gradient(tiny_model_path, paddi
 
 
 def test_a_completion_mask_must_match_the_completions():
-    with pytest.raises(ValueError, match=r"TrainBatch.completion_mask\[0\]: needs one 0 or 1 per completion token \(2\)"):
+    with pytest.raises(ValueError,
+                       match=r"TrainBatch.completion_mask\[0\]: needs one 0 or 1 per completion token \(2\)"):
         TrainBatch([[1]], [[5, 6]], [[-1.0, -1.0]], [1.0], [False], completion_mask=[[1]])
     with pytest.raises(ValueError, match="TrainBatch.completion_mask: 2 rows for 1 completions"):
         TrainBatch([[1]], [[5, 6]], [[-1.0, -1.0]], [1.0], [False], completion_mask=[[1, 1], [1]])

@@ -22,7 +22,8 @@ LINEARS = 7 * 2  # q, k, v, o, gate, up, down in each of the tiny model's 2 laye
 
 
 def make(path, lora=LORA, **kw):
-    return Learner(spec(path, **{"loss_type": "dapo", "learning_rate": 1e-2, "micro_batch_size": 4, "lora": lora, **kw}))
+    return Learner(spec(path, **{"loss_type": "dapo", "learning_rate": 1e-2, "micro_batch_size": 4, "lora": lora,
+                                 **kw}))
 
 
 def randomize_adapters(model, seed=1, scale=0.1):
@@ -36,7 +37,8 @@ def randomize_adapters(model, seed=1, scale=0.1):
 
 def test_targets_that_match_nothing_or_cannot_merge_are_refused(tiny_model_path):
     model = meta_model(tiny_model_path)  # no weights: the same check runs before Ray starts
-    with pytest.raises(LoraError, match=r"target_modules \['nope'\]: match no layer of Qwen2ForCausalLM .*'q_proj'.*all-linear"):
+    with pytest.raises(LoraError,
+                       match=r"target_modules \['nope'\]: match no layer of Qwen2ForCausalLM .*'q_proj'.*all-linear"):
         apply_lora(model, {"target_modules": ["nope"]})
     with pytest.raises(LoraError, match=r"adapt \['lm_head \(Linear\)'\], but .*other than the output head"):
         apply_lora(meta_model(tiny_model_path), {"target_modules": ["q_proj", "lm_head"]})
@@ -177,7 +179,8 @@ TOL = TINY_MODEL
 
 @pytest.mark.slow  # builds TRL's GRPOTrainer
 @pytest.mark.parametrize("loss_type,beta", [("dapo", 0.04), ("grpo", 0.0), ("dr_grpo", 0.1)])
-def test_loss_and_gradients_match_trl_grpo_trainer_with_the_same_peft_config(tiny_model_path, tmp_path, loss_type, beta):
+def test_loss_and_gradients_match_trl_grpo_trainer_with_the_same_peft_config(tiny_model_path, tmp_path, loss_type,
+                                                                            beta):
     """TRL's own GRPOTrainer, built with `peft_config=LoraConfig(...)` (its get_peft_model, reference by disabled
     adapters, fused LM head at the temperature), gradient checkpointing on as its Trainer.train() enables it.
     Its `_generate_and_score_completions` runs on fixed completions and rewards (the generation and reward calls

@@ -80,7 +80,8 @@ def test_vllm_importance_weights_match_trl(accel, mode, clip):
         clip_max=clip[0],
         clip_min=clip[1],
     )
-    ours = vllm_importance_weights(old, out["sampling_per_token_logps"], mask, ImportanceSampling(mode, clip[0], clip[1]))
+    ours = vllm_importance_weights(old, out["sampling_per_token_logps"], mask,
+                                   ImportanceSampling(mode, clip[0], clip[1]))
     assert ours.shape == out["importance_sampling_ratio"].shape
     torch.testing.assert_close(ours, out["importance_sampling_ratio"], rtol=RTOL, atol=ATOL)
 

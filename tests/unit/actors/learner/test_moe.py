@@ -1,5 +1,5 @@
-"""The learner with a mixture-of-experts policy (tiny Qwen3-MoE and Qwen2-MoE, orchestrator/builtin/models/moe.py): what the
-generators are sent, routing replay (actors/learner/routing.py), the load-balancing loss by TRL's rule, and two
+"""The learner with a mixture-of-experts policy (tiny Qwen3-MoE and Qwen2-MoE, orchestrator/builtin/models/moe.py): what
+the generators are sent, routing replay (actors/learner/routing.py), the load-balancing loss by TRL's rule, and two
 FSDP ranks against one."""
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def test_the_generators_are_sent_the_checkpoint_layout(moe_path):
     sent = safetensors_load(lr.export_weights())
     disk = load_file(f"{moe_path}/model.safetensors")
     assert sent.keys() == disk.keys()
-    assert "model.layers.0.mlp.experts.7.up_proj.weight" in sent and "model.layers.0.mlp.experts.gate_up_proj" not in sent
+    assert ("model.layers.0.mlp.experts.7.up_proj.weight" in sent
+            and "model.layers.0.mlp.experts.gate_up_proj" not in sent)
     for k in disk:
         assert torch.equal(sent[k], disk[k]), k
     lr.train_step(make_batch(8))  # after a step too: what is sent is what save_pretrained writes

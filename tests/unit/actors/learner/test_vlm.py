@@ -58,8 +58,8 @@ def test_placeholders_are_biased_out_as_the_engines_do_and_the_vision_tower_trai
     vision = {n: w.detach().clone() for n, w in lr.model.named_parameters() if ".visual." in f".{n}"}
     assert vision
     batch = TrainBatch(prompt_ids=[q.prompt_ids for q in prompts], completion_ids=[[5, 6], [7], [8, 9], [10]],
-                       sampling_logprobs=[[-1.0, -1.0], [-1.0], [-1.0, -1.0], [-1.0]], advantages=[1.0, -1.0, 0.5, -0.5],
-                       truncated=[False] * 4, images=[q.images for q in prompts])
+                       sampling_logprobs=[[-1.0, -1.0], [-1.0], [-1.0, -1.0], [-1.0]],
+                       advantages=[1.0, -1.0, 0.5, -0.5], truncated=[False] * 4, images=[q.images for q in prompts])
     result = lr.train_step(batch)
     assert torch.isfinite(torch.tensor(result.metrics["loss"]))
     moved = [n for n, w in lr.model.named_parameters() if n in vision and not torch.equal(w, vision[n])]

@@ -250,7 +250,8 @@ FORGERIES = {
                         "sorted = lambda x: 'z'\nbuiltins.sorted = sorted\nbuiltins.len = lambda x: 7\n"
                         "def add(a, b):\n    return 'z'",
     "hunts_for_test_files": "import os\nfound = [open(f).read() for d in ('.', '/tmp') for f in os.listdir(d)\n"
-                            "         if os.path.isfile(os.path.join(d, f)) and 'assert' in open(os.path.join(d, f)).read()]\n"
+                            "         if os.path.isfile(os.path.join(d, f)) and "
+                            "'assert' in open(os.path.join(d, f)).read()]\n"
                             "assert found, 'no tests on disk'",
     "kills_runner_with_signal": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
     "daemon_writes_later": "import os, time\nif os.fork() == 0:\n    time.sleep(0.5)\n    os.write(3, b'forged\\n')\n"

@@ -35,7 +35,8 @@ def batch(n, env_rewards=None, env_classes=None, environments=None, g=2):
 
 def test_environment_reward_scores_its_own_samples_and_falls_back_where_missing():
     w = RewardWorker([env_spec(fallback=-1.0)])
-    b = batch(4, env_rewards=[1.0, None, math.nan, 5.0], env_classes=["CounterEnv", "CounterEnv", "CounterEnv", "Other"])
+    b = batch(4, env_rewards=[1.0, None, math.nan, 5.0],
+              env_classes=["CounterEnv", "CounterEnv", "CounterEnv", "Other"])
     out = w.score(b)
     s = out.scores[0]
     assert s[0] == 1.0 and s[1] == -1.0 and math.isnan(s[2]) and math.isnan(s[3])  # lost -> fallback; other env: NaN
@@ -62,7 +63,8 @@ def test_environments_reach_only_the_functions_that_declare_them():
 def test_a_lost_state_reaches_the_function_as_none():
     e = CounterEnv()
     e.count = 4
-    out = RewardWorker([RewardSpec("c", "tests.fixtures.envs:env_counts")]).score(batch(2, environments=[cloudpickle.dumps(e), None]))
+    out = RewardWorker([RewardSpec("c", "tests.fixtures.envs:env_counts")]).score(
+        batch(2, environments=[cloudpickle.dumps(e), None]))
     assert out.scores[0][0] == 4.0 and math.isnan(out.scores[0][1])
 
 

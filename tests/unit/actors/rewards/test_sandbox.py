@@ -177,12 +177,14 @@ ATTACKS = [
     Attack("read_proc_environ",
            "import os\nfound = []\nfor pid in os.listdir('/proc'):\n    try:\n"
            "        data = open('/proc/%s/environ' % pid, 'rb').read()\n    except OSError:\n        continue\n"
-           "    if b'secret-decoy' in data:\n        found.append(data)\nassert found\nprint(found)\nprint('{marker}')\n",
+           "    if b'secret-decoy' in data:\n        found.append(data)\n"
+           "assert found\nprint(found)\nprint('{marker}')\n",
            needs=(("drop_uid", "proc_isolation"),)),
     Attack("read_proc_cmdline",
            "import os\nfound = []\nfor pid in os.listdir('/proc'):\n    try:\n"
            "        data = open('/proc/%s/cmdline' % pid, 'rb').read()\n    except OSError:\n        continue\n"
-           "    if b'secret-decoy' in data:\n        found.append(data)\nassert found\nprint(found)\nprint('{marker}')\n",
+           "    if b'secret-decoy' in data:\n        found.append(data)\n"
+           "assert found\nprint(found)\nprint('{marker}')\n",
            needs=(("proc_isolation",),)),
     Attack("connect_local_port",
            "import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\ns.sendall(b'hi')\n"
@@ -340,7 +342,8 @@ def test_secret_and_report_channels():
 
 def test_program_output_cannot_pose_as_the_harness():
     # The harness reports on a pipe the program never holds; nothing it prints is taken for a setup error.
-    code = "import sys\nprint('error setup: boom')\nsys.stderr.write('execfail 2 nope\\nready drop_uid=0\\n')\nsys.exit(125)\n"
+    code = ("import sys\nprint('error setup: boom')\n"
+            "sys.stderr.write('execfail 2 nope\\nready drop_uid=0\\n')\nsys.exit(125)\n")
     r = run_sandboxed(code, limits=LIMITS)
     assert r.returncode == 125 and r.error is None
     assert r.protections == run_sandboxed("pass", limits=LIMITS).protections

@@ -107,9 +107,11 @@ def test_wrong_return_names_reward_and_sample():
 def test_exception_raises_naming_sample_or_falls_back():
     with pytest.raises(RewardFunctionError, match=r"reward 'x' raised on sample 1: ZeroDivisionError: boom"):
         worker(RewardSpec("x", f"{__name__}:raises_on_b")).score(chunk(["a", "b", "c"]))
-    out = worker(RewardSpec("x", f"{__name__}:raises_on_b", on_error="fallback", fallback=-1.0)).score(chunk(["a", "b", "c"]))
+    out = worker(RewardSpec("x", f"{__name__}:raises_on_b", on_error="fallback", fallback=-1.0)).score(
+        chunk(["a", "b", "c"]))
     assert out.scores == [[1.0, -1.0, 1.0]] and out.errors == {"x": 1}
-    out = worker(RewardSpec("x", f"{__name__}:raises_on_b", on_error="fallback", fallback=None)).score(chunk(["a", "b"]))
+    out = worker(RewardSpec("x", f"{__name__}:raises_on_b", on_error="fallback", fallback=None)).score(
+        chunk(["a", "b"]))
     assert out.scores[0][0] == 1.0 and math.isnan(out.scores[0][1])
 
 
@@ -164,7 +166,8 @@ def test_a_timeout_error_the_reward_raises_is_its_error_not_a_timeout(fn):
 
 
 def test_load_errors_name_the_reward(tmp_path):
-    with pytest.raises(RewardFunctionError, match=r"reward 'r': function 'no_such_module:\w+': cannot import 'no_such_module'"):
+    with pytest.raises(RewardFunctionError,
+                       match=r"reward 'r': function 'no_such_module:\w+': cannot import 'no_such_module'"):
         load_reward_function(RewardSpec("r", "no_such_module:f"))
     with pytest.raises(RewardFunctionError, match=r"has no attribute 'nope'"):
         load_reward_function(RewardSpec("r", f"{F}:nope"))

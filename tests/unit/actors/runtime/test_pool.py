@@ -1,5 +1,5 @@
-"""The pool base's shared pieces (actors/runtime/pool.py): the metric names both pools export, each pool's stats record and
-the step metrics the driver logs from it, and the load accounting a `with self._load(slot):` block keeps. The
+"""The pool base's shared pieces (actors/runtime/pool.py): the metric names both pools export, each pool's stats record
+and the step metrics the driver logs from it, and the load accounting a `with self._load(slot):` block keeps. The
 pools' own logic: tests/unit/actors/envs/test_pool.py; with Ray: tests/integration/actors/{rewards,envs}/."""
 
 import dataclasses

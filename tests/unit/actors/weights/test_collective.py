@@ -39,7 +39,8 @@ def test_wire_then_views_are_exact_for_mixed_dtypes_and_direct_tensors_are_not_c
     wire = wire_tensors(bucket, list(ts.values()), torch.device("cpu"))
     assert len(wire) == 2 and wire[0].dtype == torch.uint8 and wire[0].numel() == bucket.nbytes
     assert wire[1].data_ptr() == ts["d"].data_ptr()  # sent as it is
-    assert [(b.shape, b.dtype) for b in receive_buffers(bucket, torch.device("cpu"))] == [(w.shape, w.dtype) for w in wire]
+    assert ([(b.shape, b.dtype) for b in receive_buffers(bucket, torch.device("cpu"))]
+            == [(w.shape, w.dtype) for w in wire])
     out = dict(bucket_tensors(bucket, wire))
     assert list(out) == list(ts)
     for k, v in ts.items():

@@ -75,8 +75,10 @@ def test_gate_properties(rows, t1, t2):
 def test_aggregator_weights_follow_schedules_and_gate_thresholds():
     cfg = parse_config({"rewards": [
         {"name": "correct", "function": "f", "weight": 2.0},
-        {"name": "fmt", "function": "f", "weight": 1.0, "schedule": {"type": "linear", "start": 1, "end": 0, "end_step": 10}},
-        {"name": "style", "function": "f", "gate": {"reward": "correct", "threshold": {"type": "piecewise", "steps": [[0, 0.0], [5, 1.0]]}}},
+        {"name": "fmt", "function": "f", "weight": 1.0,
+         "schedule": {"type": "linear", "start": 1, "end": 0, "end_step": 10}},
+        {"name": "style", "function": "f",
+         "gate": {"reward": "correct", "threshold": {"type": "piecewise", "steps": [[0, 0.0], [5, 1.0]]}}},
     ]})
     agg = RewardAggregator(cfg.rewards)
     assert agg.weights(0).tolist() == [2.0, 1.0, 1.0]

@@ -14,27 +14,32 @@ DEMO = str(ROOT / "configs" / "demo.yaml")
     [
         ([DEMO, "generation.num_generatons=4"], "generation.num_generatons: Extra inputs are not permitted"),
         ([DEMO, "grpo.loss_type=ppo"], "grpo.loss_type: Input should be"),
-        ([DEMO, "rewards.0.function=no_such_module:fn"], "rewards[letter].function: reward 'letter': function 'no_such_module:fn': cannot import 'no_such_module'"),
+        ([DEMO, "rewards.0.function=no_such_module:fn"],
+         "rewards[letter].function: reward 'letter': function 'no_such_module:fn': cannot import 'no_such_module'"),
         ([DEMO, "rewards.0.function=actors.rewards.builtin:nope"], "has no attribute 'nope'"),
         ([DEMO, "rewards.0.function=lettr_fraction"], "unknown built-in 'lettr_fraction'"),
         ([DEMO, "rewards.0.function=accuracy_reward"],
          "rewards[letter].function: trl.rewards:accuracy_reward takes the dataset column(s) ['solution']"),
         ([DEMO, "data.path=/nonexistent/prompts.jsonl"], "data.path '/nonexistent/prompts.jsonl': cannot load"),
         ([DEMO, "data.prompt_column=question"], "data.prompt_column 'question' not in dataset"),
-        ([DEMO, "model.name_or_path=/nonexistent/model"], "model.name_or_path '/nonexistent/model': cannot load tokenizer"),
+        ([DEMO, "model.name_or_path=/nonexistent/model"],
+         "model.name_or_path '/nonexistent/model': cannot load tokenizer"),
         ([DEMO, 'model.lora={"r": 8, "target_modules": ["q_prj"]}'],
          "model.lora.target_modules ['q_prj']: match no layer of Qwen2ForCausalLM"),
-        ([DEMO, "model.lora.target_modules=[lm_head]"], "model.lora.target_modules ['lm_head']: adapt ['lm_head (Linear)']"),
+        ([DEMO, "model.lora.target_modules=[lm_head]"],
+         "model.lora.target_modules ['lm_head']: adapt ['lm_head (Linear)']"),
         ([DEMO, "grpo.gradient_checkpointing_kwargs={use_reentrnt: true}"],
          "grpo.gradient_checkpointing_kwargs: ['use_reentrnt'] are not arguments of torch.utils.checkpoint.checkpoint"),
         ([str(ROOT / "nope.yaml")], "config file not found"),
         ([DEMO, "rewards.1.judge.template={x} y"], "override 'rewards.1.judge.template': its value is not YAML"),
         ([DEMO, "eval={data: {path: toy, prompt_column: question}}"],
          "eval.data.prompt_column 'question' not in dataset 'toy'"),
-        ([DEMO, "eval={data: {path: /nonexistent/held_out.jsonl}}"], "eval.data.path '/nonexistent/held_out.jsonl': cannot load"),
+        ([DEMO, "eval={data: {path: /nonexistent/held_out.jsonl}}"],
+         "eval.data.path '/nonexistent/held_out.jsonl': cannot load"),
         ([DEMO, "eval={data: {path: toy}}", "eval.num_generations=0"],
          "eval.num_generations: Input should be greater than or equal to 1"),
-        ([DEMO, "eval={data: {path: toy}, rewards: [{name: x, function: lettr}]}"], "eval.rewards[x].function: unknown built-in 'lettr'"),
+        ([DEMO, "eval={data: {path: toy}, rewards: [{name: x, function: lettr}]}"],
+         "eval.rewards[x].function: unknown built-in 'lettr'"),
         ([DEMO, "eval={data: {path: toy}}", "grpo.save_best=eval/accuracy"],
          "grpo.save_best 'eval/accuracy': eval produces no such metric (it produces ['eval/reward', "),
         ([DEMO, "grpo.save_best=eval/reward"], "grpo.save_best 'eval/reward' needs an eval block"),
@@ -54,7 +59,8 @@ def test_run_rejects_bad_input_before_starting_anything(args, message, capsys, t
     ("judge.yaml", "rewards.1.judge.template='{nosuchcol} {completion}'",
      "rewards[judge].judge.template: fields ['nosuchcol'] are neither ['prompt', 'completion', 'conversation'] nor "
      "dataset columns (the dataset has ['letter', 'prompt'])"),
-    ("curriculum.yaml", "data.difficulty.weights={learnable: -1.0}", "data.difficulty.weights: learnable is -1 at step 0"),
+    ("curriculum.yaml", "data.difficulty.weights={learnable: -1.0}",
+     "data.difficulty.weights: learnable is -1 at step 0"),
 ])
 def test_bad_judge_templates_and_curriculum_weights_fail_before_any_model_is_built(config, override, message, capsys,
                                                                                    tmp_path, monkeypatch):
@@ -105,7 +111,8 @@ def test_eval_rejects_bad_input_before_starting_anything(args, message, capsys, 
 def test_scale_unreachable_address_is_one_line(capsys):
     code = main(["scale", "no-such-run", "--reward-workers", "2", "--address", "127.0.0.1:1"])
     err = capsys.readouterr().err
-    assert code == 3 and "cannot reach the Ray dashboard at http://127.0.0.1:1" in err and len(err.strip().splitlines()) == 1
+    assert (code == 3 and "cannot reach the Ray dashboard at http://127.0.0.1:1" in err
+            and len(err.strip().splitlines()) == 1)
 
 
 @pytest.mark.parametrize("args", [[], ["--reward-workers", "4", "--max", "8"]])

@@ -60,7 +60,8 @@ def test_submission_naming_entrypoint_and_metadata(project, monkeypatch):
     assert sub.entrypoint == ("python -m orchestrator run configs/run.yaml grpo.max_steps=3 data.path=data/big.jsonl "
                               "cluster.address=auto --name exp-1")
     assert sub.metadata["rayward_run"] == "exp-1"
-    flagged = jobs.build_submission("configs/run.yaml", [], name="exp-1", environ={}, run_flags=["--verbose", "--debug"])
+    flagged = jobs.build_submission("configs/run.yaml", [], name="exp-1", environ={},
+                                    run_flags=["--verbose", "--debug"])
     assert flagged.entrypoint.endswith("--name exp-1 --verbose --debug")  # `rayward submit -v --debug`
     assert sub.runtime_env["working_dir"] == str(project)
     assert "py_modules" in sub.runtime_env  # rayward's packages are not inside this working_dir: shipped
@@ -149,7 +150,8 @@ def test_env_forwarding():
 
 def test_dry_run_masks_secrets():
     sub = jobs.build_submission(str(DEMO), [], name="x", working_dir=ROOT,
-                                environ={"HF_TOKEN": "hf_secret", "WANDB_API_KEY": "k", "TOKENIZERS_PARALLELISM": "false"})
+                                environ={"HF_TOKEN": "hf_secret", "WANDB_API_KEY": "k",
+                                         "TOKENIZERS_PARALLELISM": "false"})
     env = sub.public()["runtime_env"]["env_vars"]
     assert env["HF_TOKEN"] == env["WANDB_API_KEY"] == "***"
     assert env["TOKENIZERS_PARALLELISM"] == "false"
@@ -273,8 +275,9 @@ def test_the_gpu_preset_dry_run_checks_its_data_and_its_rewards_columns(tmp_path
     (project / "data").mkdir()
     rows = [{"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"}] * 4
     (project / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(ConfigError, match=r"rewards\[accuracy\].function: trl.rewards:accuracy_reward takes the dataset "
-                                          r"column\(s\) \['solution'\] .* lacks \(its columns: \['answer', 'prompt'\]\)"):
+    with pytest.raises(ConfigError, match=r"rewards\[accuracy\].function: trl.rewards:accuracy_reward takes the "
+                                          r"dataset column\(s\) \['solution'\] .* lacks "
+                                          r"\(its columns: \['answer', 'prompt'\]\)"):
         jobs.build_submission("configs/gpu.yaml", [], name="g", environ={})
     rows = [{**r, "solution": "4"} for r in rows]
     (project / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -15,7 +15,8 @@ def test_env_workers_passes_the_argument_checks(capsys):
     assert "cannot reach the Ray dashboard at http://127.0.0.1:1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("args", [["--env-workers", "2", "--reward-workers", "2"], ["--env-workers", "2", "--max", "3"]])
+@pytest.mark.parametrize("args", [["--env-workers", "2", "--reward-workers", "2"],
+                                  ["--env-workers", "2", "--max", "3"]])
 def test_one_action_at_a_time(args, capsys):
     assert main(["scale", "some-run", *args, "--address", "127.0.0.1:1"]) == 2
     assert "for the environment pool --env-workers N, or --pool env --min/--max" in capsys.readouterr().err
@@ -38,9 +39,11 @@ def test_env_bounds_are_refused_naming_the_pool_before_connecting(capsys):
 
 @pytest.mark.parametrize(("overrides", "message"), [
     (["environment_factory=tests.fixtures.bad_envs:NoReset"], "class NoReset has no `reset` method"),
-    (["tools=[tests.fixtures.bad_envs:no_docstring]"], "tools[0] 'tests.fixtures.bad_envs:no_docstring': no tool schema"),
+    (["tools=[tests.fixtures.bad_envs:no_docstring]"],
+     "tools[0] 'tests.fixtures.bad_envs:no_docstring': no tool schema"),
     (["environment_factory=orchestrator.builtin.tasks.boxes:BoxEnv"],
-     "model.name_or_path 'tiny' (a chat template TRL does not ship): its chat template cannot render tool calls (it drops the tool call's name"),
+     "model.name_or_path 'tiny' (a chat template TRL does not ship): its chat template cannot render tool calls "
+     "(it drops the tool call's name"),
 ])
 def test_run_refuses_bad_tools_and_environments_before_starting_anything(overrides, message, capsys, tiny_model_path):
     import ray
@@ -55,7 +58,8 @@ def test_run_refuses_bad_tools_and_environments_before_starting_anything(overrid
 def test_teacher_engines_passes_the_argument_checks_and_is_one_action(capsys):
     assert main(["scale", "some-run", "--teacher-engines", "2", "--address", "127.0.0.1:1"]) == 3
     assert "cannot reach the Ray dashboard at http://127.0.0.1:1" in capsys.readouterr().err
-    assert main(["scale", "some-run", "--teacher-engines", "2", "--judge-engines", "1", "--address", "127.0.0.1:1"]) == 2
+    assert main(["scale", "some-run", "--teacher-engines", "2", "--judge-engines", "1",
+                 "--address", "127.0.0.1:1"]) == 2
     assert "for the distillation teacher's --teacher-engines N, or --pool teacher --min/--max" in (
         capsys.readouterr().err)
     assert main(["scale", "some-run", "--pool", "teacher", "--min", "3", "--max", "2", "--address", "127.0.0.1:1"]) == 2

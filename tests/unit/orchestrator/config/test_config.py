@@ -35,7 +35,8 @@ def test_batch_must_divide_into_groups():
     with pytest.raises(ConfigError, match="multiple of num_generations"):
         parse_config({**MINIMAL, "generation": {"num_generations": 3, "generation_batch_size": 8}})
     with pytest.raises(ConfigError, match="per_device_train_batch_size"):
-        parse_config({**MINIMAL, "generation": {"generation_batch_size": 32}, "grpo": {"per_device_train_batch_size": 12}})
+        parse_config({**MINIMAL, "generation": {"generation_batch_size": 32},
+                      "grpo": {"per_device_train_batch_size": 12}})
 
 
 def test_reward_needs_exactly_one_source():
@@ -51,7 +52,8 @@ def test_reward_needs_exactly_one_source():
     cfg = parse_config({"rewards": [{"name": "BoxEnv", "weight": 2.0}],
                         "environment_factory": "orchestrator.builtin.tasks.boxes:BoxEnv"})
     assert cfg.rewards[0].function is None and cfg.rewards[0].weight == 2.0
-    assert parse_config({"environment_factory": "orchestrator.builtin.tasks.boxes:BoxEnv"}).rewards == []  # its get_reward
+    # its get_reward
+    assert parse_config({"environment_factory": "orchestrator.builtin.tasks.boxes:BoxEnv"}).rewards == []
 
 
 def test_gate_errors():
@@ -65,7 +67,8 @@ def test_gate_errors():
         )
     with pytest.raises(ConfigError, match="reward names must be unique"):
         parse_config({"rewards": [r("a"), r("a")]})
-    ok = parse_config({"rewards": [r("a"), r("b", {"reward": "a", "threshold": 0.5}), r("c", {"reward": "b", "threshold": 1})]})
+    ok = parse_config({"rewards": [r("a"), r("b", {"reward": "a", "threshold": 0.5}),
+                                   r("c", {"reward": "b", "threshold": 1})]})
     assert ok.rewards[2].gate.reward == "b"
 
 
@@ -125,16 +128,20 @@ def test_lazy_gate_errors_name_the_reward_and_why():
 
 def test_schedule_validation():
     with pytest.raises(ConfigError, match="end_step"):
-        parse_config({"rewards": [{"name": "r", "function": "f", "schedule": {"type": "linear", "start": 1, "end": 0, "start_step": 5, "end_step": 5}}]})
+        parse_config({"rewards": [{"name": "r", "function": "f",
+                                   "schedule": {"type": "linear", "start": 1, "end": 0, "start_step": 5,
+                                                "end_step": 5}}]})
     with pytest.raises(ConfigError, match="strictly increasing"):
-        parse_config({"rewards": [{"name": "r", "function": "f", "schedule": {"type": "piecewise", "steps": [[5, 1], [2, 0]]}}]})
+        parse_config({"rewards": [{"name": "r", "function": "f",
+                                   "schedule": {"type": "piecewise", "steps": [[5, 1], [2, 0]]}}]})
     with pytest.raises(ConfigError, match=r"rewards\.0\.schedule"):
         parse_config({"rewards": [{"name": "r", "function": "f", "schedule": {"type": "exponential"}}]})
 
 
 def test_overrides():
     tree = {"grpo": {"max_steps": 5}, "rewards": [{"name": "r", "function": "f"}]}
-    apply_overrides(tree, ["grpo.max_steps=7", "generation.num_generations=4", "rewards.0.weight=0.5", "model.name_or_path=foo/bar"])
+    apply_overrides(tree, ["grpo.max_steps=7", "generation.num_generations=4", "rewards.0.weight=0.5",
+                           "model.name_or_path=foo/bar"])
     assert tree["grpo"]["max_steps"] == 7 and tree["generation"]["num_generations"] == 4
     assert tree["rewards"][0]["weight"] == 0.5 and tree["model"]["name_or_path"] == "foo/bar"
     with pytest.raises(ConfigError, match="no item '3'"):
@@ -175,9 +182,11 @@ def test_learner_ranks():
     with pytest.raises(ConfigError, match=r"cluster: learner_strategy 'single' runs one learner; num_learners \(2\)"):
         parse_config({**MINIMAL, "cluster": {"num_learners": 2}})
     with pytest.raises(ConfigError, match=r"learner\.num_gpus \(0\.5\)"):
-        parse_config({**MINIMAL, "cluster": {"num_learners": 2, "learner_strategy": "fsdp", "learner": {"num_gpus": 0.5}}})
+        parse_config({**MINIMAL, "cluster": {"num_learners": 2, "learner_strategy": "fsdp",
+                                             "learner": {"num_gpus": 0.5}}})
     with pytest.raises(ConfigError, match=r"cluster\.num_learners \(8\) is more than the micro-batches per step"):
-        parse_config({**MINIMAL, "generation": {"generation_batch_size": 32}, "grpo": {"per_device_train_batch_size": 8},
+        parse_config({**MINIMAL, "generation": {"generation_batch_size": 32},
+                      "grpo": {"per_device_train_batch_size": 8},
                       "cluster": {"num_learners": 8, "learner_strategy": "fsdp"}})
 
 
@@ -203,7 +212,8 @@ def test_lora_section_takes_peft_names_and_the_short_aliases():
     assert short == peft and (short.r, short.lora_alpha, short.lora_dropout) == (8, 16, 0.05)
     assert short.bias == "none" and not short.save_merged  # PEFT's defaults
     assert short.target_modules == "all-linear"  # rayward's default, not PEFT's q/v (config docstring)
-    cfg = load_config(ROOT / "configs" / "demo.yaml", ['model.lora={"r": 8, "alpha": 16}', "model.lora.target_modules=all-linear"])
+    cfg = load_config(ROOT / "configs" / "demo.yaml",
+                      ['model.lora={"r": 8, "alpha": 16}', "model.lora.target_modules=all-linear"])
     assert cfg.model.lora.target_modules == "all-linear" and cfg.model.lora.lora_alpha == 16
     with pytest.raises(ConfigError, match=r"model\.lora: give `lora_alpha` or its alias `alpha`, not both"):
         parse_config({**MINIMAL, "model": {"lora": {"alpha": 16, "lora_alpha": 8}}})
@@ -225,8 +235,10 @@ def test_gradient_checkpointing_defaults_to_trls():
 def test_learner_placement():
     fsdp = {"num_learners": 2, "learner_strategy": "fsdp"}
     assert parse_config({**MINIMAL, "cluster": fsdp}).cluster.learner_placement == "pack"
-    assert parse_config({**MINIMAL, "cluster": {**fsdp, "learner_placement": "spread"}}).cluster.learner_placement == "spread"
-    with pytest.raises(ConfigError, match=r"cluster: learner_placement 'spread' puts each learner rank on its own node"):
+    assert parse_config({**MINIMAL, "cluster": {**fsdp,
+                                                "learner_placement": "spread"}}).cluster.learner_placement == "spread"
+    with pytest.raises(ConfigError,
+                       match=r"cluster: learner_placement 'spread' puts each learner rank on its own node"):
         parse_config({**MINIMAL, "cluster": {"learner_placement": "spread"}})
     with pytest.raises(ConfigError, match=r"cluster\.learner_placement: Input should be 'pack' or 'spread'"):
         parse_config({**MINIMAL, "cluster": {**fsdp, "learner_placement": "scatter"}})
@@ -248,7 +260,8 @@ def test_eval_block():
     with pytest.raises(ConfigError, match=r"temperature 0 \(greedy\) makes the num_generations \(4\)"):
         parse_config({**MINIMAL, "eval": {**EVAL, "temperature": 0, "num_generations": 4}})
     assert parse_config({**MINIMAL, "eval": {**EVAL, "temperature": 0}}).eval.temperature == 0
-    with pytest.raises(ConfigError, match=r"eval\.max_completion_length \(512\) must be below generation\.max_model_len"):
+    with pytest.raises(ConfigError,
+                       match=r"eval\.max_completion_length \(512\) must be below generation\.max_model_len"):
         parse_config({**MINIMAL, "eval": {**EVAL, "max_completion_length": 512}})
     gated = {"name": "b", "function": "brevity", "gate": {"reward": "nope", "threshold": 1}}
     with pytest.raises(ConfigError, match=r"eval: .*gate names unknown reward 'nope'"):

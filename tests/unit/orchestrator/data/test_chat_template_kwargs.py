@@ -77,7 +77,8 @@ def test_reward_models_render_prompt_and_completion_with_them(qwen3, tmp_path):
         num_key_value_heads=1, num_labels=1, pad_token_id=0,
     )).save_pretrained(path)
     marking = AutoTokenizer.from_pretrained(qwen3.name_or_path)
-    marking.chat_template = "{% if mark is defined %}MARK {% endif %}{% for m in messages %}{{ m.content }} {% endfor %}"
+    marking.chat_template = ("{% if mark is defined %}MARK {% endif %}"
+                             "{% for m in messages %}{{ m.content }} {% endfor %}")
     marking.save_pretrained(path)
     for kwargs, want in (({"mark": True}, "MARK Open box"), ({}, "Open box")):
         rm = _RewardModel(str(path), kwargs)

@@ -1,5 +1,5 @@
-"""Streamed prompt datasets (orchestrator/data/shards.py): parquet and jsonl shards, a saved `datasets` dataset; every row
-once per epoch through the shuffle buffer, seeded; the position through JSON and back, exactly (the buffer's rows
+"""Streamed prompt datasets (orchestrator/data/shards.py): parquet and jsonl shards, a saved `datasets` dataset; every
+row once per epoch through the shuffle buffer, seeded; the position through JSON and back, exactly (the buffer's rows
 re-read by reference); a pipelined run's replay; bad rows and shards named or skipped by the policy."""
 
 import json
@@ -60,7 +60,8 @@ def test_a_restored_position_draws_what_the_stream_would_have(tmp_path, tok, kin
     a.next_batch(23)  # mid-shard, mid-epoch, the buffer full
     saved = json.loads(json.dumps(a.state().to_json()))  # as a checkpoint keeps it
     position = position_from_json(saved)
-    assert isinstance(position, StreamPosition) and position == a.state() and len(position.buffer) == 7  # refilled at the next draw
+    # refilled at the next draw
+    assert isinstance(position, StreamPosition) and position == a.state() and len(position.buffer) == 7
     expected = [(p.row, p.draw) for p in a.next_batch(100)]  # into the next epoch
     b = source(path, tok)
     b.restore(position)

@@ -102,7 +102,8 @@ def test_rollouts_get_one_seed_per_row_fixed_by_the_run_seed_step_and_draw(tmp_p
     run = fake_run(tmp_path / "r", ["grpo.max_steps=2"], agentic=True)
     run_sync(run)
     seeds = [s for call, _ in run.generators.engines[0].rollouts for s in call]
-    assert seeds == [request_seed(run.cfg.seed, step, draw) for step in range(2) for draw in range(4 * step, 4 * step + 4)]
+    assert seeds == [request_seed(run.cfg.seed, step, draw)
+                     for step in range(2) for draw in range(4 * step, 4 * step + 4)]
 
 
 def test_the_completions_log_and_samples_show_the_conversation(tmp_path):

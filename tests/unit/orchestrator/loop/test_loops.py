@@ -297,7 +297,8 @@ def test_evals_run_on_schedule_with_the_weights_they_name_and_keep_the_best(tmp_
 
 
 def test_an_eval_at_the_start_only_when_asked(tmp_path):
-    run = fake_run(tmp_path / "r", [*EVAL[1:], 'eval={"data": {"path": "toy"}, "num_generations": 2, "max_samples": 4}'])
+    run = fake_run(tmp_path / "r",
+                   [*EVAL[1:], 'eval={"data": {"path": "toy"}, "num_generations": 2, "max_samples": 4}'])
     assert [h["step"] for h in evals(run_sync(run))] == [5]  # no every_n_steps: the last step only
 
 

@@ -85,10 +85,12 @@ def test_lora_and_gradient_checkpointing_reach_the_learner_as_peft_and_trl_take_
     from orchestrator.run.build import learner_spec, lora_kwargs
     from tests.conftest import ROOT
 
-    cfg = load_config(ROOT / "configs" / "demo.yaml", ['model.lora={"r": 8, "alpha": 16}', "model.lora.target_modules=all-linear"])
+    cfg = load_config(ROOT / "configs" / "demo.yaml",
+                      ['model.lora={"r": 8, "alpha": 16}', "model.lora.target_modules=all-linear"])
     assert lora_kwargs(cfg) == {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear",
                                 "bias": "none", "use_rslora": False}  # PEFT LoraConfig arguments
-    assert learner_spec(cfg, "m").model.lora == lora_kwargs(cfg) and learner_spec(parse_config(MINIMAL), "m").model.lora is None
+    assert (learner_spec(cfg, "m").model.lora == lora_kwargs(cfg)
+            and learner_spec(parse_config(MINIMAL), "m").model.lora is None)
     cfg = parse_config({**MINIMAL, "grpo": {"gradient_checkpointing_kwargs": {"use_reentrant": True}}})
     m = learner_spec(cfg, "m").model
     assert m.gradient_checkpointing is True and m.gradient_checkpointing_kwargs == {"use_reentrant": True}
@@ -103,7 +105,8 @@ def test_packing_and_token_budgets_reach_the_learner():
     assert default.model.attn_implementation is None
     s = learner_spec(parse_config({**MINIMAL, "grpo": {"padding_free": False, "max_tokens_per_microbatch": 4096},
                                    "model": {"attn_implementation": "eager"}}), "m")
-    assert (s.step.padding_free, s.step.max_tokens_per_microbatch, s.model.attn_implementation) == (False, 4096, "eager")
+    assert ((s.step.padding_free, s.step.max_tokens_per_microbatch, s.model.attn_implementation)
+            == (False, 4096, "eager"))
 
 
 def test_packing_where_it_cannot_be_correct_is_a_config_error(tmp_path, tiny_model_path):

@@ -1,5 +1,5 @@
-"""orchestrator/run/checkpoints.py, the files: which checkpoint --resume picks (a damaged one passed over), a resume that
-has nothing to do, and checkpoint-best's record across a resume. (When checkpoints are written and what a resume
+"""orchestrator/run/checkpoints.py, the files: which checkpoint --resume picks (a damaged one passed over), a resume
+that has nothing to do, and checkpoint-best's record across a resume. (When checkpoints are written and what a resume
 restores: tests/unit/orchestrator/loop/test_loops.py and test_supervisor.py.)"""
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def test_a_checkpoint_that_fails_to_load_falls_back_to_the_one_before(tmp_path):
     (bad / STATE_FILE).write_text(json.dumps({"files": {}}))  # whole by its sizes, but no global_step: loads badly
     assert checkpoints.resume(run, checkpoints.usable(run.run_dir)) == run.run_dir / "checkpoint-2"
     assert run.progress.global_step == 2
-    assert any(m.startswith("rayward: checkpoint-4 could not be loaded (KeyError: ") and m.endswith("using checkpoint-2")
-               for m in messages(run))
+    assert any(m.startswith("rayward: checkpoint-4 could not be loaded (KeyError: ")
+               and m.endswith("using checkpoint-2") for m in messages(run))
 
 
 def test_a_resume_with_nothing_to_do_fails_before_anything_starts(tmp_path):

@@ -31,8 +31,8 @@ def test_spread_needs_a_node_per_rank():
 
 def test_spread_counts_nodes_that_can_hold_a_rank():
     gpus = cluster(learner_placement="spread", learner={"num_cpus": 4, "num_gpus": 1})
-    with pytest.raises(ConfigError, match=r"has 1 live node\(s\) with room for one rank \(\{'CPU': 4\.0, 'GPU': 1\.0\}\) "
-                                          r"of 3 node\(s\)"):
+    with pytest.raises(ConfigError, match=r"has 1 live node\(s\) with room for one rank "
+                                          r"\(\{'CPU': 4\.0, 'GPU': 1\.0\}\) of 3 node\(s\)"):
         check_learner_placement(gpus, [node(CPU=8.0, GPU=8.0), node(CPU=8.0), node(CPU=2.0, GPU=1.0)])
     check_learner_placement(gpus, [node(CPU=8.0, GPU=8.0), node(CPU=4.0, GPU=1.0)])
     custom = cluster(learner_placement="spread", learner={"num_cpus": 1, "resources": {"learner_node": 1}})
@@ -41,8 +41,10 @@ def test_spread_counts_nodes_that_can_hold_a_rank():
 
 
 def test_actor_options_carry_the_resources_section_and_extras():
-    c = parse_config({**MINIMAL, "cluster": {"learner": {"num_cpus": 2, "num_gpus": 1, "resources": {"big": 1}}}}).cluster
-    assert actor_options(c.learner, name="x") == {"num_cpus": 2.0, "num_gpus": 1.0, "resources": {"big": 1.0}, "name": "x"}
+    c = parse_config({**MINIMAL,
+                      "cluster": {"learner": {"num_cpus": 2, "num_gpus": 1, "resources": {"big": 1}}}}).cluster
+    assert actor_options(c.learner, name="x") == {"num_cpus": 2.0, "num_gpus": 1.0, "resources": {"big": 1.0},
+                                                  "name": "x"}
     plain = actor_options(parse_config(MINIMAL).cluster.reward_worker)
     assert "resources" not in plain and set(plain) == {"num_cpus", "num_gpus"}
 

@@ -1,9 +1,9 @@
-"""The fakes the loop tests run on (tests/fixtures/fakes.py), held to the real groups they stand for (actors/runtime/group.py,
-actors/weights/transfer.py) through the Protocols `Run` is typed with (orchestrator/run/groups.py, run.py): each fake's
-public methods are exactly its Protocol's, and the Protocol's, the real group's and the fake's signatures of each are
-the same. A fake that drifts from its group (a method renamed, removed or added on either side, an argument
-changed) fails here instead of passing the fake tier while the real thing is broken (commit 580de37: a broken
-LearnerGroup passed it)."""
+"""The fakes the loop tests run on (tests/fixtures/fakes.py), held to the real groups they stand for
+(actors/runtime/group.py, actors/weights/transfer.py) through the Protocols `Run` is typed with
+(orchestrator/run/groups.py, run.py): each fake's public methods are exactly its Protocol's, and the Protocol's, the
+real group's and the fake's signatures of each are the same. A fake that drifts from its group (a method renamed,
+removed or added on either side, an argument changed) fails here instead of passing the fake tier while the real thing
+is broken (commit 580de37: a broken LearnerGroup passed it)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def test_a_fake_has_its_protocols_methods_with_the_real_groups_signatures(protoc
         f"{sorted(set(faked) - scripted - set(wanted))}, only the Protocol {sorted(set(wanted) - set(faked))}")
     for name, signature in wanted.items():
         assert name in actual, f"{real.__name__} has no {name}, which the run calls ({protocol.__name__})"
-        assert actual[name] == signature, f"{real.__name__}.{name}{actual[name]} is not {protocol.__name__}'s {signature}"
+        assert actual[name] == signature, (
+            f"{real.__name__}.{name}{actual[name]} is not {protocol.__name__}'s {signature}")
         assert faked[name] == signature, f"{fake.__name__}.{name}{faked[name]} is not {protocol.__name__}'s {signature}"
 
 

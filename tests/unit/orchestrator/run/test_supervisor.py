@@ -1,5 +1,5 @@
-"""The supervisor (orchestrator/run/supervisor.py) on fake groups (tests/fixtures/fakes.py): a lost learner is rebuilt and
-the run rewound to its latest checkpoint (or its start), the steps since it trained again on the same prompts, the
+"""The supervisor (orchestrator/run/supervisor.py) on fake groups (tests/fixtures/fakes.py): a lost learner is rebuilt
+and the run rewound to its latest checkpoint (or its start), the steps since it trained again on the same prompts, the
 pipelined loop's batches generated ahead dropped, each recovery recorded; the budget (cluster.max_failures); an
 error that is not a lost learner; a preemption notice that checkpoints and moves the learner, losing nothing.
 (The real thing, with Ray killing real actors: tests/integration/runs/faults/test_recovery.py.)"""

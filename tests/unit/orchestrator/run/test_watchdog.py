@@ -1,5 +1,5 @@
-"""The watchdog (orchestrator/run/watchdog.py) on stand-ins for the groups' members (actors/runtime/group.py Member: name, id,
-the GCS's record, ping, kill) and Ray's drain list.
+"""The watchdog (orchestrator/run/watchdog.py) on stand-ins for the groups' members (actors/runtime/group.py Member:
+name, id, the GCS's record, ping, kill) and Ray's drain list.
 
 - Preemption: a learner rank on a draining node asks the loop to move the learner, once per rank (the check runs
   again while the move is under way and must not ask twice); a rank elsewhere is left alone.
@@ -53,7 +53,8 @@ def draining(monkeypatch):
 def run_with(tmp_path, ranks, generators=(), hang_timeout_s=0.0):
     said = []
     return SimpleNamespace(
-        learner=SimpleNamespace(members=lambda: list(ranks)), generators=SimpleNamespace(members=lambda: list(generators)),
+        learner=SimpleNamespace(members=lambda: list(ranks)),
+        generators=SimpleNamespace(members=lambda: list(generators)),
         progress=Progress(), faults=FaultLog(tmp_path, said.append), said=said,
         cfg=SimpleNamespace(cluster=SimpleNamespace(hang_timeout_s=hang_timeout_s)),
     )

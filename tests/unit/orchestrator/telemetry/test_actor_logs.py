@@ -22,7 +22,8 @@ SANDBOX = [
 def test_rayward_messages_take_their_indented_continuations():
     assert rayward_messages(VLLM_NOISE) == []
     assert rayward_messages(SANDBOX) == ["\n".join(SANDBOX[:2])]
-    assert rayward_messages(["\x1b[33mrayward: coloured\x1b[0m", "rayward: two"]) == ["rayward: coloured", "rayward: two"]
+    assert (rayward_messages(["\x1b[33mrayward: coloured\x1b[0m", "rayward: two"])
+            == ["rayward: coloured", "rayward: two"])
 
 
 def test_every_line_to_the_file_rayward_messages_once_to_the_terminal(tmp_path):

@@ -173,7 +173,8 @@ def long_run(run_dir: Path, steps: int, *, rows_per_step: int = 64, group_size: 
         for step in range(1, steps + 1):
             for i in range(rows_per_step):
                 total = rng.random()
-                f.write(json.dumps({"step": step, "policy_version": step - 1, "prompt_index": step * 8 + i // group_size,
+                f.write(json.dumps({"step": step, "policy_version": step - 1,
+                                    "prompt_index": step * 8 + i // group_size,
                                     "prompt": "Write the letter d:", "completion": "".join(
                                         rng.choice("abcd efgh") for _ in range(24)), "total": total,
                                     "advantage": total - 0.5, "rewards/letter": total, "gated/letter": total}) + "\n")

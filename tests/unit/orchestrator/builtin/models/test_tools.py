@@ -65,7 +65,8 @@ def test_every_loader_tokenizes_alike(tok, tok_dir):
     fast = PreTrainedTokenizerFast.from_pretrained(tok_dir)
     for text in task_texts(tok):
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        assert ids == raw.encode(text, add_special_tokens=False).ids == fast(text, add_special_tokens=False)["input_ids"]
+        assert (ids == raw.encode(text, add_special_tokens=False).ids
+                == fast(text, add_special_tokens=False)["input_ids"])
         assert tok.decode(ids) == raw.decode(ids, skip_special_tokens=False) == fast.decode(ids)
 
 
