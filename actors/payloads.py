@@ -264,7 +264,8 @@ def resolve_training(batch: TrainBatch) -> TrainBatch:
         routes=routes if any(r is not None for r in routes) else None,
         images=images if any(images) else None,
         teacher_logprobs=teacher, payloads=None, teacher=None,
-        versions=[None if v is None else v.tolist() for v in versions] if any(v is not None for v in versions) else None,
+        versions=([None if v is None else v.tolist() for v in versions] if any(v is not None for v in versions)
+                  else None),
     )
 
 

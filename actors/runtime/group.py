@@ -356,7 +356,8 @@ class GeneratorGroup(ActorGroup):
                         ) -> Stream[FinishedOuts]:
         """Generator.generate_groups_stream on one member: its groups as they finish."""
         extra = {} if images is None else {"images": images}
-        return self._stream(member, "generate_groups_stream", prompt_ids, seeds, sampling, min_version=min_version, **extra)
+        return self._stream(member, "generate_groups_stream", prompt_ids, seeds, sampling, min_version=min_version,
+                            **extra)
 
     def submit_rollout(self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
                        min_version: int | None, pin: bool = False) -> list[Pending[list[GroupOut]]]:

@@ -113,7 +113,8 @@ def test_an_eval_batch_is_not_sent_to_the_teacher():
     from orchestrator.run.build import rollout_kind
 
     rollouts = make_rollouts(COMPLETIONS, 4, columns={"letter": LETTERS})
-    assert resolve_rewards(rollout_kind(None, teacher=True).reward_batch(rollouts)).prompt_ids == [[1]] * len(COMPLETIONS)
+    batch = rollout_kind(None, teacher=True).reward_batch(rollouts)
+    assert resolve_rewards(batch).prompt_ids == [[1]] * len(COMPLETIONS)
     teacher = StandInTeacher()
     scores = score(rollout_kind(None).reward_batch(rollouts), teacher)
     assert scores.teacher is None and teacher.asked == [] and teacher.batches == 0

@@ -102,8 +102,9 @@ def test_record_sizes_per_step(tmp_path):
     demo_bytes = demo.record(1, {i: rows[i] for i in demo.picks(64)})
     long = TokenRecorder(tmp_path / "long", 1, decode=lambda ids: [" word"] * len(ids))
     n = 4096
-    long_bytes = long.record(1, rows_of([[rng.randrange(150_000) for _ in range(n)]], [[-rng.random() * 5 for _ in range(n)]],
-                                        learner_logprobs=[[-rng.random() * 5 for _ in range(n)]], versions=[[7] * n]))
+    ids, logps = [[rng.randrange(150_000) for _ in range(n)]], [[-rng.random() * 5 for _ in range(n)]]
+    long_bytes = long.record(1, rows_of(ids, logps, learner_logprobs=[[-rng.random() * 5 for _ in range(n)]],
+                                        versions=[[7] * n]))
     print(f"token record: demo step (4 x 16 tokens) {demo_bytes} B; one 4096-token completion {long_bytes} B")
     assert demo_bytes < 4 * 16 * 40 and long_bytes < n * 40  # every value a few characters, not a float's repr
 
