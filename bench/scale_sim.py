@@ -26,8 +26,9 @@ What runs (everything of the driver is rayward's own code):
 Per step it prints: the wall time against the modelled ideal (pipelined: the slowest stage, the generators'
 batch on the busiest engine or the learner's batch; sync: their sum), the bytes the driver received and sent,
 its CPU seconds and their share of the ideal, its peak RSS, and the cluster's object stores (peak bytes in
-use, bytes created). The first step (nothing to overlap with yet) is left out of the summary, which ends with
-one line: `driver bytes/sample B; driver CPU share X%; step/ideal R`.
+use, bytes created). It ends with one line, `driver bytes/sample B; driver CPU share X%; step/ideal R`: bytes
+and CPU over all the steps (a pipelined step carries the next batch's groups), step/ideal over the steps after
+the first (which overlaps nothing).
 
 What the driver's bytes are: every object Ray serializes in the driver process (actor-call arguments, ray.put)
 and every object it deserializes (ray.get results, streamed items), sized as Ray stores them (pickle 5 with
@@ -456,12 +457,14 @@ def shape(args: argparse.Namespace) -> str:
 
 
 def summary(steps: list[Step], samples: int) -> tuple[float, float, float]:
-    """Over the steps after the first: (driver bytes per sample, driver CPU share of the ideal, step /
-    ideal)."""
+    """(driver bytes per sample, driver CPU share of the ideal, step / ideal). Bytes and CPU over all the
+    steps: each batch's traffic and work fall in some step (pipelined: a batch's groups arrive during earlier
+    steps), and every batch is trained by the last. Step / ideal over the steps after the first (which
+    overlaps nothing)."""
     rest = steps[1:] or steps
-    ideal = sum(s.ideal_s for s in rest)
-    return (sum(s.received + s.sent for s in rest) / (samples * len(rest)),
-            sum(s.driver_cpu_s for s in rest) / ideal, sum(s.wall_s for s in rest) / ideal)
+    return (sum(s.received + s.sent for s in steps) / (samples * len(steps)),
+            sum(s.driver_cpu_s for s in steps) / sum(s.ideal_s for s in steps),
+            sum(s.wall_s for s in rest) / sum(s.ideal_s for s in rest))
 
 
 def default_generators(samples: int) -> int:
