@@ -1,17 +1,21 @@
 """Synthetic actors for bench/scale_sim.py: a generator and a learner with the methods the real groups call
 (actors/runtime/group.py GeneratorGroup, LearnerGroup), no vLLM and no torch, and a ledger they report to.
 
-    SyntheticGenerator   Generator's generate, generate_stream, load_weights, ping, cpu_threads: token ids,
-                         log-probs, versions, text (and MoE routes) of long-tailed lengths, each call sleeping
-                         the modelled decode time of its batch (`EngineModel`)
-    SyntheticLearner     Learner's train_step (sleeps the modelled seconds for the batch's tokens, pushes each
-                         new global_step to the reward pool as rank 0 does), export_weights (a few bytes: the
-                         object-store weight sync), ping, cpu_threads, checkpoints (a JSON file)
+    SyntheticGenerator   Generator's generate_groups, generate_groups_stream, load_weights, ping, cpu_threads:
+                         token ids, log-probs, versions, text (and MoE routes) of long-tailed lengths, each call
+                         sleeping the modelled decode time of its batch (`EngineModel`); each group's token data
+                         put in this actor's object store and a GroupOut header answered (actors/payloads.py), as
+                         the real generator does
+    SyntheticLearner     Learner's train_step (fetches the batch's token data as the real learner does, sleeps
+                         the modelled seconds for the batch's tokens, pushes each new global_step to the reward
+                         pool as rank 0 does), export_weights (a few bytes: the object-store weight sync), ping,
+                         cpu_threads, checkpoints (a JSON file)
     Ledger               what each generator call modelled (seconds, tokens), read by the bench after the run
 
 The samples are built the way actors/generation/generator.py `_samples` builds them from vLLM's output (Python
-lists, as the data plane has them at the branch point); a change to that contract changes `group_samples`
-here. This module imports numpy and actors.types only: a Ray worker process of these classes stays small.
+lists), then go through the same `group_out` as the real generator's; a change to that contract changes
+`group_samples` here. This module imports numpy, actors.types and actors.payloads only: a Ray worker process of
+these classes stays small.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from actors.types import FinishedGroups, Sample, Sampling, TrainBatch, TrainerState, TrainResult
+from actors.payloads import group_out, payload_store, resolve_training
+from actors.types import FinishedGroups, FinishedOuts, GroupOut, Sample, Sampling, TrainBatch, TrainerState, TrainResult
 
 # Qwen3's vocabulary: token ids drawn below it pickle as the real ones do (most above 65535: 5 bytes each).
 VOCAB = 151_936
@@ -205,6 +210,25 @@ class SyntheticGenerator:
         self._record(calls, len(prompt_token_ids), lengths, modelled, time.perf_counter() - t0,
                      time.thread_time() - cpu0, min_version)
 
+    def generate_groups(
+        self, prompt_token_ids: list[list[int]], seeds: list[int] | None, sampling: Sampling, *,
+        min_version: int | None = None, pin: bool = False, images: list[tuple[Any, ...]] | None = None,
+    ) -> list[GroupOut]:
+        """`generate`, each group as the real generator answers it (a header and its payload's reference)."""
+        put = payload_store()
+        groups = self.generate(prompt_token_ids, seeds, sampling, min_version=min_version)
+        return [group_out(i, g, put, prompt_ids=prompt_token_ids[i]) for i, g in enumerate(groups)]
+
+    def generate_groups_stream(
+        self, prompt_token_ids: list[list[int]], seeds: list[int] | None, sampling: Sampling, *,
+        min_version: int | None = None, images: list[tuple[Any, ...]] | None = None,
+    ) -> Iterator[FinishedOuts]:
+        """`generate_stream`, its groups as `generate_groups` answers them."""
+        put = payload_store()
+        for done in self.generate_stream(prompt_token_ids, seeds, sampling, min_version=min_version):
+            yield FinishedOuts([group_out(i, g, put, prompt_ids=prompt_token_ids[i]) for i, g in done.groups],
+                               done.seconds)
+
     def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0,
                           images: tuple[Any, ...] | None = None) -> list[float]:
         return [-0.5] * (len(token_ids) - 1)
@@ -250,6 +274,7 @@ class SyntheticLearner:
         """Sleeps the modelled time of the batch's tokens (less what reading it took), then num_iterations
         optimizer steps. Its metrics carry the modelled seconds (sim/learner_modelled_s) for the bench."""
         t0 = time.perf_counter()
+        batch = resolve_training(batch)  # the token data, from the generators' object stores
         prompt, completion, route_bytes = batch_tokens(batch)
         modelled = (prompt + completion) / self.model.tokens_per_s
         wait = t0 + modelled - time.perf_counter()

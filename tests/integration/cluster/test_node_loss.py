@@ -11,7 +11,9 @@ generator and the reward workers (each asks for its resource, so nothing else ca
      cluster.max_failures;
   3. A is killed (`local_cluster.sh kill-node`: its raylet and every worker on it, as a preempted machine goes):
      Ray restarts the generator on B and it rejoins the weight group; the reward pool replaces its dead workers
-     on B and re-runs their chunks.
+     on B and re-runs their chunks. The token data of the step in flight lived in the dead generator's object
+     store (docs/data-plane.md): those groups are lost by name, wherever they are read next (a re-run chunk, the
+     learner), and replaced by new prompts' groups; no step trains fewer samples, none is trained twice.
 
 The run finishes with exit 0 and every step trained. Skip with RAYWARD_SKIP_MULTINODE=1."""
 
@@ -151,3 +153,11 @@ def test_a_lost_node_s_generator_and_reward_workers_come_back_on_the_node_left(m
     actors = (moved["dir"] / "actors.log").read_text()
     assert f"worker {RUN}/reward-" in actors and "died: killed; replacing it" in actors, actors[-3000:]
     assert _rows(moved["dir"] / "metrics.jsonl")[-1]["reward_pool/replaced"] >= 1
+
+
+def test_the_dead_generator_s_payloads_are_lost_by_group_and_replaced(moved):
+    rows = _rows(moved["dir"] / "metrics.jsonl")
+    lost = {r["step"]: r["data_plane/lost_groups"] for r in rows if r.get("data_plane/lost_groups")}
+    assert lost and min(lost) >= HOLD_KILL + 1, lost  # the held step's groups: their owner died with node A
+    per_step = {r["step"]: r["batch/groups"] for r in rows}
+    assert len(set(per_step.values())) == 1, per_step  # every step a whole batch, replacements included
