@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from orchestrator.config.agent import AgentConfig
@@ -92,6 +94,19 @@ class RunConfig(_Section):
         self._check_eval()
         self._check_distillation()
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _async_defaults(cls, data: Any) -> Any:
+        """loop.mode async: a weight load lands while sequences run, so one sample's tokens come from several
+        policy versions, and the importance-sampling correction is per token unless the config names a mode: TRL's
+        sequence-level default would weigh (or mask) a whole sequence by the product of ratios that span versions;
+        PipelineRL and prime-rl correct per token, as token_truncate does."""
+        loop, grpo = (data.get("loop"), data.get("grpo")) if isinstance(data, dict) else (None, None)
+        if isinstance(loop, dict) and loop.get("mode") == "async" and (grpo is None or isinstance(grpo, dict)):
+            if "vllm_importance_sampling_mode" not in (grpo or {}):
+                data = {**data, "grpo": {**(grpo or {}), "vllm_importance_sampling_mode": "token_truncate"}}
+        return data
 
     def _check_distillation(self) -> None:
         d = self.distillation

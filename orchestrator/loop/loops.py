@@ -1,4 +1,4 @@
-"""The two training loops: one call per phase on the run's named groups (orchestrator/loop/phases.py), each timed.
+"""The three training loops: one call per phase on the run's named groups (orchestrator/loop/phases.py), each timed.
 Which loop runs is chosen once, when the run starts (loop.mode). The loop writes the run's progress as it trains
 (its steps, its weights' version, the resume position); the few other writers are in `Progress`'s docstring."""
 
@@ -8,6 +8,7 @@ from collections import deque
 from typing import Any
 
 from orchestrator.loop import phases
+from orchestrator.loop.feed import Feed, feed_shape
 from orchestrator.loop.inflight import InFlight, collect, pump, submit_batch, untrained_position
 from orchestrator.run import checkpoints
 from orchestrator.run.state import Run
@@ -75,3 +76,44 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
         checkpoints.save_periodic(run)
         run.evaluate.after_step(progress.global_step)  # queued behind the sync: the new weights; finished later
     return phases.finish(run)
+
+
+def run_async(run: Run) -> list[dict[str, Any]]:
+    """Async GRPO: the generators never wait for a batch boundary (orchestrator/loop/feed.py). Small calls keep
+    every engine fed up to `capacity` prompts (this batch and max_staleness // num_iterations batches ahead); each
+    group is scored as it finishes; the learner trains on the next batch of scored groups, oldest first, dropping a
+    group more than max_staleness steps stale; its weights load into the engines between two engine steps while
+    they sample (each token keeps the version that sampled it). Unlike the pipelined loop, the learner never waits
+    for a batch's long tail: groups still running are trained at a later step (or dropped, too stale), and the
+    groups of later calls that finished first are trained now."""
+    progress, cfg, per_step = run.progress, run.cfg, run.prompts_per_step
+    shape = feed_shape(per_step, len(run.generators), cfg.loop.generation_chunks, cfg.loop.max_staleness,
+                       cfg.grpo.num_iterations)
+    feed = Feed(run, shape.capacity, shape.call_prompts)
+    run.evaluate.start(progress.global_step)
+    while not phases.done(run):
+        timer = PhaseTimer()
+        feed.top_up()  # after the last sync: what it submits is trained within max_staleness steps
+        with timer("wait_rollouts"):  # learner idle: not enough groups finished and scored yet
+            feed.pump(groups=per_step)
+            taken = feed.take(per_step, progress.global_step, cfg.loop.max_staleness)
+        step = phases.to_train_batch(run, run.select(taken.rollouts, taken.scores, phases.refill(run, timer)))
+        with timer("train"):
+            training = phases.submit_train(run, step.batch)
+            feed.pump(until=training)  # keep scoring what the generators finish meanwhile
+            step, trained = phases.retrained(run, step, training.result(), phases.refill(run, timer))
+        progress.global_step = trained.global_step
+        loads_in_flight = int(feed.generating())
+        with timer("sync"):  # lands between engine steps, beside the calls in flight
+            synced = phases.sync_async(run)
+        progress.policy_version = progress.global_step
+        progress.resume_data = feed.untrained_position()
+        step.metrics.update(phases.async_metrics(taken.lags, taken.dropped, feed.in_flight(), loads_in_flight))
+        phases.log_step(run, timer, step, trained, synced, staleness=max(taken.lags))
+        checkpoints.save_periodic(run)
+        run.evaluate.after_step(progress.global_step)
+    return phases.finish(run)
+
+
+# loop.mode -> the loop (orchestrator/run/train.py picks one when the run starts)
+LOOPS = {"sync": run_sync, "pipelined": run_pipelined, "async": run_async}

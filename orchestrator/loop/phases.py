@@ -230,6 +230,15 @@ def sync_async(run: Run) -> SyncStats | None:
     return run.weights.last
 
 
+def async_metrics(lags: list[int], dropped: int, in_flight: int, loads_in_flight: int) -> dict[str, float]:
+    """The async loop's step: how many optimizer steps behind the learner its samples' oldest tokens were, groups
+    dropped as too stale, prompts in flight after it was taken, and whether its weight sync landed while calls
+    were still sampling (an in-flight update)."""
+    return {"async/version_lag/mean": sum(lags) / len(lags), "async/version_lag/max": max(lags),
+            "async/dropped_stale": dropped, "async/in_flight_prompts": in_flight,
+            "async/loads_in_flight": loads_in_flight}
+
+
 # --- log and finish ---------------------------------------------------------------------------------------
 
 

@@ -169,7 +169,7 @@ class _Session:
             say("rayward: this Ray version cannot separate the actors' output; it is shown here")
 
     def _build_and_supervise(self, found: list[Path], mode: str | None) -> list[dict[str, Any]]:
-        from orchestrator.loop.loops import run_pipelined, run_sync
+        from orchestrator.loop.loops import LOOPS
         from orchestrator.run.build import build_run, rebuild_learner
         from orchestrator.run.supervisor import Supervisor
         from orchestrator.run.watchdog import Watchdog
@@ -179,7 +179,7 @@ class _Session:
         signals.check()
         start = run.prompts.state()  # where a lost learner starts over when there is no checkpoint
         _resume(run, found, mode)
-        loop = run_pipelined if p.cfg.loop.mode == "pipelined" else run_sync  # chosen once, at build time
+        loop = LOOPS[p.cfg.loop.mode]  # chosen once, at build time
         self.watchdog = Watchdog(run)
         supervisor = Supervisor(run, loop, rebuild=lambda: rebuild_learner(run, p), start=start,
                                 hung=self.watchdog.hung_learner)

@@ -99,7 +99,7 @@ def evaluator(cfg: RunConfig, es: EvalSet | None, *, generators: Generators, lea
     best = None
     if g.save_best is not None:
         best = BestCheckpoint(Best(g.save_best, g.save_best_mode), learner, run_dir, prompts.state)
-    kind = OverlappedEval if cfg.loop.mode == "pipelined" else BlockingEval
+    kind = OverlappedEval if cfg.loop.overlapped else BlockingEval
     return kind(
         es, EvalSchedule(e.every_n_steps, e.at_start, g.max_steps), generators=generators, logger=logger,
         display=logger.display, prompts=prompts, best=best,

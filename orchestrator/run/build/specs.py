@@ -163,7 +163,7 @@ def reward_specs(rewards: list[RewardConfig], field: str = "rewards",
 def generator_cpu_share(cfg: RunConfig) -> Share | None:
     """The generators' share of a CPU node's cores (the policy: actors/runtime/cpus.py)."""
     c = cfg.cluster
-    return cpus.generator_cpu_share(pipelined=cfg.loop.mode == "pipelined", cpu_split=c.cpu_split,
+    return cpus.generator_cpu_share(pipelined=cfg.loop.overlapped, cpu_split=c.cpu_split,
                                     on_gpu=bool(c.generator.num_gpus))
 
 
@@ -304,7 +304,7 @@ def overlapped_sync(cfg: RunConfig) -> bool:
     """Whether the learner sends weights in the background while its next step trains: the pipelined loop (the sync
     loop's generators wait for the weights anyway), the collective backend, one learner rank (FSDP ranks gather
     each bucket together, collectives that must not interleave with training's)."""
-    return cfg.loop.mode == "pipelined" and cfg.weight_sync.backend == "collective" and cfg.cluster.num_learners == 1
+    return cfg.loop.overlapped and cfg.weight_sync.backend == "collective" and cfg.cluster.num_learners == 1
 
 
 def learner_concurrency(cfg: RunConfig) -> dict[str, int] | None:

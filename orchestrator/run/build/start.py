@@ -166,9 +166,15 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
     """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments;
     agent: `agent_kwargs` for a run with tools)."""
     from actors.generation.generator import GENERATOR_GROUPS, GENERATOR_METHOD_GROUPS, Generator
+    from orchestrator.loop.feed import feed_shape
     from orchestrator.run.cluster import generator_options, namespace
 
     c, gen = cfg.cluster, cfg.generation
+    calls = 1  # one generation call at a time: the sync and pipelined loops send one batch share per call
+    if cfg.loop.mode == "async":  # the feed's small calls at once, their requests batched together by the engine
+        calls = feed_shape(gen.generation_batch_size // gen.num_generations, c.num_generators,
+                           cfg.loop.generation_chunks, cfg.loop.max_staleness, cfg.grpo.num_iterations
+                           ).calls_per_generator
     return GeneratorGroup(
         Generator,
         c.num_generators,
@@ -179,7 +185,8 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
         run_name=name,
         role="generator",
         options=generator_options(c.generator, gen.tensor_parallel_size, c.generator_max_restarts,
-                                  namespace=namespace(name), **cpus.shared_cores_env(c.generator.num_gpus)),
+                                  namespace=namespace(name), max_concurrency=calls,
+                                  **cpus.shared_cores_env(c.generator.num_gpus)),
         args=(model_path,),
         kwargs=dict(
             dtype=cfg.model.dtype,

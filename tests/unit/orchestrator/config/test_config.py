@@ -313,3 +313,12 @@ def test_distillation_config_takes_trls_names_and_refuses_what_a_teacher_of_samp
     ]:
         with pytest.raises(ConfigError, match=message):
             parse_config({**base, "distillation": distillation})
+
+
+def test_async_corrects_per_token_unless_the_config_names_a_mode():
+    """A weight load lands mid-sequence in the async loop: TRL's sequence-level default would span versions."""
+    base = {"loop": {"mode": "async"}, "rewards": [{"name": "r", "function": "brevity"}]}
+    assert parse_config(base).grpo.vllm_importance_sampling_mode == "token_truncate"
+    named = {**base, "grpo": {"vllm_importance_sampling_mode": "sequence_mask"}}
+    assert parse_config(named).grpo.vllm_importance_sampling_mode == "sequence_mask"
+    assert parse_config({"rewards": base["rewards"]}).grpo.vllm_importance_sampling_mode == "sequence_mask"
