@@ -4,6 +4,8 @@ generators and learner, to measure what the driver itself carries at scale (issu
     python bench/scale_sim.py --samples 4096 --tokens 4096              # 16 generators, 5 steps, pipelined
     python bench/scale_sim.py --samples 4096 --tokens 4096 --routes --route-layers 8
     python bench/scale_sim.py --samples 1024 --tokens 1024 --address 127.0.0.1:PORT   # a cluster already up
+    python bench/scale_sim.py --samples 1024 --tokens 4096 --generators 8 --sigma 1.0 --max-staleness 2 \
+        --loop async            # issue 50's comparison; the same with --loop pipelined --shared-engine
 
 What runs (everything of the driver is rayward's own code):
   cluster    cluster/local_cluster.sh: head (the driver, the reward pool), a reward node (the reward workers),
@@ -14,11 +16,14 @@ What runs (everything of the driver is rayward's own code):
              the real reward specs) and from groups started here: the real GeneratorGroup and LearnerGroup
              over the synthetic classes of bench/scale_sim_actors.py, the real reward pool (start_reward_pool)
              with its workers and bench/scale_sim_rewards.py:length_reward, the real object-store weight
-             transfer (weight_transfer); then orchestrator.loop.loops.run_pipelined (or run_sync)
+             transfer (weight_transfer); then the loop of --loop (orchestrator.loop.loops.LOOPS)
   generators bench/scale_sim_actors.py SyntheticGenerator: per prompt G lengths from a log-normal clipped at
              --tokens, token ids, log-probs, versions, text (and --routes: int16 [prompt + completion,
              --route-layers, 8]) as Python lists, as the real generator returns them, after the modelled
              decode time (processor sharing at --engine-tps per engine, at most --seq-tps per sequence)
+  engines    --shared-engine (always with --loop async): one modelled engine per generator that every call
+             of the actor shares (bench/scale_sim_actors.py SharedEngine: processor sharing over all the live
+             sequences, a weight load applied to the sequences running); it reports the engines' occupancy
   learner    SyntheticLearner: reads every row of the TrainBatch Ray hands it, sleeps its tokens /
              --learner-tps
   weights    the object-store backend with a 16-byte blob (the sync's calls are measured, not a model's copy)
@@ -85,7 +90,8 @@ from bench.scale_sim_actors import (  # noqa: E402
 )
 from orchestrator.config import ClusterConfig, RunConfig, parse_config  # noqa: E402
 from orchestrator.data.sources import PromptSource  # noqa: E402
-from orchestrator.loop.loops import run_pipelined, run_sync  # noqa: E402
+from orchestrator.loop.feed import feed_shape  # noqa: E402
+from orchestrator.loop.loops import LOOPS  # noqa: E402
 from orchestrator.run.build import (  # noqa: E402
     Groups,
     Prepared,
@@ -220,6 +226,7 @@ class Step:
     learner_tokens: float
     generate_busy_s: float
     reward_busy_s: float
+    wait_s: float  # the learner's wait for its batch (time/wait_rollouts)
     gen_modelled_s: float = math.nan  # filled from the ledger after the run
     ideal_s: float = math.nan
 
@@ -254,6 +261,7 @@ class Probe:
             learner_tokens=float(metrics.get("sim/learner_tokens", math.nan)),
             generate_busy_s=float(metrics.get("time/generate_busy", metrics.get("time/generate", math.nan))),
             reward_busy_s=float(metrics.get("roles/reward/busy_s", math.nan)),
+            wait_s=float(metrics.get("time/wait_rollouts", math.nan)),
         ))
         s = self.steps[-1]
         print(f"  step {step}: {s.wall_s:.1f} s, driver recv {s.received / 1e6:.1f} MB, "
@@ -331,7 +339,7 @@ def config(args: argparse.Namespace, name: str, gcs: str, run_root: Path) -> Run
                        "max_model_len": args.tokens + args.prompt_tokens + 1},
         "grpo": {"max_steps": args.steps, "per_device_train_batch_size": args.group_size,
                  "router_replay": "R3" if args.routes else None},
-        "loop": {"mode": args.loop, "max_staleness": 1},
+        "loop": {"mode": args.loop, "max_staleness": args.max_staleness},
         "weight_sync": {"backend": "object_store"},
         "cluster": {
             "address": gcs, "num_generators": args.generators, "num_reward_workers": args.reward_workers,
@@ -377,9 +385,11 @@ def build(args: argparse.Namespace, name: str, gcs: str, probe_factory: Any) -> 
         # no torch in the synthetic generators' processes (Ray imports it in every worker where zero-copy
         # torch tensors are on; they send none): they stay small, and more of them fit on the machine
         options=generator_options(c.generator, 1, c.generator_max_restarts, namespace=ns,
+                                  max_concurrency=generator_calls(cfg),
                                   runtime_env={"env_vars": {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "0"}}),
         args=("synthetic",),
-        kwargs=dict(engine=engine, max_tokens=args.tokens, prompt_len=args.prompt_tokens, ledger=ledger),
+        kwargs=dict(engine=engine, max_tokens=args.tokens, prompt_len=args.prompt_tokens, ledger=ledger,
+                    shared_engine=args.shared_engine),
         per_actor_kwargs=[{"seed": cfg.seed + i, "index": i} for i in range(c.num_generators)],
     )
     learner = LearnerGroup(
@@ -395,6 +405,17 @@ def build(args: argparse.Namespace, name: str, gcs: str, probe_factory: Any) -> 
                           max_steps=cfg.grpo.max_steps, run_name=name,
                           display=Display(cfg.grpo.max_steps, stream=io.StringIO()))
     return assemble_run(prepared, groups, logger), ledger, rss
+
+
+def generator_calls(cfg: RunConfig) -> int:
+    """Generation calls one generator runs at once: the async feed's (as orchestrator/run/build/start.py sizes
+    the real generators), else one."""
+    if cfg.loop.mode != "async":
+        return 1
+    g = cfg.generation
+    return feed_shape(g.generation_batch_size // g.num_generations, cfg.cluster.num_generators,
+                      cfg.loop.generation_chunks, cfg.loop.max_staleness, cfg.grpo.num_iterations
+                      ).calls_per_generator
 
 
 def warm_reward_pool(run: Any, group_size: int, timeout_s: float = 600.0) -> None:
@@ -485,7 +506,10 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=256, help="tokens per prompt")
     ap.add_argument("--steps", type=int, default=5,
                     help="grpo.max_steps (the first is left out of the summary)")
-    ap.add_argument("--loop", choices=["pipelined", "sync"], default="pipelined")
+    ap.add_argument("--loop", choices=["pipelined", "sync", "async"], default="pipelined")
+    ap.add_argument("--max-staleness", type=int, default=1, help="loop.max_staleness")
+    ap.add_argument("--shared-engine", action="store_true",
+                    help="one modelled engine per generator shared by its calls (always with --loop async)")
     ap.add_argument("--engine-tps", type=float, default=16_000.0, help="modelled tokens/s of one engine")
     ap.add_argument("--seq-tps", type=float, default=200.0, help="modelled tokens/s of one sequence")
     ap.add_argument("--learner-tps", type=float, default=400_000.0, help="modelled learner tokens/s")
@@ -499,6 +523,7 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write the steps and the summary here")
     args = ap.parse_args()
     args.generators = args.generators or default_generators(args.samples)
+    args.shared_engine = args.shared_engine or args.loop == "async"
     if args.samples % args.group_size:
         ap.error("--samples must be a multiple of --group-size")
     if args.steps < 2:
@@ -523,10 +548,11 @@ def main() -> int:
                    f"generators {min(gen_rss):.0f}-{max(gen_rss):.0f} MiB private each")
         print(f"scale_sim: {shape(args)}; {started}", file=sys.stderr, flush=True)
         probe.start()
-        (run_pipelined if args.loop == "pipelined" else run_sync)(run)
+        LOOPS[args.loop](run)
         t_loop = time.perf_counter() - t_built
         counter.paused = True
         records = ray.get(ledger.take.remote())
+        occupancy = run.generators.on_each(SyntheticGenerator.occupancy) if args.shared_engine else []
     finally:
         if store is not None:
             store.stop()
@@ -540,10 +566,14 @@ def main() -> int:
 
     calls_per_batch = run.cfg.loop.generation_chunks if args.loop == "pipelined" else 1
     gen = gen_modelled(records, calls_per_batch)
+    if args.loop == "async":  # no batch per call: the ideal is the engines' tokens at full occupancy
+        full = [sum(r["tokens"] for r in records if r["kind"] == "generate")
+                / (args.engine_tps * args.generators * len(probe.steps))] * len(probe.steps)
+        gen = full
     for s, g in zip(probe.steps, gen, strict=False):
         s.gen_modelled_s = g
         stages = [g, s.learner_modelled_s]
-        s.ideal_s = max(stages) if args.loop == "pipelined" else sum(stages)
+        s.ideal_s = sum(stages) if args.loop == "sync" else max(stages)
     tokens = sum(r["tokens"] for r in records if r["kind"] == "generate") / max(len(gen), 1)
     gen_cpu = sum(r["cpu_s"] for r in records if r["kind"] == "generate") / max(len(gen), 1)
     print(f"\n{shape(args)} (mean {tokens / args.samples:.0f} completion tokens); engine "
@@ -552,9 +582,17 @@ def main() -> int:
           f"{time.perf_counter() - t_start:.0f} s")
     print(table(probe.steps, args.samples))
     b, x, r = summary(probe.steps, args.samples)
+    rest = probe.steps[1:]
+    steps_per_s = len(rest) / sum(s.wall_s for s in rest)
+    if occupancy:
+        busy = sum(o[0] for o in occupancy)
+        occ = sum(o[0] * o[1] for o in occupancy) / busy if busy else math.nan
+        print(f"engine occupancy {100 * occ:.0f}% of capacity while busy; steps/s {steps_per_s:.4f} "
+              f"(after the first); learner wait {sum(s.wait_s for s in rest) / len(rest):.1f} s per step")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "steps": [asdict(s) for s in probe.steps],
                                                "bytes_per_sample": b, "cpu_share": x, "step_over_ideal": r,
+                                               "steps_per_s": steps_per_s,
                                                "loop_s": t_loop, "total_s": time.perf_counter() - t_start},
                                               indent=1))
     print(f"driver bytes/sample {b:.0f}; driver CPU share {100 * x:.1f}%; step/ideal {r:.2f}")

@@ -84,7 +84,7 @@ class EngineModel:
 
 
 def group_samples(pools: dict[str, Any], lengths: np.ndarray, prompt_len: int, max_tokens: int, version: int,
-                  offset: int) -> list[Sample]:
+                  offset: int, end_version: int | None = None) -> list[Sample]:
     """One prompt's samples: lists sliced from the generator's pools of random values (each `tolist()` builds
     fresh Python objects, as `_samples` does from vLLM's output), and routes as views of its routes pool
     (numpy pickles a contiguous view's own bytes only)."""
@@ -98,10 +98,71 @@ def group_samples(pools: dict[str, Any], lengths: np.ndarray, prompt_len: int, m
             logprobs=pools["logprobs"][start: start + n].tolist(),
             text=pools["text"][start * cpt: (start + n) * cpt],
             finish_reason="length" if n >= max_tokens else "stop",
-            versions=[version] * n,
+            # the first token sampled by `version`, the rest by the weights it finished under (a load landed
+            # while it ran: the shared engine's in-flight updates)
+            versions=[version] + [version if end_version is None else end_version] * (n - 1),
             routes=routes,
         ))
     return samples
+
+
+class SharedEngine:
+    """One modelled engine shared by every call of a generator actor (the async loop runs several at once; the
+    pipelined and sync loops one at a time, where it is the same as EngineModel.finish_times). A thread advances
+    it by `step_s`: every live sequence decodes min(seq_tps, engine_tps / live) tokens/s; a group is handed to
+    its call when its last sequence finishes. It counts the engine's occupancy: the share of its modelled
+    capacity in use (live x seq_tps / engine_tps, at most 1), over the time it had any sequence."""
+
+    def __init__(self, engine: EngineModel):
+        self.engine = engine
+        self._lock = threading.Condition()
+        self._calls: list[dict[str, Any]] = []
+        self.busy_s, self.used_s = 0.0, 0.0  # modelled seconds with any sequence live; x occupancy
+        self.version = 0
+        threading.Thread(target=self._run, daemon=True, name="shared-engine").start()
+
+    def submit(self, lengths: list[np.ndarray], version: int) -> dict[str, Any]:
+        """Start decoding the groups' sequences now; the returned call's "done" list fills with (group, version at
+        its end) as groups finish, and "left" counts the groups still decoding."""
+        left = np.concatenate(lengths).astype(np.float64) if lengths else np.zeros(0)
+        group = np.repeat(np.arange(len(lengths)), [len(x) for x in lengths])
+        call = {"left": left, "group": group, "pending": np.array([len(x) for x in lengths]), "done": [],
+                "groups_left": len(lengths), "version": version}
+        with self._lock:
+            self._calls.append(call)
+            self._lock.notify_all()
+        return call
+
+    def take(self, call: dict[str, Any]) -> tuple[list[tuple[int, int]], bool]:
+        """The groups the call has finished since the last take (waiting for at least one), and whether it is
+        done."""
+        with self._lock:
+            self._lock.wait_for(lambda: call["done"] or call["groups_left"] == 0)
+            out, call["done"] = call["done"], []
+            return out, call["groups_left"] == 0
+
+    def _run(self) -> None:
+        e = self.engine
+        while True:
+            time.sleep(e.step_s)
+            with self._lock:
+                live = sum(int((c["left"] > 0).sum()) for c in self._calls)
+                if not live:
+                    continue
+                rate = min(e.seq_tps, e.engine_tps / live)
+                self.busy_s += e.step_s
+                self.used_s += e.step_s * min(1.0, live * e.seq_tps / e.engine_tps)
+                for c in self._calls:
+                    alive = c["left"] > 0
+                    c["left"][alive] -= rate * e.step_s
+                    ended = alive & (c["left"] <= 0)
+                    for g in c["group"][ended].tolist():
+                        c["pending"][g] -= 1
+                        if c["pending"][g] == 0:
+                            c["done"].append((g, self.version))
+                            c["groups_left"] -= 1
+                self._calls = [c for c in self._calls if c["groups_left"] > 0 or c["done"]]
+                self._lock.notify_all()
 
 
 class SyntheticGenerator:
@@ -111,8 +172,11 @@ class SyntheticGenerator:
     version it started under."""
 
     def __init__(self, model: str, *, seed: int = 0, index: int = 0, engine: EngineModel, max_tokens: int,
-                 prompt_len: int, ledger: Any = None, **_: Any) -> None:
+                 prompt_len: int, ledger: Any = None, shared_engine: bool = False, **_: Any) -> None:
+        """shared_engine: every call decodes on one SharedEngine (calls at once share it) instead of each call
+        being modelled alone (right when calls run one at a time)."""
         self.model, self.index, self.engine, self.ledger = model, index, engine, ledger
+        self.shared = SharedEngine(engine) if shared_engine else None
         self.version = 0
         self._weights = threading.Condition()
         self._calls = 0
@@ -145,6 +209,8 @@ class SyntheticGenerator:
         """Object-store backend: the bytes arrive (Ray fetched them); the next calls sample with `version`."""
         with self._weights:
             self.version = self.version + 1 if version is None else version
+            if self.shared is not None:  # in flight: the sequences running go on under the new version
+                self.shared.version = self.version
             self._weights.notify_all()
 
     def _wait_version(self, min_version: int | None) -> int:
@@ -195,6 +261,17 @@ class SyntheticGenerator:
         version = self._wait_version(min_version)
         t0 = time.perf_counter()
         lengths, done = self._plan(prompt_token_ids, seeds, sampling)
+        if self.shared is not None:
+            call, finished = self.shared.submit(lengths, version), False
+            while not finished:
+                ended, finished = self.shared.take(call)
+                groups = [(i, group_samples(self.pools, lengths[i], len(prompt_token_ids[i]), sampling.max_tokens,
+                                            version, i, end_version=v)) for i, v in ended]
+                if groups:
+                    yield FinishedGroups(groups, time.perf_counter() - t0)
+            wall = time.perf_counter() - t0
+            self._record(calls, len(prompt_token_ids), lengths, wall, wall, time.thread_time() - cpu0, min_version)
+            return
         step = self.engine.step_s
         ticks: dict[float, list[int]] = {}
         for i in np.argsort(done, kind="stable").tolist():
@@ -228,6 +305,11 @@ class SyntheticGenerator:
         for done in self.generate_stream(prompt_token_ids, seeds, sampling, min_version=min_version):
             yield FinishedOuts([group_out(i, g, put, prompt_ids=prompt_token_ids[i]) for i, g in done.groups],
                                done.seconds)
+
+    def occupancy(self) -> tuple[float, float]:
+        """(modelled seconds the shared engine had any sequence, its mean occupancy over them)."""
+        s = self.shared
+        return (0.0, math.nan) if s is None or not s.busy_s else (s.busy_s, s.used_s / s.busy_s)
 
     def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0,
                           images: tuple[Any, ...] | None = None) -> list[float]:

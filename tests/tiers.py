@@ -81,6 +81,7 @@ SCENARIOS: dict[str, str] = {
         "a learning run, or a run of its own beyond CI's demo",
     "tests/integration/runs/test_lora.py": "a learning run, or a run of its own beyond CI's demo",
     "tests/integration/runs/test_moe.py": "a learning run, or a run of its own beyond CI's demo",
+    "tests/integration/runs/test_async.py": "a learning run, or a run of its own beyond CI's demo",
     "tests/integration/runs/test_pipelined.py": "a learning run, or a run of its own beyond CI's demo",
     "tests/integration/runs/test_resume.py::test_without_an_address_a_run_starts_its_own_cluster_beside_the_machines_own":
         "a learning run, or a run of its own beyond CI's demo",

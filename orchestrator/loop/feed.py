@@ -124,9 +124,12 @@ class Feed:
     # --- feeding ------------------------------------------------------------------------------------------------
 
     def top_up(self) -> None:
-        """Submit calls until `capacity` prompts are in flight, each to the generator with the fewest waiting."""
+        """Submit calls until `capacity` prompts are in flight (or what the run's remaining steps will train),
+        each to the generator with the fewest waiting."""
         run = self.run
-        while (room := self.capacity - self.in_flight()) > 0:
+        steps_left = -(-(run.cfg.grpo.max_steps - run.progress.global_step) // run.cfg.grpo.num_iterations)
+        want = min(self.capacity, steps_left * run.prompts_per_step)
+        while (room := want - self.in_flight()) > 0:
             n = min(self.call_prompts, room)
             mark = run.prompts.state()
             prompts = run.prompts.next_batch(n)

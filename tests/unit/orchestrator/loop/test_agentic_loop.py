@@ -13,11 +13,11 @@ import pytest
 
 from orchestrator.cli.samples import samples_table
 from orchestrator.data.sources import request_seed
-from orchestrator.loop.loops import run_pipelined, run_sync
+from orchestrator.loop.loops import run_async, run_pipelined, run_sync
 from orchestrator.loop.rollout import STOP_REASONS
 from tests.fixtures.fakes import ENV_REWARD, TOOL, TOOLS_MARK, ByteTokenizer, chat_rows, fake_run
 
-LOOPS = {"sync": run_sync, "pipelined": run_pipelined}
+LOOPS = {"sync": run_sync, "pipelined": run_pipelined, "async": run_async}
 G = 2  # fakes.CONFIG's num_generations
 
 
@@ -53,8 +53,8 @@ def test_agentic_step_metrics(tmp_path, loop):
     assert {r: row[f"multiturn/stop_reason/{r}"] for r in STOP_REASONS} == {
         "stop": 1.0, "max_turns": 0.0, "length": 0.0, "timeout": 0.0, "env_error": 0.0}
     assert row["env_pool/workers"] == 2 and row["env_pool/sessions_lost"] == 0
-    v = row["policy_version"]  # the last batch's weights: step 3 (sync), step 2 (pipelined, one step stale)
-    assert v == {"sync": 3, "pipelined": 2}[loop]
+    v = row["policy_version"]  # the last batch's weights: step 3 (sync), step 2 (pipelined, async: one step stale)
+    assert v == {"sync": 3, "pipelined": 2, "async": 2}[loop]
     assert row[f"rewards/{ENV_REWARD}/mean"] == pytest.approx(0.5 + v / 100)  # j in {0, 1}
 
 

@@ -40,6 +40,7 @@ def test_every_step_a_whole_batch_no_prompt_twice_none_staler_than_allowed(tmp_p
     assert all(len(b) == PROMPTS_PER_STEP for b in batches)
     flat = [u for b in batches for u in b]
     assert len(flat) == len(set(flat))  # no prompt trained twice
+    assert sum(len(e.seeds) for e in run.generators.engines) == len(flat)  # none generated past the last step
     trained = run.learner.trained
     lags = [t.step_before - c[0] for t in trained for c in t.batch.completion_ids]  # ids [v, j]: v sampled it
     assert max(lags) <= max_staleness
