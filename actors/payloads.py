@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -114,12 +115,62 @@ def keep(payload: GroupPayload) -> GroupPayload:
     return payload
 
 
-def payload_store() -> Callable[[GroupPayload], Any]:
-    """How a generator keeps its payloads: in the object store (`ray.put`) when it runs in Ray (an actor), as they
-    are in-process."""
+# Weight loads a generator keeps its own reference to a payload for (HeldStore): a sample is trained at most
+# loop.max_staleness optimizer steps (one load each at least) after it was generated; the generator is built
+# with max_staleness + this, the step it is trained in and the one after covering a sync that lands late.
+HOLD_LOADS = 2
+
+
+class HeldStore:
+    """`ray.put`, and the putter's own reference to each payload kept until `hold` weight loads later (`loaded()`
+    counts them). Ray can count an object nested in a streamed item to zero before the driver's borrow reaches
+    its owner (ray-project/ray PR 58082: a generator yields objects that wrap its ray.put refs, the driver passes
+    them on, the reader gets ReferenceCountingAssertionError, seen here on 4,096-sample steps); the owner's own
+    reference keeps every payload until no batch can train it any more, bounding the store by the same window the
+    loop already holds. Thread-safe: a generator's calls run in threads of their own."""
+
+    def __init__(self, hold: int = HOLD_LOADS):
+        import threading
+
+        self.hold, self.loads = hold, 0
+        self._held: deque[tuple[int, Any]] = deque()
+        self._lock = threading.Lock()
+
+    def __call__(self, payload: GroupPayload) -> Any:
+        import ray
+
+        ref = ray.put(payload)
+        with self._lock:
+            self._held.append((self.loads, ref))
+        return ref
+
+    def loaded(self) -> None:
+        """A weight load: payloads put `hold` loads ago are released (the batches that may train them are done)."""
+        with self._lock:
+            self.loads += 1
+            while self._held and self._held[0][0] <= self.loads - self.hold - 1:
+                self._held.popleft()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+
+class Kept:
+    """HeldStore's in-process stand-in: the payloads as they are (`keep`), nothing to release."""
+
+    def __call__(self, payload: GroupPayload) -> GroupPayload:
+        return payload
+
+    def loaded(self) -> None:
+        pass
+
+
+def payload_store(hold: int = HOLD_LOADS) -> HeldStore | Kept:
+    """How a generator keeps its payloads: in the object store (`ray.put`, each held `hold` weight loads) when it
+    runs in Ray (an actor), as they are in-process."""
     import ray
 
-    return ray.put if ray.is_initialized() else keep
+    return HeldStore(hold) if ray.is_initialized() else Kept()
 
 
 def fetch(payloads: Sequence[Any]) -> list[GroupPayload]:

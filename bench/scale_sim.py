@@ -76,6 +76,7 @@ import psutil  # noqa: E402
 import ray  # noqa: E402
 
 from actors.generation.generator import GENERATOR_GROUPS, GENERATOR_METHOD_GROUPS  # noqa: E402
+from actors.payloads import HOLD_LOADS  # noqa: E402
 from actors.runtime.group import HEALTH_GROUP, PLACEMENT_TIMEOUT_S, GeneratorGroup, LearnerGroup  # noqa: E402
 from actors.types import RewardBatch  # noqa: E402
 from bench.scale_sim_actors import (  # noqa: E402
@@ -389,7 +390,7 @@ def build(args: argparse.Namespace, name: str, gcs: str, probe_factory: Any) -> 
                                   runtime_env={"env_vars": {"RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "0"}}),
         args=("synthetic",),
         kwargs=dict(engine=engine, max_tokens=args.tokens, prompt_len=args.prompt_tokens, ledger=ledger,
-                    shared_engine=args.shared_engine),
+                    shared_engine=args.shared_engine, payload_hold=cfg.loop.max_staleness + HOLD_LOADS),
         per_actor_kwargs=[{"seed": cfg.seed + i, "index": i} for i in range(c.num_generators)],
     )
     learner = LearnerGroup(

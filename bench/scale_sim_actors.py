@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from actors.payloads import group_out, payload_store, resolve_training
+from actors.payloads import PayloadLost, group_out, payload_store, resolve_training
 from actors.types import FinishedGroups, FinishedOuts, GroupOut, Sample, Sampling, TrainBatch, TrainerState, TrainResult
 
 # Qwen3's vocabulary: token ids drawn below it pickle as the real ones do (most above 65535: 5 bytes each).
@@ -172,11 +172,13 @@ class SyntheticGenerator:
     version it started under."""
 
     def __init__(self, model: str, *, seed: int = 0, index: int = 0, engine: EngineModel, max_tokens: int,
-                 prompt_len: int, ledger: Any = None, shared_engine: bool = False, **_: Any) -> None:
+                 prompt_len: int, ledger: Any = None, shared_engine: bool = False, payload_hold: int = 3,
+                 **_: Any) -> None:
         """shared_engine: every call decodes on one SharedEngine (calls at once share it) instead of each call
         being modelled alone (right when calls run one at a time)."""
         self.model, self.index, self.engine, self.ledger = model, index, engine, ledger
         self.shared = SharedEngine(engine) if shared_engine else None
+        self.put, self.payload_hold = None, payload_hold
         self.version = 0
         self._weights = threading.Condition()
         self._calls = 0
@@ -212,6 +214,7 @@ class SyntheticGenerator:
             if self.shared is not None:  # in flight: the sequences running go on under the new version
                 self.shared.version = self.version
             self._weights.notify_all()
+        self._store().loaded()
 
     def _wait_version(self, min_version: int | None) -> int:
         with self._weights:
@@ -292,7 +295,7 @@ class SyntheticGenerator:
         min_version: int | None = None, pin: bool = False, images: list[tuple[Any, ...]] | None = None,
     ) -> list[GroupOut]:
         """`generate`, each group as the real generator answers it (a header and its payload's reference)."""
-        put = payload_store()
+        put = self._store()
         groups = self.generate(prompt_token_ids, seeds, sampling, min_version=min_version)
         return [group_out(i, g, put, prompt_ids=prompt_token_ids[i]) for i, g in enumerate(groups)]
 
@@ -301,10 +304,17 @@ class SyntheticGenerator:
         min_version: int | None = None, images: list[tuple[Any, ...]] | None = None,
     ) -> Iterator[FinishedOuts]:
         """`generate_stream`, its groups as `generate_groups` answers them."""
-        put = payload_store()
+        put = self._store()
         for done in self.generate_stream(prompt_token_ids, seeds, sampling, min_version=min_version):
             yield FinishedOuts([group_out(i, g, put, prompt_ids=prompt_token_ids[i]) for i, g in done.groups],
                                done.seconds)
+
+    def _store(self) -> Any:
+        """The generator's payload store (actors/payloads.py payload_store: held as the real generator holds them),
+        made in the actor's process on first use."""
+        if self.put is None:
+            self.put = payload_store(self.payload_hold)
+        return self.put
 
     def occupancy(self) -> tuple[float, float]:
         """(modelled seconds the shared engine had any sequence, its mean occupancy over them)."""
@@ -356,7 +366,10 @@ class SyntheticLearner:
         """Sleeps the modelled time of the batch's tokens (less what reading it took), then num_iterations
         optimizer steps. Its metrics carry the modelled seconds (sim/learner_modelled_s) for the bench."""
         t0 = time.perf_counter()
-        batch = resolve_training(batch)  # the token data, from the generators' object stores
+        try:
+            batch = resolve_training(batch)  # the token data, from the generators' object stores
+        except PayloadLost as err:  # as the real learner: nothing trained, the lost groups named
+            return TrainResult(self.global_step, {}, num_tokens=0.0, compute_s=0.0, lost=err.lost)
         prompt, completion, route_bytes = batch_tokens(batch)
         modelled = (prompt + completion) / self.model.tokens_per_s
         wait = t0 + modelled - time.perf_counter()

@@ -40,7 +40,7 @@ from actors.generation.engine import FinishedQueue, Request, close_engine, open_
 from actors.generation.prompts import prompt_part
 from actors.generation.routes import route_part
 from actors.generation.vllm_plugin import SPIN_ENV
-from actors.payloads import group_out, payload_store
+from actors.payloads import HOLD_LOADS, group_out, payload_store
 from actors.runtime.cpus import Share, describe, omp_waits
 from actors.types import FinishedGroups, FinishedOuts, GroupOut, Sample, Sampling
 from actors.vision import Images
@@ -89,12 +89,15 @@ class Generator:
         agent: AgentSettings | None = None,
         record_routes: bool = False,
         processor_kwargs: dict[str, Any] | None = None,
+        payload_hold: int = HOLD_LOADS,
     ) -> None:
         """environments, agent: an agentic run's environment pool (actors.envs.client.PoolEnvironments over the
         pool actor's handle) and its settings; both or neither (then `rollout` is unavailable). record_routes:
         every Sample carries the experts the engine's MoE layers chose for its tokens (grpo.router_replay R3).
         processor_kwargs: a vision-language model's processor settings (model.processor_kwargs), for vLLM's
-        processor and this generator's (which maps the driver's expanded image placeholders to vLLM's)."""
+        processor and this generator's (which maps the driver's expanded image placeholders to vLLM's).
+        payload_hold: weight loads this generator keeps its own reference to each payload for (actors/payloads.py
+        HeldStore: loop.max_staleness + HOLD_LOADS)."""
         self.model, self.seed, self.max_model_len = model, seed, max_model_len
         self.tensor_parallel_size = tensor_parallel_size
         # The features, each a part chosen here once: agentic rollouts (actors/agents/rollouts.py), the
@@ -103,7 +106,8 @@ class Generator:
         self.prompts = prompt_part(model, processor_kwargs)
         extra = dict(extra_engine_kwargs or {})
         self.routes = route_part(record_routes, eager=extra.get("enforce_eager", enforce_eager))
-        self._put = payload_store()  # the object store in an actor; in-process, the payloads as they are
+        # the object store in an actor (each payload held payload_hold loads); in-process, the payloads as they are
+        self._put = payload_store(payload_hold)
         # Inherited by the engine processes, where the rayward vLLM plugin reads it (an explicit setting wins).
         os.environ.setdefault(SPIN_ENV, str(ENGINE_SPIN_S))
         engine = open_engine(
@@ -362,7 +366,9 @@ class Generator:
 
         if version is None:
             version = self.loop.version + 1
-        return self.loop.exclusive(load_and_reset, version=version)
+        result = self.loop.exclusive(load_and_reset, version=version)
+        self._put.loaded()
+        return result
 
     def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0,
                           images: tuple[Any, ...] | None = None) -> list[float]:

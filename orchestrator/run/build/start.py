@@ -166,6 +166,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
     """The run's vLLM generators, `NAME/generator-i`, on `model_path` (engine: extra vLLM engine arguments;
     agent: `agent_kwargs` for a run with tools)."""
     from actors.generation.generator import GENERATOR_GROUPS, GENERATOR_METHOD_GROUPS, Generator
+    from actors.payloads import HOLD_LOADS
     from orchestrator.loop.feed import feed_shape
     from orchestrator.run.cluster import generator_options, namespace
 
@@ -197,6 +198,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
             cpu_share=generator_cpu_share(cfg),
             extra_engine_kwargs=engine or None,
             record_routes=cfg.grpo.router_replay == "R3",
+            payload_hold=cfg.loop.max_staleness + HOLD_LOADS,
             processor_kwargs=dict(cfg.model.processor_kwargs) or None,
             **(agent or {}),
         ),
