@@ -6,12 +6,13 @@ or sample skipped or counted). Cases already covered elsewhere are listed in the
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator.config import DataConfig
+from orchestrator.config import ConfigError, DataConfig
 from orchestrator.data.shards import StreamSource, peek, shards
 from orchestrator.data.sources import DataError
 
@@ -148,3 +149,25 @@ def test_vlm_an_image_that_does_not_decode_is_a_bad_row_of_a_stream(tmp_path, ti
     s = StreamSource(shards(cfg), tokenizer, cfg, images=images, log=logged.append)
     assert [len(p.images) for p in s.next_batch(2)] == [1, 1] and s.skipped == 1
     assert "a.parquet row 1 column 'image': cannot decode" in logged[0]
+
+
+# --- 3. a judge ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("template, fields", [("Letter: {letter}. Correct?", "['letter']"),
+                                              ("Is this right?", "none")])
+def test_judge_a_template_without_the_completion_is_refused_naming_the_reward(template, fields):
+    """A judge whose template names neither {completion} nor {conversation} scores every sample on what it does not
+    see: refused with the rewards' first checks (prepare's reward_specs), before any model is built. The CLI's test
+    (tests/unit/orchestrator/cli/test_cli.py test_bad_judge_templates_and_curriculum_weights_fail_before_any_model_is_
+    built) shows it ends `rayward run` in one line. An answer that never parses: tests/unit/actors/rewards/
+    test_judge_stage.py (on_error raise names the reward and sample; fallback counts it)."""
+    from orchestrator.config import parse_config
+    from orchestrator.run.build import reward_specs
+
+    judge = {"model": "tiny-judge", "template": template, "labels": {"yes": 1.0, "no": 0.0}}
+    cfg = parse_config({"rewards": [{"name": "judged", "judge": judge}]})
+    with pytest.raises(ConfigError, match=r"rewards\[judged\].judge.template: names neither \{completion\} nor "
+                                          rf"\{{conversation\}}, so the judge never reads the completion it scores "
+                                          rf"\(its fields: {re.escape(fields)}\)"):
+        reward_specs(cfg.rewards)
