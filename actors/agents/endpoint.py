@@ -26,17 +26,17 @@ every request as its own row and its `concat` export only linear conversations, 
 never rewritten. One sequence per trajectory keeps rayward's GRPO groups G sequences with one reward each; an
 agent that compacts its context every few turns trains on its last context only (docs/agents.md).
 
-Budgets, as for environments: the model tokens of the trained branch (generation.max_completion_length), the
-context (generation.max_model_len), the tokens of the messages the agent adds after each response
-(agent.max_tool_tokens), the rounds of tool calls (generation.max_tool_calling_iterations), the trajectory's
-deadline (agent.trajectory_timeout_s). A request past one is refused with an OpenAI error (400; the deadline and a
-turn aborted by it: 408) and the trajectory ends with the budget's stop reason (`length`, `max_turns`, `timeout`);
+Budgets, as for environments: the model tokens of the trained branch (generation.max_completion_length), the context
+(generation.max_model_len), the tokens of the messages the agent adds after each response (agent.max_tool_tokens), the
+rounds of tool calls (generation.max_tool_calling_iterations), the branches it starts (MAX_BRANCHES: an agent that
+floods its endpoint; a request that would start one more is refused, 400, and the trajectory goes on), the trajectory's
+deadline (agent.trajectory_timeout_s). A request past another budget is refused with an OpenAI error (400; the deadline
+and a turn aborted by it: 408) and the trajectory ends with the budget's stop reason (`length`, `max_turns`, `timeout`);
 a turn that the model-token budget cuts is returned with finish_reason "length" and ends it too. Otherwise the
-trajectory ends when its agent returns: `stop` when its last turn was an answer, `max_turns` when the agent
-stopped while the model still called tools, `length` when the agent's own max_tokens cut the last turn,
-`env_error` when the agent raised, returned something that is not a number or None, or its worker was lost, and
-`timeout` when it was cut at the deadline. A trajectory that never made a request is its row's prompt and an
-empty completion.
+trajectory ends when its agent returns: `stop` when its last turn was an answer, `max_turns` when the agent stopped
+while the model still called tools, `length` when the agent's own max_tokens cut the last turn, `env_error` when the
+agent raised, returned something that is not a number or None, or its worker was lost, and `timeout` when it was cut at
+the deadline. A trajectory that never made a request is its row's prompt and an empty completion.
 """
 
 from __future__ import annotations
@@ -87,6 +87,11 @@ from actors.types import EMPTY_PROMPT, AgentDone, AgentRun, EnvClosed, Sample, S
 
 # The key's prefix (an OpenAI key has one too): a key in a log reads as rayward's.
 KEY_PREFIX = "rw-"
+# Branches a trajectory may start. Each has a model-token budget of its own, so without a bound an agent that floods
+# its endpoint (a runaway retry loop, a fan-out of parallel requests: each starts a branch) samples without end and
+# starves the generator's other trajectories. Generous for what agents do on purpose: context compactions every few
+# turns, sub-agents, a few retries after errors.
+MAX_BRANCHES = 32
 
 
 # --- one trajectory: token in, token out ----------------------------------------------------------------------
@@ -253,6 +258,11 @@ class EndpointTrajectory:
         return None
 
     def _new_branch(self, req: ChatRequest) -> _Branch:
+        if len(self.branches) >= MAX_BRANCHES:  # refused, not ended: the turns in flight and extensions go on
+            raise ApiError(400, f"this trajectory has started its {MAX_BRANCHES} branches (requests that extend none "
+                                "of its conversations: rewritten histories, sub-agents, parallel or repeated "
+                                "requests); send a request that extends one", param="messages",
+                           code="too_many_branches")
         record = TrajectoryRecord(self.tokenizer, req.tools)
         try:
             record.start(req.messages)

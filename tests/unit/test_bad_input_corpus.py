@@ -171,3 +171,10 @@ def test_judge_a_template_without_the_completion_is_refused_naming_the_reward(te
                                           rf"\{{conversation\}}, so the judge never reads the completion it scores "
                                           rf"\(its fields: {re.escape(fields)}\)"):
         reward_specs(cfg.rewards)
+
+
+
+# --- 2. an agent function --------------------------------------------------------------------------------------------
+# In tests/unit/actors/generation/test_endpoint.py, beside the rig they run on: a non-number return (test_stop_strings_
+# end_the_turn_and_a_non_number_is_an_error), another trajectory's key (test_requests_without_the_key_are_refused),
+# a flood and an agent that never calls (test_an_agent_flood_..., test_an_agent_that_never_calls_...).

@@ -317,3 +317,23 @@ def test_agent_functions_are_checked_and_their_returns_read():
     assert agent_kwargs(load_agent("orchestrator.builtin.tasks.box_agent:box_agent")) == ("model",)
     assert agent_reward(True) == (1.0, None) and math.isnan(agent_reward(None)[0])
     assert agent_reward("1.0")[0] is None and "not a finite number" in agent_reward(math.inf)[1]
+
+
+# --- issue 52: agent functions that misbehave ------------------------------------------------------------------------
+
+
+def test_an_agent_flood_is_refused_past_the_branch_budget_and_the_trajectory_ends(rig):
+    """Every request that extends no branch starts one, with a model-token budget of its own: an agent that floods
+    its endpoint would sample without bound. A request that would start one past MAX_BRANCHES is refused (an OpenAI
+    error naming the budget); the turns in flight are answered and the last branch is the sample."""
+    from actors.agents.endpoint import MAX_BRANCHES
+    from tests.fixtures import agents
+
+    agents.FLOOD_REFUSALS.clear()
+    assert agents.FLOOD_WAVES * agents.FLOOD_WIDTH > 2 * MAX_BRANCHES  # the flood is far past the budget
+    (group,) = rig(lambda turn, text: "No.<|im_end|>").rollout(f"{HERE}:flooding_agent", rows(1))
+    for s in group:
+        t = s.trajectory
+        assert t.branches == MAX_BRANCHES and t.requests == MAX_BRANCHES and t.stop_reason == "stop"
+        assert s.completion_ids  # the last branch is the sample
+    assert agents.FLOOD_REFUSALS == ["too_many_branches"] * len(group)
