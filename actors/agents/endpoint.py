@@ -36,7 +36,8 @@ a turn that the model-token budget cuts is returned with finish_reason "length" 
 trajectory ends when its agent returns: `stop` when its last turn was an answer, `max_turns` when the agent stopped
 while the model still called tools, `length` when the agent's own max_tokens cut the last turn, `env_error` when the
 agent raised, returned something that is not a number or None, or its worker was lost, and `timeout` when it was cut at
-the deadline. A trajectory that never made a request is its row's prompt and an empty completion.
+the deadline. A trajectory that never made a request is its row's prompt and an empty completion. The endpoint
+names the first few failed runs in its log, and an agent function that returns without a request (`note`).
 """
 
 from __future__ import annotations
@@ -92,6 +93,9 @@ KEY_PREFIX = "rw-"
 # starves the generator's other trajectories. Generous for what agents do on purpose: context compactions every few
 # turns, sub-agents, a few retries after errors.
 MAX_BRANCHES = 32
+# Failed agent runs an endpoint names in its log (the generator's: the driver's terminal); the rest are only counted
+# (env_pool/agent_errors). A few show what goes wrong without a line per trajectory of every step.
+NAMED_AGENT_FAILURES = 5
 
 
 # --- one trajectory: token in, token out ----------------------------------------------------------------------
@@ -346,6 +350,9 @@ class AgentEndpoint:
 
     def __init__(self, model: str, host: str = "127.0.0.1", port: int = 0, secret: str | None = None) -> None:
         self.model = model
+        self.log: Callable[[str], None] = print  # the generator's log
+        self._failures = 0  # failed agent runs seen (the first NAMED_AGENT_FAILURES are named)
+        self._silent: set[str | None] = set()  # agent functions named for returning without a request
         self._secret = (secret or secrets.token_hex(32)).encode()
         self._trajectories: dict[str, EndpointTrajectory] = {}
         self._lock = threading.Lock()
@@ -370,6 +377,27 @@ class AgentEndpoint:
     def unregister(self, tid: str) -> None:
         with self._lock:
             self._trajectories.pop(tid, None)
+
+    def note(self, done: AgentDone | None, requests: int) -> None:
+        """Name in the log what an agent run did wrong, as agent_reward and the worker put it: a failure (it raised
+        or returned something that is not a reward; not a timeout, which is the trajectory's stop reason), the first
+        NAMED_AGENT_FAILURES of them; a run that returned without a request, once per agent function."""
+        if done is None:
+            return
+        who = f"agent_function {done.function}" if done.function else "an agent function's run"
+        if done.error is not None and not done.error.startswith("timed out"):
+            self._failures += 1
+            if self._failures <= NAMED_AGENT_FAILURES:
+                sep = " " if done.error.startswith("returned") else ": "
+                more = ("; further failures are only counted (env_pool/agent_errors)"
+                        if self._failures == NAMED_AGENT_FAILURES else "")
+                self.log(f"rayward: agent endpoint: {who}{sep}{done.error}: its trajectory ends env_error (its turns "
+                         f"kept){more}")
+        elif done.error is None and requests == 0 and done.function not in self._silent:
+            self._silent.add(done.function)
+            self.log(f"rayward: agent endpoint: {who} returned without a request to its endpoint (its client must "
+                     "use the base_url and api_key it is given): its sample is the row's prompt and an empty "
+                     "completion, which trains nothing")
 
     def close(self) -> None:
         if self._loop.is_running():
@@ -574,6 +602,7 @@ class EndpointLoop:
         self._finish(r, done)
 
     def _finish(self, r: _Run, done: AgentDone | None) -> None:
+        self.endpoint.note(done, r.trajectory.requests)
         r.sample = r.trajectory.to_sample(done)
         r.finished = True
         self.endpoint.unregister(r.trajectory.tid)
