@@ -178,3 +178,19 @@ def test_judge_a_template_without_the_completion_is_refused_naming_the_reward(te
 # In tests/unit/actors/generation/test_endpoint.py, beside the rig they run on: a non-number return (test_stop_strings_
 # end_the_turn_and_a_non_number_is_an_error), another trajectory's key (test_requests_without_the_key_are_refused),
 # a flood and an agent that never calls (test_an_agent_flood_..., test_an_agent_that_never_calls_...).
+
+
+# --- 5. a sampler ----------------------------------------------------------------------------------------------------
+
+
+def test_sampler_out_of_range_rows_are_named_and_numpy_rows_are_rows():
+    """A sampler runs in the driver at each step (its statistics are the run's own): rows it returns that are not the
+    dataset's are refused naming data.sampler and the rows. Covered for the wrong count in tests/unit/orchestrator/
+    data/test_curriculum.py; numpy's integers are row indices like Python's."""
+    from orchestrator.data.curriculum import make_curriculum
+
+    with pytest.raises(ConfigError, match=r"data.sampler tests.fixtures.samplers:past_the_end: returned \[5\]: not row "
+                                          r"indices of a 5-row dataset"):
+        make_curriculum(DataConfig(sampler="tests.fixtures.samplers:past_the_end"), 5, 0).choose(3)
+    rows = make_curriculum(DataConfig(sampler="tests.fixtures.samplers:numpy_rows"), 5, 0).choose(3)
+    assert len(rows) == 3 and all(type(r) is int and 0 <= r < 5 for r in rows)
