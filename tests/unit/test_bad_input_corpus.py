@@ -109,6 +109,20 @@ def test_shards_missing_the_prompt_column_are_named(tmp_path, tok):
         peek(shards(streamed(path)), 5, streamed(path))
 
 
+def test_shards_of_mixed_schemas_stop_a_run_in_its_checks_before_the_model_loads(tmp_path, monkeypatch):
+    from orchestrator.config import parse_config
+    from orchestrator.run.build import checks
+
+    path = tmp_path / "mixed"
+    path.mkdir()
+    write_parquet(path / "a.parquet", [{"prompt": "a", "answer": "x"}] * 3)
+    write_parquet(path / "b.parquet", [{"prompt": "b"}] * 3)
+    monkeypatch.setattr(checks, "resolve_model", lambda cfg: pytest.fail("the model was resolved"))
+    tree = {"data": {"path": str(path), "streaming": True}, "rewards": [{"name": "r", "function": "brevity"}]}
+    with pytest.raises(DataError, match=r"b.parquet: its columns \['prompt'\] are not the stream's"):
+        checks.prepare(parse_config(tree), "mixed")
+
+
 def test_shards_of_mixed_schemas_in_a_streamed_eval_set_name_the_row(tmp_path, tok):
     from orchestrator.config import DataSource
     from orchestrator.data.shards import stream_eval_prompts
