@@ -186,6 +186,7 @@ class AgentDone:
     # conversation); None where it raised, timed out or its worker was lost (`error` says which)
     seconds: float = 0.0
     error: str | None = None
+    function: str | None = None  # the agent function (`module:function`) that ran, for messages; None: none ran
 
 
 @dataclass

@@ -113,6 +113,7 @@ class AgentWorker:
         import openai
 
         t0 = time.monotonic()
+        fn = self.spec.agent_function
         kw = {k: getattr(run, k) for k in self.kwargs}
         try:
             if self.is_async:
@@ -129,11 +130,11 @@ class AgentWorker:
                     self._threads, self._run_sync, run, kw), run.timeout_s + RETURN_GRACE_S)
         except (asyncio.TimeoutError, TimeoutError):
             return AgentDone(None, time.monotonic() - t0, error=f"timed out after {run.timeout_s:.3g} s "
-                                                                "(agent.trajectory_timeout_s)")
+                                                                "(agent.trajectory_timeout_s)", function=fn)
         except Exception as err:  # noqa: BLE001 - the user's agent: what it raised is the trajectory's error
-            return AgentDone(None, time.monotonic() - t0, error=f"{type(err).__name__}: {err}")
+            return AgentDone(None, time.monotonic() - t0, error=f"{type(err).__name__}: {err}", function=fn)
         reward, error = agent_reward(value)
-        return AgentDone(reward, time.monotonic() - t0, error=error)
+        return AgentDone(reward, time.monotonic() - t0, error=error, function=fn)
 
     def _run_sync(self, run: AgentRun, kw: dict[str, Any]) -> Any:
         import openai

@@ -26,17 +26,18 @@ every request as its own row and its `concat` export only linear conversations, 
 never rewritten. One sequence per trajectory keeps rayward's GRPO groups G sequences with one reward each; an
 agent that compacts its context every few turns trains on its last context only (docs/agents.md).
 
-Budgets, as for environments: the model tokens of the trained branch (generation.max_completion_length), the
-context (generation.max_model_len), the tokens of the messages the agent adds after each response
-(agent.max_tool_tokens), the rounds of tool calls (generation.max_tool_calling_iterations), the trajectory's
-deadline (agent.trajectory_timeout_s). A request past one is refused with an OpenAI error (400; the deadline and a
-turn aborted by it: 408) and the trajectory ends with the budget's stop reason (`length`, `max_turns`, `timeout`);
+Budgets, as for environments: the model tokens of the trained branch (generation.max_completion_length), the context
+(generation.max_model_len), the tokens of the messages the agent adds after each response (agent.max_tool_tokens), the
+rounds of tool calls (generation.max_tool_calling_iterations), the branches it starts (MAX_BRANCHES: an agent that
+floods its endpoint; a request that would start one more is refused, 400, and the trajectory goes on), the trajectory's
+deadline (agent.trajectory_timeout_s). A request past another budget is refused with an OpenAI error (400; the deadline
+and a turn aborted by it: 408) and the trajectory ends with the budget's stop reason (`length`, `max_turns`, `timeout`);
 a turn that the model-token budget cuts is returned with finish_reason "length" and ends it too. Otherwise the
-trajectory ends when its agent returns: `stop` when its last turn was an answer, `max_turns` when the agent
-stopped while the model still called tools, `length` when the agent's own max_tokens cut the last turn,
-`env_error` when the agent raised, returned something that is not a number or None, or its worker was lost, and
-`timeout` when it was cut at the deadline. A trajectory that never made a request is its row's prompt and an
-empty completion.
+trajectory ends when its agent returns: `stop` when its last turn was an answer, `max_turns` when the agent stopped
+while the model still called tools, `length` when the agent's own max_tokens cut the last turn, `env_error` when the
+agent raised, returned something that is not a number or None, or its worker was lost, and `timeout` when it was cut at
+the deadline. A trajectory that never made a request is its row's prompt and an empty completion. The endpoint
+names the first few failed runs in its log, and an agent function that returns without a request (`note`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,14 @@ from actors.types import EMPTY_PROMPT, AgentDone, AgentRun, EnvClosed, Sample, S
 
 # The key's prefix (an OpenAI key has one too): a key in a log reads as rayward's.
 KEY_PREFIX = "rw-"
+# Branches a trajectory may start. Each has a model-token budget of its own, so without a bound an agent that floods
+# its endpoint (a runaway retry loop, a fan-out of parallel requests: each starts a branch) samples without end and
+# starves the generator's other trajectories. Generous for what agents do on purpose: context compactions every few
+# turns, sub-agents, a few retries after errors.
+MAX_BRANCHES = 32
+# Failed agent runs an endpoint names in its log (the generator's: the driver's terminal); the rest are only counted
+# (env_pool/agent_errors). A few show what goes wrong without a line per trajectory of every step.
+NAMED_AGENT_FAILURES = 5
 
 
 # --- one trajectory: token in, token out ----------------------------------------------------------------------
@@ -253,6 +262,11 @@ class EndpointTrajectory:
         return None
 
     def _new_branch(self, req: ChatRequest) -> _Branch:
+        if len(self.branches) >= MAX_BRANCHES:  # refused, not ended: the turns in flight and extensions go on
+            raise ApiError(400, f"this trajectory has started its {MAX_BRANCHES} branches (requests that extend none "
+                                "of its conversations: rewritten histories, sub-agents, parallel or repeated "
+                                "requests); send a request that extends one", param="messages",
+                           code="too_many_branches")
         record = TrajectoryRecord(self.tokenizer, req.tools)
         try:
             record.start(req.messages)
@@ -336,6 +350,9 @@ class AgentEndpoint:
 
     def __init__(self, model: str, host: str = "127.0.0.1", port: int = 0, secret: str | None = None) -> None:
         self.model = model
+        self.log: Callable[[str], None] = print  # the generator's log
+        self._failures = 0  # failed agent runs seen (the first NAMED_AGENT_FAILURES are named)
+        self._silent: set[str | None] = set()  # agent functions named for returning without a request
         self._secret = (secret or secrets.token_hex(32)).encode()
         self._trajectories: dict[str, EndpointTrajectory] = {}
         self._lock = threading.Lock()
@@ -360,6 +377,27 @@ class AgentEndpoint:
     def unregister(self, tid: str) -> None:
         with self._lock:
             self._trajectories.pop(tid, None)
+
+    def note(self, done: AgentDone | None, requests: int) -> None:
+        """Name in the log what an agent run did wrong, as agent_reward and the worker put it: a failure (it raised
+        or returned something that is not a reward; not a timeout, which is the trajectory's stop reason), the first
+        NAMED_AGENT_FAILURES of them; a run that returned without a request, once per agent function."""
+        if done is None:
+            return
+        who = f"agent_function {done.function}" if done.function else "an agent function's run"
+        if done.error is not None and not done.error.startswith("timed out"):
+            self._failures += 1
+            if self._failures <= NAMED_AGENT_FAILURES:
+                sep = " " if done.error.startswith("returned") else ": "
+                more = ("; further failures are only counted (env_pool/agent_errors)"
+                        if self._failures == NAMED_AGENT_FAILURES else "")
+                self.log(f"rayward: agent endpoint: {who}{sep}{done.error}: its trajectory ends env_error (its turns "
+                         f"kept){more}")
+        elif done.error is None and requests == 0 and done.function not in self._silent:
+            self._silent.add(done.function)
+            self.log(f"rayward: agent endpoint: {who} returned without a request to its endpoint (its client must "
+                     "use the base_url and api_key it is given): its sample is the row's prompt and an empty "
+                     "completion, which trains nothing")
 
     def close(self) -> None:
         if self._loop.is_running():
@@ -564,6 +602,7 @@ class EndpointLoop:
         self._finish(r, done)
 
     def _finish(self, r: _Run, done: AgentDone | None) -> None:
+        self.endpoint.note(done, r.trajectory.requests)
         r.sample = r.trajectory.to_sample(done)
         r.finished = True
         self.endpoint.unregister(r.trajectory.tid)

@@ -26,6 +26,8 @@ from actors.engines.base import EngineModel
 
 # Template fields every sample has; any other `{name}` must be a dataset column.
 SAMPLE_FIELDS = ("prompt", "completion", "conversation")
+# The fields that carry the completion being judged: a template must name one, or its judge scores what it never saw.
+ANSWER_FIELDS = ("completion", "conversation")
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,14 @@ def template_fields(template: str) -> list[str]:
         if base not in names:
             names.append(base)
     return names
+
+
+def missing_answer(fields: list[str]) -> str | None:
+    """Why a template with these fields cannot judge a completion (it names none of ANSWER_FIELDS), or None."""
+    if any(f in ANSWER_FIELDS for f in fields):
+        return None
+    return (f"names neither {{{ANSWER_FIELDS[0]}}} nor {{{ANSWER_FIELDS[1]}}}, so the judge never reads the completion "
+            f"it scores (its fields: {fields or 'none'})")
 
 
 def render_text(x: Any) -> str:

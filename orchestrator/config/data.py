@@ -97,9 +97,9 @@ class DataConfig(DataSource):
     difficulty: DifficultyConfig = DifficultyConfig()
     """The `difficulty` sampler's pools, weights and resting."""
     on_bad_row: Literal["raise", "skip"] = "raise"
-    """With `streaming`: a row without the prompt column, or a shard that cannot be read, stops the run naming the
-    file and row (`raise`), or is left out and counted (`skip`: the step metric `data/skipped_rows`, the first
-    few named in the driver's log)."""
+    """With `streaming`: a row without the prompt column, a row whose columns are not the first row's, a row whose
+    image does not decode, or a shard that cannot be read, stops the run naming the file and row (`raise`), or is
+    left out and counted (`skip`: the step metric `data/skipped_rows`, the first few named in the driver's log)."""
 
     @model_validator(mode="after")
     def _sampler(self) -> DataConfig:

@@ -74,7 +74,8 @@ class JudgeConfig(_Section):
     template: str
     """The judge's prompt, Python str.format over the sample: `{prompt}`, `{completion}`, `{conversation}` (a
     conversation as `role: content` lines) and the dataset's columns (`{letter}`). It is the user message of
-    the judge's chat template (when its tokenizer has one), after `system`."""
+    the judge's chat template (when its tokenizer has one), after `system`. It names `{completion}` or
+    `{conversation}` (a judge that never reads the completion is refused before the run starts)."""
     system: str | None = None
     """System message before the template (chat templates only)."""
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)

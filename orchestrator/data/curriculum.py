@@ -122,7 +122,7 @@ class Curriculum:
 
     def _user(self, k: int) -> list[int]:
         state = TrainerState(global_step=self.step)
-        rows = self.chooser(stats=self.stats, trainer_state=state, k=k, num_rows=self.num_rows)
+        rows = plain_rows(self.chooser(stats=self.stats, trainer_state=state, k=k, num_rows=self.num_rows))
         name = self.cfg.sampler
         if not isinstance(rows, list | tuple) or len(rows) != k:
             raise ConfigError(f"data.sampler {name}: returned {type(rows).__name__} "
@@ -176,6 +176,16 @@ class Curriculum:
         version, internal, gauss = state["rng"]
         self._rng.setstate((version, tuple(internal), gauss))
         self.stats = {int(r): PromptStats(**s) for r, s in state["stats"].items()}
+
+
+def plain_rows(rows: Any) -> Any:
+    """A sampler's answer with numpy's integers as Python's (an array, or a list of numpy integers: how samplers that
+    draw with numpy return rows); anything else as it came, for the checks to name."""
+    if hasattr(rows, "tolist") and not isinstance(rows, list | tuple):
+        rows = rows.tolist()
+    if isinstance(rows, list | tuple):
+        return [r.item() if hasattr(r, "item") and not isinstance(r, int | float) else r for r in rows]
+    return rows
 
 
 def make_curriculum(cfg: DataConfig, num_rows: int, seed: int) -> Curriculum | None:

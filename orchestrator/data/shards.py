@@ -15,9 +15,11 @@ to skip (a resumed pipelined run replays the batches it had generated but not tr
 Restoring re-reads the buffer's rows by reference (parquet: the row groups that hold them) and the shard from its
 offset.
 
-**Bad input** (data.on_bad_row): a parquet shard whose footer cannot be read stops the run before anything starts,
-named. A shard that fails while it is read, a jsonl line that is not a JSON object, or a row without the prompt
-column is named (file, row): `raise` (the default) stops the run with that message; `skip` leaves it out and counts it
+**Bad input** (data.on_bad_row): a parquet shard whose footer cannot be read, or whose columns (in its footer) are
+not the first row's, stops the run before anything starts, named. A shard that fails while it is read, a jsonl line
+that is not a JSON object, a row without the prompt column, a row whose columns are not the first row's (a batch's
+columns are its first row's: a row without one of them cannot join it) or a row whose image does not decode is named
+(file, row): `raise` (the default) stops the run with that message; `skip` leaves it out and counts it
 (`StreamSource.skipped`, the step metric `data/skipped_rows`; the first few are named in the driver's log). A
 dataset with no readable row stops the run either way.
 """
@@ -31,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from actors.vision import ImageError
 from orchestrator.config import DataConfig, DataSource
 from orchestrator.data.sources import (
     EVAL_DRAW,
@@ -58,6 +61,8 @@ NAMED_BAD_ROWS = 5
 
 class Shard:
     """One file (or a range of a saved dataset): rows by index within it."""
+
+    columns: list[str] | None = None  # its columns where the file says them before a row is read (parquet)
 
     name: str
 
@@ -108,6 +113,7 @@ class ParquetShard(Shard):
         meta = self._file.metadata
         self.groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
         self.rows = meta.num_rows
+        self.columns = list(self._file.schema_arrow.names)
 
     def _group_of(self, index: int) -> tuple[int, int]:
         """(row group, index of its first row) of a row."""
@@ -169,6 +175,22 @@ class BadShard(Exception):
     def __init__(self, shard: str, why: str) -> None:
         super().__init__(f"{shard}: cannot be read ({why})")
         self.shard, self.why = shard, why
+
+
+def column_mismatch(columns: list[str], stream: frozenset[str], prompt_column: str) -> str | None:
+    """Why a row (or a shard) with `columns` cannot join a stream whose rows have `stream` (the first row's
+    columns), or None: both the same, the prompt column aside (its absence is named on its own, and an environment
+    may supply it)."""
+    mine = set(columns) - {prompt_column}
+    if mine == stream:
+        return None
+    return (f"its columns {sorted(columns)} are not the stream's {sorted(stream | {prompt_column})} (missing "
+            f"{sorted(stream - mine)}, extra {sorted(mine - stream)})")
+
+
+def stream_columns(row: dict[str, Any], prompt_column: str) -> frozenset[str]:
+    """The columns every row of a stream must have: its first row's, the prompt column aside."""
+    return frozenset(row) - {prompt_column}
 
 
 def shards(cfg: DataSource, field: str = "data") -> list[Shard]:
@@ -263,6 +285,7 @@ class StreamSource:
         self._buffer: list[tuple[tuple[int, int], dict[str, Any]]] = []
         self._reader: _Reader | None = None
         self.rows = peek(shard_list, PEEK_ROWS, cfg, prompt_optional=prompt_optional)
+        self.columns = stream_columns(self.rows[0], cfg.prompt_column)
 
     @property
     def epoch(self) -> int:
@@ -316,6 +339,10 @@ class StreamSource:
                 self._bad(f"{self.shards[r.shard].name} row {ref[1]}: no prompt column {self.cfg.prompt_column!r} "
                           f"(columns: {sorted(row)})")
                 continue
+            why = column_mismatch(list(row), self.columns, self.cfg.prompt_column)
+            if why is not None:
+                self._bad(f"{self.shards[r.shard].name} row {ref[1]}: {why}")
+                continue
             return ref, row
 
     def _bad(self, what: str) -> None:
@@ -358,7 +385,10 @@ class StreamSource:
             if draw in self._skip:
                 self._skip.discard(draw)
                 continue
-            out.append(self.encode(row, draw, where=f"{self.shards[shard].name} row {index}"))
+            try:
+                out.append(self.encode(row, draw, where=f"{self.shards[shard].name} row {index}"))
+            except ImageError as err:  # known only when drawn (the first rows' are checked before the run)
+                self._bad(str(err))
         return out
 
     def observe(self, draws: list[int], totals: list[float], group_size: int, step: int) -> None:
@@ -401,7 +431,8 @@ class StreamSource:
 
 def peek(shard_list: list[Shard], n: int, cfg: DataSource, *, prompt_optional: bool = False) -> list[dict[str, Any]]:
     """The first n rows in file order (the start-up checks' rows, an eval set's held-out rows); DataError naming the
-    file when the first shard cannot be read or its first row has no prompt column."""
+    file when the first shard cannot be read, its first row has no prompt column, or a parquet shard's columns (its
+    footer's) are not the first row's."""
     out: list[dict[str, Any]] = []
     for shard in shard_list:
         try:
@@ -420,6 +451,11 @@ def peek(shard_list: list[Shard], n: int, cfg: DataSource, *, prompt_optional: b
     if cfg.prompt_column not in out[0] and not prompt_optional:
         raise DataError(f"data.prompt_column {cfg.prompt_column!r} not in {shard_list[0].name} (columns: "
                         f"{sorted(out[0])})")
+    stream = stream_columns(out[0], cfg.prompt_column)
+    for shard in shard_list:
+        why = None if shard.columns is None else column_mismatch(shard.columns, stream, cfg.prompt_column)
+        if why is not None:
+            raise DataError(f"data.path {cfg.path!r}: {shard.name}: {why}; give every shard the same columns")
     return out
 
 
@@ -428,6 +464,11 @@ def stream_eval_prompts(cfg: DataSource, tokenizer: Any, *, max_samples: int | N
     """A streamed eval set's held-out prompts: its first max_samples rows in file order (all if None: the eval set is
     then read whole)."""
     rows = peek(shards(cfg, "eval.data"), max_samples or 10**12, cfg, prompt_optional=prompt_optional)
+    stream = stream_columns(rows[0], cfg.prompt_column)
+    for i, r in enumerate(rows):  # read whole before anything starts: a row that cannot join a batch is named now
+        why = column_mismatch(list(r), stream, cfg.prompt_column)
+        if why is not None:
+            raise DataError(f"eval.data row {i}: {why}")
     encode = PromptEncoder(tokenizer, cfg.prompt_column, template_kwargs, images)
     return [encode(r, EVAL_DRAW, where=f"eval.data row {i}") for i, r in enumerate(rows)]
 

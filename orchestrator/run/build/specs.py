@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from actors import user_code
-from actors.engines.judge import JudgeSpec, template_fields
+from actors.engines.judge import JudgeSpec, missing_answer, template_fields
 from actors.engines.teacher import TeacherSpec
 from actors.learner.loss import ImportanceSampling, LossConfig
 from actors.learner.specs import LearnerSpec, ModelSpec, OptimSpec, StepSpec
@@ -66,9 +66,12 @@ def judge_spec(r: RewardConfig, field: str, seed: int = 0) -> JudgeSpec:
         except user_code.UserCodeError as err:
             raise ConfigError(str(err)) from None
     try:
-        template_fields(j.template)  # well-formed; the dataset's columns are checked in `check_judge_templates`
+        fields = template_fields(j.template)  # well-formed; the dataset's columns: `check_judge_templates`
     except ValueError as err:
         raise ConfigError(f"{field}[{r.name}].judge.template: {err}") from None
+    why = missing_answer(fields)
+    if why is not None:
+        raise ConfigError(f"{field}[{r.name}].judge.template: {why}")
     return JudgeSpec(
         reward=r.name, model=j.model, template=j.template, system=j.system, temperature=j.temperature,
         top_p=j.top_p, top_k=j.top_k, max_tokens=j.max_completion_length, stop=tuple(j.stop), regex=j.regex,

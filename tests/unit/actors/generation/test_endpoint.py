@@ -317,3 +317,50 @@ def test_agent_functions_are_checked_and_their_returns_read():
     assert agent_kwargs(load_agent("orchestrator.builtin.tasks.box_agent:box_agent")) == ("model",)
     assert agent_reward(True) == (1.0, None) and math.isnan(agent_reward(None)[0])
     assert agent_reward("1.0")[0] is None and "not a finite number" in agent_reward(math.inf)[1]
+
+
+# --- issue 52: agent functions that misbehave ------------------------------------------------------------------------
+
+
+def test_an_agent_flood_is_refused_past_the_branch_budget_and_the_trajectory_ends(rig):
+    """Every request that extends no branch starts one, with a model-token budget of its own: an agent that floods
+    its endpoint would sample without bound. A request that would start one past MAX_BRANCHES is refused (an OpenAI
+    error naming the budget); the turns in flight are answered and the last branch is the sample."""
+    from actors.agents.endpoint import MAX_BRANCHES
+    from tests.fixtures import agents
+
+    agents.FLOOD_REFUSALS.clear()
+    assert agents.FLOOD_WAVES * agents.FLOOD_WIDTH > 2 * MAX_BRANCHES  # the flood is far past the budget
+    (group,) = rig(lambda turn, text: "No.<|im_end|>").rollout(f"{HERE}:flooding_agent", rows(1))
+    for s in group:
+        t = s.trajectory
+        assert t.branches == MAX_BRANCHES and t.requests == MAX_BRANCHES and t.stop_reason == "stop"
+        assert s.completion_ids  # the last branch is the sample
+    assert agents.FLOOD_REFUSALS == ["too_many_branches"] * len(group)
+
+
+def test_an_agent_that_returns_text_is_named_in_the_generators_log_and_its_turn_kept(rig):
+    """The trajectory ends env_error and is counted (env_pool/agent_errors); its turn is kept; the first few such
+    failures are named in the generator's log (the driver's terminal), with the agent function."""
+    r = rig(lambda turn, text: "Box 1.<|im_end|>")
+    logged: list[str] = []
+    r.endpoint.log = logged.append
+    (group,) = r.rollout(f"{HERE}:string_agent", rows(1))
+    assert all(s.trajectory.stop_reason == "env_error" and s.completion_ids for s in group)
+    assert logged[0] == (f"rayward: agent endpoint: agent_function {HERE}:string_agent returned 'Box 1.' (str), not a "
+                         "finite number or None: its trajectory ends env_error (its turns kept)")
+    assert len(logged) == len(group)
+
+
+def test_an_agent_that_never_calls_its_endpoint_is_named_and_its_sample_is_the_prompt(rig):
+    """Its sample is the row's prompt and an empty completion (it trains nothing; its reward still counts in its
+    group), and the generator's log says so once per agent function and generator, naming it."""
+    r = rig(solve)
+    logged: list[str] = []
+    r.endpoint.log = logged.append
+    for _ in range(2):
+        (group,) = r.rollout(f"{HERE}:silent_agent", rows(1))
+    assert all(s.trajectory.requests == 0 and not s.completion_ids and s.trajectory.env_reward == 1.0 for s in group)
+    assert logged == [f"rayward: agent endpoint: agent_function {HERE}:silent_agent returned without a request to "
+                      "its endpoint (its client must use the base_url and api_key it is given): its sample is the "
+                      "row's prompt and an empty completion, which trains nothing"]

@@ -59,6 +59,9 @@ def test_run_rejects_bad_input_before_starting_anything(args, message, capsys, t
     ("judge.yaml", "rewards.1.judge.template='{nosuchcol} {completion}'",
      "rewards[judge].judge.template: fields ['nosuchcol'] are neither ['prompt', 'completion', 'conversation'] nor "
      "dataset columns (the dataset has ['letter', 'prompt'])"),
+    ("judge.yaml", "rewards.1.judge.template='Letter: {letter}. Correct?'",  # issue 52: the judge sees no answer
+     "rewards[judge].judge.template: names neither {completion} nor {conversation}, so the judge never reads the "
+     "completion it scores (its fields: ['letter'])"),
     ("curriculum.yaml", "data.difficulty.weights={learnable: -1.0}",
      "data.difficulty.weights: learnable is -1 at step 0"),
 ])
