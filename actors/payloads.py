@@ -115,10 +115,10 @@ def keep(payload: GroupPayload) -> GroupPayload:
     return payload
 
 
-# Weight loads a generator keeps its own reference to a payload for (HeldStore): a sample is trained at most
-# loop.max_staleness optimizer steps (one load each at least) after it was generated; the generator is built
-# with max_staleness + this, the step it is trained in and the one after covering a sync that lands late.
-HOLD_LOADS = 2
+# Weight loads a generator keeps its own reference to a payload for (HeldStore), beyond loop.max_staleness: a
+# sample is trained before the (max_staleness + 1)-th load after the one it was generated under; one load more
+# covers the completions log, which reads the step's payloads after its sync is submitted.
+HOLD_LOADS = 1
 
 
 class HeldStore:
