@@ -19,15 +19,14 @@ depends on timing, so an async resume is not bit-exact (the sync and pipelined l
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-from ray.exceptions import RayActorError
 
 from actors.runtime.group import Pending, Stream
 from actors.types import FinishedOuts, Rollouts, Scores
 from orchestrator.data.sources import DataPosition, Prompt
-from orchestrator.loop.phases import recover_generators, rollouts_of, seeds_of, submit_score
+from orchestrator.loop.inflight import Part, read_next
+from orchestrator.loop.phases import rollouts_of, seeds_of, submit_score
 from orchestrator.run.state import Run
 
 
@@ -53,20 +52,15 @@ def feed_shape(prompts_per_step: int, generators: int, generation_chunks: int, m
     return FeedShape(capacity, call_prompts, -(-calls // generators) + 1)
 
 
-@dataclass
-class Call:
-    """One generator call of the feed: its prompts, the stream of its finished groups, and which of its draws are
-    not trained yet (a checkpoint replays those)."""
+@dataclass(kw_only=True)
+class Call(Part):
+    """One generator call of the feed (a pipelined batch's Part: its prompts and the stream of its finished groups),
+    and which of its draws are not trained yet (a checkpoint replays those)."""
 
     member: int
-    prompts: list[Prompt]
-    seeds: list[int]
     version: int  # the learner's step when it was submitted: its seeds' (the tokens carry their own versions)
     mark: DataPosition  # the prompt stream's position before its prompts were drawn
-    stream: Stream[FinishedOuts]
     untrained: set[int]  # draw indices neither trained nor dropped
-    done: bool = False
-    yielded: set[int] = field(default_factory=set)  # indices into prompts of the groups it has yielded
 
     @property
     def waiting(self) -> int:
@@ -137,22 +131,12 @@ class Feed:
             version = run.progress.policy_version
             seeds = seeds_of(run, prompts, version)
             member = min(range(len(run.generators)), key=self._load)
-            self.calls.append(Call(member, prompts, seeds, version, mark, self._stream(member, prompts, seeds),
-                                   {p.draw for p in prompts}))
+            self.calls.append(Call(prompts, seeds, self._stream(member, prompts, seeds), member=member,
+                                   version=version, mark=mark, untrained={p.draw for p in prompts}))
 
     def _stream(self, member: int, prompts: list[Prompt], seeds: list[int]) -> Stream[FinishedOuts]:
         run = self.run
         return run.rollout.stream(run.generators, member, prompts, seeds, run.sampling, None)  # type: ignore[arg-type]
-
-    def _resume(self, call: Call, training: bool) -> None:
-        """A call whose generator died: once the generators are back (restarted and re-synced once per death), its
-        groups not yet yielded are generated again on the same member."""
-        if call.stream.epoch == self.run.generators.restarts:
-            recover_generators(self.run, training)
-        left = [i for i in range(len(call.prompts)) if i not in call.yielded]
-        call.prompts, call.seeds = [call.prompts[i] for i in left], [call.seeds[i] for i in left]
-        call.yielded = set()
-        call.stream = self._stream(call.member, call.prompts, call.seeds)
 
     def pump(self, *, until: Pending[Any] | None = None, groups: int | None = None) -> None:
         """Send every group the generators finish to the reward pool; return once `until` is done, or once at
@@ -170,17 +154,9 @@ class Feed:
             if ready is None:
                 return
             call = live[id(ready)]
-            try:
-                out = call.stream.next()
-            except StopIteration:
-                call.done = True
+            out = read_next(run, call, until is not None, self._stream)
+            if out is None:
                 continue
-            except RayActorError:
-                if run.cfg.cluster.generator_max_restarts == 0:
-                    raise
-                self._resume(call, training=until is not None)
-                continue
-            call.yielded.update(o.index for o in out.groups)
             prompts = [call.prompts[o.index] for o in out.groups]
             r = rollouts_of(run, prompts, out.groups, call.version)
             self.pieces.append(Piece(call, r, submit_score(run, r)))

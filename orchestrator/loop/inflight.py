@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,16 +85,30 @@ def untrained_position(run: Run, inflight: deque[InFlight]) -> DataPosition | No
     return run.prompts.untrained_position(inflight[0].mark, [b.draws for b in inflight])
 
 
-def _resume(run: Run, batch: InFlight, part: Part, training: bool) -> None:
-    """A part whose generator died: once the generators are back (restarted and re-synced, once per death however
-    many parts it cut), its groups not yet yielded are generated again on the same generator. training: a train
-    step is in flight (the learner's weights are the step after it)."""
-    if part.stream.epoch == run.generators.restarts:
-        recover_generators(run, training)
-    left = [i for i in range(len(part.prompts)) if i not in part.yielded]
-    part.prompts, part.seeds = [part.prompts[i] for i in left], [part.seeds[i] for i in left]
-    part.yielded = set()
-    part.stream = _stream(run, batch.policy_version, part.stream.member, part.prompts, part.seeds)
+def read_next(run: Run, part: Part, training: bool,
+              restream: Callable[[int, list[Prompt], list[int]], Stream[FinishedOuts]]) -> FinishedOuts | None:
+    """The part's next finished groups (recorded as yielded), or None: its stream ended (part.done), or its
+    generator died, and once the generators are back (restarted and re-synced, once per death however many parts
+    it cut) its groups not yet yielded were submitted again on the same generator (`restream(member, prompts,
+    seeds)`). training: a train step is in flight (the learner's weights are the step after it)."""
+    try:
+        out = part.stream.next()
+    except StopIteration:
+        part.done = True
+        return None
+    except RayActorError:
+        if run.cfg.cluster.generator_max_restarts == 0:
+            raise
+        if part.stream.epoch == run.generators.restarts:
+            recover_generators(run, training)
+        left = [i for i in range(len(part.prompts)) if i not in part.yielded]
+        part.prompts, part.seeds = [part.prompts[i] for i in left], [part.seeds[i] for i in left]
+        part.yielded = set()
+        part.stream = restream(part.stream.member, part.prompts, part.seeds)
+        return None
+    part.yielded.update(o.index for o in out.groups)
+    part.seconds = out.seconds
+    return out
 
 
 def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None) -> None:
@@ -107,18 +122,9 @@ def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None)
         if ready is None:
             return
         batch, part = owner[id(ready)]
-        try:
-            out = part.stream.next()
-        except StopIteration:
-            part.done = True
+        out = read_next(run, part, until is not None, functools.partial(_stream, run, batch.policy_version))
+        if out is None:
             continue
-        except RayActorError:
-            if run.cfg.cluster.generator_max_restarts == 0:
-                raise
-            _resume(run, batch, part, training=until is not None)
-            continue
-        part.yielded.update(o.index for o in out.groups)
-        part.seconds = out.seconds
         prompts = [part.prompts[o.index] for o in out.groups]
         r = rollouts_of(run, prompts, out.groups, batch.policy_version)
         batch.scored.append((r, submit_score(run, r)))

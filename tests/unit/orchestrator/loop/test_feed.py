@@ -51,6 +51,21 @@ def test_every_step_a_whole_batch_no_prompt_twice_none_staler_than_allowed(tmp_p
         assert max(lags) > 0
 
 
+@pytest.mark.parametrize("generators,after", [(1, 1), (2, 0)])
+def test_a_generator_dying_mid_call_loses_no_group(tmp_path, generators, after):
+    """Generator 0 dies in its second call after `after` groups: one restart, however many calls it cut; their
+    remaining groups are generated again on the restarted generator, which got the learner's weights first."""
+    run = fake_run(tmp_path / "r", ["loop.mode=async", "grpo.max_steps=6", f"cluster.num_generators={generators}"],
+                   generators=generators)
+    run.generators.die(member=0, call=2, after=after)
+    history = run_async(run)
+    assert [h["step"] for h in history] == [1, 2, 3, 4, 5, 6] and run.generators.restarts == 1
+    flat = [u for b in trained_uids(run) for u in b]
+    assert all(len(b) == PROMPTS_PER_STEP for b in trained_uids(run)) and sorted(flat) == list(range(24))
+    lags = [t.step_before - c[0] for t in run.learner.trained for c in t.batch.completion_ids]
+    assert max(lags) <= run.cfg.loop.max_staleness  # no initial weights after the restart
+
+
 def test_a_sigterm_checkpoint_replays_the_untrained_draws_and_nothing_else(tmp_path):
     flags = ["loop.mode=async", "grpo.max_steps=8", "loop.max_staleness=2"]
     stopped = fake_run(tmp_path / "r", flags, generators=2)
@@ -79,7 +94,7 @@ def piece(groups: int, start: int, versions: list[int], untrained: set[int]) -> 
     r = rollouts(groups, g=2, start=start, version=min(versions))
     r.infos = [dataclasses.replace(i, version=versions[n // 2]) for n, i in enumerate(r.infos)]
     r.prompt_index = [(start + n) // 2 for n in range(len(r.infos))]
-    call = Call(0, [], [], 0, None, None, untrained, done=True)  # type: ignore[arg-type]
+    call = Call([], [], None, done=True, member=0, version=0, mark=None, untrained=untrained)  # type: ignore[arg-type]
     return Piece(call, r, None, scores(2 * groups, start=start))
 
 
