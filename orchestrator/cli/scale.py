@@ -11,6 +11,7 @@ does, so the cluster runs the client's code; it is deleted once answered and nev
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -126,8 +127,9 @@ def _wait(client: Any, address: str, sid: str, timeout_s: float) -> str:
 
 def _answer(log: str, status: str, address: str) -> PoolStats:
     for line in log.splitlines():
-        if line.startswith(RESULT):
-            return PoolStats(**json.loads(line[len(RESULT):]))
+        if line.startswith(RESULT):  # the pool's own record (a reward pool's adds global_step): the common fields
+            answer = json.loads(line[len(RESULT):])
+            return PoolStats(**{f.name: answer[f.name] for f in dataclasses.fields(PoolStats) if f.name in answer})
         if line.startswith(REFUSED):
             raise ScaleRefused(line[len(REFUSED):])
     last = next((x for x in reversed(log.splitlines()) if x.strip()), "(no output)")
