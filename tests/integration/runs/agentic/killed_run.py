@@ -85,3 +85,17 @@ def train_killing_a_worker(ray: Any, cfg: RunConfig, name: str) -> tuple[list[di
         mp.undo()
     killer.join()
     return history, captured
+
+
+def check_the_kill_lost_no_sample(cfg: RunConfig, history: list[dict[str, Any]], captured: Captured, steps: int,
+                                  what: str, lost_counter: str, reward: str) -> None:
+    """Every step trained, one worker killed while `what` was open, every step a whole batch; the pool replaced it
+    and counted `lost_counter`; the trajectories it cut ended env_error without an environment reward, and their
+    reward scored its fallback (counted as errors)."""
+    assert [h["step"] for h in history] == list(range(1, steps + 1))
+    assert len(captured.killed) == 1, f"no {what} was ever open to kill its worker"
+    assert all(len(s.batch) == cfg.generation.generation_batch_size for s in captured.steps)  # no sample lost
+    assert max(h["env_pool/replaced"] for h in history) >= 1 and max(h[lost_counter] for h in history) >= 1
+    lost = [t for s in captured.steps for t in s.trajectories if t.stop_reason == "env_error"]
+    assert lost and all(t.env_reward is None for t in lost)
+    assert sum(h[f"rewards/{reward}/errors"] for h in history) >= len(lost)  # scored fallback, counted

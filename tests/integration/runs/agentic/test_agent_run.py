@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.config import load_config
 from tests.conftest import ROOT
-from tests.integration.runs.agentic.killed_run import train_killing_a_worker
+from tests.integration.runs.agentic.killed_run import check_the_kill_lost_no_sample, train_killing_a_worker
 
 NAME = "agentic-endpoint"
 STEPS = 3
@@ -36,13 +36,7 @@ def agent_run(ray_cluster, tmp_path_factory):
 
 def test_every_step_trains_a_whole_batch_with_an_agent_worker_killed(agent_run):
     cfg, history, captured = agent_run
-    assert [h["step"] for h in history] == list(range(1, STEPS + 1))
-    assert len(captured.killed) == 1, "no agent ever ran to kill its worker"
-    assert all(len(s.batch) == cfg.generation.generation_batch_size for s in captured.steps)  # no sample lost
-    assert max(h["env_pool/replaced"] for h in history) >= 1 and max(h["env_pool/agent_errors"] for h in history) >= 1
-    lost = [t for s in captured.steps for t in s.trajectories if t.stop_reason == "env_error"]
-    assert lost and all(t.env_reward is None for t in lost)
-    assert sum(h["rewards/box_agent/errors"] for h in history) >= len(lost)  # scored fallback, counted
+    check_the_kill_lost_no_sample(cfg, history, captured, STEPS, "agent run", "env_pool/agent_errors", "box_agent")
 
 
 def test_the_learner_trains_the_sampled_ids_with_the_agents_messages_masked(agent_run):

@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.config import load_config
 from tests.conftest import ROOT
-from tests.integration.runs.agentic.killed_run import Captured, train_killing_a_worker
+from tests.integration.runs.agentic.killed_run import Captured, check_the_kill_lost_no_sample, train_killing_a_worker
 
 NAME = "agentic-tools"
 STEPS = 4
@@ -44,13 +44,8 @@ def tokenizer():
 
 def test_every_step_trains_a_whole_batch_even_with_a_worker_killed(tools_run):
     cfg, history, captured, _ = tools_run
-    assert [h["step"] for h in history] == list(range(1, STEPS + 1))
-    assert len(captured.killed) == 1, "no environment session was ever open to kill a worker under"
-    assert all(len(s.batch) == cfg.generation.generation_batch_size for s in captured.steps)  # no sample lost
-    assert max(h["env_pool/replaced"] for h in history) >= 1 and max(h["env_pool/sessions_lost"] for h in history) >= 1
-    lost = [t for s in captured.steps for t in s.trajectories if t.stop_reason == "env_error"]
-    assert lost and all(t.env_reward is None for t in lost)
-    assert sum(h["rewards/BoxEnv/errors"] for h in history) >= len(lost)  # scored fallback, counted
+    check_the_kill_lost_no_sample(cfg, history, captured, STEPS, "environment session", "env_pool/sessions_lost",
+                                  "BoxEnv")
 
 
 def test_the_learner_trains_on_the_sampled_ids_with_tool_tokens_masked(tools_run):
