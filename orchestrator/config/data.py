@@ -99,7 +99,9 @@ class DataConfig(DataSource):
     on_bad_row: Literal["raise", "skip"] = "raise"
     """With `streaming`: a row without the prompt column, a row whose columns are not the first row's, a row whose
     image does not decode, or a shard that cannot be read, stops the run naming the file and row (`raise`), or is
-    left out and counted (`skip`: the step metric `data/skipped_rows`, the first few named in the driver's log)."""
+    left out and counted (`skip`: the step metric `data/skipped_rows`, the first few named in the driver's log).
+    In memory: the first 1,000 rows' images are decoded before the run starts (a broken one stops it there); a later
+    row whose image does not decode, known only when drawn, is treated the same way."""
 
     @model_validator(mode="after")
     def _sampler(self) -> DataConfig:

@@ -37,6 +37,7 @@ from actors.vision import ImageError
 from orchestrator.config import DataConfig, DataSource
 from orchestrator.data.sources import (
     EVAL_DRAW,
+    NAMED_BAD_ROWS,
     DataError,
     DataPosition,
     EpochOrder,
@@ -55,8 +56,6 @@ ARROW_SHARD_ROWS = 100_000
 PEEK_ROWS = 1000
 # Rows a parquet reader decodes at a time.
 PARQUET_BATCH = 1024
-# Bad rows named in the driver's log (the rest only counted) under on_bad_row: skip.
-NAMED_BAD_ROWS = 5
 
 
 class Shard:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,6 +31,8 @@ IMAGE_COLUMNS = ("images", "image")
 # Rows whose images are decoded when the run starts (a broken one stops it there, named); later rows' images are
 # decoded as they are drawn, and a broken one is named then.
 CHECKED_IMAGE_ROWS = 1000
+# Bad rows named in the driver's log (the rest only counted) under data.on_bad_row: skip.
+NAMED_BAD_ROWS = 5
 # data.path null (but for an environment that owns its data: `training_rows`)
 DEFAULT_DATASET = "toy"
 # The draw index of a held-out prompt: it is no part of the run's prompt stream (Rollouts.prompt_index says so).
@@ -401,6 +404,8 @@ class PromptSource:
         self.order = EpochOrder(len(rows), cfg.shuffle_dataset, seed)
         self._skip: set[int] = set()
         self.served = 0
+        self.skipped = 0  # rows whose images did not decode when drawn, left out (data.on_bad_row: skip)
+        self.log: Callable[[str], None] = print
 
     @property
     def epoch(self) -> int:
@@ -425,18 +430,45 @@ class PromptSource:
             if draw in self._skip:
                 self._skip.discard(draw)
                 continue
-            out.append(self.encode(self.rows[i], draw, where=f"data row {i}"))
+            prompt = self._encoded(i, draw)
+            if prompt is not None:
+                out.append(prompt)
         return out
 
+    def _encoded(self, i: int, draw: int) -> Prompt | None:
+        """Row i as draw `draw`; None when its images do not decode and data.on_bad_row is skip (counted; the
+        first CHECKED_IMAGE_ROWS rows were decoded before the run, later ones are known only when drawn)."""
+        try:
+            return self.encode(self.rows[i], draw, where=f"data row {i}")
+        except ImageError as err:
+            if self.cfg.on_bad_row == "raise":
+                raise DataError(f"data: {err} (data.on_bad_row: skip leaves bad rows out, counted)") from err
+            self.skipped += 1
+            if self.skipped <= NAMED_BAD_ROWS:
+                self.log(f"rayward: data: skipped {err}" + (" (further bad rows are only counted: data/skipped_rows)"
+                                                             if self.skipped == NAMED_BAD_ROWS else ""))
+            return None
+
     def _curriculum_batch(self, k: int) -> list[Prompt]:
-        """k rows the curriculum chooses (after any to replay), each a new draw."""
-        picked = self._replay[:k]
-        del self._replay[:k]
-        for row in self.curriculum.choose(k - len(picked)):
-            picked.append((self.served, row))
-            self.served += 1
-        self._row_of.update(picked)
-        return [self.encode(self.rows[row], draw, where=f"data row {row}") for draw, row in picked]
+        """k rows the curriculum chooses (after any to replay), each a new draw; a row left out (on_bad_row: skip)
+        is replaced by another choice."""
+        out: list[Prompt] = []
+        for _ in range(k * len(self.rows) + 1):  # bounded: a dataset of only bad rows ends in the DataError below
+            if len(out) == k:
+                return out
+            picked = self._replay[:k - len(out)]
+            del self._replay[:len(picked)]
+            for row in self.curriculum.choose(k - len(out) - len(picked)):
+                picked.append((self.served, row))
+                self.served += 1
+            self._row_of.update(picked)
+            for draw, row in picked:
+                prompt = self._encoded(row, draw)
+                if prompt is None:
+                    del self._row_of[draw]  # never generated: nothing to observe or replay
+                else:
+                    out.append(prompt)
+        raise DataError(f"data.path {self.cfg.path!r}: the curriculum chose only rows left out as bad")
 
     def observe(self, draws: list[int], totals: list[float], group_size: int, step: int) -> None:
         """Scored groups (draw indices and weighted totals, group_size contiguous per draw) for the curriculum's
@@ -449,7 +481,8 @@ class PromptSource:
                 self.curriculum.observe(row, totals[g: g + group_size], step)
 
     def metrics(self) -> dict[str, float]:
-        return self.curriculum.metrics() if self.curriculum is not None else {}
+        skipped = {"data/skipped_rows": self.skipped} if self.skipped else {}
+        return {**(self.curriculum.metrics() if self.curriculum is not None else {}), **skipped}
 
     def state(self) -> DataPosition:
         """The position of the next draw."""

@@ -125,3 +125,45 @@ def test_colors_task_balanced_and_the_colour_is_the_answer():
         pixels = r["image"].getcolors(maxcolors=4096)
         assert COLORS[r["letter"]] in {rgb for _, rgb in pixels}
     assert len({r["prompt"][0]["content"] for r in rows}) == 1  # only the image tells the answer
+
+
+def test_a_broken_image_past_the_checked_rows_is_named_or_skipped_when_drawn(images, tokenizer):
+    """In memory, only the first CHECKED_IMAGE_ROWS rows' images are decoded before the run; a later broken one is
+    known when drawn: data.on_bad_row raise stops the run naming the row, skip leaves it out and counts it (the
+    batch still full), under the uniform sampler and the difficulty curriculum alike."""
+    from orchestrator.config import DataConfig
+    from orchestrator.data.sources import CHECKED_IMAGE_ROWS, DataError, PromptSource
+
+    good = {"prompt": [{"role": "user", "content": "x"}], "image": Image.new("RGB", (56, 56))}
+    bad_at = CHECKED_IMAGE_ROWS + 2
+    rows = [good] * bad_at + [{**good, "image": b"\x89PNG broken"}] + [good] * 3
+    PromptEncoder(tokenizer, "prompt", None, images).check(rows, "data")  # passes: the bad row is past the check
+    raising = PromptSource(rows, tokenizer, DataConfig(shuffle_dataset=False), images=images)
+    raising.next_batch(bad_at)
+    with pytest.raises(DataError, match=rf"data row {bad_at} column 'image': cannot decode.*on_bad_row: skip"):
+        raising.next_batch(2)
+    for sampler in ("uniform", "difficulty"):
+        said = []
+        source = PromptSource(rows, tokenizer, DataConfig(shuffle_dataset=False, on_bad_row="skip", sampler=sampler),
+                              images=images, curriculum=None if sampler == "uniform" else _always(bad_at))
+        source.log = said.append
+        served = [p for _ in range(2) for p in source.next_batch(len(rows) // 2)]
+        assert len(served) == len(rows) // 2 * 2 and source.metrics()["data/skipped_rows"] >= 1, sampler
+        assert all(p.images for p in served) and f"data row {bad_at}" in said[0], (sampler, said)
+
+
+def _always(row: int):
+    """A curriculum that chooses `row` first, then row 0 (as orchestrator/data/curriculum.py's choose/observe)."""
+    class Always:
+        first = True
+
+        def choose(self, k: int) -> list[int]:
+            out = ([row] if self.first else []) + [0] * (k - self.first)
+            self.first = False
+            return out
+
+        def observe(self, *_) -> None: ...
+
+        def metrics(self) -> dict[str, float]:
+            return {}
+    return Always()
