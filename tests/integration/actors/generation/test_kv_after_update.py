@@ -1,5 +1,5 @@
-"""generation.kv_after_update on the real vLLM engine (tiny local model, engine in process): what a weight load that
-lands while a request decodes does to its KV cache.
+"""generation.kv_after_update on the real vLLM engine (tiny local model, in both of vLLM's layouts): what a weight
+load that lands while a request decodes does to its KV cache.
 
 - recompute (the default; test_engine.py checks it in both of vLLM's layouts): the running request is preempted and
   its KV recomputed, so every token after the load has the new weights' logprob of the whole sequence;
@@ -44,13 +44,17 @@ CACHED_TOKENS = 400
 NEXT_TOKENS = 8
 
 
-@pytest.fixture(scope="module")
-def keeping(tiny_model):
-    gen = Generator(str(tiny_model), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0, kv_after_update="keep")
-    try:
-        yield gen
-    finally:
-        gen.close(CLOSE_WAIT_S)
+@pytest.fixture(scope="module", params=["in-process", "engine-core-process"])
+def keeping(request: pytest.FixtureRequest, tiny_model):
+    """A keep Generator in each of vLLM's layouts (conftest.py's; the engine core's: a scenario, tests/tiers.py)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if request.param == "engine-core-process" else "0")
+        gen = Generator(str(tiny_model), seed=0, max_model_len=MAX_MODEL_LEN, kv_cache_gib=1.0,
+                        kv_after_update="keep")
+        try:
+            yield gen
+        finally:
+            gen.close(CLOSE_WAIT_S)
 
 
 def test_keep_goes_on_with_the_old_kv_and_reuses_no_block_of_the_old_weights(keeping: Generator, weights,  # noqa: F811
