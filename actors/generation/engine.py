@@ -127,6 +127,10 @@ class EngineLoop:
     on_thread_start: called first on the stepping thread, before build (per-thread settings such as
     OpenMP's thread count).
     version: the policy version of the weights the engine holds once built.
+    isolate_versions: each request enters the engine salted with the version it enters under (vLLM's
+    `cache_salt`), so its prefix-cache lookups hit only blocks that requests of the same version computed: no
+    request reuses KV that other weights computed, while running requests keep theirs (the generator's
+    `kv_after_update: keep`; with `recompute` the generator resets the cache at each load instead).
     """
 
     def __init__(
@@ -136,8 +140,10 @@ class EngineLoop:
         render: Render | None = None,
         on_thread_start: Callable[[], None] | None = None,
         version: int = 0,
+        isolate_versions: bool = False,
     ) -> None:
         self._build = build
+        self._salted = _version_salted if isolate_versions else _as_rendered
         self._on_thread_start = on_thread_start
         self._version = version
         self._ids = itertools.count()
@@ -354,7 +360,7 @@ class EngineLoop:
                 self._held.append((request, prompt, params))
                 continue
             try:
-                self.engine.add_request(request.request_id, prompt, params)
+                self.engine.add_request(request.request_id, self._salted(prompt, self._version), params)
             except Exception as e:  # this request's fault (e.g. too long for the model); the others go on
                 request.set_exception(e)
                 failed.append(request)
@@ -416,6 +422,16 @@ class EngineLoop:
         error = EngineError(message)
         error.__cause__ = cause
         return error
+
+
+def _version_salted(prompt: Any, version: int) -> Any:
+    """An engine input (a rendered prompt: a dict) salted with the policy version it enters the engine under:
+    vLLM hashes the salt into its first KV block, and every later block's hash chains from it."""
+    return {**prompt, "cache_salt": f"policy-v{version}"}
+
+
+def _as_rendered(prompt: Any, version: int) -> Any:
+    return prompt
 
 
 def token_versions(completion: Any) -> list[int]:
@@ -546,12 +562,13 @@ def open_engine(
     cpu_share: Share | None = None,
     enforce_eager: bool = True,
     engine_kwargs: Mapping[str, Any] | None = None,
+    isolate_versions: bool = False,
 ) -> OpenedEngine:
     """A vLLM engine (a generator's policy, a judge, a teacher) built on the thread of the EngineLoop that
     then steps it, which computes every step and weight load. On CPU: `prepare_cpu_engine`'s process settings
     and cores (cpu_share, kv_cache_gib), and every prompt prefilled in one step. engine_kwargs: the caller's
     own vLLM arguments (the policy's worker extension and logprobs mode, its parts', the run's extra ones);
-    they win over the ones set here."""
+    they win over the ones set here. isolate_versions: the EngineLoop's (the policy's `kv_after_update: keep`)."""
     import torch
 
     on_gpu = torch.cuda.is_available()
@@ -575,7 +592,8 @@ def open_engine(
         built.append(LLM(**kwargs))
         return built[0].llm_engine
 
-    loop = EngineLoop(build, on_thread_start=omp_threads(len(cores)) if cores else None)
+    loop = EngineLoop(build, on_thread_start=omp_threads(len(cores)) if cores else None,
+                      isolate_versions=isolate_versions)
     return OpenedEngine(built[0], loop, cores, on_gpu)
 
 

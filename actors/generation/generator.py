@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal
 
 from actors.agents.endpoint import AgentEndpoint
 from actors.agents.loop import AgentSettings, TurnSettings
@@ -67,6 +67,8 @@ ENGINE_SPIN_S = 0.005
 # time, so loads apply in the order they were sent.
 GENERATOR_GROUPS = {"weights": 1}
 GENERATOR_METHOD_GROUPS = {"join_weight_group": "weights", "receive_weights": "weights", "load_weights": "weights"}
+# What a weight load does to the KV cache of the sequences it lands among (generation.kv_after_update).
+KvAfterUpdate = Literal["keep", "recompute"]
 
 
 class Generator:
@@ -90,6 +92,7 @@ class Generator:
         record_routes: bool = False,
         processor_kwargs: dict[str, Any] | None = None,
         payload_hold: int = HOLD_LOADS,
+        kv_after_update: KvAfterUpdate = "recompute",
     ) -> None:
         """environments, agent: an agentic run's environment pool (actors.envs.client.PoolEnvironments over the
         pool actor's handle) and its settings; both or neither (then `rollout` is unavailable). record_routes:
@@ -97,7 +100,10 @@ class Generator:
         processor_kwargs: a vision-language model's processor settings (model.processor_kwargs), for vLLM's
         processor and this generator's (which maps the driver's expanded image placeholders to vLLM's).
         payload_hold: weight loads this generator keeps its own reference to each payload for (actors/payloads.py
-        HeldStore: loop.max_staleness + HOLD_LOADS)."""
+        HeldStore: loop.max_staleness + HOLD_LOADS).
+        kv_after_update: what a weight load does to the KV cache of running sequences (generation.kv_after_update):
+        `recompute` preempts them and recomputes it under the new weights; `keep` lets them go on with it, and
+        salts every request with the version it enters under, so no new request reuses blocks of other weights."""
         self.model, self.seed, self.max_model_len = model, seed, max_model_len
         self.tensor_parallel_size = tensor_parallel_size
         # The features, each a part chosen here once: agentic rollouts (actors/agents/rollouts.py), the
@@ -108,6 +114,11 @@ class Generator:
         self.routes = route_part(record_routes, eager=extra.get("enforce_eager", enforce_eager))
         # the object store in an actor (each payload held payload_hold loads); in-process, the payloads as they are
         self._put = payload_store(payload_hold)
+        if kv_after_update not in ("keep", "recompute"):
+            raise ValueError(f"kv_after_update must be 'keep' or 'recompute', not {kv_after_update!r}")
+        self.kv_after_update = kv_after_update
+        # what each weight load does to the KV cache, chosen once
+        self._kv_after_load: Callable[[], None] = self._recompute_kv if kv_after_update == "recompute" else _keep_kv
         # Inherited by the engine processes, where the rayward vLLM plugin reads it (an explicit setting wins).
         os.environ.setdefault(SPIN_ENV, str(ENGINE_SPIN_S))
         engine = open_engine(
@@ -117,6 +128,7 @@ class Generator:
             # the run's extra arguments win over the policy's and routing replay's, a VLM's prompts' over them
             engine_kwargs={**POLICY_ENGINE_KWARGS, **self.routes.engine_kwargs, **extra,
                            **self.prompts.engine_kwargs},
+            isolate_versions=kv_after_update == "keep",
         )
         self.llm, self.loop, self.on_gpu, self._cores = engine.llm, engine.loop, engine.on_gpu, engine.cores
         self.tokenizer = self.llm.get_tokenizer()
@@ -357,10 +369,7 @@ class Generator:
     def _change_weights(self, load: Callable[[], Any], version: int | None) -> Any:
         def load_and_reset() -> Any:
             result = load()
-            # Cached KV blocks were computed with the old weights; reusing them would mix policies. Requests
-            # in flight are preempted and their KV recomputed, so every token sampled from now on is the new
-            # policy's, conditioned on the same ids.
-            self.llm.llm_engine.reset_prefix_cache(reset_running_requests=True)
+            self._kv_after_load()
             self.prompts.after_weight_load(self.llm.llm_engine)
             return result
 
@@ -369,6 +378,12 @@ class Generator:
         result = self.loop.exclusive(load_and_reset, version=version)
         self._put.loaded()
         return result
+
+    def _recompute_kv(self) -> None:
+        """kv_after_update recompute: cached KV blocks were computed with the old weights; reusing them would mix
+        policies. Requests in flight are preempted and their KV recomputed, so every token sampled from now on is
+        the new policy's, conditioned on the same ids (AReaL)."""
+        self.llm.llm_engine.reset_prefix_cache(reset_running_requests=True)
 
     def sequence_logprobs(self, token_ids: list[int], temperature: float = 1.0,
                           images: tuple[Any, ...] | None = None) -> list[float]:
@@ -410,6 +425,12 @@ class Generator:
             log_z = m + math.log(sum(math.exp(v - m) for v in scaled.values()))
             result.append(scaled[tok] - log_z)
         return result, routes
+
+
+def _keep_kv() -> None:
+    """kv_after_update keep (PipelineRL, prime-rl): running requests go on with the KV the old weights computed.
+    Nothing to reset: vLLM's reset_prefix_cache without preempting them does nothing while any block is in use
+    (vLLM 0.32 BlockPool.reset_prefix_cache), so the engine loop salts each request with its version instead."""
 
 
 def _results(requests: list[Request]) -> list[Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -35,6 +35,15 @@ class GenerationConfig(_Section):
     """KV cache per generator in GiB on CPU (VLLM_CPU_KVCACHE_SPACE)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """Fraction of GPU memory a generator's vLLM may take (GPU only)."""
+    kv_after_update: Literal["keep", "recompute"] = "recompute"
+    """What a weight load that lands while sequences run (loop.mode async; pipelined when a sync lands mid-call)
+    does to their KV cache. `recompute` (AReaL): the engine preempts them and re-prefills their ids under the new
+    weights, so every later token is conditioned exactly as the new policy would be, at the cost of recomputing
+    every running sequence's KV at each load. `keep` (PipelineRL, prime-rl): they go on with the cache the old
+    weights computed, with no re-prefill, but the tokens after the load are sampled attending to the old policy's
+    keys and values, so the sampler's logprobs differ from the new policy's recomputed ones (the importance-sampling
+    correction covers the gap, as it covers staleness); a request that enters after the load never reuses a
+    cached block of other weights. docs/pipelined.md#async-generation."""
     max_tool_calling_iterations: int | None = Field(None, ge=0)
     """With tools: the most tool-calling rounds per trajectory (TRL's name); a model that still calls a tool after
     them ends its trajectory with stop reason `max_turns`. null: no limit but the token budgets and

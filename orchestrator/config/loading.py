@@ -127,6 +127,7 @@ DOCS_PAGES: dict[str, str] = {
     "generation": "model.md",
     "generation.max_tool_calling_iterations": "agents.md",
     "generation.tensor_parallel_size": "weight-sync.md",
+    "generation.kv_after_update": "pipelined.md",
     "grpo": "learner.md",
     "grpo.scale_rewards": "rewards.md",
     "grpo.multi_objective_aggregation": "rewards.md",

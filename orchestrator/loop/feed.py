@@ -3,10 +3,10 @@
 The pipelined loop submits whole batches, so each batch's long tail (its few longest completions) runs on engines
 that are nearly empty. Here the generators are kept fed instead: small calls of `call_prompts` prompts each, with
 no min_version (a call samples with whatever weights its engine holds, and every token records the version that
-sampled it: a weight load lands between two engine steps, the running sequences are preempted and their KV cache
-recomputed under the new weights, and they go on from the same ids: AReaL's in-flight update; PipelineRL and
-prime-rl keep the old cache instead). Finished groups stream to the reward pool as they finish; the learner takes
-the next batch from the groups that are scored, oldest first, whatever call they came from.
+sampled it: a weight load lands between two engine steps, and the running sequences go on from the same ids, their
+KV cache recomputed under the new weights (AReaL) or kept (PipelineRL, prime-rl): generation.kv_after_update).
+Finished groups stream to the reward pool as they finish; the learner takes the next batch from the groups that
+are scored, oldest first, whatever call they came from.
 
 Admission keeps staleness bounded: at most `capacity` prompts are in flight or waiting (the batch being taken and
 `max_staleness // num_iterations` batches ahead), and a group whose oldest token is more than `max_staleness`

@@ -199,6 +199,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
             extra_engine_kwargs=engine or None,
             record_routes=cfg.grpo.router_replay == "R3",
             payload_hold=cfg.loop.max_staleness + HOLD_LOADS,
+            kv_after_update=gen.kv_after_update,
             processor_kwargs=dict(cfg.model.processor_kwargs) or None,
             **(agent or {}),
         ),

@@ -50,6 +50,7 @@ class FakeEngine:
         self._go = threading.Semaphore(0)
         self.version = "default"
         self.live: dict[str, _Live] = {}
+        self.prompts: dict[str, Any] = {}  # every request's prompt as it reached the engine
         self.steps = 0
         self.log: list[tuple[str, Any, int]] = []  # (call, argument, steps before it)
         self.fail_step: BaseException | None = None
@@ -70,6 +71,7 @@ class FakeEngine:
         if prompt == "bad":
             raise ValueError("prompt too long")
         self.live[request_id] = _Live(prompt, params)
+        self.prompts[request_id] = prompt
         return request_id + "-internal"
 
     def abort_request(self, request_ids: list[str]) -> None:
@@ -433,6 +435,23 @@ def test_a_request_with_a_min_version_waits_outside_the_engine_for_the_load_that
     assert token_versions(other.result(WAIT_S).outputs[0]) == [0, 0, 0, 1]
     # Already held: no wait.
     assert token_versions(loop.submit([3], tokens(1), min_version=0).result(WAIT_S).outputs[0]) == [1]
+    loop.close(WAIT_S)
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_isolated_versions_salt_each_request_with_the_version_it_enters_the_engine_under(engine: FakeEngine,
+                                                                                        isolate: bool) -> None:
+    """kv_after_update keep: vLLM's cache_salt keeps a request off prefix-cache blocks of other weights; a request
+    waiting for its min_version enters under (and is salted with) the version of the load it waited for."""
+    loop = EngineLoop(lambda: engine, render=lambda ids, params: {"prompt_token_ids": ids}, isolate_versions=isolate)
+    before = loop.submit([1], tokens(1))
+    before.result(WAIT_S)
+    waiting = loop.submit([2], tokens(1), min_version=1)
+    loop.exclusive(lambda: None, version=1)
+    waiting.result(WAIT_S)
+    salts = [engine.prompts[r.request_id].get("cache_salt") for r in (before, waiting)]
+    assert salts == (["policy-v0", "policy-v1"] if isolate else [None, None])
+    assert [engine.prompts[r.request_id]["prompt_token_ids"] for r in (before, waiting)] == [[1], [2]]
     loop.close(WAIT_S)
 
 

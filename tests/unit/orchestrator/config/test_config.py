@@ -31,6 +31,13 @@ def test_bad_value_names_the_field_path():
         parse_config({"rewards": [{"name": "r", "function": "letter_fraction", "on_error": "ignore"}]})
 
 
+def test_kv_after_update_takes_keep_or_recompute_and_refuses_anything_else_naming_the_field():
+    assert parse_config(MINIMAL).generation.kv_after_update == "recompute"
+    assert parse_config({**MINIMAL, "generation": {"kv_after_update": "keep"}}).generation.kv_after_update == "keep"
+    with pytest.raises(ConfigError, match=r"generation\.kv_after_update"):
+        parse_config({**MINIMAL, "generation": {"kv_after_update": "reuse"}})
+
+
 def test_batch_must_divide_into_groups():
     with pytest.raises(ConfigError, match="multiple of num_generations"):
         parse_config({**MINIMAL, "generation": {"num_generations": 3, "generation_batch_size": 8}})
