@@ -468,10 +468,13 @@ class AgentEndpoint:
                                                     answer.usage))
         else:
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await response.prepare(request)
-            await response.write(sse(chunks(cid, self.model, answer.message, answer.finish_reason,
-                                            answer.usage if req.include_usage else None)))
-            await response.write_eof()
+            try:
+                await response.prepare(request)
+                await response.write(sse(chunks(cid, self.model, answer.message, answer.finish_reason,
+                                                answer.usage if req.include_usage else None)))
+                await response.write_eof()
+            except ConnectionResetError:  # aiohttp's ClientConnectionResetError: the client left (its agent worker
+                return response  # died or it gave up); the turn is kept, the agent's failure is its trajectory's
         # What the endpoint added to the request: reading and rendering it, parsing and writing the answer.
         t.endpoint_s += (submitted - t0) + (time.perf_counter() - sampled)
         return response

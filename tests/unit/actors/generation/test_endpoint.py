@@ -364,3 +364,30 @@ def test_an_agent_that_never_calls_its_endpoint_is_named_and_its_sample_is_the_p
     assert logged == [f"rayward: agent endpoint: agent_function {HERE}:silent_agent returned without a request to "
                       "its endpoint (its client must use the base_url and api_key it is given): its sample is the "
                       "row's prompt and an empty completion, which trains nothing"]
+
+
+def test_a_client_that_leaves_before_its_streamed_answer_costs_no_traceback(served, caplog):
+    """An agent worker killed mid-request (bench/chaos.py found it): its connection closes before the streamed answer
+    is written. The turn is kept and the server logs no handler error (aiohttp's `Error handling request` with a
+    traceback per dropped connection)."""
+    import json
+    import logging
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    r, t, _ = served
+    url = urlsplit(r.endpoint.base_url("t1"))
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    head = (f"POST {url.path}/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {r.endpoint.key('t1')}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    caplog.set_level(logging.ERROR, logger="aiohttp.server")
+    with socket.create_connection((url.hostname, url.port)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # close = RST
+        s.sendall(head + body)
+    deadline = time.monotonic() + 10
+    while t.requests == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the handler's write, after the engine answered
+    assert t.requests == 1
+    assert not [rec for rec in caplog.records if rec.name == "aiohttp.server"], caplog.text
