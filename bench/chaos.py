@@ -1,19 +1,26 @@
-"""Chaos run: the long pipelined demo under repeated faults, injected from outside as a machine would.
+"""Chaos runs: long runs under repeated faults, injected from outside as a machine would.
 
-    python bench/chaos.py                    # 2,000 steps: the issue's run
-    python bench/chaos.py --steps 200        # the same schedule scaled to 200 steps
-    python bench/chaos.py --steps 200 --two-node   # on cluster/local_cluster.sh, also killing the second node
+    python bench/chaos.py                              # the demo, 2,000 pipelined steps (profile `demo`)
+    python bench/chaos.py --profile models             # a judge and a distillation teacher beside the demo's reward
+    python bench/chaos.py --profile models --loop async
+    python bench/chaos.py --profile agentic            # an environment class with tools; an OpenAI-SDK agent
+    python bench/chaos.py --steps 200                  # every part's schedule scaled to 200 steps
+    python bench/chaos.py --two-node                   # on cluster/local_cluster.sh, also killing its second node
 
-At 2,000 steps the schedule is: a reward worker SIGKILLed every 100 steps, a generator every 500, the learner
-once, a generator SIGSTOPped once, and (--two-node) the second node killed once; --steps N scales every interval
-by N / 2,000. The run is `rayward run configs/pipelined.yaml` (its own embedded Ray, or the local cluster); the
-victims are found among the driver's own process tree (`ray::<Class>` titles), so other work on the machine is
-never touched. Prints each fault with the time to recover (until the next step is logged; for the learner, the
-recovery's own record) and the steps lost, then checks: exit 0, every step trained with a full batch, no step's
-samples trained twice (the final lineage of steps has each prompt draw once), and the run tree's memory (USS of
-the driver and every process under it, and of the local cluster's nodes) near the end against step 100's (half
-the run's, when shorter), each sampled with one live process of every actor class and no fault pending. The
-generators' restart budget (cluster.generator_max_restarts) is set to the schedule's generator deaths.
+The profiles (their runs, pieces and fault schedules) are in bench/chaos_profiles.py. Each part is `rayward run`
+of a config written from a preset (its own embedded Ray, or the local cluster); the victims are found among the
+driver's own process tree (`ray::<Class>` titles), so other work on the machine is never touched. A SIGTERM goes to
+the driver's process group, as a scheduler sends it, and the part continues with `--resume auto`.
+
+Prints each fault with the time to recover and the steps lost. "Recovered in": for a worker or engine, until a new
+process of its class is alive and a step is logged; for the learner and the generator, the run's own record in
+faults.jsonl; for the SIGTERM, until the resumed run logs a step. Then checks: exit 0, every step trained with a
+full batch, no prompt draw trained twice (the final lineage of steps has each draw once), what went missing and
+was counted (reward timeouts and errors, teacher failures, skipped rows, failed trajectories), the run tree's memory
+(USS of the driver and every process under it, and of the local cluster's nodes) in its last tenth against its first
+tenth after the last resume, each sampled with one live process of every actor class and no fault pending, and the
+object store's use at both. The generators' restart budget (cluster.generator_max_restarts) is the schedule's
+generator deaths.
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -33,20 +42,19 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FULL_STEPS = 2000
-# The issue's schedule at 2,000 steps: (what, every or at step).
-REWARD_KILL_EVERY, GENERATOR_KILL_EVERY = 100, 500
-LEARNER_KILL_AT, GENERATOR_STOP_AT, NODE_KILL_AT = 1250, 750, 1650
-MEMORY_BASE_STEP = 100  # memory is compared with the run tree's at this step (scaled)
+from bench.chaos_profiles import FAULTS, GENERATOR_DEATHS, PROFILES, Part, Schedule  # noqa: E402
+
 MEMORY_TOLERANCE = 0.05
 # The end sample is taken this many steps before the last (a sample at the last step can catch the teardown).
 MEMORY_END_MARGIN = 10
-# A memory sample counts only while the run has one live process of each (a sample during a recovery would
-# miss the restarting actor).
-ROLES = ("Generator", "Learner", "RewardWorker")
-# The run's faults.jsonl record that closes each fault (others: recovered when the next step is logged).
-RECOVERY_RECORD = {"learner_kill": "learner_recovered", "generator_kill": "generator_restarted",
-                   "generator_stop": "generator_restarted"}
+# Seconds a SIGTERMed run has to checkpoint and exit before it is killed.
+SIGTERM_WAIT_S = 300
+# Metrics that count what a run went on without: a sample trained without it is counted there, never silent.
+# Of those, the run's running counts (the metric holds the total so far) and per-step shares (of trajectories).
+RUNNING = ("data/skipped_rows",)
+SHARES = ("multiturn/stop_reason/timeout", "multiturn/stop_reason/env_error")
+COUNTED = re.compile(r"^(rewards/[^/]+/(timeouts|errors)|distill/teacher_failures|data/skipped_rows"
+                     r"|data_plane/lost_groups|multiturn/stop_reason/(timeout|env_error))$")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -54,16 +62,17 @@ def _rows(path: Path) -> list[dict]:
 
 
 def _procs(root: psutil.Process, cls: str, extra: list[psutil.Process] = ()) -> list[psutil.Process]:
-    """The live processes of one actor class (Ray titles them `ray::<Class>...`) under the driver, or among
-    `extra` (a local cluster's nodes)."""
+    """The live (not stopped) processes of one actor class under the driver, or among `extra` (a local cluster's
+    nodes). Ray titles an actor's process `ray::<Class>.<method>`, a named actor's `ray::<name>:<Class>.<method>`."""
     out = []
     for p in [*root.children(recursive=True), *extra]:
         try:
             cmd = p.cmdline()
+            if cmd and re.match(rf"ray::(\S*:)?{cls}(\.|$|\s)", cmd[0]) and p.status() not in (
+                    psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
+                out.append(p)
         except psutil.Error:
             continue
-        if cmd and cmd[0].startswith(f"ray::{cls}"):
-            out.append(p)
     return out
 
 
@@ -79,71 +88,101 @@ def tree_mb(root: psutil.Process, extra: list[psutil.Process] = ()) -> float:
     return total / 2**20
 
 
+def object_store_mb(root: psutil.Process, gcs: str | None) -> float | None:
+    """The object store's use across the cluster (`ray memory --stats-only`), or None when it cannot be read. The
+    embedded cluster's GCS picks its port at start: tried are the ports its gcs_server listens on."""
+    addresses = [gcs] if gcs else []
+    for p in [] if gcs else root.children(recursive=True):
+        try:
+            cmd = p.cmdline()
+            if cmd and cmd[0].endswith("gcs_server"):
+                ip = next((a.split("=", 1)[1] for a in cmd if a.startswith("--node-ip-address=")), "127.0.0.1")
+                addresses = [f"{ip}:{c.laddr.port}" for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+                break
+        except psutil.Error:
+            continue
+    for address in addresses:
+        r = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "memory", "--stats-only", "--address",
+                            address], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "RAY_AUTH_MODE": "token"})
+        m = re.search(r"Plasma memory usage (\d+) MiB", r.stdout)
+        if m:
+            return float(m.group(1))
+    return None
+
+
 @dataclass
 class Fault:
     kind: str
     step: int  # the last logged step when it was injected
     t: float  # time.monotonic() at injection
     t_wall: float = 0.0  # time.time() at injection (faults.jsonl's clock)
+    before: frozenset[int] = frozenset()  # the victim class's pids before the fault
     recovered_s: float | None = None
     steps_lost: int = 0
     note: str = ""
 
 
 @dataclass
-class Schedule:
-    steps: int
-    reward_every: int
-    generator_every: int
-    learner_at: int
-    stop_at: int
-    node_at: int | None
-    memory_at: int
-    done: set = field(default_factory=set)
+class Sample:
+    step: int
+    tree_mb: float
+    store_mb: float | None = None
 
     @classmethod
-    def scaled(cls, steps: int, two_node: bool) -> Schedule:
-        f = steps / FULL_STEPS
-        s = lambda n: max(2, round(n * f))  # noqa: E731
-        return cls(steps, s(REWARD_KILL_EVERY), s(GENERATOR_KILL_EVERY), s(LEARNER_KILL_AT), s(GENERATOR_STOP_AT),
-                   s(NODE_KILL_AT) if two_node else None, min(MEMORY_BASE_STEP, steps // 2))
+    def now(cls, step: int, root: psutil.Process, extra: list[psutil.Process], gcs: str | None) -> Sample:
+        """The run tree's memory now; the object store's once `ray memory` answers (a thread: it takes seconds,
+        while the monitor must keep injecting faults on time)."""
+        sample = cls(step, tree_mb(root, extra))
 
-    def generator_deaths(self) -> int:
-        """How often the schedule takes a generator down (kills, the stop, the node): its restart budget."""
-        return self.steps // self.generator_every + 1 + (self.node_at is not None)
+        def read() -> None:
+            try:
+                sample.store_mb = object_store_mb(root, gcs)
+            except (subprocess.SubprocessError, OSError, psutil.Error):
+                pass  # reported as not read
 
-    def due(self, step: int) -> list[str]:
-        """Faults due at `step` not yet injected (each step at most once per kind)."""
-        want = []
-        if step % self.reward_every == 0:
-            want.append(("reward_kill", step))
-        if step % self.generator_every == 0 and step != self.stop_at:
-            want.append(("generator_kill", step))
-        for kind, at in (("learner_kill", self.learner_at), ("generator_stop", self.stop_at),
-                         ("node_kill", self.node_at)):
-            if at is not None and step == at:
-                want.append((kind, step))
-        out = [k for k, s in want if (k, s) not in self.done]
-        self.done.update((k, step) for k in out)
-        return out
+        threading.Thread(target=read, daemon=True).start()
+        return sample
+
+
+@dataclass
+class PartResult:
+    part: str
+    ok: bool
+    lines: list[str]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=FULL_STEPS, help="grpo.max_steps (the schedule scales with it)")
-    ap.add_argument("--save-steps", type=int, default=None, help="grpo.save_steps (default: the reward-kill interval)")
+    ap.add_argument("--profile", choices=sorted(PROFILES), default="demo")
+    ap.add_argument("--loop", choices=("pipelined", "async"), default=None, help="loop.mode (default: the preset's)")
+    ap.add_argument("--steps", type=int, default=None, help="grpo.max_steps of each part (default: the profile's; "
+                                                           "the schedule scales with it)")
+    ap.add_argument("--save-steps", type=int, default=None, help="grpo.save_steps (default: a twentieth of the run)")
     ap.add_argument("--hang-timeout", type=float, default=20.0, help="cluster.hang_timeout_s")
     ap.add_argument("--two-node", action="store_true", help="run on cluster/local_cluster.sh and kill its 2nd node")
     ap.add_argument("--dir", default="/tmp/rayward-chaos", help="logging.dir")
     ap.add_argument("--name", default=f"chaos-{os.getpid()}")
     args = ap.parse_args()
+    results = [run_part(part, args) for part in PROFILES[args.profile]]
+    if len(results) > 1:
+        print("\nchaos: " + ", ".join(f"{r.part} {'OK' if r.ok else 'FAILED'}" for r in results))
+    return 0 if all(r.ok for r in results) else 1
 
-    sched = Schedule.scaled(args.steps, args.two_node)
-    save = args.save_steps or sched.reward_every
-    overrides = [f"grpo.max_steps={args.steps}", f"grpo.save_steps={save}", f"logging.dir={args.dir}",
+
+def run_part(part: Part, args: argparse.Namespace) -> PartResult:
+    steps = args.steps or part.steps
+    sched = Schedule.of(part, steps, args.two_node)
+    save = args.save_steps or max(2, steps // 20)
+    name = f"{args.name}-{part.name}"
+    out = Path(args.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}-config").mkdir(exist_ok=True)
+    config = part.config(out / f"{name}-config", args.loop)
+    overrides = [f"grpo.max_steps={steps}", f"grpo.save_steps={save}", f"logging.dir={out}",
                  f"cluster.hang_timeout_s={args.hang_timeout}", "cluster.max_failures=3",
-                 f"cluster.generator_max_restarts={sched.generator_deaths()}",
-                 "logging.check_logprob_parity=false", "logging.progress=false"]
+                 f"cluster.generator_max_restarts={sched.count(*GENERATOR_DEATHS) + 1}",
+                 "logging.check_logprob_parity=false", "logging.progress=false", *part.overrides]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""}
     cluster = None
     if args.two_node:
@@ -155,77 +194,115 @@ def main() -> int:
                       "cluster.reward_worker={num_cpus: 0.25, resources: {reward_node: 1}}",
                       "cluster.num_reward_workers=4"]
         env = {**cluster.env, "PYTHONPATH": str(ROOT)}
-    run_dir = Path(args.dir) / args.name
-    log = open(Path(args.dir).mkdir(parents=True, exist_ok=True) or Path(args.dir) / f"{args.name}.out", "w")
-    print(f"chaos: {args.steps} steps, save_steps {save}; reward worker SIGKILL every {sched.reward_every}, "
-          f"generator SIGKILL every {sched.generator_every}, learner SIGKILL at {sched.learner_at}, generator "
-          f"SIGSTOP at {sched.stop_at}" + (f", second node killed at {sched.node_at}" if sched.node_at else "")
-          + f"; run dir {run_dir}", flush=True)
-    t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "run", "configs/pipelined.yaml", *overrides,
-                             "--name", args.name], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    root = psutil.Process(proc.pid)
+    run_dir = out / name
+    log = open(out / f"{name}.out", "w")
+    plan = ", ".join(f"{k} at {sorted(v)}" if len(v) <= 4 else f"{k} every {min(v)}" for k, v in sched.at.items())
+    print(f"\nchaos [{part.name}]: {steps} steps of configs/{part.preset}.yaml + the profile's pieces ({config}), "
+          f"save_steps {save}, loop {args.loop or 'preset'}; faults: {plan}; run dir {run_dir}", flush=True)
+
+    def start(*extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(config), *overrides, "--name", name,
+                                 *extra], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own process group: the SIGTERM's target
 
     def cluster_procs() -> list[psutil.Process]:
         """The local cluster's nodes (their raylets and workers are not under the driver)."""
-        out = []
+        found = []
         for line in (cluster.dir / "pids").read_text().splitlines() if cluster else []:
             try:
                 p = psutil.Process(int(line.split()[0]))
-                out += [p, *p.children(recursive=True)]
+                found += [p, *p.children(recursive=True)]
             except psutil.Error:
                 continue
-        return out
+        return found
+
+    t0 = time.monotonic()
+    proc = start()
+    root = psutil.Process(proc.pid)
     faults: list[Fault] = []
     pending: list[Fault] = []
-    mem_base = mem_end = None
+    first: Sample | None = None
+    last: Sample | None = None
+    first_after = max(2, steps // 10)  # the first memory sample's step (moved past a resume)
     seen = 0
+    segments = []  # (exit code, why it ended) of each driver process
     try:
-        while proc.poll() is None:
+        while True:
+            if proc.poll() is not None:
+                segments.append(proc.returncode)
+                break
             time.sleep(0.2)
             rows = _rows(run_dir / "metrics.jsonl")
             step = max((r["step"] for r in rows), default=0)
             if step > seen:
-                now = time.monotonic()
+                extra = cluster_procs()
                 for f in pending:
-                    if f.kind in ("reward_kill", "node_kill"):
-                        f.recovered_s = now - f.t
+                    cls = FAULTS[f.kind].cls
+                    if FAULTS[f.kind].recovery is None and f.kind != "sigterm" and (
+                            cls is None or {p.pid for p in _procs(root, cls, extra)} - f.before):
+                        f.recovered_s = time.monotonic() - f.t
                 pending = [f for f in pending if f.recovered_s is None]
                 seen_before, seen = seen, step
-                extra = cluster_procs()
-                whole = not pending and all(_procs(root, cls, extra) for cls in ROLES)
-                if whole and step >= sched.memory_at and mem_base is None:
-                    mem_base = (step, tree_mb(root, extra))
-                if whole and step >= sched.steps - MEMORY_END_MARGIN and mem_end is None:
-                    mem_end = (step, tree_mb(root, extra))
-                due = [k for s in range(seen_before + 1, step + 1) for k in sched.due(s)]  # none skipped
-                for kind in due:
-                    f = inject(kind, step, root, cluster, extra)
+                whole = not pending and all(_procs(root, cls, extra) for cls in part.roles)
+                if whole and step >= first_after and first is None:
+                    first = Sample.now(step, root, extra, cluster and cluster.gcs)
+                if whole and step >= steps - MEMORY_END_MARGIN and last is None:
+                    last = Sample.now(step, root, extra, cluster and cluster.gcs)
+                for kind in [k for s in range(seen_before + 1, step + 1) for k in sched.due(s)]:  # none skipped
+                    if kind == "sigterm":
+                        f, proc = sigterm(proc, step, start, run_dir)
+                        segments.append(f.note)
+                        root, seen, first = psutil.Process(proc.pid), 0, None
+                        first_after = step + max(2, steps // 10)
+                    else:
+                        f = inject(kind, step, root, cluster, extra)
                     if f is not None:
                         faults.append(f)
                         pending.append(f)
-                        print(f"chaos: step {step}: {f.kind} {f.note}", flush=True)
+                        print(f"chaos [{part.name}]: step {step}: {f.kind} {f.note}", flush=True)
+                    if kind == "sigterm":
+                        break
             records = _rows(run_dir / "faults.jsonl")
             for f in pending:  # the run's own record of the recovery (the pipelined loop logs steps ahead of it)
-                kind = RECOVERY_RECORD.get(f.kind)
+                kind = FAULTS[f.kind].recovery
                 recs = [r for r in records if r["kind"] == kind and r["time"] >= f.t_wall]
                 if kind is not None and recs:
                     f.recovered_s, f.steps_lost = recs[0]["time"] - f.t_wall, recs[0].get("steps_lost", 0)
+                if f.kind == "sigterm" and seen > f.steps_lost:  # the resumed run logged a step past its checkpoint
+                    f.recovered_s = time.monotonic() - f.t
+                    f.steps_lost = max(0, f.step - f.steps_lost)  # the driver checkpoints as it stops
             pending = [f for f in pending if f.recovered_s is None]
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
         rc = proc.wait()
         if cluster is not None:
             cluster.down(keep_logs=rc != 0)
         log.close()
-    return report(rc, time.monotonic() - t0, faults, run_dir, sched, mem_base, mem_end, Path(log.name))
+    return report(part.name, rc, time.monotonic() - t0, faults, run_dir, sched, first, last, Path(log.name), segments)
+
+
+def sigterm(proc: subprocess.Popen, step: int, start, run_dir: Path) -> tuple[Fault, subprocess.Popen]:
+    """SIGTERM to the driver's process group (as SLURM or Kubernetes stops a job); once it has exited, the same run
+    with `--resume auto`. The fault's steps_lost holds the checkpoint's step until the resumed run passes it."""
+    f = Fault("sigterm", step, time.monotonic(), time.time())
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        rc = proc.wait(SIGTERM_WAIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        rc = proc.wait()
+    try:  # what the group left behind (a Ray worker that outlived its raylet) goes with it
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    ckpts = sorted(int(p.name.split("-")[-1]) for p in run_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit())
+    f.steps_lost = ckpts[-1] if ckpts else 0
+    f.note = f"(process group {proc.pid}; exit {rc}, checkpoint at step {f.steps_lost}; resumed with --resume auto)"
+    return f, start("--resume", "auto")
 
 
 def inject(kind: str, step: int, root: psutil.Process, cluster, extra: list[psutil.Process]) -> Fault | None:
-    cls, sig = {"reward_kill": ("RewardWorker", signal.SIGKILL), "generator_kill": ("Generator", signal.SIGKILL),
-                "learner_kill": ("Learner", signal.SIGKILL), "generator_stop": ("Generator", signal.SIGSTOP),
-                "node_kill": (None, None)}[kind]
     f = Fault(kind, step, time.monotonic(), time.time())
     if kind == "node_kill":
         from tests.fixtures.cluster import SCRIPT
@@ -233,10 +310,12 @@ def inject(kind: str, step: int, root: psutil.Process, cluster, extra: list[psut
         subprocess.run(["bash", str(SCRIPT), "kill-node", "2"], env=cluster.env, capture_output=True, timeout=60)
         f.note = "(local_cluster.sh kill-node 2)"
         return f
+    cls, sig = FAULTS[kind].cls, FAULTS[kind].sig
     victims = _procs(root, cls, extra)
     if not victims:
         print(f"chaos: step {step}: no live ray::{cls} to {kind}", flush=True)
         return None
+    f.before = frozenset(p.pid for p in victims)
     victims[0].send_signal(sig)
     f.note = f"(pid {victims[0].pid})"
     return f
@@ -256,36 +335,56 @@ def lineage_draws(samples: list[dict]) -> tuple[list[int], int]:
     return draws, len(trainings) - len(last)
 
 
-def report(rc: int, wall: float, faults: list[Fault], run_dir: Path, sched: Schedule, mem_base, mem_end,
-           log: Path) -> int:
+def report(part: str, rc: int, wall: float, faults: list[Fault], run_dir: Path, sched: Schedule,
+           first: Sample | None, last: Sample | None, log: Path, segments: list) -> PartResult:
+    lines: list[str] = []
+    say = lines.append
     rows = [r for r in _rows(run_dir / "metrics.jsonl") if "loss" in r]
-    last = {r["step"]: r for r in rows}  # a step trained again after a rewind: its last row is the one kept
-    groups = {r.get("batch/groups") for r in last.values()}
+    kept = {r["step"]: r for r in rows}  # a step trained again after a rewind: its last row is the one kept
+    groups = {r.get("batch/groups") for r in kept.values()}
     draws, retrained = lineage_draws(_rows(run_dir / "completions.jsonl"))
     twice = len(draws) - len(set(draws))
-    print("\nchaos: faults")
-    print(f"  {'step':>6}  {'fault':<16} {'recovered in':>13}  {'steps lost':>10}  note")
+    say(f"chaos [{part}]: faults")
+    say(f"  {'step':>6}  {'fault':<16} {'recovered in':>13}  {'steps lost':>10}  note")
     for f in faults:
         rec = f"{f.recovered_s:.1f} s" if f.recovered_s is not None else "-"
-        print(f"  {f.step:>6}  {f.kind:<16} {rec:>13}  {f.steps_lost:>10}  {f.note}")
+        say(f"  {f.step:>6}  {f.kind:<16} {rec:>13}  {f.steps_lost:>10}  {f.note}")
+    say(f"chaos [{part}]: per fault kind (count, recovered in: max, steps lost)")
+    for kind in dict.fromkeys(f.kind for f in faults):
+        mine = [f for f in faults if f.kind == kind]
+        recs = [f.recovered_s for f in mine if f.recovered_s is not None]
+        say(f"  {kind:<16} {len(mine):>3}  {max(recs):>7.1f} s  {sum(f.steps_lost for f in mine):>4}"
+            + ("" if len(recs) == len(mine) else f"  ({len(mine) - len(recs)} not seen recovering)") if recs else
+            f"  {kind:<16} {len(mine):>3}        -  (none seen recovering)")
     for r in _rows(run_dir / "faults.jsonl"):
-        print(f"  run's record: {r['kind']}: {r['message']}")
-    lost = sum(f.steps_lost for f in faults)
-    print(f"\nchaos: exit {rc} after {wall:.0f} s; steps trained {len(last)}/{sched.steps} "
-          f"(rows {len(rows)}, {len(rows) - len(last)} retrained after rewinds, {lost} lost in recoveries)")
-    print(f"chaos: groups per step {sorted(g for g in groups if g is not None)} (a full batch is one value); "
-          f"prompt draws in the trained lineage {len(draws)}, trained twice {twice}; trainings discarded by a "
-          f"rewind {retrained}")
-    if mem_base and mem_end:
-        growth = mem_end[1] / mem_base[1] - 1
-        print(f"chaos: run-tree memory (USS) {mem_base[1]:.0f} MB at step {mem_base[0]} -> {mem_end[1]:.0f} MB at step "
-              f"{mem_end[0]} ({growth:+.1%}; goal within {MEMORY_TOLERANCE:.0%})")
-    grew = mem_base is None or mem_end is None or mem_end[1] / mem_base[1] - 1 > MEMORY_TOLERANCE
+        say(f"  run's record: {r['kind']}: {r['message']}")
+    counted: dict[str, float] = {}
+    for r in kept.values():
+        for k, v in r.items():
+            if COUNTED.match(k) and isinstance(v, (int, float)):
+                # a running count: its last value; a per-step share: its mean over the steps; else the sum
+                counted[k] = v if k in RUNNING else counted.get(k, 0) + v / (len(kept) if k in SHARES else 1)
+    say(f"chaos [{part}]: exit {rc} after {wall:.0f} s (drivers before it: {segments[:-1] or 'none'}); steps trained "
+        f"{len(kept)}/{sched.steps} (rows {len(rows)}, {len(rows) - len(kept)} trained again after rewinds)")
+    say(f"chaos [{part}]: groups per step {sorted(g for g in groups if g is not None)} (a full batch is one value); "
+        f"prompt draws in the trained lineage {len(draws)}, trained twice {twice}; trainings discarded by a rewind "
+        f"{retrained}")
+    say(f"chaos [{part}]: went on without, counted: "
+        + (", ".join(f"{k} {v:.1%} of trajectories" if k in SHARES else f"{k} {v:g}"
+                     for k, v in sorted(counted.items()) if v) or "nothing"))
+    grew = first is None or last is None or last.tree_mb / first.tree_mb - 1 > MEMORY_TOLERANCE
+    if first and last:
+        store = (f"; object store {first.store_mb:.0f} -> {last.store_mb:.0f} MiB" if first.store_mb is not None
+                 and last.store_mb is not None else "; object store not read")
+        say(f"chaos [{part}]: run-tree memory (USS) {first.tree_mb:.0f} MB at step {first.step} -> "
+            f"{last.tree_mb:.0f} MB at step {last.step} ({last.tree_mb / first.tree_mb - 1:+.1%}; goal within "
+            f"{MEMORY_TOLERANCE:.0%}){store}")
     if grew:
-        print("chaos: memory goal not met" + ("" if mem_base and mem_end else " (no sample with every actor alive)"))
-    ok = rc == 0 and len(last) == sched.steps and len(groups) == 1 and twice == 0 and not grew
-    print(f"chaos: {'OK' if ok else 'FAILED'} (driver output: {log})")
-    return 0 if ok else 1
+        say("chaos: memory goal not met" + ("" if first and last else " (no sample with every actor alive)"))
+    ok = rc == 0 and len(kept) == sched.steps and len(groups) == 1 and twice == 0 and not grew
+    say(f"chaos [{part}]: {'OK' if ok else 'FAILED'} (driver output: {log})")
+    print("\n" + "\n".join(lines), flush=True)
+    return PartResult(part, ok, lines)
 
 
 if __name__ == "__main__":
