@@ -70,13 +70,19 @@ class Shard:
         raise NotImplementedError
 
     def get(self, indices: list[int]) -> dict[int, dict[str, Any]]:
-        """Rows by index (a restore's buffer)."""
-        wanted, out = set(indices), {}
-        for i, row in enumerate(self.read(0)):
-            if i in wanted:
-                out[i] = row
-                if len(out) == len(wanted):
-                    break
+        """Rows by index (a restore's buffer). A buffer holds only good rows, so a bad row on the way (skipped and
+        counted when the stream first read it) is stepped over, not raised: the checkpoint stays loadable."""
+        wanted, out, start = set(indices), {}, 0
+        while len(out) < len(wanted):
+            try:
+                for i, row in enumerate(self.read(start), start):
+                    if i in wanted:
+                        out[i] = row
+                        if len(out) == len(wanted):
+                            break
+                break
+            except BadRow as err:
+                start = err.row + 1
         return out
 
 
