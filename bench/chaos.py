@@ -50,6 +50,8 @@ MEMORY_END_MARGIN = 10
 # Seconds a SIGTERMed run has to checkpoint and exit before it is killed.
 SIGTERM_WAIT_S = 300
 # Metrics that count what a run went on without: a sample trained without it is counted there, never silent.
+# The driver's line when a resume cannot load a checkpoint (it falls back to an older one): a lost checkpoint.
+UNLOADABLE = re.compile(r"checkpoint-\d+ could not be loaded")
 # Of those, the run's running counts (the metric holds the total so far) and per-step shares (of trajectories).
 RUNNING = ("data/skipped_rows",)
 SHARES = ("multiturn/stop_reason/timeout", "multiturn/stop_reason/env_error")
@@ -155,6 +157,7 @@ class PartResult:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", choices=sorted(PROFILES), default="demo")
+    ap.add_argument("--part", default=None, help="run only this part of the profile (agentic: tools or agent)")
     ap.add_argument("--loop", choices=("pipelined", "async"), default=None, help="loop.mode (default: the preset's)")
     ap.add_argument("--steps", type=int, default=None, help="grpo.max_steps of each part (default: the profile's; "
                                                            "the schedule scales with it)")
@@ -164,7 +167,10 @@ def main() -> int:
     ap.add_argument("--dir", default="/tmp/rayward-chaos", help="logging.dir")
     ap.add_argument("--name", default=f"chaos-{os.getpid()}")
     args = ap.parse_args()
-    results = [run_part(part, args) for part in PROFILES[args.profile]]
+    parts = [p for p in PROFILES[args.profile] if args.part in (None, p.name)]
+    if not parts:
+        ap.error(f"--part {args.part}: the profile {args.profile!r} has {[p.name for p in PROFILES[args.profile]]}")
+    results = [run_part(part, args) for part in parts]
     if len(results) > 1:
         print("\nchaos: " + ", ".join(f"{r.part} {'OK' if r.ok else 'FAILED'}" for r in results))
     return 0 if all(r.ok for r in results) else 1
@@ -381,7 +387,10 @@ def report(part: str, rc: int, wall: float, faults: list[Fault], run_dir: Path, 
             f"{MEMORY_TOLERANCE:.0%}){store}")
     if grew:
         say("chaos: memory goal not met" + ("" if first and last else " (no sample with every actor alive)"))
-    ok = rc == 0 and len(kept) == sched.steps and len(groups) == 1 and twice == 0 and not grew
+    refused = [x for x in log.read_text(errors="replace").splitlines() if UNLOADABLE.search(x)]
+    for x in refused[:3]:
+        say(f"chaos [{part}]: a checkpoint was refused on resume: {x[:300]}")
+    ok = rc == 0 and len(kept) == sched.steps and len(groups) == 1 and twice == 0 and not grew and not refused
     say(f"chaos [{part}]: {'OK' if ok else 'FAILED'} (driver output: {log})")
     print("\n" + "\n".join(lines), flush=True)
     return PartResult(part, ok, lines)
