@@ -98,7 +98,7 @@ class Schedule:
                 continue
             if how == "every":
                 every = max(2, round(when * steps))
-                at[kind] = set(range(every, steps + 1, every))
+                at[kind] = set(range(every, steps, every))  # none at the last step: no step after it to recover in
             else:
                 at[kind] = {max(2, round(f * steps)) for f in when}
         return cls(steps, at)
