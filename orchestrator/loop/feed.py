@@ -97,9 +97,10 @@ class Taken:
 class Feed:
     """The generators kept fed (see the module docstring)."""
 
-    def __init__(self, run: Run, capacity: int, call_prompts: int):
-        """capacity, call_prompts: `feed_shape`'s."""
-        self.run, self.capacity, self.call_prompts = run, capacity, call_prompts
+    def __init__(self, run: Run, capacity: int, call_prompts: int, generators: int = 1):
+        """capacity, call_prompts: `feed_shape`'s for `generators` engines (the call size follows the fleet when
+        `rayward scale --generators` resizes it: a step's prompts over the engines taking work)."""
+        self.run, self.capacity, self.call_prompts, self.sized_for = run, capacity, call_prompts, generators
         self.calls: deque[Call] = deque()
         self.pieces: deque[Piece] = deque()
         self.dropped_total = 0
@@ -124,13 +125,15 @@ class Feed:
         run = self.run
         steps_left = -(-(run.cfg.grpo.max_steps - run.progress.global_step) // run.cfg.grpo.num_iterations)
         want = min(self.capacity, steps_left * run.prompts_per_step)
+        active = run.generators.active
+        call = max(1, self.call_prompts * self.sized_for // active)
         while (room := want - self.in_flight()) > 0:
-            n = min(self.call_prompts, room)
+            n = min(call, room)
             mark = run.prompts.state()
             prompts = run.prompts.next_batch(n)
             version = run.progress.policy_version
             seeds = seeds_of(run, prompts, version)
-            member = min(range(len(run.generators)), key=self._load)
+            member = min(range(active), key=self._load)  # never a retiring one (orchestrator/loop/fleet.py)
             self.calls.append(Call(prompts, seeds, self._stream(member, prompts, seeds), member=member,
                                    version=version, mark=mark, untrained={p.draw for p in prompts}))
 
@@ -160,6 +163,10 @@ class Feed:
             prompts = [call.prompts[o.index] for o in out.groups]
             r = rollouts_of(run, prompts, out.groups, call.version)
             self.pieces.append(Piece(call, r, submit_score(run, r)))
+
+    def busy(self) -> set[int]:
+        """The generators whose calls run or whose groups are not trained yet (a retiring one leaves after)."""
+        return {c.member for c in self.calls if not c.done or c.untrained}
 
     def _waiting_groups(self) -> int:
         return sum(p.rollouts.num_groups for p in self.pieces)
