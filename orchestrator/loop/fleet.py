@@ -7,7 +7,9 @@ syncs:
 - grow: retiring generators take work again first; then new engines start (the loop waits while they load their
   model), the weight-transfer group is re-formed with the new world size and every engine is brought the current
   weights, through the code that re-forms it after a restart (`WeightTransfer.rejoin`), before a new engine is
-  given a prompt. A cluster with no room for them says so in one line, and the run goes on at its size.
+  given a prompt; with logging.check_logprob_parity the start's parity check runs again, over every engine (it
+  waits for a slot on engines busy with generation calls). A cluster with no room for them says so in one line,
+  and the run goes on at its size.
 - shrink: the generators past the new size take no new work at once (`shards` and the async feed's choice of
   engine leave them out) and finish the calls they have; a generator leaves once none of its calls is running and
   every group it made is trained (its groups' token data live in its object store: killed earlier, they would be
@@ -68,8 +70,11 @@ def _grow(run: Run, wanted: int) -> None:
     except Exception as err:  # noqa: BLE001 - the run goes on at its size; the reason in one line
         run.display.message(f"rayward: generators: stays at {before}: {str(err).splitlines()[0]}")
         return
+    parity = ""
     if started:  # a new engine holds the initial weights: the current ones before it is given a prompt
         run.weights.rejoin(run.progress.global_step)
+        if run.parity is not None:  # that they landed: the start's check, over every engine, the new ones too
+            parity = f"; logprob parity after sync: max abs diff {run.parity():.2e}"
     run.display.message(f"rayward: generators: {before} -> {gens.active}"
-                        + (f" ({', '.join(started)} started and synced in {time.monotonic() - t0:.1f} s)"
+                        + (f" ({', '.join(started)} started and synced in {time.monotonic() - t0:.1f} s{parity})"
                            if started else ""))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -127,4 +128,7 @@ class Run:
     tokens: TokenRecorder | NoTokenRecord = field(default_factory=NoTokenRecord)  # rayward view's token record
     completions: Any = None  # where the completions logs are written (orchestrator/telemetry/completions.py)
     control: Control | None = None  # NAME/control: `rayward scale --generators` (orchestrator/loop/fleet.py)
+    # logging.check_logprob_parity: the generator-learner parity check (max abs logprob gap over every engine), run
+    # again when engines join the fleet (None: not checked, or the loop tests' fakes)
+    parity: Callable[[], float] | None = None
     progress: Progress = field(default_factory=Progress)
