@@ -229,8 +229,7 @@ class ActorGroup:
             kw = {**kwargs, **self.member_kwargs(i)}
             handles.append(remote_cls.options(name=names[-1], **self.options).remote(*args, **kw))
         self._next_index += num
-        self._handles += handles
-        self.names += names
+        self._handles, self.names = self._handles + handles, self.names + names  # new lists: see `members`
         return handles, names
 
     def __len__(self) -> int:
@@ -319,8 +318,11 @@ class ActorGroup:
                    for h, seen in zip(self._handles, self._seen_restarts, strict=True))
 
     def members(self) -> list[Member]:
-        """Each member's health (a kill is a crash's: Ray restarts it if it has restarts left)."""
-        return [_member(n, h, restart=True) for n, h in zip(self.names, self._handles, strict=True)]
+        """Each member's health (a kill is a crash's: Ray restarts it if it has restarts left). The watchdog asks
+        from its own thread while the loop may resize the group (`grow`, `drop_retired`): the members both lists
+        hold."""
+        names, handles = list(self.names), list(self._handles)
+        return [_member(n, h, restart=True) for n, h in zip(names, handles, strict=False)]
 
     def on_each(self, fn: Callable[[Any], T]) -> list[T]:
         """fn(the member's actor object) run in every member's process, waited for, in member order: what a test or
@@ -361,7 +363,7 @@ class ActorGroup:
         except Exception:
             for h in handles:
                 ray.kill(h, no_restart=True)
-            del self._handles[first:], self.names[first:]
+            self._handles, self.names = self._handles[:first], self.names[:first]
             raise
         self._seen_restarts += [0] * more
         self.active = len(self._handles)
@@ -379,10 +381,11 @@ class ActorGroup:
 
     def drop_retired(self) -> list[str]:
         """Kill the retiring members (the caller knows they hold nothing untrained) and remove them; their names."""
-        gone = self.names[self.active:]
-        for h in self._handles[self.active:]:
+        gone, leaving = self.names[self.active:], self._handles[self.active:]
+        self._handles, self.names = self._handles[:self.active], self.names[:self.active]
+        self._seen_restarts = self._seen_restarts[:self.active]
+        for h in leaving:
             ray.kill(h, no_restart=True)
-        del self._handles[self.active:], self.names[self.active:], self._seen_restarts[self.active:]
         return gone
 
 
