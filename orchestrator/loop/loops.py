@@ -92,7 +92,7 @@ def run_async(run: Run) -> list[dict[str, Any]]:
     progress, cfg, per_step = run.progress, run.cfg, run.prompts_per_step
     shape = feed_shape(per_step, len(run.generators), cfg.loop.generation_chunks, cfg.loop.max_staleness,
                        cfg.grpo.num_iterations)
-    feed = Feed(run, shape.capacity, shape.call_prompts, len(run.generators))
+    feed = Feed(run, shape.capacity, shape.call_prompts)
     run.evaluate.start(progress.global_step)
     while not phases.done(run):
         timer = PhaseTimer()
