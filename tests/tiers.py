@@ -53,6 +53,7 @@ SCENARIOS: dict[str, str] = {
     "tests/integration/orchestrator/trl/test_scripts.py": "TRL scripts, each a run of its own (and through TRL itself)",
     "tests/integration/orchestrator/trl/test_submit.py": "a TRL script submitted to a `ray start --head` cluster",
     "tests/integration/runs/agentic/test_async_learning.py": "agentic runs beyond CI's tools and agent runs",
+    "tests/integration/runs/test_fleet.py": "a run scaled 1 -> 2 -> 1 generators through its dashboard, one engine killed",
     "tests/integration/runs/agentic/test_tools_run.py::test_rayward_eval_runs_the_tools": "agentic runs beyond CI's tools and agent runs",
     "tests/integration/runs/agentic/test_trl_patterns.py::test_an_environment_that_owns_its_data_writes_the_prompts":
         "agentic runs beyond CI's tools and agent runs",

@@ -8,4 +8,5 @@
     cpus.py        which cores a CPU actor computes on
     error_text.py  an error in one line
     completions.py the completions logs' writer: rows from the driver, completions from their payloads
+    control.py     the run's control mailbox: a client's requests to the driver's loop (`rayward scale --generators`)
 """

@@ -11,6 +11,7 @@ handles and fans calls out. The driver reaches every actor through one of them, 
 - `LearnerGroup`: the learner, one member to the loop whatever its number of ranks, with named methods (see there).
 - `RewardPoolGroup`, `EnvPoolGroup`, `JudgePoolGroup`, `TeacherPoolGroup`: the named pool actors (reward,
   environment, a judge's engines, the teacher's engines), each owning its workers.
+- `ControlGroup`: the run's control mailbox `<run>/control` (`rayward scale --generators`).
 
 The generator and learner groups keep their actors' handles to themselves. Their health goes out as `members()`:
 one `Member` per actor (its name, its id, the GCS's record of it, a ping, a kill), all that the driver's hang and
@@ -193,25 +194,43 @@ class ActorGroup:
         options: dict[str, Any] | None = None,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
-        per_actor_kwargs: list[dict[str, Any]] | None = None,
+        per_actor_kwargs: list[dict[str, Any]] | Callable[[int], dict[str, Any]] | None = None,
         concurrency_groups: dict[str, int] | None = None,
         method_groups: dict[str, str] | None = None,
     ):
         """concurrency_groups: Ray concurrency groups of the actors ({name: max concurrency}; Ray takes them with
         the class), e.g. HEALTH_GROUP for `ping`; method_groups: the methods whose calls run in one of them
         ({method: group}), the rest in the default group (e.g. actors/generation/generator.py GENERATOR_GROUPS,
-        GENERATOR_METHOD_GROUPS)."""
+        GENERATOR_METHOD_GROUPS); per_actor_kwargs: each member's own keyword arguments, a list or a function of
+        the index in its name (what a member `grow` starts later gets)."""
         self.role = role
         self.restarts = 0  # deaths the group has come back from (`recover`)
         self._method_groups = dict(method_groups or {})
         self.options = dict(options or {})
         remote_cls = ray.remote(concurrency_groups=concurrency_groups)(cls) if concurrency_groups else ray.remote(cls)
         self._handles: list[ActorHandle] = []
-        self.names = [f"{run_name}/{role}-{i}" for i in range(num)]
-        for i, name in enumerate(self.names):
-            kw = {**(kwargs or {}), **((per_actor_kwargs or [{}] * num)[i])}
-            self._handles.append(remote_cls.options(name=name, **self.options).remote(*args, **kw))
+        self.names: list[str] = []
+        per = per_actor_kwargs or [{}] * num
+        # What `grow` starts a member with: the same class, arguments and options, and its own keyword arguments
+        self._start_args = (remote_cls, run_name, args, dict(kwargs or {}))
+        self.member_kwargs: Callable[[int], dict[str, Any]] = (
+            per if callable(per) else lambda i: per[i] if i < len(per) else {})
+        self._next_index = 0  # names are never reused: a removed member's name may linger in the GCS a while
+        self._start(num)
         self._seen_restarts = [0] * num  # each member's Ray restarts as of the last `recover`
+        self.active = num  # members that take new work (`shards`); the ones after them are retiring (`retire`)
+
+    def _start(self, num: int) -> tuple[list[ActorHandle], list[str]]:
+        """Start `num` more members (not waited for), appended to the group."""
+        remote_cls, run_name, args, kwargs = self._start_args
+        handles, names = [], []
+        for i in range(self._next_index, self._next_index + num):
+            names.append(f"{run_name}/{self.role}-{i}")
+            kw = {**kwargs, **self.member_kwargs(i)}
+            handles.append(remote_cls.options(name=names[-1], **self.options).remote(*args, **kw))
+        self._next_index += num
+        self._handles, self.names = self._handles + handles, self.names + names  # new lists: see `members`
+        return handles, names
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -238,8 +257,8 @@ class ActorGroup:
         return getattr(handle, method).options(**options) if options else getattr(handle, method)
 
     def shards(self, num_items: int, parts: int | None = None) -> list[tuple[int, slice]]:
-        """How `num_items` items are split over the members (see `shards`)."""
-        return shards(num_items, len(self._handles), parts)
+        """How `num_items` items are split over the members that take new work (see `shards`)."""
+        return shards(num_items, self.active, parts)
 
     def _submit_sharded(
         self, method: str, items: list[Any], *, aligned: dict[str, list[Any]] | None = None, **kwargs: Any
@@ -299,8 +318,11 @@ class ActorGroup:
                    for h, seen in zip(self._handles, self._seen_restarts, strict=True))
 
     def members(self) -> list[Member]:
-        """Each member's health (a kill is a crash's: Ray restarts it if it has restarts left)."""
-        return [_member(n, h, restart=True) for n, h in zip(self.names, self._handles, strict=True)]
+        """Each member's health (a kill is a crash's: Ray restarts it if it has restarts left). The watchdog asks
+        from its own thread while the loop may resize the group (`grow`, `drop_retired`): the members both lists
+        hold."""
+        names, handles = list(self.names), list(self._handles)
+        return [_member(n, h, restart=True) for n, h in zip(names, handles, strict=False)]
 
     def on_each(self, fn: Callable[[Any], T]) -> list[T]:
         """fn(the member's actor object) run in every member's process, waited for, in member order: what a test or
@@ -310,6 +332,61 @@ class ActorGroup:
     def kill(self) -> None:
         for h in self._handles:
             ray.kill(h, no_restart=True)
+
+    # --- resizing (`rayward scale --generators`; the driver's fleet, orchestrator/loop/fleet.py) ---------------
+
+    def room(self, num: int) -> str | None:
+        """Why `num` more members cannot start now (the cluster's free resources fall short of what they need), or
+        None. A cluster whose autoscaler adds nodes has no room until it does."""
+        need = _needs(self.options)
+        free = ray.available_resources()
+        short = {k: v * num for k, v in need.items() if free.get(k, 0.0) + 1e-9 < v * num}
+        if not short:
+            return None
+        return (f"no room for {num} more {self.role}(s): they need {short}, the cluster has "
+                f"{ {k: round(free.get(k, 0.0), 2) for k in short} } free")
+
+    def grow(self, num: int, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> list[str]:
+        """Up to `num` members taking work: retiring members first take work again (alive, and in the weight group),
+        then new members start (each loads its model: waited for, `on_wait` hearing what they wait for). Returns
+        the names started. RuntimeError (the new members killed, the group as it was) when they do not start
+        within timeout_s."""
+        back = min(num, len(self._handles)) - self.active
+        self.active += max(back, 0)
+        more = num - len(self._handles)
+        if more <= 0:
+            return []
+        first = len(self._handles)
+        handles, names = self._start(more)
+        try:
+            wait_started(handles, names, self.options, timeout_s, on_wait)
+        except Exception:
+            for h in handles:
+                ray.kill(h, no_restart=True)
+            self._handles, self.names = self._handles[:first], self.names[:first]
+            raise
+        self._seen_restarts += [0] * more
+        self.active = len(self._handles)
+        return names
+
+    def retire(self, num: int) -> list[str]:
+        """Members past the first `num` take no new work (`shards` leaves them out); they go on with the calls they
+        have, and stay in the group (and its weight syncs) until `drop_retired`. Returns the retiring ones' names."""
+        self.active = max(1, min(num, self.active))
+        return self.names[self.active:]
+
+    def retiring(self) -> list[int]:
+        """The members that take no new work and are not dropped yet."""
+        return list(range(self.active, len(self._handles)))
+
+    def drop_retired(self) -> list[str]:
+        """Kill the retiring members (the caller knows they hold nothing untrained) and remove them; their names."""
+        gone, leaving = self.names[self.active:], self._handles[self.active:]
+        self._handles, self.names = self._handles[:self.active], self.names[:self.active]
+        self._seen_restarts = self._seen_restarts[:self.active]
+        for h in leaving:
+            ray.kill(h, no_restart=True)
+        return gone
 
 
 def joined(parts: list[Pending[list[T]]]) -> list[T]:
@@ -722,6 +799,27 @@ class RewardPoolGroup(PoolGroup):
     def set_state(self, state: TrainerState) -> None:
         """The trainer_state the rewards see from now on (a restored checkpoint's; the learner pushes the next)."""
         ray.get(self.handle.set_state.remote(state))
+
+
+class ControlGroup:
+    """The run's control mailbox `<run>/control` (actors/runtime/control.py RunControl): `rayward scale
+    --generators` leaves a request there, the driver takes it at a step boundary and reports the fleet back."""
+
+    def __init__(self, *, run_name: str, namespace: str, generators: int):
+        from actors.runtime.control import RunControl
+
+        self.handle: ActorHandle = (ray.remote(RunControl)
+                                    .options(name=f"{run_name}/control", namespace=namespace, num_cpus=0)
+                                    .remote(generators))
+
+    def take_generators(self) -> int | None:
+        return ray.get(self.handle.take_generators.remote())
+
+    def report(self, generators: int, retiring: int) -> None:
+        self.handle.report.remote(generators, retiring)  # not waited for: the next request reads it
+
+    def kill(self) -> None:
+        ray.kill(self.handle, no_restart=True)
 
 
 class EnvPoolGroup(PoolGroup):

@@ -69,7 +69,8 @@ class WeightTransfer(Protocol):
         """Wait for the sync submitted last (the end of a pipelined run)."""
 
     def rejoin(self, version: int | None = None) -> None:
-        """After a generator restarted (fresh engine, initial weights): bring every engine the current weights."""
+        """After a generator restarted (fresh engine, initial weights) or the fleet was resized: bring every engine
+        the current weights (the collective group re-formed with the generators there are now)."""
 
 
 @dataclass
@@ -164,7 +165,9 @@ class CollectiveTransfer(_Transfer):
     def connect(self) -> None:
         """Form the group: the learner makes the bucket plan and listens on a fresh store (nothing of an earlier,
         perhaps broken group is reused), and every engine worker joins as 1 + engine * tp + tp_rank with that
-        plan, so sender and receivers always hold the same plan."""
+        plan, so sender and receivers always hold the same plan. The world is the generators' as they are now: a
+        fleet resized by `rayward scale --generators` re-forms it here, as a restart does (`rejoin`)."""
+        self.world_size = 1 + len(self.generators) * self.tp_size
         self._plan = self.learner.weight_plan(self.bucket_mb)
         host, port = self.learner.open_weight_group(self.world_size, self.timeout_s)
         self.generation += 1

@@ -58,13 +58,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_scale(args: argparse.Namespace) -> int:
     bounds = args.min is not None or args.max is not None
     pinned = {"reward": args.reward_workers, "env": args.env_workers, "judge": args.judge_engines,
-              "teacher": args.teacher_engines}
+              "teacher": args.teacher_engines, "generators": args.generators}
     counts = sum(n is not None for n in pinned.values())
     if counts + bounds != 1:  # exactly one action
         print("rayward scale: give --reward-workers N (a fixed count) or --min/--max (autoscaling bounds); for the "
               "environment pool --env-workers N, or --pool env --min/--max; for a judge's engines --judge-engines N "
               "(--judge REWARD), or --pool judge --min/--max; for the distillation teacher's --teacher-engines N, or "
-              "--pool teacher --min/--max", file=sys.stderr)
+              "--pool teacher --min/--max; for the generator fleet --generators N", file=sys.stderr)
         return EXIT_BAD_INPUT
     pool = next((k for k, n in pinned.items() if n is not None), args.pool)
     if args.judge is not None and pool != "judge":
@@ -84,6 +84,10 @@ def _cmd_scale(args: argparse.Namespace) -> int:
     except (jobs.JobsError, AuthError) as err:
         print(f"rayward scale: {err}", file=sys.stderr)
         return EXIT_UNREACHABLE if "reach" in str(err) or "no answer" in str(err) else EXIT_FAILED
+    if pool == "generators":  # the driver applies it at its next step boundary (orchestrator/loop/fleet.py)
+        print(f"rayward scale: {args.run}: generators -> {stats.target_workers} at the run's next step boundary "
+              f"({stats.workers} taking work, {stats.retiring} retiring now)")
+        return 0
     what = f"{pool} engines" if pool in ("judge", "teacher") else f"{pool} workers"
     print(f"rayward scale: {args.run}: {what} -> {stats.target_workers} ({stats.workers} live, "
           f"{stats.starting} starting, {stats.retiring} retiring); autoscaling {stats.autoscale}")
@@ -239,7 +243,7 @@ def _add_scale(sub: Any) -> None:
     from orchestrator.cli.scale import POOLS
 
     s = sub.add_parser("scale", help="resize a running run's reward, environment, judge or teacher pool, or set its "
-                                     "autoscaling bounds")
+                                     "autoscaling bounds, or resize its generator fleet")
     s.add_argument("run", help="run name")
     s.add_argument("--reward-workers", type=int, help="pin the reward pool at this many workers (pauses autoscaling)")
     s.add_argument("--env-workers", type=int,
@@ -250,6 +254,9 @@ def _add_scale(sub: Any) -> None:
                    help="the judge reward --judge-engines or --pool judge applies to (default: the run's only one)")
     s.add_argument("--teacher-engines", type=int,
                    help="pin the distillation teacher's engine pool at this many engines (pauses its autoscaling)")
+    s.add_argument("--generators", type=int,
+                   help="resize the generator fleet to this many vLLM engines, at the run's next step boundary (a new "
+                        "engine loads the current weights before it samples; one removed finishes its calls first)")
     s.add_argument("--min", type=int, help="autoscale with at least this many workers (turns autoscaling on)")
     s.add_argument("--max", type=int, help="autoscale with at most this many workers (turns autoscaling on)")
     s.add_argument("--pool", choices=POOLS, default="reward", help="the pool --min/--max apply to (default: reward)")

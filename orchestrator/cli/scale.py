@@ -1,5 +1,7 @@
 """`rayward scale RUN ...`: resize a running run's pool (reward workers, environment workers, a judge's or the
-teacher's engines) or set its autoscaling bounds, through the dashboard address like every other client command.
+teacher's engines) or set its autoscaling bounds, or resize its generator fleet (`--generators N`: left in the run's
+control mailbox `RUN/control`, applied by the driver at its next step boundary, orchestrator/loop/fleet.py), through
+the dashboard address like every other client command.
 
 The client (`scale`) submits a small Ray job whose driver joins the cluster from inside it and calls the pool's
 `scale` or `set_bounds` (`apply`: this module run as `python -m orchestrator.cli.scale`), waits for the job, and
@@ -38,6 +40,8 @@ from orchestrator.config import (
 )
 
 POOLS = ("reward", "env", "judge", "teacher")
+# What is pinned at a count only (no autoscaling bounds): the generator fleet, resized by the driver itself.
+FLEETS = ("generators",)
 # The job's answer on its log, one line each (the job's driver prints exactly one of them).
 RESULT = "RAYWARD_SCALE_RESULT "
 REFUSED = "RAYWARD_SCALE_REFUSED "
@@ -54,7 +58,7 @@ class ScaleRequest:
     """One `rayward scale`: a pool pinned at `count`, or its autoscaling bounds set (min_workers, max_workers)."""
 
     run: str
-    pool: str = "reward"  # one of POOLS
+    pool: str = "reward"  # one of POOLS, or FLEETS (a count only)
     count: int | None = None
     min_workers: int | None = None
     max_workers: int | None = None
@@ -151,6 +155,8 @@ def apply(request: ScaleRequest, address: str = "auto") -> PoolStats:
     if not ray.is_initialized():
         ray.init(address=address, namespace=namespace(request.run), log_to_driver=False)
     run = request.run
+    if request.pool in FLEETS:
+        return _scale_generators(run, request.count)
     role = _judge_role(run, request.judge) if request.pool == "judge" else request.pool
     try:
         handle = ray.get_actor(f"{run}/{role}-pool", namespace=namespace(run))
@@ -164,6 +170,26 @@ def apply(request: ScaleRequest, address: str = "auto") -> PoolStats:
             return ray.get(handle.scale.remote(request.count))
         return ray.get(handle.set_bounds.remote(request.min_workers, request.max_workers, fresh=fresh))
     except RayTaskError as err:  # the pool refused (e.g. bounds out of order): its message, not a traceback
+        raise ScaleRefused(f"{run}: {getattr(err, 'cause', None) or err}") from None
+
+
+def _scale_generators(run: str, count: int | None) -> PoolStats:
+    """Leave the request in the run's control mailbox; its answer: the fleet as the driver last reported it,
+    heading to `count` (the driver applies it at its next step boundary and says so in its log)."""
+    import ray
+    from ray.exceptions import RayTaskError
+
+    from orchestrator.run.cluster import namespace
+
+    if count is None:
+        raise ScaleRefused(f"{run}: the generator fleet takes a count (--generators N), not autoscaling bounds")
+    try:
+        handle = ray.get_actor(f"{run}/control", namespace=namespace(run))
+    except ValueError:
+        raise ScaleRefused(f"no run named {run!r} on this cluster (no actor {run}/control)") from None
+    try:
+        return ray.get(handle.scale_generators.remote(count))
+    except RayTaskError as err:  # e.g. fewer than one generator: the mailbox's message
         raise ScaleRefused(f"{run}: {getattr(err, 'cause', None) or err}") from None
 
 
@@ -190,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     """The job's driver: one request, its answer as one RESULT or REFUSED line; exit 0 or 2."""
     p = argparse.ArgumentParser(prog="python -m orchestrator.cli.scale")
     p.add_argument("run")
-    p.add_argument("--pool", choices=POOLS, default="reward")
+    p.add_argument("--pool", choices=POOLS + FLEETS, default="reward")
     p.add_argument("--count", type=int)
     p.add_argument("--min", dest="min_workers", type=int)
     p.add_argument("--max", dest="max_workers", type=int)

@@ -98,11 +98,14 @@ class Feed:
     """The generators kept fed (see the module docstring)."""
 
     def __init__(self, run: Run, capacity: int, call_prompts: int):
-        """capacity, call_prompts: `feed_shape`'s."""
+        """capacity, call_prompts: `feed_shape`'s. The call size stays when `rayward scale --generators` resizes the
+        fleet: calls of another size would end mid-step, and the rest of a call cut by a step's batch waits for the
+        next one, its oldest tokens a sync older each time (dropped as too stale, step after step)."""
         self.run, self.capacity, self.call_prompts = run, capacity, call_prompts
         self.calls: deque[Call] = deque()
         self.pieces: deque[Piece] = deque()
         self.dropped_total = 0
+        self.dealt: dict[int, int] = {}  # calls submitted to each generator so far
 
     # --- what is in flight ----------------------------------------------------------------------------------
 
@@ -124,13 +127,18 @@ class Feed:
         run = self.run
         steps_left = -(-(run.cfg.grpo.max_steps - run.progress.global_step) // run.cfg.grpo.num_iterations)
         want = min(self.capacity, steps_left * run.prompts_per_step)
+        active = run.generators.active
+        self.dealt = {m: n for m, n in self.dealt.items() if m < active}  # a removed engine's index: a new one's
         while (room := want - self.in_flight()) > 0:
             n = min(self.call_prompts, room)
             mark = run.prompts.state()
             prompts = run.prompts.next_batch(n)
             version = run.progress.policy_version
             seeds = seeds_of(run, prompts, version)
-            member = min(range(len(run.generators)), key=self._load)
+            # never a retiring one (orchestrator/loop/fleet.py); of engines equally loaded, the one dealt fewest
+            # calls: an engine that joined idle gets work even where the others keep up
+            member = min(range(active), key=lambda m: (self._load(m), self.dealt.get(m, 0)))
+            self.dealt[member] = self.dealt.get(member, 0) + 1
             self.calls.append(Call(prompts, seeds, self._stream(member, prompts, seeds), member=member,
                                    version=version, mark=mark, untrained={p.draw for p in prompts}))
 
@@ -160,6 +168,10 @@ class Feed:
             prompts = [call.prompts[o.index] for o in out.groups]
             r = rollouts_of(run, prompts, out.groups, call.version)
             self.pieces.append(Piece(call, r, submit_score(run, r)))
+
+    def busy(self) -> set[int]:
+        """The generators whose calls run or whose groups are not trained yet (a retiring one leaves after)."""
+        return {c.member for c in self.calls if not c.done or c.untrained}
 
     def _waiting_groups(self) -> int:
         return sum(p.rollouts.num_groups for p in self.pieces)

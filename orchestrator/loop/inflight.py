@@ -72,9 +72,14 @@ def submit_batch(run: Run) -> InFlight:
     prompts = run.prompts.next_batch(run.prompts_per_step)
     version = run.progress.policy_version
     seeds = seeds_of(run, prompts, version)
-    shards = run.generators.shards(len(prompts), parts=len(run.generators) * run.cfg.loop.generation_chunks)
+    shards = run.generators.shards(len(prompts), parts=run.generators.active * run.cfg.loop.generation_chunks)
     parts = [Part(prompts[s], seeds[s], _stream(run, version, m, prompts[s], seeds[s])) for m, s in shards]
     return InFlight(version, parts, mark, range(mark.served, run.prompts.served))
+
+
+def busy(inflight: deque[InFlight]) -> set[int]:
+    """The generators that run a part of a batch in flight or made groups of one not trained yet."""
+    return {p.stream.member for b in inflight for p in b.parts}
 
 
 def untrained_position(run: Run, inflight: deque[InFlight]) -> DataPosition | None:

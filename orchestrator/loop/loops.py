@@ -9,7 +9,8 @@ from typing import Any
 
 from orchestrator.loop import phases
 from orchestrator.loop.feed import Feed, feed_shape
-from orchestrator.loop.inflight import InFlight, collect, pump, submit_batch, untrained_position
+from orchestrator.loop.fleet import rescale
+from orchestrator.loop.inflight import InFlight, busy, collect, pump, submit_batch, untrained_position
 from orchestrator.run import checkpoints
 from orchestrator.run.state import Run
 from orchestrator.telemetry.metrics import PhaseTimer
@@ -35,6 +36,7 @@ def run_sync(run: Run) -> list[dict[str, Any]]:
             synced = phases.sync(run)
         progress.policy_version = progress.global_step
         phases.log_step(run, timer, step, trained, synced)
+        rescale(run, busy=())  # `rayward scale --generators`, between two syncs: nothing in flight here
         checkpoints.save_periodic(run)
         run.evaluate.after_step(progress.global_step)  # the synced weights, on the idle generators
     return phases.finish(run)
@@ -73,6 +75,7 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
         progress.policy_version = progress.global_step
         progress.resume_data = untrained_position(run, inflight)  # what a checkpoint keeps: the next batch's rows
         phases.log_step(run, timer, step, trained, synced, staleness=staleness, generate_busy_s=generated.generate_s)
+        rescale(run, busy(inflight))  # `rayward scale --generators`, between two syncs (orchestrator/loop/fleet.py)
         checkpoints.save_periodic(run)
         run.evaluate.after_step(progress.global_step)  # queued behind the sync: the new weights; finished later
     return phases.finish(run)
@@ -110,6 +113,7 @@ def run_async(run: Run) -> list[dict[str, Any]]:
         progress.resume_data = feed.untrained_position()
         step.metrics.update(phases.async_metrics(taken.lags, taken.dropped, feed.in_flight(), loads_in_flight))
         phases.log_step(run, timer, step, trained, synced, staleness=max(taken.lags))
+        rescale(run, feed.busy())  # `rayward scale --generators`, between two syncs (orchestrator/loop/fleet.py)
         checkpoints.save_periodic(run)
         run.evaluate.after_step(progress.global_step)
     return phases.finish(run)

@@ -254,6 +254,8 @@ def log_step(
     m.update(synced.metrics() if synced is not None else {})
     if run.env_pool is not None:  # the environment pool's state (workers, sessions, lost sessions, ...)
         m.update(run.env_pool.stats().step_metrics())
+    # the fleet (`rayward scale --generators`): engines taking work, and those finishing theirs before they leave
+    m["generators/count"], m["generators/retiring"] = run.generators.active, len(run.generators.retiring())
     if staleness is not None:
         m["policy_staleness"] = staleness
     if generate_busy_s is not None:

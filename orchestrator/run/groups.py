@@ -6,6 +6,7 @@ loop, the phases, the evaluator, checkpoints and the supervisor use.
     LearnerView   actors/runtime/group.py LearnerGroup        train steps, checkpoints, the merged model, losses, health
     RewardScorer  actors/runtime/group.py RewardPoolGroup     scoring, the trainer_state the rewards see, its size
     EnvPoolView   actors/runtime/group.py EnvPoolGroup        the environment pool's stats
+    Control       actors/runtime/group.py ControlGroup        requests left for the loop (`rayward scale --generators`)
 
 `Run` (orchestrator/run/state.py) is typed with them. The real groups and the fakes the loop tests run on
 (tests/fixtures/fakes.py) both are them; tests/unit/orchestrator/run/test_groups.py holds each fake's public
@@ -35,6 +36,7 @@ class Generators(Protocol):
     """The run's vLLM generators (GeneratorGroup)."""
 
     restarts: int  # deaths the group has come back from: a stream submitted before the last one was cut by it
+    active: int  # members that take new work; those after them are retiring (`rayward scale --generators`)
 
     def __len__(self) -> int: ...
 
@@ -70,6 +72,26 @@ class Generators(Protocol):
     def members(self) -> list[Member]: ...
 
     def cpu_threads(self) -> list[str]: ...
+
+    def kill(self) -> None: ...
+
+    def room(self, num: int) -> str | None: ...
+
+    def grow(self, num: int, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> list[str]: ...
+
+    def retire(self, num: int) -> list[str]: ...
+
+    def retiring(self) -> list[int]: ...
+
+    def drop_retired(self) -> list[str]: ...
+
+
+class Control(Protocol):
+    """The run's control mailbox (ControlGroup): requests a client left for the driver's loop."""
+
+    def take_generators(self) -> int | None: ...
+
+    def report(self, generators: int, retiring: int) -> None: ...
 
     def kill(self) -> None: ...
 

@@ -10,12 +10,14 @@ record of where it is (`Progress`).
     evaluate     Evaluator (NoEval, BlockingEval or OverlappedEval)     start, after_step, drain, restore
     progress     Progress                                               the loop's, and who else writes it
     faults       FaultLog                                               recoveries, restarts, hang kills
+    control      Control: ControlGroup, NAME/control                   `rayward scale --generators` requests
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,7 +29,7 @@ from orchestrator.algo.selection import Selector
 from orchestrator.config import RunConfig
 from orchestrator.data.sources import DataPosition, PromptStream
 from orchestrator.loop.rollout import OneTurn, RolloutKind
-from orchestrator.run.groups import EnvPoolView, Generators, LearnerView, RewardScorer
+from orchestrator.run.groups import Control, EnvPoolView, Generators, LearnerView, RewardScorer
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
 from orchestrator.telemetry.tool_calls import ToolCallWatch
@@ -125,4 +127,8 @@ class Run:
     tool_watch: ToolCallWatch | None = None  # agentic: says on the terminal when tool calls mostly fail
     tokens: TokenRecorder | NoTokenRecord = field(default_factory=NoTokenRecord)  # rayward view's token record
     completions: Any = None  # where the completions logs are written (orchestrator/telemetry/completions.py)
+    control: Control | None = None  # NAME/control: `rayward scale --generators` (orchestrator/loop/fleet.py)
+    # logging.check_logprob_parity: the generator-learner parity check (max abs logprob gap over every engine), run
+    # again when engines join the fleet (None: not checked, or the loop tests' fakes)
+    parity: Callable[[], float] | None = None
     progress: Progress = field(default_factory=Progress)

@@ -231,7 +231,12 @@ def _resume(run: Run, found: list[Path], mode: str | None) -> None:
         # and projector synced too), followed by the fixed tokens.
         first = run.prompts.encode(run.prompts.rows[0], where="data row 0")
         ids = first.prompt_ids + PARITY_TOKENS if first.images else None
-        gap = logprob_parity(run.learner, run.generators, cfg.generation.temperature, ids, first.images or None)
+
+        def parity() -> float:
+            return logprob_parity(run.learner, run.generators, cfg.generation.temperature, ids, first.images or None)
+
+        run.parity = parity  # again after engines join the fleet (orchestrator/loop/fleet.py)
+        gap = parity()
         say(
             f"rayward: weight sync {stats.bytes / 1e6:.0f} MB in {stats.seconds:.2f}s; generator-learner "
             f"logprob parity after sync: max abs diff {gap:.2e}"

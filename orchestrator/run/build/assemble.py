@@ -135,6 +135,7 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
         tool_watch=ToolCallWatch(logger.display.message) if p.agent is not None else None,
         tokens=token_record(cfg, p),
         completions=groups.completions if groups.completions is not None else LocalCompletions(p.run_dir),
+        control=groups.control,
     )
     run.evaluate = run_evaluator(run, p)
     return run
@@ -186,6 +187,6 @@ def replace_learner(run: Run, p: Prepared, learner: LearnerView, weights: Weight
 def shutdown_run(run: Run) -> None:
     run.completions.kill()  # its last write lands first
     run.logger.close()
-    for group in (run.generators, run.learner, run.reward_pool, run.eval_pool, run.env_pool):
+    for group in (run.generators, run.learner, run.reward_pool, run.eval_pool, run.env_pool, run.control):
         if group is not None:
             group.kill()

@@ -17,6 +17,7 @@ from actors.runtime import cpus
 from actors.runtime.group import (
     HEALTH_GROUP,
     PLACEMENT_TIMEOUT_S,
+    ControlGroup,
     EnvPoolGroup,
     GeneratorGroup,
     JudgePoolGroup,
@@ -41,7 +42,7 @@ from orchestrator.run.build.specs import (
     learner_spec,
     overlapped_sync,
 )
-from orchestrator.run.groups import EnvPoolView, Generators, LearnerView, RewardScorer
+from orchestrator.run.groups import Control, EnvPoolView, Generators, LearnerView, RewardScorer
 from orchestrator.telemetry.completions import ActorCompletions
 
 # An eval-only reward pool (eval.rewards set) scores a few hundred completions every few steps: one worker.
@@ -203,7 +204,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
             processor_kwargs=dict(cfg.model.processor_kwargs) or None,
             **(agent or {}),
         ),
-        per_actor_kwargs=[{"seed": cfg.seed + i} for i in range(c.num_generators)],
+        per_actor_kwargs=lambda i: {"seed": cfg.seed + i},  # a member started later too (`rayward scale`)
     )
 
 
@@ -218,10 +219,11 @@ class Groups:
     eval_pool: RewardScorer | None = None  # eval.rewards' own pool
     env_pool: EnvPoolView | None = None  # a run with tools
     completions: Any = None  # the completions logs' writer (None: in this process, the loop tests' fakes)
+    control: Control | None = None  # NAME/control: `rayward scale --generators` (None: nothing asks)
 
     def kill(self) -> None:
         for group in (self.generators, self.learner, self.reward_pool, self.eval_pool, self.env_pool,
-                      self.completions):
+                      self.completions, self.control):
             if group is not None:
                 group.kill()
 
@@ -248,8 +250,11 @@ def start_groups(p: Prepared) -> Groups:
     # The engines load while the learner does; the weight group's deadline (weight_sync.timeout_s) is for forming
     # the group, not for loading a model.
     generators.wait_started(PLACEMENT_TIMEOUT_S)
+    from orchestrator.run.cluster import namespace
+
+    control = ControlGroup(run_name=p.name, namespace=namespace(p.name), generators=len(generators))
     return Groups(generators, learner, reward_pool, weight_transfer(cfg, learner, generators), eval_pool, env_pool,
-                  completions)
+                  completions, control)
 
 
 def start_completions(name: str, run_dir: Path) -> ActorCompletions:

@@ -11,15 +11,22 @@ import inspect
 
 import pytest
 
-from actors.runtime.group import EnvPoolGroup, GeneratorGroup, LearnerGroup, RewardPoolGroup
+from actors.runtime.group import ControlGroup, EnvPoolGroup, GeneratorGroup, LearnerGroup, RewardPoolGroup
 from actors.weights.transfer import (
     CollectiveTransfer,
     ObjectStoreTransfer,
     OverlappedCollectiveTransfer,
     WeightTransfer,
 )
-from orchestrator.run.groups import EnvPoolView, Generators, LearnerView, RewardScorer
-from tests.fixtures.fakes import FakeEnvPool, FakeGenerators, FakeLearner, FakeRewardPool, FakeTransfer
+from orchestrator.run.groups import Control, EnvPoolView, Generators, LearnerView, RewardScorer
+from tests.fixtures.fakes import (
+    FakeControl,
+    FakeEnvPool,
+    FakeGenerators,
+    FakeLearner,
+    FakeRewardPool,
+    FakeTransfer,
+)
 
 # (the Protocol the run holds it as, the real group, its fake)
 CONTRACTS = [
@@ -27,6 +34,7 @@ CONTRACTS = [
     (LearnerView, LearnerGroup, FakeLearner),
     (RewardScorer, RewardPoolGroup, FakeRewardPool),
     (EnvPoolView, EnvPoolGroup, FakeEnvPool),
+    (Control, ControlGroup, FakeControl),
     (WeightTransfer, CollectiveTransfer, FakeTransfer),
     (WeightTransfer, OverlappedCollectiveTransfer, FakeTransfer),
     (WeightTransfer, ObjectStoreTransfer, FakeTransfer),

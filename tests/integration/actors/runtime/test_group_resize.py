@@ -1,0 +1,53 @@
+"""ActorGroup resized as `rayward scale --generators` resizes the generators (orchestrator/loop/fleet.py), on a local
+Ray cluster with a plain actor class standing for the generator: members started with their own keyword
+arguments and fresh names, retiring members left out of new work, dropped ones killed, and a request the cluster
+has no room for named before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from actors.runtime.group import ActorGroup, actor_info
+from tests.integration.conftest import TEST_CLUSTER_CPUS
+
+
+class Member:
+    def __init__(self, seed: int):
+        self.seed = seed
+
+
+def seeds(group: ActorGroup) -> list[int]:
+    return group.on_each(lambda m: m.seed)
+
+
+def test_a_group_grows_retires_and_drops_members(ray_cluster):
+    group = ActorGroup(Member, 1, run_name="resize", role="gen", options={"num_cpus": 0.1},
+                       per_actor_kwargs=lambda i: {"seed": 100 + i})
+    group.wait_started(60)
+    assert group.grow(3, timeout_s=60) == ["resize/gen-1", "resize/gen-2"]
+    assert seeds(group) == [100, 101, 102] and group.active == 3 and len(group.members()) == 3
+    assert {m for m, _ in group.shards(6)} == {0, 1, 2}
+    assert group.retire(1) == ["resize/gen-1", "resize/gen-2"]
+    assert group.retiring() == [1, 2] and {m for m, _ in group.shards(6)} == {0}  # no new work for them
+    assert len(group) == 3  # alive until dropped: they finish their calls
+    assert group.grow(2, timeout_s=60) == [] and group.retiring() == [2]  # a retiring member takes work again
+    leaving = group._handles[2]
+    assert group.drop_retired() == ["resize/gen-2"] and len(group) == 2 and group.retiring() == []
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(leaving.__ray_ready__.remote(), timeout=30)
+    assert actor_info(leaving).get("State") == "DEAD"
+    assert group.grow(3, timeout_s=60) == ["resize/gen-3"]  # a fresh name: a dropped one may linger in the GCS
+    assert seeds(group) == [100, 101, 103]
+    group.kill()
+
+
+def test_no_room_is_named_before_anything_starts(ray_cluster):
+    group = ActorGroup(Member, 1, run_name="room", role="gen", options={"num_cpus": 1},
+                       per_actor_kwargs=lambda i: {"seed": i})
+    group.wait_started(60)
+    assert group.room(1) is None
+    why = group.room(TEST_CLUSTER_CPUS + 1)
+    assert why is not None and why.startswith(f"no room for {TEST_CLUSTER_CPUS + 1} more gen(s): they need {{'CPU'")
+    assert len(group) == 1
+    group.kill()
