@@ -5,6 +5,8 @@ has no room for named before anything starts."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 
@@ -34,9 +36,13 @@ def test_a_group_grows_retires_and_drops_members(ray_cluster):
     assert group.grow(2, timeout_s=60) == [] and group.retiring() == [2]  # a retiring member takes work again
     leaving = group._handles[2]
     assert group.drop_retired() == ["resize/gen-2"] and len(group) == 2 and group.retiring() == []
+    # ray.kill is asynchronous: a call right after it may still be answered, so wait for the GCS to say DEAD.
+    deadline = time.monotonic() + 30
+    while actor_info(leaving).get("State") != "DEAD" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert actor_info(leaving).get("State") == "DEAD"
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(leaving.__ray_ready__.remote(), timeout=30)
-    assert actor_info(leaving).get("State") == "DEAD"
     assert group.grow(3, timeout_s=60) == ["resize/gen-3"]  # a fresh name: a dropped one may linger in the GCS
     assert seeds(group) == [100, 101, 103]
     group.kill()
