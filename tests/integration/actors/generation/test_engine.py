@@ -78,6 +78,20 @@ def completion_logprobs(model, prompt: list[int], completion: list[int]) -> torc
     return logp[len(prompt) - 1 :]
 
 
+def split_at_load(completion, before: int, prompt: list[int], old, new
+                  ) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A completion a weight load (version `before` -> before + 1) cut in two: the cut (its tokens under `before`),
+    the sampled log-probs, and the old and new models' log-probs of the same tokens; asserts the load landed
+    mid-completion and every token's version is on its side of the cut."""
+    ids = list(completion.token_ids)
+    versions = token_versions(completion)
+    cut = versions.count(before)
+    assert 0 < cut < len(ids), f"the load did not land mid-completion: versions {versions}"
+    assert versions == [before] * cut + [before + 1] * (len(ids) - cut)
+    sampled = torch.tensor([step[t].logprob for t, step in zip(ids, completion.logprobs, strict=True)])
+    return cut, sampled, completion_logprobs(old, prompt, ids), completion_logprobs(new, prompt, ids)
+
+
 def prompt_ids(generator: Generator, text: str) -> list[int]:
     return generator.tokenizer.encode(text, add_special_tokens=False)
 
@@ -127,13 +141,7 @@ def test_a_weight_load_between_steps_splits_each_completion_by_version(generator
         generator.load_weights(blob(weights["original"]), version=before)
 
     for completion in out.outputs:
-        ids = list(completion.token_ids)
-        versions = token_versions(completion)
-        cut = versions.count(before)
-        assert 0 < cut < len(ids), f"the load did not land mid-completion: versions {versions}"
-        assert versions == [before] * cut + [before + 1] * (len(ids) - cut)
-        sampled = torch.tensor([step[t].logprob for t, step in zip(ids, completion.logprobs, strict=True)])
-        ref_old, ref_new = completion_logprobs(old, prompt, ids), completion_logprobs(new, prompt, ids)
+        cut, sampled, ref_old, ref_new = split_at_load(completion, before, prompt, old, new)
         # Under the old weights before the load, under the new ones after it (KV recomputed).
         assert (sampled[:cut] - ref_old[:cut]).abs().max().item() < PARITY_TOL
         assert (sampled[cut:] - ref_new[cut:]).abs().max().item() < PARITY_TOL

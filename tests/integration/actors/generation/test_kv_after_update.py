@@ -33,6 +33,7 @@ from tests.integration.actors.generation.test_engine import (  # noqa: E402
     hf_model,
     long_params,
     prompt_ids,
+    split_at_load,
     wait_steps,
     weights,  # noqa: F401 (the fixture)
 )
@@ -82,12 +83,7 @@ def test_keep_goes_on_with_the_old_kv_and_reuses_no_block_of_the_old_weights(kee
         keeping.load_weights(blob(weights["original"]), version=before)
 
     (completion,) = out.outputs
-    ids, versions = list(completion.token_ids), token_versions(completion)
-    cut = versions.count(before)
-    assert 0 < cut < len(ids), f"the load did not land mid-completion: versions {versions}"
-    assert versions == [before] * cut + [before + 1] * (len(ids) - cut)
-    sampled = torch.tensor([step[t].logprob for t, step in zip(ids, completion.logprobs, strict=True)])
-    ref_old, ref_new = completion_logprobs(old, prompt, ids), completion_logprobs(new, prompt, ids)
+    cut, sampled, ref_old, ref_new = split_at_load(completion, before, prompt, old, new)
     assert (sampled[:cut] - ref_old[:cut]).abs().max().item() < PARITY_TOL
     # Not recomputed: the new weights' logits over the old weights' keys and values (recompute would match ref_new,
     # as test_engine.py checks).
