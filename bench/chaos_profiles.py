@@ -191,7 +191,7 @@ ENGINE_ROLES = ("Generator", "Learner", "RewardWorker")
 
 PROFILES: dict[str, list[Part]] = {
     "demo": [Part("demo", "pipelined", 2000, {
-        "reward_kill": ("every", 0.05), "generator_kill": ("at", (0.25, 0.5, 0.75, 1.0)),
+        "reward_kill": ("every", 0.05), "generator_kill": ("at", (0.25, 0.5, 0.75)),
         "generator_hang": ("at", (0.375,)), "learner_kill": ("at", (0.625,)), "node_kill": ("at", (0.825,)),
     }, ENGINE_ROLES)],
     "models": [Part("models", "judge", 200, {
