@@ -231,11 +231,10 @@ def run_part(part: Part, args: argparse.Namespace) -> PartResult:
     last: Sample | None = None
     first_after = max(2, steps // 10)  # the first memory sample's step (moved past a resume)
     seen = 0
-    segments = []  # (exit code, why it ended) of each driver process
+    stopped: list[str] = []  # how each driver before the last ended (a SIGTERM's note)
     try:
         while True:
             if proc.poll() is not None:
-                segments.append(proc.returncode)
                 break
             time.sleep(0.2)
             rows = _rows(run_dir / "metrics.jsonl")
@@ -257,7 +256,7 @@ def run_part(part: Part, args: argparse.Namespace) -> PartResult:
                 for kind in [k for s in range(seen_before + 1, step + 1) for k in sched.due(s)]:  # none skipped
                     if kind == "sigterm":
                         f, proc = sigterm(proc, step, start, run_dir)
-                        segments.append(f.note)
+                        stopped.append(f.note)
                         root, seen, first = psutil.Process(proc.pid), 0, None
                         first_after = step + max(2, steps // 10)
                     else:
@@ -285,7 +284,7 @@ def run_part(part: Part, args: argparse.Namespace) -> PartResult:
         if cluster is not None:
             cluster.down(keep_logs=rc != 0)
         log.close()
-    return report(part.name, rc, time.monotonic() - t0, faults, run_dir, sched, first, last, Path(log.name), segments)
+    return report(part.name, rc, time.monotonic() - t0, faults, run_dir, sched, first, last, Path(log.name), stopped)
 
 
 def sigterm(proc: subprocess.Popen, step: int, start, run_dir: Path) -> tuple[Fault, subprocess.Popen]:
@@ -342,7 +341,7 @@ def lineage_draws(samples: list[dict]) -> tuple[list[int], int]:
 
 
 def report(part: str, rc: int, wall: float, faults: list[Fault], run_dir: Path, sched: Schedule,
-           first: Sample | None, last: Sample | None, log: Path, segments: list) -> PartResult:
+           first: Sample | None, last: Sample | None, log: Path, stopped: list[str]) -> PartResult:
     lines: list[str] = []
     say = lines.append
     rows = [r for r in _rows(run_dir / "metrics.jsonl") if "loss" in r]
@@ -370,7 +369,7 @@ def report(part: str, rc: int, wall: float, faults: list[Fault], run_dir: Path, 
             if COUNTED.match(k) and isinstance(v, (int, float)):
                 # a running count: its last value; a per-step share: its mean over the steps; else the sum
                 counted[k] = v if k in RUNNING else counted.get(k, 0) + v / (len(kept) if k in SHARES else 1)
-    say(f"chaos [{part}]: exit {rc} after {wall:.0f} s (drivers before it: {segments[:-1] or 'none'}); steps trained "
+    say(f"chaos [{part}]: exit {rc} after {wall:.0f} s (drivers before it: {stopped or 'none'}); steps trained "
         f"{len(kept)}/{sched.steps} (rows {len(rows)}, {len(rows) - len(kept)} trained again after rewinds)")
     say(f"chaos [{part}]: groups per step {sorted(g for g in groups if g is not None)} (a full batch is one value); "
         f"prompt draws in the trained lineage {len(draws)}, trained twice {twice}; trainings discarded by a rewind "
