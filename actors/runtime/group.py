@@ -117,6 +117,16 @@ def _needs(options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in need.items() if v}
 
 
+@dataclass
+class _Joining:
+    """A member started by `ActorGroup.start_pending`, not in the group yet."""
+
+    handle: ActorHandle
+    name: str
+    ready: ray.ObjectRef  # its __ray_ready__: done once its constructor ran
+    since: float  # time.monotonic() at its start
+
+
 def wait_started(handles: list[ActorHandle], names: list[str], options: dict[str, Any], timeout_s: float,
                  on_wait: Callable[[str], None] | None) -> None:
     """Return once every actor has run its constructor. Every WAIT_MESSAGE_S, `on_wait` hears which are still
@@ -216,12 +226,13 @@ class ActorGroup:
         self.member_kwargs: Callable[[int], dict[str, Any]] = (
             per if callable(per) else lambda i: per[i] if i < len(per) else {})
         self._next_index = 0  # names are never reused: a removed member's name may linger in the GCS a while
+        self._pending: list[_Joining] = []  # started, not in the group yet (`start_pending`)
         self._start(num)
         self._seen_restarts = [0] * num  # each member's Ray restarts as of the last `recover`
         self.active = num  # members that take new work (`shards`); the ones after them are retiring (`retire`)
 
-    def _start(self, num: int) -> tuple[list[ActorHandle], list[str]]:
-        """Start `num` more members (not waited for), appended to the group."""
+    def _start(self, num: int, join: bool = True) -> tuple[list[ActorHandle], list[str]]:
+        """Start `num` more members (not waited for), appended to the group (join) or not yet (`start_pending`)."""
         remote_cls, run_name, args, kwargs = self._start_args
         handles, names = [], []
         for i in range(self._next_index, self._next_index + num):
@@ -229,7 +240,8 @@ class ActorGroup:
             kw = {**kwargs, **self.member_kwargs(i)}
             handles.append(remote_cls.options(name=names[-1], **self.options).remote(*args, **kw))
         self._next_index += num
-        self._handles, self.names = self._handles + handles, self.names + names  # new lists: see `members`
+        if join:
+            self._handles, self.names = self._handles + handles, self.names + names  # new lists: see `members`
         return handles, names
 
     def __len__(self) -> int:
@@ -287,7 +299,10 @@ class ActorGroup:
         restarting answers ActorUnavailableError at once, or an actor error when its node died under the call, so
         ask again until timeout_s; one that Ray reports DEAD, out of restarts, raises), and count the restart. A member
         that waits for room (its node is gone) is reported to `on_wait` every WAIT_MESSAGE_S, naming it and what it
-        needs."""
+        needs. Members started and not joined yet are killed first: the dead member's restart must not wait behind
+        them for the room it left."""
+        if (cancelled := self.cancel_pending()) and on_wait is not None:
+            on_wait(f"{', '.join(cancelled)}: not started after all ({self.role} restarts come first)")
         deadline = time.monotonic() + timeout_s
         said = time.monotonic()
         while True:
@@ -330,6 +345,7 @@ class ActorGroup:
         return ray.get([h.__ray_call__.remote(fn) for h in self._handles])
 
     def kill(self) -> None:
+        self.cancel_pending()
         for h in self._handles:
             ray.kill(h, no_restart=True)
 
@@ -368,6 +384,68 @@ class ActorGroup:
         self._seen_restarts += [0] * more
         self.active = len(self._handles)
         return names
+
+    def start_pending(self, num: int) -> list[str]:
+        """Start `num` more members without waiting for them: each joins the group at the `poll_pending` after its
+        constructor ran (a generator: its engine loaded). On a cluster with no room, it waits for some, which is what
+        makes the Ray autoscaler add a node where one runs. Not while members retire (a joining member takes the
+        index after the active ones); their names."""
+        if self.retiring():
+            raise RuntimeError(f"{self.role}: members {self.retiring()} are retiring: take them back first (grow)")
+        handles, names = self._start(num, join=False)
+        now = time.monotonic()
+        self._pending += [_Joining(h, n, h.__ray_ready__.remote(), now) for h, n in zip(handles, names, strict=True)]
+        return names
+
+    def pending(self) -> list[str]:
+        """The members started and not yet joined."""
+        return [j.name for j in self._pending]
+
+    def pending_ready(self, timeout_s: float) -> bool:
+        """Without waiting: whether `poll_pending` has anything to say (a pending member came up or failed, or one
+        waited past timeout_s), so that the caller prepares the join only then."""
+        if not self._pending:
+            return False
+        ready, _ = ray.wait([j.ready for j in self._pending], num_returns=1, timeout=0)
+        return bool(ready) or any(time.monotonic() - j.since > timeout_s for j in self._pending)
+
+    def poll_pending(self, timeout_s: float) -> tuple[list[str], list[str]]:
+        """Without waiting: (joined, failed). joined: the pending members whose constructor ran, now members taking
+        work; failed: a line each for those whose constructor raised or that waited past timeout_s (killed)."""
+        if not self._pending:
+            return [], []
+        ready, _ = ray.wait([j.ready for j in self._pending], num_returns=len(self._pending), timeout=0)
+        joined, failed, still = [], [], []
+        for j in self._pending:
+            if j.ready in ready:
+                try:
+                    ray.get(j.ready)
+                except Exception as err:  # noqa: BLE001 - its constructor's error, named; the group goes on
+                    ray.kill(j.handle, no_restart=True)
+                    failed.append(f"{j.name} did not start: {str(err).strip().splitlines()[-1]}")
+                    continue
+                joined.append(j)
+            elif time.monotonic() - j.since > timeout_s:
+                state = actor_info(j.handle).get("State", "?")
+                ray.kill(j.handle, no_restart=True)
+                failed.append(f"{j.name} did not start within {timeout_s:.0f} s ({state}; it needs "
+                              f"{_needs(self.options)}: no node with room came up)")
+            else:
+                still.append(j)
+        self._pending = still
+        if joined:
+            self._handles = self._handles + [j.handle for j in joined]  # new lists: see `members`
+            self.names = self.names + [j.name for j in joined]
+            self._seen_restarts += [0] * len(joined)
+            self.active = len(self._handles)
+        return [j.name for j in joined], failed
+
+    def cancel_pending(self) -> list[str]:
+        """Kill the members started and not yet joined; their names."""
+        gone, self._pending = self._pending, []
+        for j in gone:
+            ray.kill(j.handle, no_restart=True)
+        return [j.name for j in gone]
 
     def retire(self, num: int) -> list[str]:
         """Members past the first `num` take no new work (`shards` leaves them out); they go on with the calls they

@@ -19,6 +19,16 @@ DEFAULT_LOOK_BACK_S = 30.0
 # target / (1 - target) of the rest of the step (0.5: as long as generation + training + sync); in the
 # pipelined loop workers are busy about half the time, with room to absorb a slower batch.
 DEFAULT_TARGET_UTILIZATION = 0.5
+# Generator autoscaling defaults (cluster.generator_autoscale). A new engine costs a model load (on a GPU node most
+# of it reading the weights; a fresh node from the Ray autoscaler minutes more), so the fleet grows only after a
+# minute of a starving learner, and shrinks only after ten minutes of engines idle enough that one fewer keeps up.
+DEFAULT_GENERATOR_UPSCALE_DELAY_S = 60.0
+# Share of a step the learner may wait for its batch before the fleet counts as too small: pipelined and async
+# runs that keep up wait a few percent (the pump's polling, scoring the batch's last groups).
+DEFAULT_MAX_LEARNER_WAIT = 0.1
+# Busy share of a step the engines left after a shrink may have: below 1 by a margin, so the next step's longer
+# completions do not make the learner wait at once (and the fleet grow back).
+DEFAULT_GENERATOR_TARGET_UTILIZATION = 0.8
 
 
 class RewardAutoscaleConfig(_Section):
@@ -105,6 +115,34 @@ class EnvAutoscaleConfig(_Section):
         return self
 
 
+class GeneratorAutoscaleConfig(_Section):
+    min_generators: int = Field(1, ge=1)
+    """Fewest generators; the fleet shrinks down to this many while generation outruns training."""
+    max_generators: int = Field(ge=1)
+    """Most generators; the fleet grows up to this many while the learner waits for data (and the cluster has
+    room: where it has none, the run says so in one line and goes on at its size; on a cluster with the Ray
+    autoscaler, the engines' resource request makes it add a node: docs/cluster.md)."""
+    max_learner_wait: float = Field(DEFAULT_MAX_LEARNER_WAIT, ge=0, lt=1)
+    """Share of a step the learner may wait for its batch (time/wait_rollouts / time/step); above it for
+    upscale_delay_s, the fleet grows by one engine."""
+    target_utilization: float = Field(DEFAULT_GENERATOR_TARGET_UTILIZATION, gt=0, le=1)
+    """The fleet shrinks by one engine when the learner does not wait and one engine fewer would be generating
+    at most this share of a step (measured: the step's seconds with any call generating, times n / (n - 1)),
+    for downscale_delay_s."""
+    upscale_delay_s: float = Field(DEFAULT_GENERATOR_UPSCALE_DELAY_S, ge=0)
+    """The learner must wait this long (every step in it above max_learner_wait) before the fleet grows."""
+    downscale_delay_s: float = Field(DEFAULT_DOWNSCALE_DELAY_S, ge=0)
+    """The engines must have this much slack this long before the fleet shrinks; a leaving engine finishes its
+    calls first (as `rayward scale --generators`)."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> GeneratorAutoscaleConfig:
+        if self.min_generators > self.max_generators:
+            raise ValueError(f"min_generators ({self.min_generators}) must not exceed max_generators "
+                             f"({self.max_generators})")
+        return self
+
+
 class ClusterConfig(_Section):
     address: str | None = None
     """Ray cluster to join (`auto`, `host:6379`). null: the cluster $RAY_ADDRESS names (as inside a Ray job; the
@@ -113,7 +151,12 @@ class ClusterConfig(_Section):
     local_num_cpus: int | None = Field(None, ge=1)
     """CPUs of the embedded local cluster (default: this machine's count). Logical: actors ask for fractions."""
     num_generators: int = Field(1, ge=1)
-    """vLLM generator actors; prompts are split across them."""
+    """vLLM generator actors at start; prompts are split across them (resize later with `rayward scale
+    --generators`); with generator_autoscale, clamped to its bounds."""
+    generator_autoscale: GeneratorAutoscaleConfig | None = None
+    """Let the generator fleet size itself between min_generators and max_generators from the learner's wait for
+    data (loop.mode pipelined or async; docs/pipelined.md, "An elastic generator fleet"). null: the fleet stays
+    at num_generators unless `rayward scale --generators` resizes it."""
     num_learners: int = Field(1, ge=1)
     """Learner ranks (data parallel), one actor each with the `learner` resources, placed by a placement group
     as `learner_placement` says. Above 1 needs `learner_strategy: fsdp`."""
@@ -166,6 +209,13 @@ class ClusterConfig(_Section):
     null: a fixed pool of num_env_workers."""
     env_worker: EnvWorkerResources = EnvWorkerResources()
     """Resources of each environment worker actor (`resources` can place them on CPU nodes of their own)."""
+
+    @property
+    def generators_at_start(self) -> int:
+        """num_generators, within generator_autoscale's bounds where it is set."""
+        a = self.generator_autoscale
+        return self.num_generators if a is None else min(max(self.num_generators, a.min_generators),
+                                                          a.max_generators)
 
     @model_validator(mode="after")
     def _learners(self) -> ClusterConfig:

@@ -153,6 +153,7 @@ DOCS_PAGES: dict[str, str] = {
     "cluster.reward_chunk_groups": "reward-pool.md",
     "cluster.reward_worker": "reward-pool.md",
     "cluster.cpu_split": "weight-sync.md",
+    "cluster.generator_autoscale": "pipelined.md",
     "cluster.generator_max_restarts": "faults.md",
     "cluster.max_failures": "faults.md",
     "cluster.hang_timeout_s": "faults.md",

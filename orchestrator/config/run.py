@@ -93,6 +93,11 @@ class RunConfig(_Section):
             )
         self._check_eval()
         self._check_distillation()
+        if self.cluster.generator_autoscale is not None and self.loop.mode == "sync":
+            raise ValueError(
+                "cluster.generator_autoscale sizes the fleet from the learner's wait for data while generation "
+                "overlaps training: it needs loop.mode pipelined or async (the sync loop's learner waits for every "
+                "batch by design)")
         return self
 
     @model_validator(mode="before")

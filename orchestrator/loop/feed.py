@@ -18,6 +18,7 @@ depends on timing, so an async resume is not bit-exact (the sync and pipelined l
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -146,21 +147,23 @@ class Feed:
         run = self.run
         return run.rollout.stream(run.generators, member, prompts, seeds, run.sampling, None)  # type: ignore[arg-type]
 
-    def pump(self, *, until: Pending[Any] | None = None, groups: int | None = None) -> None:
+    def pump(self, *, until: Pending[Any] | None = None, groups: int | None = None) -> float:
         """Send every group the generators finish to the reward pool; return once `until` is done, or once at
-        least `groups` groups have finished and wait to be taken (or nothing is generating)."""
+        least `groups` groups have finished and wait to be taken (or nothing is generating), with the seconds of
+        it in which nothing was generating (every call admitted done: the engines idle)."""
         run = self.run
         while True:
             if groups is not None and (self._waiting_groups() >= groups or not self.generating()):
-                return
+                return 0.0
             live = {id(c.stream): c for c in self.calls if not c.done}
             if not live:
+                t0 = time.monotonic()
                 if until is not None:
                     until.result()
-                return
+                return time.monotonic() - t0
             ready = run.generators.next_ready([c.stream for c in live.values()], until)
             if ready is None:
-                return
+                return 0.0
             call = live[id(ready)]
             out = read_next(run, call, until is not None, self._stream)
             if out is None:

@@ -11,6 +11,7 @@ then the oldest model token's (orchestrator/data/sources.py to_rollouts).
 from __future__ import annotations
 
 import functools
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,16 +117,20 @@ def read_next(run: Run, part: Part, training: bool,
     return out
 
 
-def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None) -> None:
+def pump(run: Run, inflight: deque[InFlight], until: Pending[Any] | None = None) -> float:
     """Send every group the generators have finished to the reward pool; return once `until` is done (or, with
-    until=None, once the oldest batch is fully generated)."""
+    until=None, once the oldest batch is fully generated), with the seconds of it in which nothing was generating
+    (every batch in flight generated: the generators idle)."""
+    idle_from = None
     while True:
         if until is None and not inflight[0].generating():
-            return
+            return 0.0
         owner = {id(p.stream): (b, p) for b in inflight for p in b.parts if not p.done}
+        if not owner and idle_from is None:
+            idle_from = time.monotonic()
         ready = run.generators.next_ready([p.stream for _, p in owner.values()], until)
         if ready is None:
-            return
+            return time.monotonic() - idle_from if idle_from is not None else 0.0
         batch, part = owner[id(ready)]
         out = read_next(run, part, until is not None, functools.partial(_stream, run, batch.policy_version))
         if out is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from orchestrator.loop import phases
 from orchestrator.loop.feed import Feed, feed_shape
-from orchestrator.loop.fleet import rescale
+from orchestrator.loop.fleet import FleetLoad, rescale
 from orchestrator.loop.inflight import InFlight, busy, collect, pump, submit_batch, untrained_position
 from orchestrator.run import checkpoints
 from orchestrator.run.state import Run
@@ -67,7 +67,7 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
         staleness = progress.global_step - generated.rollouts.policy_version
         with timer("train"):
             training = phases.submit_train(run, step.batch)
-            pump(run, inflight, until=training)  # keep scoring what the generators finish meanwhile
+            timer.add("generators_idle", pump(run, inflight, until=training))  # scoring what they finish meanwhile
             step, trained = phases.retrained(run, step, training.result(), phases.refill(run, timer))
         progress.global_step = trained.global_step
         with timer("sync"):  # submitted, not awaited: it queues behind generation already submitted
@@ -75,7 +75,7 @@ def run_pipelined(run: Run) -> list[dict[str, Any]]:
         progress.policy_version = progress.global_step
         progress.resume_data = untrained_position(run, inflight)  # what a checkpoint keeps: the next batch's rows
         phases.log_step(run, timer, step, trained, synced, staleness=staleness, generate_busy_s=generated.generate_s)
-        rescale(run, busy(inflight))  # `rayward scale --generators`, between two syncs (orchestrator/loop/fleet.py)
+        rescale(run, busy(inflight), FleetLoad.of(timer))  # the fleet's size, between two syncs (loop/fleet.py)
         checkpoints.save_periodic(run)
         run.evaluate.after_step(progress.global_step)  # queued behind the sync: the new weights; finished later
     return phases.finish(run)
@@ -103,7 +103,7 @@ def run_async(run: Run) -> list[dict[str, Any]]:
         step = phases.to_train_batch(run, run.select(taken.rollouts, taken.scores, phases.refill(run, timer)))
         with timer("train"):
             training = phases.submit_train(run, step.batch)
-            feed.pump(until=training)  # keep scoring what the generators finish meanwhile
+            timer.add("generators_idle", feed.pump(until=training))  # scoring what they finish meanwhile
             step, trained = phases.retrained(run, step, training.result(), phases.refill(run, timer))
         progress.global_step = trained.global_step
         loads_in_flight = int(feed.generating())
@@ -113,7 +113,7 @@ def run_async(run: Run) -> list[dict[str, Any]]:
         progress.resume_data = feed.untrained_position()
         step.metrics.update(phases.async_metrics(taken.lags, taken.dropped, feed.in_flight(), loads_in_flight))
         phases.log_step(run, timer, step, trained, synced, staleness=max(taken.lags))
-        rescale(run, feed.busy())  # `rayward scale --generators`, between two syncs (orchestrator/loop/fleet.py)
+        rescale(run, feed.busy(), FleetLoad.of(timer))  # the fleet's size, between two syncs (loop/fleet.py)
         checkpoints.save_periodic(run)
         run.evaluate.after_step(progress.global_step)
     return phases.finish(run)

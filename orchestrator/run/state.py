@@ -11,6 +11,7 @@ record of where it is (`Progress`).
     progress     Progress                                               the loop's, and who else writes it
     faults       FaultLog                                               recoveries, restarts, hang kills
     control      Control: ControlGroup, NAME/control                   `rayward scale --generators` requests
+    fleet_autoscale  FleetAutoscaler (cluster.generator_autoscale)      the fleet's size from the learner's wait
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ class Run:
     tokens: TokenRecorder | NoTokenRecord = field(default_factory=NoTokenRecord)  # rayward view's token record
     completions: Any = None  # where the completions logs are written (orchestrator/telemetry/completions.py)
     control: Control | None = None  # NAME/control: `rayward scale --generators` (orchestrator/loop/fleet.py)
+    # cluster.generator_autoscale: the fleet's size from the learner's wait (a FleetAutoscaler; None: off)
+    fleet_autoscale: Any = None
     # logging.check_logprob_parity: the generator-learner parity check (max abs logprob gap over every engine), run
     # again when engines join the fleet (None: not checked, or the loop tests' fakes)
     parity: Callable[[], float] | None = None

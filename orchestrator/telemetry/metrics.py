@@ -39,6 +39,11 @@ class PhaseTimer:
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
+    def add(self, what: str, seconds: float) -> None:
+        """Seconds measured elsewhere, reported as time/<what> (not a phase of the loop's: not in time/step's
+        sum of phases, e.g. the generators' idle time while the learner trained)."""
+        self.seconds[what] = self.seconds.get(what, 0.0) + seconds
+
     def metrics(self) -> dict[str, float]:
         out = {f"time/{k}": v for k, v in self.seconds.items()}
         out["time/step"] = time.perf_counter() - self._t0

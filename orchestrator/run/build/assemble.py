@@ -20,6 +20,7 @@ from orchestrator.config import (
 from orchestrator.data.sources import Prompt, PromptStream
 from orchestrator.eval.evaluator import BlockingEval, EvalSet, NoEval, OverlappedEval
 from orchestrator.eval.metrics import Best, EvalSchedule
+from orchestrator.loop.fleet import FleetAutoscaler
 from orchestrator.loop.rollout import OneTurn, RolloutKind
 from orchestrator.run.build.checks import Prepared
 from orchestrator.run.build.specs import rollout_kind, training_sampling
@@ -136,6 +137,8 @@ def assemble_run(p: Prepared, groups: Groups, logger: MetricsLogger) -> Run:
         tokens=token_record(cfg, p),
         completions=groups.completions if groups.completions is not None else LocalCompletions(p.run_dir),
         control=groups.control,
+        fleet_autoscale=(FleetAutoscaler(cfg.cluster.generator_autoscale)
+                         if cfg.cluster.generator_autoscale is not None else None),
     )
     run.evaluate = run_evaluator(run, p)
     return run

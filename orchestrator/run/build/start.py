@@ -174,12 +174,14 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
     c, gen = cfg.cluster, cfg.generation
     calls = 1  # one generation call at a time: the sync and pipelined loops send one batch share per call
     if cfg.loop.mode == "async":  # the feed's small calls at once, their requests batched together by the engine
-        calls = feed_shape(gen.generation_batch_size // gen.num_generations, c.num_generators,
+        # the fewest engines the fleet may have: each then takes the most calls at once
+        fewest = c.generator_autoscale.min_generators if c.generator_autoscale else c.generators_at_start
+        calls = feed_shape(gen.generation_batch_size // gen.num_generations, fewest,
                            cfg.loop.generation_chunks, cfg.loop.max_staleness, cfg.grpo.num_iterations
                            ).calls_per_generator
     return GeneratorGroup(
         Generator,
-        c.num_generators,
+        c.generators_at_start,
         # weight loads beside generation, between engine steps; ping answers while a batch generates
         # (orchestrator/run/watchdog.py)
         concurrency_groups={**GENERATOR_GROUPS, HEALTH_GROUP: 1},

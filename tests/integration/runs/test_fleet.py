@@ -25,7 +25,9 @@ from orchestrator.cli.scale import RESULT
 from tests.conftest import ROOT
 
 NAME = "fleet-scale"
-MAX_STEPS = 30
+# Long enough for a new engine to load its model while the run trains (the run does not wait for it; a step of the
+# tiny model is a fraction of an engine's start) and for the scale-down after it.
+MAX_STEPS = 300
 DEADLINE_S = 600  # the whole run with two engine start-ups and two scale jobs, on a loaded 2-core machine
 SCALE_S = 240  # one `rayward scale` (a job whose driver starts on the run's cluster beside it)
 PARITY_LIMIT = 1e-3  # the float32 tiny model's (orchestrator/run/train.py PARITY_LIMIT)
@@ -97,7 +99,8 @@ def test_scaling_the_generators_up_and_down_mid_run_keeps_every_batch_whole_and_
         wait("step 2", lambda: step() >= 2)
         answer = scale(2)
         assert (answer["workers"], answer["target_workers"]) == (1, 2)
-        wait("the second engine", lambda: "generators: 1 -> 2" in out())
+        wait("the second engine to start", lambda: "generator-1 starting" in out())
+        wait("the second engine to join", lambda: "generators: 1 -> 2" in out())
         grown = step()
         assert len(_generators(root)) == 2
         wait("two steps on two engines", lambda: step() >= grown + 2)
