@@ -78,16 +78,33 @@ def _procs(root: psutil.Process, cls: str, extra: list[psutil.Process] = ()) -> 
     return out
 
 
-def tree_mb(root: psutil.Process, extra: list[psutil.Process] = ()) -> float:
-    """The run tree's memory: each process's unique set size (RSS would count the libraries every process maps,
-    torch's included, once per process)."""
-    total = 0
+def tree_mb(root: psutil.Process, extra: list[psutil.Process] = ()) -> dict[str, float]:
+    """The run tree's memory by kind of process (`process_kind`): each process's unique set size (RSS would count the
+    libraries every process maps, torch's included, once per process), in MB."""
+    out: dict[str, float] = {}
     for p in [root, *root.children(recursive=True), *extra]:
         try:
-            total += p.memory_full_info().uss
+            k = "driver" if p.pid == root.pid else process_kind(p.cmdline())
+            out[k] = out.get(k, 0.0) + p.memory_full_info().uss / 2**20
         except psutil.Error:
             continue
-    return total / 2**20
+    return out
+
+
+def process_kind(cmd: list[str]) -> str:
+    """A process's kind for the memory breakdown: an actor's class (`ray::<name>:<Class>.<method>`), a Ray
+    daemon's name (raylet, gcs_server, the dashboard, ...), or its program."""
+    if not cmd:
+        return "?"
+    m = re.match(r"ray::(?:\S*:)?([A-Za-z_]\w*)", cmd[0])
+    if m:
+        return m.group(1)
+    words = [w for w in cmd[:4] if not w.startswith("-")]
+    for w in reversed(words):
+        name = Path(w).name
+        if name and not name.startswith("python"):
+            return name[:40]
+    return Path(cmd[0]).name[:40]
 
 
 def object_store_mb(root: psutil.Process, gcs: str | None) -> float | None:
@@ -128,8 +145,19 @@ class Fault:
 @dataclass
 class Sample:
     step: int
-    tree_mb: float
+    by_kind: dict[str, float]  # MB of USS per kind of process (`process_kind`)
     store_mb: float | None = None
+
+    @property
+    def tree_mb(self) -> float:
+        return sum(self.by_kind.values())
+
+    def grown(self, first: Sample, top: int = 5) -> str:
+        """The kinds of process whose memory changed most since `first`, for the report."""
+        kinds = set(self.by_kind) | set(first.by_kind)
+        delta = sorted(((self.by_kind.get(k, 0.0) - first.by_kind.get(k, 0.0), k) for k in kinds),
+                       key=lambda d: -abs(d[0]))
+        return ", ".join(f"{k} {d:+.0f} MB" for d, k in delta[:top])
 
     @classmethod
     def now(cls, step: int, root: psutil.Process, extra: list[psutil.Process], gcs: str | None) -> Sample:
@@ -232,6 +260,7 @@ def run_part(part: Part, args: argparse.Namespace) -> PartResult:
     first_after = max(2, steps // 10)  # the first memory sample's step (moved past a resume)
     seen = 0
     stopped: list[str] = []  # how each driver before the last ended (a SIGTERM's note)
+    trail: list[Sample] = []  # the run tree's memory about every tenth of the run, after the last resume
     try:
         while True:
             if proc.poll() is not None:
@@ -253,11 +282,13 @@ def run_part(part: Part, args: argparse.Namespace) -> PartResult:
                     first = Sample.now(step, root, extra, cluster and cluster.gcs)
                 if whole and step >= steps - MEMORY_END_MARGIN and last is None:
                     last = Sample.now(step, root, extra, cluster and cluster.gcs)
+                if whole and first is not None and (not trail or step >= trail[-1].step + steps // 10):  # between
+                    trail.append(Sample(step, tree_mb(root, extra)))
                 for kind in [k for s in range(seen_before + 1, step + 1) for k in sched.due(s)]:  # none skipped
                     if kind == "sigterm":
                         f, proc = sigterm(proc, step, start, run_dir)
                         stopped.append(f.note)
-                        root, seen, first = psutil.Process(proc.pid), 0, None
+                        root, seen, first, trail = psutil.Process(proc.pid), 0, None, []
                         first_after = step + max(2, steps // 10)
                     else:
                         f = inject(kind, step, root, cluster, extra)
@@ -284,7 +315,8 @@ def run_part(part: Part, args: argparse.Namespace) -> PartResult:
         if cluster is not None:
             cluster.down(keep_logs=rc != 0)
         log.close()
-    return report(part.name, rc, time.monotonic() - t0, faults, run_dir, sched, first, last, Path(log.name), stopped)
+    return report(part.name, rc, time.monotonic() - t0, faults, run_dir, sched, first, last, Path(log.name), stopped,
+                  trail)
 
 
 def sigterm(proc: subprocess.Popen, step: int, start, run_dir: Path) -> tuple[Fault, subprocess.Popen]:
@@ -341,7 +373,8 @@ def lineage_draws(samples: list[dict]) -> tuple[list[int], int]:
 
 
 def report(part: str, rc: int, wall: float, faults: list[Fault], run_dir: Path, sched: Schedule,
-           first: Sample | None, last: Sample | None, log: Path, stopped: list[str]) -> PartResult:
+           first: Sample | None, last: Sample | None, log: Path, stopped: list[str],
+           trail: list[Sample] = ()) -> PartResult:
     lines: list[str] = []
     say = lines.append
     rows = [r for r in _rows(run_dir / "metrics.jsonl") if "loss" in r]
@@ -384,6 +417,8 @@ def report(part: str, rc: int, wall: float, faults: list[Fault], run_dir: Path, 
         say(f"chaos [{part}]: run-tree memory (USS) {first.tree_mb:.0f} MB at step {first.step} -> "
             f"{last.tree_mb:.0f} MB at step {last.step} ({last.tree_mb / first.tree_mb - 1:+.1%}; goal within "
             f"{MEMORY_TOLERANCE:.0%}){store}")
+        say(f"chaos [{part}]:   changed most: {last.grown(first)}")
+        say(f"chaos [{part}]:   by tenths: " + ", ".join(f"{t.tree_mb:.0f} MB at {t.step}" for t in trail))
     if grew:
         say("chaos: memory goal not met" + ("" if first and last else " (no sample with every actor alive)"))
     refused = [x for x in log.read_text(errors="replace").splitlines() if UNLOADABLE.search(x)]
