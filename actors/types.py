@@ -260,12 +260,24 @@ class GroupOut:
     payload: Any
 
 
+@dataclass(frozen=True)
+class EngineCounters:
+    """A generator's engine since it started: what the driver's per-step engine metrics are the differences of."""
+
+    steps: int  # engine steps taken
+    running: int  # sequences in the engine summed over those steps (a request of n samples: n; each running
+    # one decodes a token a step: about the tokens sampled)
+    busy_s: float  # seconds spent in engine steps
+
+
 @dataclass
 class FinishedOuts:
-    """A generator's stream item: the groups that finished at its last engine step, and its busy seconds."""
+    """A generator's stream item: the groups that finished at its last engine step, its busy seconds, and its
+    engine's counters then (None: a generator that keeps none, as the tests' fakes)."""
 
     groups: list[GroupOut]
     seconds: float
+    engine: EngineCounters | None = None
 
 
 @dataclass

@@ -45,6 +45,7 @@ import math
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from actors.runtime.cpus import Share, omp_bind, pick_cores
+from actors.types import EngineCounters
 
 T = TypeVar("T")
 
@@ -159,6 +161,8 @@ class EngineLoop:
         self._live: dict[str, Request] = {}
         self._held: list[tuple[Request, Any, Any]] = []
         self._steps = 0
+        self._running = 0  # running requests summed over the steps taken (EngineCounters)
+        self._busy_s = 0.0  # seconds in engine steps
         self.engine: Any = None  # once built
         built: Future = Future()
         self._thread = threading.Thread(target=self._run, args=(built,), name="rayward-engine-loop", daemon=True)
@@ -175,6 +179,12 @@ class EngineLoop:
     def steps(self) -> int:
         """Engine steps taken so far."""
         return self._steps
+
+    @property
+    def counters(self) -> EngineCounters:
+        """Steps, running requests summed over them, and seconds in them, so far (read from any thread: each
+        field is one int or float, written by the stepping thread alone)."""
+        return EngineCounters(self._steps, self._running, self._busy_s)
 
     # --- submitting (any thread) ----------------------------------------------------------------------------
 
@@ -379,8 +389,11 @@ class EngineLoop:
         return gone + waiting
 
     def _step(self) -> list[Request]:
+        running, t0 = self._sequences(), time.perf_counter()
         outputs = self.engine.step()
         self._steps += 1
+        self._running += running
+        self._busy_s += time.perf_counter() - t0
         done = []
         for out in outputs:
             request = self._live.pop(out.request_id, None) if out.finished else None
@@ -393,6 +406,12 @@ class EngineLoop:
                     pass
             done.append(request)
         return done
+
+    def _sequences(self) -> int:
+        """The sequences the engine holds: vLLM's count, which fans a request of n samples out to n (the loop's
+        own count of requests where the engine has none)."""
+        count = getattr(self.engine, "get_num_unfinished_requests", None)
+        return count() if count is not None else len(self._live)
 
     def _shut(self, message: str, cause: BaseException | None) -> None:
         """Fail every waiter with EngineError(message), caused by `cause`; abort what the engine holds."""

@@ -290,7 +290,8 @@ class Generator:
     ) -> Iterator[FinishedOuts]:
         """`generate_stream`, its groups as `generate_groups` answers them."""
         for done in self.generate_stream(prompt_token_ids, seeds, sampling, min_version=min_version, images=images):
-            yield FinishedOuts([self._out(i, g, prompt_token_ids, images) for i, g in done.groups], done.seconds)
+            yield FinishedOuts([self._out(i, g, prompt_token_ids, images) for i, g in done.groups], done.seconds,
+                               self.loop.counters)
 
     def rollout_groups(
         self, rows: list[dict[str, Any]], seeds: list[int], sampling: Sampling, *,
@@ -306,7 +307,7 @@ class Generator:
     ) -> Iterator[FinishedOuts]:
         """`rollout_stream`, its groups as `generate_groups` answers them."""
         for done in self.rollout_stream(rows, seeds, sampling, min_version=min_version, pin=pin):
-            yield FinishedOuts([self._out(i, g) for i, g in done.groups], done.seconds)
+            yield FinishedOuts([self._out(i, g) for i, g in done.groups], done.seconds, self.loop.counters)
 
     def _out(self, i: int, samples: list[Sample], prompt_ids: list[list[int]] | None = None,
              images: list[tuple[Any, ...]] | None = None) -> GroupOut:

@@ -114,6 +114,7 @@ def read_next(run: Run, part: Part, training: bool,
         return None
     part.yielded.update(o.index for o in out.groups)
     part.seconds = out.seconds
+    run.engines.observe(part.stream.member, out.engine)
     return out
 
 

@@ -261,6 +261,7 @@ def log_step(
     if generate_busy_s is not None:
         m["time/generate_busy"] = generate_busy_s
     m.update(timer.metrics())
+    m.update(run.engines.step_metrics(m["time/step"], run.generators.active))  # occupancy, busy, tokens/s
     gen_s = timer.seconds.get("generate", generate_busy_s or 0.0)
     m["tokens_per_s"] = sum(i.length for i in step.rollouts.infos) / gen_s if gen_s else 0.0
     # Per role: busy seconds in this step, and idle = step wall time - busy (who is the bottleneck?).

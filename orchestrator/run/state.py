@@ -31,6 +31,7 @@ from orchestrator.config import RunConfig
 from orchestrator.data.sources import DataPosition, PromptStream
 from orchestrator.loop.rollout import OneTurn, RolloutKind
 from orchestrator.run.groups import Control, EnvPoolView, Generators, LearnerView, RewardScorer
+from orchestrator.telemetry.engines import EngineMeter
 from orchestrator.telemetry.metrics import MetricsLogger
 from orchestrator.telemetry.progress import Display
 from orchestrator.telemetry.tool_calls import ToolCallWatch
@@ -131,6 +132,7 @@ class Run:
     control: Control | None = None  # NAME/control: `rayward scale --generators` (orchestrator/loop/fleet.py)
     # cluster.generator_autoscale: the fleet's size from the learner's wait (a FleetAutoscaler; None: off)
     fleet_autoscale: Any = None
+    engines: EngineMeter = field(default_factory=EngineMeter)  # the engines' occupancy per step, from their streams
     # logging.check_logprob_parity: the generator-learner parity check (max abs logprob gap over every engine), run
     # again when engines join the fleet (None: not checked, or the loop tests' fakes)
     parity: Callable[[], float] | None = None

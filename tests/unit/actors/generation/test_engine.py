@@ -528,3 +528,14 @@ def test_a_waiting_request_can_be_cancelled_and_close_fails_the_others(engine: F
     with pytest.raises(EngineError, match="closed"):
         keep.result(WAIT_S)
     assert [name for name, _, _ in engine.log] == ["version"]  # neither ever reached the engine
+
+
+def test_the_counters_sum_the_running_requests_over_the_steps(engine: FakeEngine) -> None:
+    """A batch of lengths 1, 2 and 5 runs 3 sequences at step 1, 2 at step 2, then 1 for three steps: 5 steps,
+    8 sequence-steps (its tokens), an occupancy of 8 / 5 (what a long tail does to an engine)."""
+    loop = start(engine)
+    for h in loop.submit_batch([[1], [2], [3]], [tokens(1), tokens(2), tokens(5)]):
+        h.result(WAIT_S)
+    c = loop.counters
+    assert (c.steps, c.running) == (5, 8) and c.busy_s >= 0
+    loop.close(WAIT_S)
