@@ -8,6 +8,10 @@ from pydantic import Field, model_validator
 
 from orchestrator.config.base import _Section
 
+# vLLM arguments `engine_kwargs` may not set: what the weight sync and the logprobs rest on, and those with a field
+OWN_ENGINE_KWARGS = {"model", "worker_extension_cls", "logprobs_mode", "max_model_len", "tensor_parallel_size",
+                     "gpu_memory_utilization", "dtype"}
+
 
 class GenerationConfig(_Section):
     num_generations: int = Field(8, ge=2)
@@ -48,6 +52,12 @@ class GenerationConfig(_Section):
     """With tools: the most tool-calling rounds per trajectory (TRL's name); a model that still calls a tool after
     them ends its trajectory with stop reason `max_turns`. null: no limit but the token budgets and
     agent.trajectory_timeout_s."""
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """More `vllm.LLM` arguments for the generators' engines (e.g. `max_num_seqs`, `enable_prefix_caching`,
+    `logits_processors: [module:Class]`), passed as given over rayward's own, as the judges' `engine_kwargs`.
+    Refused: the ones the weight sync and the logprobs rest on (`model`, `worker_extension_cls`,
+    `logprobs_mode`) and those with a field of their own here (`max_model_len`, `tensor_parallel_size`,
+    `gpu_memory_utilization`, `dtype`: model.dtype)."""
     tensor_parallel_size: int = Field(1, ge=1)
     """vLLM tensor parallelism inside each generator (vLLM's name): the engine's workers split every layer.
     On GPUs each generator actor then takes tensor_parallel_size x cluster.generator.num_gpus GPUs of one node;
@@ -60,6 +70,10 @@ class GenerationConfig(_Section):
                 f"generation_batch_size ({self.generation_batch_size}) must be a multiple of "
                 f"num_generations ({self.num_generations})"
             )
+        if refused := sorted(set(self.engine_kwargs) & OWN_ENGINE_KWARGS):
+            raise ValueError(f"engine_kwargs: {', '.join(refused)} cannot be set here (the weight sync and logprobs "
+                             "rest on them, or they have a field of their own: max_model_len, tensor_parallel_size, "
+                             "gpu_memory_utilization, model.dtype)")
         if self.max_completion_length >= self.max_model_len:
             raise ValueError(
                 f"max_completion_length ({self.max_completion_length}) must be below max_model_len "

@@ -199,7 +199,7 @@ def start_generators(cfg: RunConfig, name: str, model_path: str, *, agent: dict[
             gpu_memory_utilization=gen.gpu_memory_utilization,
             tensor_parallel_size=gen.tensor_parallel_size,
             cpu_share=generator_cpu_share(cfg),
-            extra_engine_kwargs=engine or None,
+            extra_engine_kwargs={**engine, **gen.engine_kwargs} or None,  # the config's over the run's own
             record_routes=cfg.grpo.router_replay == "R3",
             payload_hold=cfg.loop.max_staleness + HOLD_LOADS,
             kv_after_update=gen.kv_after_update,

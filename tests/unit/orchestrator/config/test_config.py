@@ -329,3 +329,12 @@ def test_async_corrects_per_token_unless_the_config_names_a_mode():
     named = {**base, "grpo": {"vllm_importance_sampling_mode": "sequence_mask"}}
     assert parse_config(named).grpo.vllm_importance_sampling_mode == "sequence_mask"
     assert parse_config({"rewards": base["rewards"]}).grpo.vllm_importance_sampling_mode == "sequence_mask"
+
+
+def test_generation_engine_kwargs_pass_vllm_arguments_and_refuse_the_ones_rayward_rests_on():
+    cfg = parse_config({**MINIMAL, "generation": {"engine_kwargs": {"max_num_seqs": 64,
+                                                         "logits_processors": ["bench.long_tail:LogNormalLengths"]}}})
+    assert cfg.generation.engine_kwargs["max_num_seqs"] == 64
+    with pytest.raises(ConfigError, match=r"generation.*engine_kwargs: logprobs_mode, worker_extension_cls cannot"):
+        parse_config({**MINIMAL, "generation": {"engine_kwargs": {"worker_extension_cls": "x.Y",
+                                                                 "logprobs_mode": "raw_logprobs"}}})
