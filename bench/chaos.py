@@ -192,6 +192,8 @@ def main() -> int:
     ap.add_argument("--save-steps", type=int, default=None, help="grpo.save_steps (default: a twentieth of the run)")
     ap.add_argument("--hang-timeout", type=float, default=20.0, help="cluster.hang_timeout_s")
     ap.add_argument("--two-node", action="store_true", help="run on cluster/local_cluster.sh and kill its 2nd node")
+    ap.add_argument("--no-faults", action="store_true",
+                    help="the same run without faults (its memory: the run's own, against the faults')")
     ap.add_argument("--dir", default="/tmp/rayward-chaos", help="logging.dir")
     ap.add_argument("--name", default=f"chaos-{os.getpid()}")
     args = ap.parse_args()
@@ -206,7 +208,7 @@ def main() -> int:
 
 def run_part(part: Part, args: argparse.Namespace) -> PartResult:
     steps = args.steps or part.steps
-    sched = Schedule.of(part, steps, args.two_node)
+    sched = Schedule.of(part, steps, args.two_node) if not args.no_faults else Schedule(steps, {})
     save = args.save_steps or max(2, steps // 20)
     name = f"{args.name}-{part.name}"
     out = Path(args.dir)
@@ -419,6 +421,9 @@ def report(part: str, rc: int, wall: float, faults: list[Fault], run_dir: Path, 
             f"{MEMORY_TOLERANCE:.0%}){store}")
         say(f"chaos [{part}]:   changed most: {last.grown(first)}")
         say(f"chaos [{part}]:   by tenths: " + ", ".join(f"{t.tree_mb:.0f} MB at {t.step}" for t in trail))
+        for k in [k for _, k in sorted((-abs(last.by_kind.get(k, 0) - first.by_kind.get(k, 0)), k)
+                                       for k in last.by_kind)[:3]]:
+            say(f"chaos [{part}]:     {k}: " + ", ".join(f"{t.by_kind.get(k, 0):.0f}" for t in [first, *trail, last]))
     if grew:
         say("chaos: memory goal not met" + ("" if first and last else " (no sample with every actor alive)"))
     refused = [x for x in log.read_text(errors="replace").splitlines() if UNLOADABLE.search(x)]

@@ -42,6 +42,9 @@ from orchestrator.telemetry.metrics import PhaseTimer
 # How long the loop waits for new engines to load their model before it gives up on them (and says so): a fresh
 # vLLM engine's start, as a restarted one's (orchestrator/loop/phases.py RESTART_WAIT_S).
 GROW_TIMEOUT_S = 600.0
+# A shrink needs the learner's wait under this share of max_learner_wait (a grow needs it above the whole): the gap
+# keeps a fleet at the edge from shrinking one step and growing back the next.
+SHRINK_WAIT_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,8 @@ class FleetAutoscaler:
         starving = load.wait_s > cfg.max_learner_wait * load.step_s
         generating_s = max(load.step_s - load.idle_s, 0.0)
         fewer = generating_s * active / (active - 1) if active > 1 else math.inf  # one engine fewer's share
-        slack = load.wait_s <= cfg.max_learner_wait * load.step_s / 2 and fewer <= cfg.target_utilization * load.step_s
+        slack = (load.wait_s <= SHRINK_WAIT_SHARE * cfg.max_learner_wait * load.step_s
+                 and fewer <= cfg.target_utilization * load.step_s)
         self._up_since = (self._up_since if self._up_since is not None else now) if starving else None
         self._down_since = (self._down_since if self._down_since is not None else now) if slack else None
         if active < cfg.min_generators:
