@@ -3,6 +3,7 @@ and `async` at the same `loop.max_staleness`, side by side.
 
     python bench/async_generation.py                        # the long-tail letter task, 40 steps per loop
     python bench/async_generation.py --steps 60 --max-staleness 4
+    python bench/async_generation.py --set grpo.learning_rate=1e-3
     python bench/async_generation.py --agentic              # also the box task with tools (configs/tools.yaml)
 
 The workload (bench/long_tail.py): the demo (configs/pipelined.yaml: the letter task, the random tiny model, one
@@ -86,7 +87,7 @@ def curve(rewards: list[float], parts: int = 10) -> list[float]:
 def compare(task: str, config: str, overrides: list[str], reward: str, args: argparse.Namespace, out: Path) -> None:
     results = {}
     for mode in ("pipelined", "async"):
-        rows, lengths, wall = run(f"{task}-{mode}", config, [*overrides, f"loop.mode={mode}",
+        rows, lengths, wall = run(f"{task}-{mode}", config, [*overrides, *args.set, f"loop.mode={mode}",
                                                                f"loop.max_staleness={args.max_staleness}",
                                                                f"grpo.max_steps={args.steps}"], out)
         results[mode] = summary(mode, rows, lengths, wall, reward)
@@ -117,6 +118,8 @@ def main() -> None:
     ap.add_argument("--max-staleness", type=int, default=2)
     ap.add_argument("--agentic", action="store_true", help="also the box task with tools (configs/tools.yaml)")
     ap.add_argument("--only-agentic", action="store_true", help="the box task alone")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for both loops' runs (e.g. grpo.learning_rate=1e-3)")
     ap.add_argument("--dir", default="/tmp/rayward-async-bench")
     args = ap.parse_args()
     out = Path(args.dir)
