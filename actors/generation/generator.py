@@ -134,8 +134,6 @@ class Generator:
         self.tokenizer = self.llm.get_tokenizer()
         self.routes.attach(engine)
         self.agents.attach(self.loop, self.tokenizer, self.prompts.vision)
-        if not self.on_gpu:  # its memory whole from the start: a machine short of it fails now, not hours in
-            self.kv_cache_bytes = sum(self.loop.exclusive(lambda: self.llm.collective_rpc("rayward_touch_kv_cache")))
 
     @property
     def vision(self) -> Images | None:

@@ -56,19 +56,6 @@ class WeightSyncExtension:
             if tie and name == EMBED:
                 yield LM_HEAD, t
 
-    # --- memory -----------------------------------------------------------------------------------------
-
-    def rayward_touch_kv_cache(self) -> int:
-        """Write every page of the KV cache once (zeros: no request holds a block yet), so the memory it takes is
-        resident from the start instead of growing as requests first touch its blocks. Returns its bytes."""
-        caches = getattr(self.model_runner, "kv_caches", None) or []  # type: ignore[attr-defined]
-        total = 0
-        for t in caches:
-            for part in t if isinstance(t, (list, tuple)) else [t]:
-                part.zero_()
-                total += part.numel() * part.element_size()
-        return total
-
     # --- routing replay (grpo.router_replay: R3) -------------------------------------------------------
 
     def rayward_capture_routing(self) -> int:
