@@ -6,4 +6,5 @@
     progress.py     the live bar (or a line per step off a terminal) and the summary table
     actor_logs.py   the actors' output into `<run dir>/actors.log`; only rayward's own lines on the terminal
     tool_calls.py   a run whose tool calls mostly fail says so, with the most common error
+    engines.py      the generators' engines per step: occupancy, busy share, tokens/s (their streams' counters)
 """
