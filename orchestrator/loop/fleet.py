@@ -107,7 +107,10 @@ def rescale(run: Run, busy: Iterable[int], load: FleetLoad | None = None) -> Non
     gens, auto = run.generators, run.fleet_autoscale
     joined = _join(run)
     wanted = run.control.take_generators() if run.control is not None else None
-    asked = wanted is not None  # by a client: always answered
+    if wanted is None and run.progress.fleet_size is not None:  # a resumed checkpoint's size
+        wanted = run.progress.fleet_size
+    run.progress.fleet_size = None
+    asked = wanted is not None  # by a client (or the checkpoint's): always answered
     if auto is not None and not asked and load is not None:
         wanted = auto.decide(gens.active, load)
     if auto is not None and (wanted is not None or joined):

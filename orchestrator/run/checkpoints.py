@@ -18,6 +18,8 @@ on as the stopped one would have:
     trainer_state   what the reward pool holds: global_step, max_steps, epoch (the rewards' curriculum)
     eval            the evaluator's bookkeeping: the best eval so far (grpo.save_best)
     reward_pool     how the reward pool is sized: what `rayward scale` set (count or autoscaling bounds)
+    generators      the generator fleet's size (engines taking work or starting): what `rayward scale
+                    --generators` or the autoscaler made it; a resumed run resizes to it at its first step boundary
 
 When: every grpo.save_steps steps (`save_periodic`); at the end of a finished run with grpo.save_steps set, and
 at the step boundary where a SIGTERM stopped the run or a preemption notice moves the learner (`save_final`, from
@@ -112,16 +114,18 @@ class RunState:
     trainer_state: TrainerState  # what the reward pool holds
     eval: dict[str, Any]  # the evaluator's bookkeeping (Evaluator.state: the best eval so far)
     reward_pool: dict[str, Any]  # how the reward pool is sized (RewardPoolGroup.scaling)
+    # the generator fleet's size: engines taking work or starting (None: a checkpoint from before it was kept)
+    generators: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"data": self.data.to_json(), "trainer_state": asdict(self.trainer_state), "eval": self.eval,
-                "reward_pool": self.reward_pool}
+                "reward_pool": self.reward_pool, "generators": self.generators}
 
     @classmethod
     def from_json(cls, state: dict[str, Any]) -> RunState:
         """From a STATE_FILE's contents (its other keys, global_step and files, are the learner's)."""
         return cls(position_from_json(state["data"]), TrainerState(**state["trainer_state"]), state["eval"],
-                   state["reward_pool"])
+                   state["reward_pool"], state.get("generators"))
 
 
 def run_state(run: Run) -> RunState:
@@ -130,7 +134,8 @@ def run_state(run: Run) -> RunState:
     trainer = TrainerState(global_step=p.global_step, max_steps=run.cfg.grpo.max_steps,
                            epoch=run.prompts.epoch_progress)
     data = p.resume_data if p.resume_data is not None else run.prompts.state()
-    return RunState(data, trainer, run.evaluate.state(), run.reward_pool.scaling())
+    fleet = run.generators.active + len(run.generators.pending())  # retiring ones are leaving: not counted
+    return RunState(data, trainer, run.evaluate.state(), run.reward_pool.scaling(), fleet)
 
 
 def save(run: Run) -> str:
@@ -184,16 +189,34 @@ def find(run_dir: Path, mode: str | None, max_steps: int, say: Callable[[str], N
 
 def restore(run: Run, ckpt: Path, *, scaling: bool = True) -> None:
     """The learner's weights, optimizer, scheduler, RNGs and global_step, the prompt stream's position, the reward
-    pool's trainer_state (and, scaling=True, its size), the evaluator's best so far; then the generators get the
-    weights and the run's progress is set to the checkpoint's step."""
+    pool's trainer_state (and, scaling=True, its size and the generator fleet's: `_restore_fleet`), the evaluator's
+    best so far; then the generators get the weights and the run's progress is set to the checkpoint's step."""
     state = run.learner.load_checkpoint(str(ckpt))
     step, saved = int(state["global_step"]), RunState.from_json(state)
     run.prompts.restore(saved.data)
     run.reward_pool.set_state(saved.trainer_state)
     if scaling:
         run.reward_pool.restore_scaling(saved.reward_pool)
+        _restore_fleet(run, saved.generators)
     run.evaluate.restore(saved.eval)
     _go_on_from(run, step)
+
+
+def _restore_fleet(run: Run, size: int | None) -> None:
+    """The generator fleet goes back to the size it had at the checkpoint (what `rayward scale --generators` or
+    the autoscaler made it; within cluster.generator_autoscale's bounds where it is set): asked of the loop, which
+    resizes at its first step boundary while the run trains (orchestrator/loop/fleet.py)."""
+    auto = run.cfg.cluster.generator_autoscale
+    if size is None:
+        return
+    if auto is not None:
+        size = min(max(size, auto.min_generators), auto.max_generators)
+    now = run.generators.active
+    if size == now:
+        return
+    run.progress.fleet_size = size
+    run.display.message(f"rayward: generators: the checkpoint's fleet had {size} (this start has {now}): resizing "
+                        "to it at the first step boundary")
 
 
 def _go_on_from(run: Run, step: int) -> None:

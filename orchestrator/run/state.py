@@ -50,6 +50,8 @@ class Progress:
         stop_requested                the SIGTERM handler (orchestrator/run/train.py), on the main thread, mid-step
         move_learner                  the watchdog's thread (orchestrator/run/watchdog.py: a preemption notice),
                                       any time; the supervisor clears it before it moves the learner
+        fleet_size                    `resume` (the checkpoint's generator fleet); the loop's `rescale` applies it
+                                      at the first step boundary and clears it
 
     The loop reads stop_requested and move_learner at each step boundary (phases.done)."""
 
@@ -62,6 +64,9 @@ class Progress:
     # Pipelined: the prompt stream's position of the next batch to train (PromptSource.untrained_position), which
     # a checkpoint keeps; None: the stream's own position (the sync loop draws each batch when it trains it)
     resume_data: DataPosition | None = None
+    # The generator fleet's size a resumed checkpoint had (engines running or starting then), where it differs from
+    # this start's: the run resizes to it at its first step boundary (orchestrator/loop/fleet.py rescale)
+    fleet_size: int | None = None
 
 
 # The run directory's fault log: one JSON object per line.

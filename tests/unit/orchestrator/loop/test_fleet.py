@@ -276,3 +276,34 @@ def test_generator_autoscale_config():
         cfg(generator_autoscale={"min_generators": 3, "max_generators": 2})
     with pytest.raises(ValueError, match="cluster.generator_autoscale .* needs loop.mode pipelined or async"):
         parse_config({**CONFIG, "loop": {"mode": "sync"}, "cluster": {"generator_autoscale": {"max_generators": 2}}})
+
+
+@pytest.mark.parametrize("loop", ["sync", "pipelined", "async"])
+def test_a_resumed_run_goes_back_to_the_fleet_size_of_its_checkpoint(tmp_path, loop):
+    """A run scaled to 3 generators is stopped; its checkpoint keeps the size, and the resumed run (started with
+    cluster.num_generators: 1) grows back to 3 at its first step boundary; a rewind (a lost learner) does not
+    resize. With generator_autoscale the size is kept within its bounds."""
+    from orchestrator.run import checkpoints
+
+    first, _ = scaled_run(tmp_path, loop, {2: 3})
+    assert first.generators.active == 3
+    checkpoints.save(first)
+    run = fake_run(tmp_path / "r", [f"loop.mode={loop}", f"grpo.max_steps={STEPS + 4}"])
+    assert checkpoints.resume(run, checkpoints.usable(run.run_dir)) is not None
+    assert run.progress.global_step == STEPS and run.progress.fleet_size == 3
+    assert any("the checkpoint's fleet had 3 (this start has 1)" in m for m in messages(run))
+    history = LOOPS[loop](run)
+    steps = [h for h in history if "reward" in h]
+    assert steps[-1]["generators/count"] == 3 and run.generators.active == 3
+    assert run.progress.fleet_size is None
+
+    rewound = fake_run(tmp_path / "r", [f"loop.mode={loop}", f"grpo.max_steps={STEPS + 4}"])
+    assert checkpoints.rewind(rewound, rewound.prompts.state()) is not None
+    assert rewound.progress.fleet_size is None
+
+    if loop == "sync":  # generator_autoscale is refused with the sync loop (tests/unit/orchestrator/config)
+        return
+    bounded = fake_run(tmp_path / "r", [f"loop.mode={loop}", f"grpo.max_steps={STEPS + 4}",
+                                        "cluster.generator_autoscale={min_generators: 1, max_generators: 2}"])
+    checkpoints.resume(bounded, checkpoints.usable(bounded.run_dir))
+    assert bounded.progress.fleet_size == 2

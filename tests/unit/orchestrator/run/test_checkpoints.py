@@ -96,7 +96,8 @@ def test_resume_keeps_the_recorded_best(tmp_path):
 
 def test_the_run_state_round_trips_through_the_state_file(tmp_path):
     """What a checkpoint keeps of the run (RunState) is what a resume reads back: the data position (with its
-    skips), the trainer_state, the evaluator's record and the reward pool's size, through JSON."""
+    skips), the trainer_state, the evaluator's record, the reward pool's size and the generator fleet's, through
+    JSON; a checkpoint written before the fleet's size was kept still loads."""
     from orchestrator.run.checkpoints import RunState
 
     run = fake_run(tmp_path / "r", ["loop.mode=pipelined"])
@@ -107,7 +108,9 @@ def test_the_run_state_round_trips_through_the_state_file(tmp_path):
     assert saved.data == run.prompts.state() and saved.trainer_state.global_step == 3
     ckpt = _checkpoint(run.run_dir, 3, run=run)
     state = json.loads((ckpt / STATE_FILE).read_text())
-    assert set(state) == {"global_step", "files", "data", "trainer_state", "eval", "reward_pool"}
-    assert RunState.from_json(state) == saved
+    assert set(state) == {"global_step", "files", "data", "trainer_state", "eval", "reward_pool", "generators"}
+    assert RunState.from_json(state) == saved and saved.generators == 1
+    older = {k: v for k, v in state.items() if k != "generators"}
+    assert RunState.from_json(older).generators is None
     with pytest.raises(KeyError):  # a state file without the run's state is no checkpoint to resume from
         RunState.from_json({"global_step": 3})
