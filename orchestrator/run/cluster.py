@@ -68,6 +68,16 @@ def run_sys_path() -> list[str]:
     return [os.getcwd()]
 
 
+# An embedded cluster's GCS keeps the events of at most this many tasks for the dashboard (Ray's default, 100,000,
+# is sized for a shared cluster): a run submits thousands of tasks a step (agentic: a few per tool call), and the
+# gcs_server grows with every one kept until the cap (bench/README.md "The long runs"). The dashboard's task table and
+# `ray list tasks` show at most 10,000 (the state API's limit), so nothing they can show is dropped.
+# Set through the environment the embedded cluster's processes start with (its GCS and its dashboard's task-event
+# store both read it); the user's own RAY_task_events_max_num_task_in_gcs wins, and a cluster the run joins keeps
+# its own setting.
+EMBEDDED_TASK_EVENTS = 10_000
+TASK_EVENTS_ENV = "RAY_task_events_max_num_task_in_gcs"
+
 # How long a client command waits for a TCP connection to a Ray address before saying it is unreachable
 # (ray.init itself retries for ~20 s+ and then blames the network in a long traceback).
 CONNECT_TIMEOUT_S = 3.0
@@ -122,6 +132,7 @@ def init_ray(cfg: ClusterConfig, run_name: str) -> dict[str, Any]:
     address, _ = ray_address(cfg)
     if address is None:
         kwargs.update(address="local", num_cpus=cfg.local_num_cpus or os.cpu_count() or 2, include_dashboard=True)
+        os.environ.setdefault(TASK_EVENTS_ENV, str(EMBEDDED_TASK_EVENTS))
     else:
         kwargs["address"] = address
     ctx = ray.init(**kwargs)

@@ -1,6 +1,8 @@
 """orchestrator/run/cluster.py: the actors' `.options()` from their resource sections, and the spread-placement check
 against a cluster's nodes (as `ray.nodes()` lists them)."""
 
+import os
+
 import pytest
 
 from orchestrator.config import ConfigError, parse_config
@@ -53,3 +55,26 @@ def test_a_generator_holds_the_gpus_of_its_tensor_parallel_workers():
     c = parse_config({**MINIMAL, "cluster": {"generator": {"num_gpus": 1}}}).cluster
     opts = generator_options(c.generator, tensor_parallel_size=4, max_restarts=2)
     assert opts["num_gpus"] == 4 and opts["max_restarts"] == 2
+
+
+@pytest.mark.parametrize("where, user_value, expected", [
+    (None, None, "10000"),  # an embedded cluster: its GCS keeps at most the dashboard's 10,000 tasks' events
+    (None, "500", "500"),  # the user's own value wins
+    ("10.0.0.1:6379", None, None),  # a joined cluster keeps its own setting
+])
+def test_an_embedded_cluster_caps_the_task_events_its_gcs_keeps(monkeypatch, where, user_value, expected):
+    """Ray's GCS keeps every task's events up to 100,000 tasks, and an agentic run submits thousands of tasks a step:
+    the gcs_server grew ~0.7 MB a step over a 400-step run (bench/README.md "The long runs")."""
+    import ray
+
+    from orchestrator.run import cluster
+
+    seen = {}
+    monkeypatch.setenv(cluster.TASK_EVENTS_ENV, "recorded")  # so that monkeypatch restores the environment after
+    monkeypatch.delenv(cluster.TASK_EVENTS_ENV)
+    if user_value is not None:
+        monkeypatch.setenv(cluster.TASK_EVENTS_ENV, user_value)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw, env=os.environ.get(cluster.TASK_EVENTS_ENV)))
+    cluster.init_ray(parse_config({**MINIMAL, "cluster": {"address": where}}).cluster, "r")
+    assert seen["env"] == expected
+    assert seen["address"] == (where or "local")
