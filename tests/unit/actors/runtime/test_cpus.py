@@ -39,7 +39,13 @@ def test_cores_are_shared_only_by_pipelined_cpu_generators():
     assert generator_cpu_share(pipelined=True, cpu_split=0.25, on_gpu=True) is None
 
 
-def test_cpu_actors_wait_passively_and_gpu_actors_keep_rays_defaults():
+def test_cpu_actors_wait_passively_and_gpu_actors_keep_rays_defaults(monkeypatch):
+    """CPU actors also cap oneDNN's primitive cache (an engine's memory grew ~250 MB over hundreds of step shapes
+    with its default of 1,024; bench/engine_memory.py); the user's own setting wins."""
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     assert SHARED_CORES_ENV == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert shared_cores_env(0) == {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE"}}}
+    assert shared_cores_env(0) == {"runtime_env": {"env_vars": {"OMP_WAIT_POLICY": "PASSIVE",
+                                                                "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "128"}}}
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "1024")
+    assert shared_cores_env(0)["runtime_env"]["env_vars"]["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "1024"
     assert shared_cores_env(1) == {}

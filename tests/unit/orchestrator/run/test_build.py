@@ -19,7 +19,7 @@ def test_sync_loop_binds_nothing_but_both_sides_wait_passively():
     c = cfg("sync")
     assert generator_cpu_share(c) is None
     for res in (c.cluster.learner, c.cluster.generator):
-        assert shared_cores_env(res.num_gpus) == {"runtime_env": {"env_vars": SHARED_CORES_ENV}}
+        assert SHARED_CORES_ENV.items() <= shared_cores_env(res.num_gpus)["runtime_env"]["env_vars"].items()
 
 
 def test_pipelined_cpu_binds_the_generator_to_its_split():
