@@ -27,6 +27,7 @@ min_version).
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -172,7 +173,7 @@ class Pending(Generic[T]):
 class Stream(Generic[T]):
     """One streaming call on one member (`ActorGroup.stream`): its items in order, as the member yields them."""
 
-    member: int  # the member that runs it
+    member: int | None  # the member that runs it (None: removed from the group with its node, `remove`)
     epoch: int  # the group's `restarts` when it was submitted: a death after that cuts it
     _items: Any  # Ray's ObjectRefGenerator
 
@@ -227,6 +228,10 @@ class ActorGroup:
             per if callable(per) else lambda i: per[i] if i < len(per) else {})
         self._next_index = 0  # names are never reused: a removed member's name may linger in the GCS a while
         self._pending: list[_Joining] = []  # started, not in the group yet (`start_pending`)
+        # the streams it started, by id: `remove` renumbers their members (the loops keep them)
+        self._streams: weakref.WeakValueDictionary[int, Stream[Any]] = weakref.WeakValueDictionary()
+        self._turn = 0  # `substitute`'s last choice
+        self._node_of: dict[str, str] = {}  # actor id -> the node it ran on when last seen up (`lost_with_node`)
         self._start(num)
         self._seen_restarts = [0] * num  # each member's Ray restarts as of the last `recover`
         self.active = num  # members that take new work (`shards`); the ones after them are retiring (`retire`)
@@ -286,7 +291,9 @@ class ActorGroup:
     def _stream(self, member: int, method: str, *args: Any, **kwargs: Any) -> Stream[Any]:
         """A streaming call (a generator method) on one member."""
         call = self._method(self._handles[member], method, num_returns="streaming")
-        return Stream(member, self.restarts, call.remote(*args, **kwargs))
+        stream: Stream[Any] = Stream(member, self.restarts, call.remote(*args, **kwargs))
+        self._streams[id(stream)] = stream
+        return stream
 
     def next_ready(self, streams: list[Stream[Any]], until: Pending[Any] | None = None) -> Stream[Any] | None:
         """Wait until one of `streams` has its next item ready (returns that stream) or `until` is done (None)."""
@@ -319,12 +326,14 @@ class ActorGroup:
                     on_wait(f"waiting for {states} to restart: each needs {_needs(self.options)}")
                 time.sleep(RESTART_POLL_S)
         self._seen_restarts = [actor_info(h).get("NumRestarts", 0) for h in self._handles]
+        self._remember_nodes(self._handles)
         self.restarts += 1
 
     def wait_started(self, timeout_s: float, on_wait: Callable[[str], None] | None = None) -> None:
         """Return once every member has run its constructor (a generator: its engine loaded); `on_wait` hears what
         they wait for; RuntimeError after timeout_s."""
         wait_started(self._handles, self.names, self.options, timeout_s, on_wait)
+        self._remember_nodes(self._handles)
 
     def restarted(self) -> bool:
         """Whether Ray restarted a member since the last `recover` (one that died while idle comes back with a
@@ -383,6 +392,7 @@ class ActorGroup:
             raise
         self._seen_restarts += [0] * more
         self.active = len(self._handles)
+        self._remember_nodes(handles)
         return names
 
     def start_pending(self, num: int) -> list[str]:
@@ -438,7 +448,52 @@ class ActorGroup:
             self.names = self.names + [j.name for j in joined]
             self._seen_restarts += [0] * len(joined)
             self.active = len(self._handles)
+            self._remember_nodes([j.handle for j in joined])
         return [j.name for j in joined], failed
+
+    # --- a member lost with its node: the others go on (orchestrator/loop/phases.py recover_generators) ----------
+
+    def _remember_nodes(self, handles: list[ActorHandle]) -> None:
+        """Where these members run, now that they are up (the GCS's record of a member Ray is restarting names
+        the node it is placed on next, not the one it died with)."""
+        for h in handles:
+            info = actor_info(h)
+            node = info.get("Address", {}).get("NodeID")
+            if info.get("State") == "ALIVE" and node:
+                self._node_of[ray_compat.actor_id(h)] = node
+
+    def lost_with_node(self) -> list[int]:
+        """The members down because the node they ran on died: Ray restarts such a member only where there is
+        room, which may never come (or a node's start later)."""
+        dead = {n["NodeID"] for n in ray.nodes() if not n.get("Alive", True)}
+        if not dead:
+            return []
+        return [i for i, h in enumerate(self._handles)
+                if self._node_of.get(ray_compat.actor_id(h)) in dead and actor_info(h).get("State") != "ALIVE"]
+
+    def remove(self, members: list[int]) -> list[str]:
+        """Take these members out of the group (killed: no restart) and renumber the others, in the streams this
+        group started too: a stream of a removed member gets member None. The group's `restarts` counts it (the
+        streams it cut are cut by this). Returns their names."""
+        gone = sorted(set(members))
+        names = [self.names[i] for i in gone]
+        for i in gone:
+            ray.kill(self._handles[i], no_restart=True)
+        keep = [i for i in range(len(self._handles)) if i not in gone]
+        renumber = {old: new for new, old in enumerate(keep)}
+        self._handles = [self._handles[i] for i in keep]  # new lists: see `members`
+        self.names = [self.names[i] for i in keep]
+        self._seen_restarts = [self._seen_restarts[i] for i in keep]
+        self.active = max(self.active - sum(i < self.active for i in gone), 0)
+        for stream in list(self._streams.values()):
+            stream.member = renumber.get(stream.member) if stream.member is not None else None
+        self.restarts += 1
+        return names
+
+    def substitute(self) -> int:
+        """A member taking work, in turn: where the work of a removed one goes."""
+        self._turn = (self._turn + 1) % max(self.active, 1)
+        return self._turn
 
     def cancel_pending(self) -> list[str]:
         """Kill the members started and not yet joined; their names."""

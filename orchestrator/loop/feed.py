@@ -58,10 +58,14 @@ class Call(Part):
     """One generator call of the feed (a pipelined batch's Part: its prompts and the stream of its finished groups),
     and which of its draws are not trained yet (a checkpoint replays those)."""
 
-    member: int
     version: int  # the learner's step when it was submitted: its seeds' (the tokens carry their own versions)
     mark: DataPosition  # the prompt stream's position before its prompts were drawn
     untrained: set[int]  # draw indices neither trained nor dropped
+
+    @property
+    def member(self) -> int | None:
+        """The generator running it (None: lost with its node; its rest goes to another when read)."""
+        return self.stream.member
 
     @property
     def waiting(self) -> int:
@@ -140,7 +144,7 @@ class Feed:
             # calls: an engine that joined idle gets work even where the others keep up
             member = min(range(active), key=lambda m: (self._load(m), self.dealt.get(m, 0)))
             self.dealt[member] = self.dealt.get(member, 0) + 1
-            self.calls.append(Call(prompts, seeds, self._stream(member, prompts, seeds), member=member,
+            self.calls.append(Call(prompts, seeds, self._stream(member, prompts, seeds),
                                    version=version, mark=mark, untrained={p.draw for p in prompts}))
 
     def _stream(self, member: int, prompts: list[Prompt], seeds: list[int]) -> Stream[FinishedOuts]:

@@ -96,7 +96,8 @@ def read_next(run: Run, part: Part, training: bool,
     """The part's next finished groups (recorded as yielded), or None: its stream ended (part.done), or its
     generator died, and once the generators are back (restarted and re-synced, once per death however many parts
     it cut) its groups not yet yielded were submitted again on the same generator (`restream(member, prompts,
-    seeds)`). training: a train step is in flight (the learner's weights are the step after it)."""
+    seeds)`), or on another where it was lost with its node (phases.go_on_without). training: a train step is in
+    flight (the learner's weights are the step after it)."""
     try:
         out = part.stream.next()
     except StopIteration:
@@ -110,7 +111,9 @@ def read_next(run: Run, part: Part, training: bool,
         left = [i for i in range(len(part.prompts)) if i not in part.yielded]
         part.prompts, part.seeds = [part.prompts[i] for i in left], [part.seeds[i] for i in left]
         part.yielded = set()
-        part.stream = restream(part.stream.member, part.prompts, part.seeds)
+        member = part.stream.member  # None: its generator was lost with its node, the work goes to another
+        part.stream = restream(member if member is not None else run.generators.substitute(), part.prompts,
+                               part.seeds)
         return None
     part.yielded.update(o.index for o in out.groups)
     part.seconds = out.seconds

@@ -54,7 +54,10 @@ def rollouts_of(run: Run, prompts: list[Prompt], groups: list[GroupOut], policy_
 def recover_generators(run: Run, training: bool = False) -> None:
     """After a generator died: wait for Ray to restart it (where there is room: until then, say what it waits
     for), then re-form the weight-transfer group and bring every engine the current weights, labelled with the
-    learner's step when it sends them (training: a train step is in flight, and the learner sends after it)."""
+    learner's step when it sends them (training: a train step is in flight, and the learner sends after it).
+    Generators lost with their node while others are up are not waited for (`go_on_without`)."""
+    if go_on_without(run, training):
+        return
     t0 = time.monotonic()
     run.display.message("rayward: a generator died; waiting for Ray to restart it, then re-syncing weights")
     run.generators.recover(RESTART_WAIT_S, on_wait=lambda text: run.display.message(f"rayward: {text}"))
@@ -62,6 +65,31 @@ def recover_generators(run: Run, training: bool = False) -> None:
     seconds = time.monotonic() - t0
     run.faults.record("generator_restarted", f"the generators are back after {seconds:.1f} s", seconds=seconds,
                       step=run.progress.global_step)
+
+
+def go_on_without(run: Run, training: bool = False) -> bool:
+    """Generators down because their node died, while others are up: the run goes on with the others at once
+    (the weight group re-formed without them; the loops send the work they had to the others: Stream.member None)
+    and as many new engines start, each joining at a step boundary once up and synced (orchestrator/loop/fleet.py
+    _join; on a cluster without room, once a node comes). Ray would restart a lost one only where there is room,
+    and the others would wait for its model load. False (nothing done): none was lost with its node, or none is
+    left; the caller waits for Ray's restart."""
+    gens = run.generators
+    lost = gens.lost_with_node()
+    if not lost or len(lost) >= gens.active:
+        return False
+    t0 = time.monotonic()
+    names = gens.remove(lost)
+    for member in sorted(lost, reverse=True):
+        run.engines.remove(member)
+    run.weights.rejoin(run.progress.global_step + (run.cfg.grpo.num_iterations if training else 0))
+    started = gens.start_pending(len(lost)) if not gens.retiring() else []  # a shrinking fleet: not replaced
+    then = f"; {', '.join(started)} starting in its place (joins once up and synced)" if started else ""
+    seconds = time.monotonic() - t0
+    run.faults.record("generator_lost", f"{', '.join(names)} lost with its node: its requests go to the other "
+                      f"generators ({gens.active} now){then}", seconds=seconds, step=run.progress.global_step,
+                      generators=gens.active)
+    return True
 
 
 def with_generator_restarts(run: Run, call: Callable[[], T]) -> T:

@@ -30,6 +30,10 @@ class EngineMeter:
         self._busy_s += counters.busy_s - prev.busy_s
         self._last[member] = counters
 
+    def remove(self, member: int) -> None:
+        """A generator left the group and the ones after it were renumbered (phases.go_on_without)."""
+        self._last = {(m - 1 if m > member else m): c for m, c in self._last.items() if m != member}
+
     def step_metrics(self, wall_s: float, engines: int) -> dict[str, float]:
         """This step's: `generators/occupancy`, running sequences per engine step (how full the engines ran);
         `generators/busy`, the share of the step's wall time an engine spent stepping (mean over `engines`);

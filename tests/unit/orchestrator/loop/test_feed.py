@@ -94,7 +94,7 @@ def piece(groups: int, start: int, versions: list[int], untrained: set[int]) -> 
     r = rollouts(groups, g=2, start=start, version=min(versions))
     r.infos = [dataclasses.replace(i, version=versions[n // 2]) for n, i in enumerate(r.infos)]
     r.prompt_index = [(start + n) // 2 for n in range(len(r.infos))]
-    call = Call([], [], None, done=True, member=0, version=0, mark=None, untrained=untrained)  # type: ignore[arg-type]
+    call = Call([], [], None, done=True, version=0, mark=None, untrained=untrained)  # type: ignore[arg-type]
     return Piece(call, r, None, scores(2 * groups, start=start))
 
 

@@ -9,6 +9,8 @@ weights would sample with the initial ones (v = 0), which the staleness checks b
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from orchestrator.config.cluster import GeneratorAutoscaleConfig
@@ -307,3 +309,43 @@ def test_a_resumed_run_goes_back_to_the_fleet_size_of_its_checkpoint(tmp_path, l
                                         "cluster.generator_autoscale={min_generators: 1, max_generators: 2}"])
     checkpoints.resume(bounded, checkpoints.usable(bounded.run_dir))
     assert bounded.progress.fleet_size == 2
+
+
+@pytest.mark.parametrize("loop", ["sync", "pipelined", "async"])
+def test_a_generator_lost_with_its_node_hands_its_work_to_the_others_and_is_replaced(tmp_path, loop):
+    """generator-1 dies with its node in its second call, after one group: the run does not wait for Ray to
+    restart it (that needs room, maybe a node's start): the weight group is re-formed without it, the work it had
+    goes to generator-0, and a new engine starts in its place and joins (synced first) at a later step boundary.
+    Every step trains a whole batch, no draw twice, no sample with weights older than max_staleness."""
+    run = fake_run(tmp_path / "r", [f"loop.mode={loop}", f"grpo.max_steps={STEPS}", "cluster.num_generators=2"],
+                   generators=2)
+    run.generators.die(member=1, call=2, after=1, node=True)
+    history = LOOPS[loop](run)
+    steps = [h for h in history if "reward" in h]
+    assert [h["step"] for h in steps] == list(range(1, STEPS + 1))
+    served = trained_uids(run)
+    assert [len(s) for s in served] == [run.prompts_per_step] * STEPS
+    flat = [u for s in served for u in s]
+    assert len(set(flat)) == len(flat)
+    for t in run.learner.trained:
+        assert t.step_before - min(c[0] for c in t.batch.completion_ids) <= run.cfg.loop.max_staleness
+    gens = run.generators
+    assert len(gens.removed) == 1 and gens.removed[0].seeds, "the lost engine never sampled"
+    assert len(gens.engines) == 2 and gens.engines[1].seeds, "its replacement never joined or never sampled"
+    said = messages(run)
+    assert sum("fake/generator-1 lost with its node: its requests go to the other generators (1 now)" in m
+               for m in said) == 1
+    assert any("generators: 1 -> 2" in m for m in said) and not any("waiting for Ray" in m for m in said)
+    counts = [h["generators/count"] for h in steps]
+    assert 1 in counts and counts[-1] == 2
+    kinds = [json.loads(line)["kind"] for line in (run.run_dir / "faults.jsonl").read_text().splitlines()]
+    assert kinds == ["generator_lost"]
+
+
+def test_the_last_generator_lost_with_its_node_is_waited_for(tmp_path):
+    """With no other generator up, the run waits for Ray's restart (where there is room), as for a crash."""
+    run = fake_run(tmp_path / "r", ["loop.mode=pipelined", f"grpo.max_steps={STEPS}"])
+    run.generators.die(member=0, call=2, after=1, node=True)
+    LOOPS["pipelined"](run)
+    assert not run.generators.removed and run.generators.restarts == 1
+    assert any("a generator died; waiting for Ray to restart it" in m for m in messages(run))
