@@ -142,6 +142,10 @@ class GeneratorAutoscaleConfig(_Section):
                              f"({self.max_generators})")
         return self
 
+    def clamp(self, size: int) -> int:
+        """`size` generators, within the bounds."""
+        return min(max(size, self.min_generators), self.max_generators)
+
 
 class ClusterConfig(_Section):
     address: str | None = None
@@ -214,8 +218,7 @@ class ClusterConfig(_Section):
     def generators_at_start(self) -> int:
         """num_generators, within generator_autoscale's bounds where it is set."""
         a = self.generator_autoscale
-        return self.num_generators if a is None else min(max(self.num_generators, a.min_generators),
-                                                          a.max_generators)
+        return self.num_generators if a is None else a.clamp(self.num_generators)
 
     @model_validator(mode="after")
     def _learners(self) -> ClusterConfig:

@@ -206,11 +206,10 @@ def _restore_fleet(run: Run, size: int | None) -> None:
     """The generator fleet goes back to the size it had at the checkpoint (what `rayward scale --generators` or
     the autoscaler made it; within cluster.generator_autoscale's bounds where it is set): asked of the loop, which
     resizes at its first step boundary while the run trains (orchestrator/loop/fleet.py)."""
-    auto = run.cfg.cluster.generator_autoscale
     if size is None:
         return
-    if auto is not None:
-        size = min(max(size, auto.min_generators), auto.max_generators)
+    auto = run.cfg.cluster.generator_autoscale
+    size = auto.clamp(size) if auto is not None else size
     now = run.generators.active
     if size == now:
         return
